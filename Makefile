@@ -1,0 +1,73 @@
+# GRPO agent training stack. `make` (or `make help`) lists every target.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+# A small host venv: pydantic-settings for validating .env with the trainer's own config class.
+HOST_PY := $(VENV)/bin/python
+STACK := $(HOST_PY) tools/stack.py
+PYTEST_ARGS ?=
+
+.PHONY: help up train down logs ps build test clean doctor report baseline dashboard nccl-check soak
+
+help: ## List every target with one line each
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(VENV)/.host-ok: pyproject.toml
+	@$(PYTHON) -m venv $(VENV)
+	@$(HOST_PY) -m pip install -q --upgrade pip >/dev/null
+	@$(HOST_PY) -m pip install -q -e . >/dev/null
+	@touch $@
+
+up: $(VENV)/.host-ok ## Build what is missing and start env servers (and vLLM on GPU hosts), health-gated
+	@$(STACK) up
+
+train: $(VENV)/.host-ok ## Train: brings the stack up itself (CPU profile with a tiny model when no NVIDIA GPU)
+	@$(STACK) train $(ARGS)
+
+down: $(VENV)/.host-ok ## Stop and remove every container of the stack (volumes are kept)
+	@$(STACK) compose --profile '*' down --remove-orphans
+
+logs: $(VENV)/.host-ok ## Follow the logs of running services
+	@$(STACK) compose logs -f --tail=100
+
+ps: $(VENV)/.host-ok ## Show the stack's containers and their health
+	@$(STACK) compose ps -a
+
+build: $(VENV)/.host-ok ## Build the images this mode needs
+	@$(STACK) build
+
+doctor: $(VENV)/.host-ok ## Check Docker, Compose, NVIDIA runtime and GPUs, ports and .env values; say how to fix
+	@$(STACK) doctor
+
+report: $(VENV)/.host-ok ## Plot reward and tool-call curves of a run to reports/<run>.png (RUN=name, default latest)
+	@mkdir -p reports && chmod 777 reports
+	@$(STACK) compose run --rm --no-deps -v "$(CURDIR)/reports:/reports" trainer-cpu \
+		python -m trainer.report --outputs /outputs $(if $(RUN),--run $(RUN)) --out-dir /reports
+
+baseline: $(VENV)/.host-ok ## Play each env with a random/scripted policy; print mean reward and episode length
+	@$(STACK) up
+	@$(STACK) compose run --rm --no-deps trainer-cpu python -m trainer.baseline
+
+dashboard: $(VENV)/.host-ok ## Start TensorBoard on 127.0.0.1:$DASHBOARD_PORT (opt-in)
+	@$(STACK) dashboard
+
+nccl-check: $(VENV)/.host-ok ## GPU hosts: NCCL broadcast between the vllm and trainer images, as the weight sync does
+	@$(HOST_PY) tools/nccl_check.py
+
+soak: $(VENV)/.host-ok ## Long soak of the env servers at full capacity (minutes; SOAK_MINUTES=10)
+	@$(VENV)/bin/python -m pip install -q -e '.[test]' >/dev/null
+	@SOAK_MINUTES=$${SOAK_MINUTES:-10} $(VENV)/bin/python -m pytest -q tests/reliability -k soak $(PYTEST_ARGS)
+
+$(VENV)/.test-ok: $(VENV)/.host-ok pyproject.toml
+	@$(STACK) setup
+	@$(HOST_PY) -m pip install -q --find-links .wheels $(if $(wildcard .wheels/torch-*.whl),,--extra-index-url https://download.pytorch.org/whl/cpu) -e '.[test,trainer,env-server]'
+	@touch $@
+
+test: $(VENV)/.test-ok ## Run every test: unit, compose config, and real containers (needs Docker)
+	@$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+clean: $(VENV)/.host-ok ## Remove containers, volumes (outputs, models, caches) and the images built here
+	@$(STACK) compose --profile '*' down --volumes --remove-orphans
+	@docker image rm -f grpo-stack/env-server:local grpo-stack/trainer:cpu grpo-stack/trainer:gpu grpo-stack/vllm-cpu:0.31.0 2>/dev/null || true

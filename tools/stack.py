@@ -1,0 +1,407 @@
+"""Host-side controller the Makefile calls: set-up files, pick the mode, run docker compose.
+
+Usage: python tools/stack.py {setup|mode|profiles|build|up|train [ARGS]|compose ARGS...|doctor}
+
+It only decides *what* runs (profiles, mode); Compose does the running. It needs nothing beyond
+the standard library, except `doctor`'s .env validation, which uses the trainer's typed config
+(pydantic-settings) when the host venv has it.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+ENV_FILE = ROOT / ".env"
+ENV_EXAMPLE = ROOT / ".env.example"
+WHEELS = ROOT / ".wheels"
+MIN_COMPOSE = (2, 24)
+MODES = ("auto", "cpu", "gpu", "colocate")
+LOCAL_ENV_IMAGE = "grpo-stack/env-server:local"
+
+
+class StackError(SystemExit):
+    """One clear message naming the fix; exits 2."""
+
+    def __init__(self, message: str):
+        print(f"error: {message}", file=sys.stderr)
+        super().__init__(2)
+
+
+def say(msg: str) -> None:
+    print(f"[stack] {msg}", flush=True)
+
+
+# ------------------------------------------------------------------ .env
+def parse_env_file(path: Path) -> dict[str, str]:
+    """Parse KEY=VALUE lines the way Compose does for the simple cases we document."""
+    values: dict[str, str] = {}
+    for n, raw in enumerate(path.read_text().splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("export "):
+            line = line[7:]
+        key, sep, val = line.partition("=")
+        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key.strip()):
+            raise StackError(f"{path.name} line {n}: expected KEY=VALUE, got {raw!r}; fix or delete that line")
+        val = val.strip()
+        if len(val) >= 2 and val[0] == val[-1] and val[0] in "'\"":
+            val = val[1:-1]
+        values[key.strip()] = val
+    return values
+
+
+def load_env() -> dict[str, str]:
+    """.env values, overridden by the process environment (as Compose does)."""
+    env = parse_env_file(ENV_FILE) if ENV_FILE.exists() else parse_env_file(ENV_EXAMPLE)
+    for key in list(env):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    for key in ("TRAIN_MODE", "ENV_NAME"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    return env
+
+
+def setup() -> None:
+    """Create what a fresh checkout lacks: .env, the (empty) HF token secret, the torch wheel."""
+    if not ENV_FILE.exists():
+        shutil.copyfile(ENV_EXAMPLE, ENV_FILE)
+        say("created .env from .env.example (edit it to change env, model or mode)")
+    token_file = Path(load_env().get("HF_TOKEN_FILE") or ".secrets/hf_token")
+    token_file = token_file if token_file.is_absolute() else ROOT / token_file
+    if not token_file.exists():
+        token_file.parent.mkdir(parents=True, exist_ok=True)
+        token_file.touch(mode=0o600)
+    # CPU images take torch from .wheels/ when a CPU wheel is on this machine (pip's find-links).
+    WHEELS.mkdir(exist_ok=True)
+    if not glob.glob(str(WHEELS / "torch-*.whl")):
+        for d in filter(None, os.environ.get("PIP_FIND_LINKS", "/opt/wheels").split()):
+            for whl in glob.glob(os.path.join(d, "torch-2.13.0*cpu*.whl")):
+                shutil.copy2(whl, WHEELS)
+                say(f"using local torch wheel {os.path.basename(whl)} for CPU images")
+
+
+def env_names(env: dict[str, str]) -> list[str]:
+    from envs import registry
+
+    names = [n.strip() for n in env.get("ENV_NAME", "echo").split(",") if n.strip()]
+    if not names:
+        raise StackError("ENV_NAME is empty; set it in .env to one of: " + ", ".join(registry.NAMES))
+    for n in names:
+        if n not in registry.NAMES:
+            raise StackError(
+                f"ENV_NAME: unknown environment {n!r}; choose from {', '.join(registry.NAMES)} "
+                "(several separated by commas) and edit .env"
+            )
+    return names
+
+
+# ------------------------------------------------------------------ host checks
+def run(cmd: list[str], timeout: float = 20) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        return subprocess.CompletedProcess(cmd, 127, "", f"{cmd[0]}: not found")
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(cmd, 124, "", f"{' '.join(cmd)}: timed out")
+
+
+def check_docker() -> str | None:
+    if not shutil.which("docker"):
+        return ("no `docker` command: install Docker Engine (https://docs.docker.com/engine/install/) "
+                "or, on a Debian CI machine, run `bash .ci/provision`")
+    r = run(["docker", "info", "--format", "{{json .ServerVersion}}"])
+    if r.returncode != 0:
+        return ("the Docker engine is not answering (" + (r.stderr.strip().splitlines() or ["?"])[-1] + "): "
+                "start it (`sudo systemctl start docker`), check you may use it (`docker info`), "
+                "or on a Debian CI machine run `bash .ci/provision`")
+    return None
+
+
+def check_compose() -> str | None:
+    r = run(["docker", "compose", "version", "--short"])
+    if r.returncode != 0:
+        return "Docker Compose v2 plugin missing: install docker-compose-plugin, or run `bash .ci/provision`"
+    m = re.match(r"v?(\d+)\.(\d+)", r.stdout.strip())
+    if not m or (int(m[1]), int(m[2])) < MIN_COMPOSE:
+        return f"Compose {r.stdout.strip()} is too old: need >= {MIN_COMPOSE[0]}.{MIN_COMPOSE[1]} (profiles, required: false)"
+    return None
+
+
+@dataclass
+class Gpus:
+    runtime: bool  # the engine has the NVIDIA runtime
+    count: int
+    detail: str
+
+
+def detect_gpus() -> Gpus:
+    if os.environ.get("STACK_FAKE_NO_GPU"):  # tests: behave as a GPU-less host
+        return Gpus(False, 0, "forced off by STACK_FAKE_NO_GPU")
+    r = run(["docker", "info", "--format", "{{json .Runtimes}}"])
+    runtime = r.returncode == 0 and "nvidia" in r.stdout
+    smi = run(["nvidia-smi", "-L"]) if shutil.which("nvidia-smi") else None
+    count = len([l for l in (smi.stdout if smi and smi.returncode == 0 else "").splitlines() if l.startswith("GPU ")])
+    if not runtime and count:
+        return Gpus(False, count, f"{count} GPU(s) but Docker has no NVIDIA runtime (install nvidia-container-toolkit)")
+    return Gpus(runtime, count if runtime else 0, f"{count} NVIDIA GPU(s)" if runtime else "no NVIDIA runtime")
+
+
+def resolve_mode(env: dict[str, str], gpus: Gpus | None = None) -> tuple[str, str]:
+    """(mode, one line saying why) for TRAIN_MODE in .env."""
+    want = (env.get("TRAIN_MODE") or "auto").strip().lower()
+    if want not in MODES:
+        raise StackError(f"TRAIN_MODE: unknown value {want!r}; choose from {', '.join(MODES)} and edit .env")
+    if want == "cpu":
+        return "cpu", "TRAIN_MODE=cpu: training on the CPU profile with a tiny local model (no vLLM)"
+    gpus = gpus or detect_gpus()
+    if want == "auto":
+        if gpus.count >= 2:
+            return "gpu", f"TRAIN_MODE=auto: {gpus.count} GPUs, vLLM on GPU {env.get('VLLM_GPU', '0')}, trainer on GPU {env.get('TRAINER_GPU', '1')}"
+        if gpus.count == 1:
+            return "colocate", "TRAIN_MODE=auto: one GPU, vLLM colocated inside the trainer"
+        return "cpu", (f"TRAIN_MODE=auto: {gpus.detail}, so training runs on the CPU profile with a tiny "
+                       "local model (no vLLM); set TRAIN_MODE=gpu on a host with 2 NVIDIA GPUs")
+    need = 2 if want == "gpu" else 1
+    if gpus.count < need:
+        raise StackError(f"TRAIN_MODE={want} needs {need} NVIDIA GPU(s) visible to Docker, found {gpus.count} "
+                         f"({gpus.detail}); set TRAIN_MODE=auto or cpu in .env, or run `make doctor`")
+    return want, f"TRAIN_MODE={want}: {gpus.count} GPU(s)"
+
+
+def compose_env(env: dict[str, str], mode: str) -> dict[str, str]:
+    names = env_names(env)
+    out = dict(os.environ)
+    out["TRAIN_MODE"] = mode
+    out["COMPOSE_PROFILES"] = ",".join([mode, *names])
+    if glob.glob(str(WHEELS / "torch-*.whl")):
+        out["TORCH_INDEX_URL"] = ""  # the local wheel is enough; don't wait on an index
+    return out
+
+
+def port_free(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def check_port(env: dict[str, str], key: str) -> str | None:
+    raw = env.get(key, "")
+    if not raw:
+        return None
+    if not raw.isdigit() or not 0 < int(raw) < 65536:
+        return f"{key}={raw!r} is not a port number; edit .env"
+    if not port_free(int(raw)) and not _ours_on_port(int(raw)):
+        return (f"port {raw} ({key}) is already in use on 127.0.0.1: stop what holds it "
+                f"(`ss -ltnp 'sport = :{raw}'`) or set {key} to a free port in .env")
+    return None
+
+
+def _ours_on_port(port: int) -> bool:
+    r = run(["docker", "ps", "--filter", "label=com.docker.compose.project=grpo-stack", "--format", "{{.Ports}}"])
+    return f":{port}->" in r.stdout
+
+
+def validate_run_config(env: dict[str, str], mode: str) -> str | None:
+    """Validate .env against the trainer's typed config, when pydantic-settings is importable."""
+    try:
+        from trainer.config import RunConfig  # noqa: F401  (light imports only)
+    except ImportError:
+        return None
+    from pydantic import ValidationError
+
+    keys = set(parse_env_file(ENV_EXAMPLE))
+    values = {k: v for k, v in env.items() if k in keys and v != ""}
+    values["TRAIN_MODE"] = mode
+    try:
+        RunConfig.from_env_dict(values) if hasattr(RunConfig, "from_env_dict") else RunConfig(**{k.lower(): v for k, v in values.items() if k.lower() in RunConfig.model_fields})
+    except ValidationError as e:
+        lines = [f"{'.'.join(map(str, err['loc'])).upper()}: {err['msg']}" for err in e.errors()]
+        return "invalid .env values: " + "; ".join(lines) + " (edit .env)"
+    except (ValueError, SystemExit) as e:
+        return f"invalid .env values: {e} (edit .env)"
+    return None
+
+
+# ------------------------------------------------------------------ commands
+def cmd_prepare() -> tuple[dict[str, str], str]:
+    """Everything `make up/train` needs before Compose runs; returns (compose env, mode)."""
+    setup()
+    for problem in (check_docker(), check_compose()):
+        if problem:
+            raise StackError(problem)
+    env = load_env()
+    mode, why = resolve_mode(env)
+    env_names(env)
+    problem = validate_run_config(env, mode)
+    if problem:
+        raise StackError(problem)
+    say(why)
+    return compose_env(env, mode), mode
+
+
+def compose(cenv: dict[str, str], *args: str, extra_profiles: tuple[str, ...] = ()) -> int:
+    env = dict(cenv)
+    if extra_profiles:
+        env["COMPOSE_PROFILES"] = ",".join([env["COMPOSE_PROFILES"], *extra_profiles])
+    return subprocess.call(["docker", "compose", *args], cwd=ROOT, env=env)
+
+
+def images_to_build(env: dict[str, str], mode: str) -> list[str]:
+    """Build-only services for the images this mode uses; an upstream env image is pulled instead."""
+    wanted = []
+    if any((env.get(f"ENV_{n.upper()}_IMAGE") or LOCAL_ENV_IMAGE) == LOCAL_ENV_IMAGE for n in env_names(env)):
+        wanted.append("env-server-image")
+    wanted.append("trainer-cpu-image" if mode == "cpu" else "trainer-gpu-image")
+    return wanted
+
+
+def cmd_build(cenv: dict[str, str], mode: str) -> None:
+    env = load_env()
+    services = images_to_build(env, mode)
+    say("building images: " + ", ".join(services) + " (cached after the first time)")
+    if compose(cenv, "build", *services, extra_profiles=("build", "build-gpu")) != 0:
+        raise StackError("image build failed (see the output above); `make doctor` checks the usual causes")
+
+
+def long_running_services(env: dict[str, str], mode: str) -> list[str]:
+    services = [f"env-{n}" for n in env_names(env)]
+    if mode == "gpu":
+        services.append("vllm")
+    return services
+
+
+def cmd_up(cenv: dict[str, str], mode: str) -> None:
+    env = load_env()
+    cmd_build(cenv, mode)
+    services = long_running_services(env, mode)
+    if dashboard_wanted(env):
+        problem = check_port(env, "DASHBOARD_PORT")
+        if problem:
+            raise StackError(problem)
+        services.append("dashboard")
+        cenv = {**cenv, "COMPOSE_PROFILES": cenv["COMPOSE_PROFILES"] + ",dashboard"}
+    say("starting " + ", ".join(services) + " and waiting until healthy")
+    if compose(cenv, "up", "-d", "--wait", *services) != 0:
+        raise StackError("some services did not become healthy: `make ps` and `make logs` show why; "
+                         "`make doctor` checks the usual causes")
+
+
+def dashboard_wanted(env: dict[str, str]) -> bool:
+    return (env.get("DASHBOARD") or "0").strip().lower() in ("1", "true", "yes", "on")
+
+
+def cmd_dashboard(cenv: dict[str, str], mode: str) -> None:
+    env = load_env()
+    problem = check_port(env, "DASHBOARD_PORT")
+    if problem:
+        raise StackError(problem)
+    if mode != "cpu":  # the dashboard runs on the CPU trainer image
+        compose(cenv, "build", "trainer-cpu-image", extra_profiles=("build",))
+    if compose(cenv, "up", "-d", "dashboard", extra_profiles=("dashboard",)) != 0:
+        raise StackError("the dashboard did not start: `make logs` shows why")
+    say(f"dashboard: http://127.0.0.1:{env.get('DASHBOARD_PORT') or 6006}")
+
+
+def cmd_train(cenv: dict[str, str], mode: str, args: list[str]) -> int:
+    cmd_up(cenv, mode)
+    service = "trainer-cpu" if mode == "cpu" else "trainer"
+    say(f"training with `{service}` (mode {mode}); outputs go to the `outputs` volume")
+    rc = compose(cenv, "run", "--rm", service, *(["python", "-m", "trainer.train", *args] if args else []))
+    if rc == 0:
+        say("training finished; `make report` plots it, `make dashboard` shows it live")
+    return rc
+
+
+def cmd_doctor() -> int:
+    """Report every problem at once, each with its fix."""
+    ok = True
+
+    def report(name: str, problem: str | None, fine: str = "ok") -> None:
+        nonlocal ok
+        ok = ok and problem is None
+        print(f"  {'FAIL' if problem else 'ok  '} {name}: {problem or fine}")
+
+    print("make doctor")
+    docker = check_docker()
+    report("docker engine", docker, run(["docker", "info", "--format", "{{.ServerVersion}}"]).stdout.strip())
+    report("compose v2", check_compose() if not docker or shutil.which("docker") else docker,
+           run(["docker", "compose", "version", "--short"]).stdout.strip())
+    if not ENV_FILE.exists():
+        print("  note .env: not created yet; checking .env.example (`make up` creates .env)")
+    try:
+        env = load_env()
+    except StackError:
+        return 2
+    gpus = detect_gpus() if not docker else Gpus(False, 0, "docker not answering")
+    report("NVIDIA runtime / GPUs", None, gpus.detail)
+    mode = "cpu"
+    try:
+        mode, why = resolve_mode(env, gpus)
+        report("TRAIN_MODE", None, why)
+    except StackError:
+        ok = False
+    try:
+        report("ENV_NAME", None, ", ".join(env_names(env)))
+    except StackError:
+        ok = False
+    report(".env values", validate_run_config(env, mode))
+    report("DASHBOARD_PORT", check_port(env, "DASHBOARD_PORT"), f"{env.get('DASHBOARD_PORT', '6006')} free")
+    if mode in ("gpu", "colocate") or gpus.count:
+        gpu_doctor = ROOT / "tools" / "gpu_doctor.py"
+        if gpu_doctor.exists():
+            rc = subprocess.call([sys.executable, str(gpu_doctor)], cwd=ROOT)
+            ok = ok and rc == 0
+    print("all good" if ok else "doctor found problems: fix the FAIL lines above")
+    return 0 if ok else 1
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print(__doc__)
+        return 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "setup":
+        setup()
+        return 0
+    if cmd == "mode":
+        _, mode = cmd_prepare()
+        print(mode)
+        return 0
+    if cmd == "profiles":
+        cenv, _ = cmd_prepare()
+        print(cenv["COMPOSE_PROFILES"])
+        return 0
+    if cmd == "compose":
+        cenv, _ = cmd_prepare()
+        return compose(cenv, *rest)
+    if cmd in ("build", "up", "train", "dashboard"):
+        cenv, mode = cmd_prepare()
+        if cmd == "train":
+            return cmd_train(cenv, mode, rest)
+        {"build": cmd_build, "up": cmd_up, "dashboard": cmd_dashboard}[cmd](cenv, mode)
+        return 0
+    if cmd == "doctor":
+        return cmd_doctor()
+    print(__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
