@@ -22,7 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-ENV_FILE = ROOT / ".env"
+# STACK_ENV_FILE lets tests (and users with several setups) point at another env file.
+ENV_FILE = Path(os.environ.get("STACK_ENV_FILE") or ROOT / ".env")
 ENV_EXAMPLE = ROOT / ".env.example"
 WHEELS = ROOT / ".wheels"
 MIN_COMPOSE = (2, 24)

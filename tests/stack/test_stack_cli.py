@@ -1,0 +1,91 @@
+"""Bad input to `make train`/`make doctor` gets one clear message naming the fix."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT
+
+
+def stack(tmp_path, *args: str, env_lines: str = "", extra_env: dict | None = None, make: bool = False):
+    env_file = tmp_path / "test.env"
+    env_file.write_text((ROOT / ".env.example").read_text() + "\n" + env_lines + "\n")
+    env = dict(os.environ, STACK_ENV_FILE=str(env_file), **(extra_env or {}))
+    for k in ("TRAIN_MODE", "ENV_NAME", "DASHBOARD", "DASHBOARD_PORT"):
+        env.pop(k, None)
+    cmd = ["make", "--no-print-directory", *args] if make else [sys.executable, "tools/stack.py", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_unknown_env_name_is_named_with_the_choices(tmp_path):
+    r = stack(tmp_path, "mode", env_lines="ENV_NAME=nope")
+    assert r.returncode == 2
+    assert "ENV_NAME: unknown environment 'nope'; choose from echo, wordle, catch" in r.stderr
+    assert "edit .env" in r.stderr
+
+
+def test_unknown_train_mode_is_rejected(tmp_path):
+    r = stack(tmp_path, "mode", env_lines="TRAIN_MODE=tpu")
+    assert r.returncode == 2 and "TRAIN_MODE: unknown value 'tpu'; choose from auto, cpu, gpu, colocate" in r.stderr
+
+
+def test_gpu_mode_without_gpus_says_what_to_do(tmp_path):
+    r = stack(tmp_path, "mode", env_lines="TRAIN_MODE=gpu", extra_env={"STACK_FAKE_NO_GPU": "1"})
+    assert r.returncode == 2
+    assert "TRAIN_MODE=gpu needs 2 NVIDIA GPU(s) visible to Docker, found 0" in r.stderr
+    assert "set TRAIN_MODE=auto or cpu" in r.stderr
+
+
+def test_auto_mode_on_a_gpu_less_host_says_it_uses_the_cpu_profile(tmp_path):
+    r = stack(tmp_path, "mode", extra_env={"STACK_FAKE_NO_GPU": "1"})
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith("cpu")
+    assert "CPU profile with a tiny local model" in r.stdout
+
+
+def test_missing_docker_engine_names_the_fix(tmp_path):
+    r = stack(tmp_path, "train", make=True, extra_env={"DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"})
+    assert r.returncode != 0
+    assert "the Docker engine is not answering" in r.stderr
+    assert "sudo systemctl start docker" in r.stderr
+
+
+def test_port_in_use_names_the_port_and_the_fix(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        r = stack(tmp_path, "dashboard", env_lines=f"DASHBOARD_PORT={port}")
+        doctor = stack(tmp_path, "doctor", make=True, env_lines=f"DASHBOARD_PORT={port}")
+    assert r.returncode == 2
+    assert f"port {port} (DASHBOARD_PORT) is already in use on 127.0.0.1" in r.stderr
+    assert "set DASHBOARD_PORT to a free port in .env" in r.stderr
+    assert doctor.returncode != 0 and f"port {port} (DASHBOARD_PORT) is already in use" in doctor.stdout
+
+
+def test_doctor_reports_every_problem_at_once(tmp_path):
+    r = stack(tmp_path, "doctor", make=True, env_lines="ENV_NAME=nope\nTRAIN_MODE=tpu",
+              extra_env={"STACK_FAKE_NO_GPU": "1"})
+    assert r.returncode != 0
+    assert "ENV_NAME: unknown environment 'nope'" in r.stderr
+    assert "TRAIN_MODE: unknown value 'tpu'" in r.stderr
+    assert "doctor found problems" in r.stdout
+
+
+def test_malformed_env_line_is_pointed_at(tmp_path):
+    r = stack(tmp_path, "mode", env_lines="this is not a setting")
+    assert r.returncode == 2 and "expected KEY=VALUE" in r.stderr and "line" in r.stderr
+
+
+def test_help_lists_every_target():
+    out = subprocess.run(["make", "--no-print-directory", "help"], cwd=ROOT, capture_output=True, text=True).stdout
+    targets = [l.split(":")[0] for l in (ROOT / "Makefile").read_text().splitlines()
+               if l and not l[0].isspace() and "## " in l and ":" in l]
+    assert set(targets) >= {"help", "up", "train", "down", "logs", "ps", "build", "test", "clean", "doctor"}
+    for t in targets:
+        assert f" {t} " in out.replace("\x1b[36m", " ").replace("\x1b[0m", " "), t
