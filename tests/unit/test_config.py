@@ -1,0 +1,136 @@
+"""trainer.config: env vars + CLI parsing, validation messages, GRPOConfig mapping."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainer.config import ENV_VARS, ConfigError, RunConfig, describe
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for name in ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+
+
+def load(monkeypatch, argv=(), **env):
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    return RunConfig.load(list(argv))
+
+
+def test_defaults_are_valid(monkeypatch):
+    cfg = load(monkeypatch)
+    assert cfg.env_names == ["echo"]
+    assert cfg.run_dir == "/outputs/echo"
+    assert cfg.resume == "auto"
+    assert cfg.generation_batch_size % cfg.num_generations == 0
+
+
+def test_env_vars_are_read_case_insensitively_and_empty_means_default(monkeypatch):
+    cfg = load(monkeypatch, MAX_STEPS="7", learning_rate="0.001", SEED="", TRAIN_MODE="cpu")
+    assert (cfg.max_steps, cfg.learning_rate, cfg.seed, cfg.train_mode) == (7, 0.001, 42, "cpu")
+
+
+def test_cli_overrides_env(monkeypatch):
+    cfg = load(monkeypatch, ["--max-steps", "3", "--env-name", "echo,wordle"], MAX_STEPS="9")
+    assert cfg.max_steps == 3
+    assert cfg.env_names == ["echo", "wordle"]
+    assert cfg.resolved_run_name == "echo+wordle"
+
+
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({"ENV_NAME": "nope"}, "ENV_NAME: unknown environment 'nope'; choose from echo, wordle, catch (edit .env)"),
+        ({"ENV_NAME": "echo,echo"}, "ENV_NAME: 'echo,echo' names an environment twice"),
+        ({"MAX_STEPS": "abc"}, "MAX_STEPS: Input should be a valid integer"),
+        ({"MAX_STEPS": "0"}, "MAX_STEPS: Input should be greater than or equal to 1 (got '0'"),
+        ({"TRAIN_MODE": "tpu"}, "TRAIN_MODE: Input should be 'auto', 'cpu', 'gpu' or 'colocate' (got 'tpu'"),
+        ({"RESUME": "maybe"}, "RESUME: Input should be 'auto' or 'fresh'"),
+        ({"ENV_URLS": "echo"}, "ENV_URLS: 'echo' is not `name=http://host:port`"),
+        ({"ENV_URLS": "catch=http://x:1"}, "ENV_URLS names catch, which ENV_NAME=echo does not train on"),
+        ({"NUM_GENERATIONS": "3"}, "not a multiple of NUM_GENERATIONS=3"),
+        ({"NUM_GENERATIONS": "1"}, "NUM_GENERATIONS: Input should be greater than or equal to 2"),
+        ({"RUN_NAME": "../etc"}, "RUN_NAME: '../etc' is not a folder name"),
+        ({"VLLM_SERVER_URL": "vllm:8000"}, "VLLM_SERVER_URL: 'vllm:8000' is not a URL"),
+        ({"VLLM_GPU_MEMORY_UTILIZATION": "1.5"}, "VLLM_GPU_MEMORY_UTILIZATION: Input should be less than or equal to 1"),
+    ],
+)
+def test_bad_values_give_one_clear_line(monkeypatch, env, expected):
+    with pytest.raises(ConfigError) as exc:
+        load(monkeypatch, **env)
+    message = str(exc.value)
+    assert expected in message
+    assert len(message.splitlines()) == 1
+    assert "edit .env" in message  # every message names the fix
+
+
+def test_several_problems_are_all_reported(monkeypatch):
+    with pytest.raises(ConfigError) as exc:
+        load(monkeypatch, ENV_NAME="nope", MAX_STEPS="x")
+    lines = str(exc.value).splitlines()
+    assert [line.split(":")[0] for line in lines] == ["ENV_NAME", "MAX_STEPS"]
+
+
+def test_unknown_cli_flag_is_a_config_error(monkeypatch):
+    with pytest.raises(ConfigError, match="unrecognized arguments: --bogus"):
+        load(monkeypatch, ["--bogus", "1"])
+
+
+def test_env_urls_override_and_default(monkeypatch):
+    cfg = load(monkeypatch, ENV_NAME="echo,catch", ENV_URLS="catch=http://127.0.0.1:9001/")
+    assert cfg.env_url("catch") == "http://127.0.0.1:9001"
+    assert cfg.env_url("echo") == "http://env-echo:8000"
+
+
+def test_model_default_depends_on_mode(monkeypatch):
+    cfg = load(monkeypatch)
+    assert cfg.resolved_model_name("cpu") == "/models/tiny-qwen3"
+    assert cfg.resolved_model_name("gpu") == "Qwen/Qwen3-0.6B"
+    assert load(monkeypatch, MODEL_NAME="/m/x").resolved_model_name("cpu") == "/m/x"
+
+
+def test_to_grpo_config_cpu(monkeypatch, tmp_path):
+    cfg = load(monkeypatch, OUTPUT_DIR=str(tmp_path), MAX_STEPS="5", NUM_GENERATIONS="4",
+               PER_DEVICE_TRAIN_BATCH_SIZE="4", GRADIENT_ACCUMULATION_STEPS="2", SAVE_STEPS="2",
+               MAX_TOOL_CALLING_ITERATIONS="3", TEMPERATURE="0.7")
+    args = cfg.to_grpo_config("cpu")
+    assert args.output_dir == f"{tmp_path}/echo"
+    assert (args.max_steps, args.num_generations, args.per_device_train_batch_size) == (5, 4, 4)
+    assert args.steps_per_generation == 2  # TRL's default: gradient_accumulation_steps
+    assert args.generation_batch_size == 8 == cfg.generation_batch_size
+    assert (args.save_steps, args.max_tool_calling_iterations, args.temperature) == (2, 3, 0.7)
+    assert args.use_cpu and not args.bf16 and not args.use_vllm
+
+
+def test_env_var_list_is_the_field_list():
+    assert ENV_VARS == tuple(name.upper() for name in RunConfig.model_fields)
+    assert {"ENV_NAME", "MAX_CONCURRENT_ENVS", "VLLM_GROUP_PORT", "RESUME"} <= set(ENV_VARS)
+    assert [row["name"] for row in describe()] == list(ENV_VARS)
+    assert all(row["description"] for row in describe())
+
+
+def test_config_module_imports_without_torch():
+    # `make doctor` validates .env on the host without torch: importing the config must not pull it in.
+    code = ("import sys; import trainer.config as c; c.RunConfig.load([]); "
+            "bad = [m for m in ('torch', 'trl', 'transformers') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+def test_check_cli_exit_codes(monkeypatch):
+    env = {"PATH": "/usr/bin:/bin", "ENV_NAME": "nope"}
+    bad = subprocess.run([sys.executable, "-m", "trainer.config", "--check"], cwd=REPO, env=env,
+                         capture_output=True, text=True)
+    assert bad.returncode == 1 and "ENV_NAME: unknown environment 'nope'" in bad.stderr
+    env["ENV_NAME"] = "echo"
+    ok = subprocess.run([sys.executable, "-m", "trainer.config", "--check"], cwd=REPO, env=env,
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr

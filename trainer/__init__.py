@@ -1,0 +1,1 @@
+"""GRPO training package. Kept import-light: `trainer.config` must load without torch."""

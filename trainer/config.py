@@ -1,0 +1,328 @@
+"""One typed config for a training run: environment variables, then CLI overrides.
+
+Light on purpose: only pydantic / pydantic-settings / stdlib and `envs.registry`, so the host-side
+`make doctor` can validate `.env` without torch (`python -m trainer.config --check`).
+
+    RunConfig.load()                      # env vars + sys.argv[1:]
+    RunConfig.load(["--max-steps", "3"])  # CLI overrides win over env vars
+    ENV_VARS                              # every variable name, in one place (README/.env.example/compose tests)
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from typing import Any, Literal
+from urllib.parse import urlparse
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
+
+CPU_DEFAULT_MODEL = "/models/tiny-qwen3"
+GPU_DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
+
+
+class ConfigError(ValueError):
+    """A bad setting; the message names the variable and the fix, one line per problem."""
+
+
+def known_envs() -> tuple[str, ...]:
+    from envs import registry  # light by contract (no heavy deps)
+
+    return tuple(registry.NAMES)
+
+
+class RunConfig(BaseSettings):
+    """Every knob of a run. Field name upper-cased = environment variable; kebab-cased = CLI flag."""
+
+    model_config = SettingsConfigDict(
+        case_sensitive=False,
+        env_ignore_empty=True,  # compose passes unset variables as empty strings
+        extra="ignore",
+        validate_default=True,
+    )
+
+    train_mode: Literal["auto", "cpu", "gpu", "colocate"] = Field(
+        "auto",
+        description="auto: cpu without CUDA, else gpu. gpu = vLLM server on its own GPU (NCCL sync); "
+        "colocate = vLLM inside the trainer on one GPU; cpu = transformers generation, tiny model.",
+    )
+    env_name: str = Field("echo", description="Environment(s) to train on: one name or a comma list (multi-env).")
+    env_urls: str | None = Field(
+        None, description="Override env server URLs, e.g. `echo=http://env-echo:8000,wordle=http://host:9000`; "
+        "default `http://env-<name>:8000`."
+    )
+    model_name: str | None = Field(
+        None, description=f"Model to train (hub id or local path). Empty: `{CPU_DEFAULT_MODEL}` on CPU, "
+        f"`{GPU_DEFAULT_MODEL}` on GPU."
+    )
+    run_name: str | None = Field(None, description="Run folder under OUTPUT_DIR. Empty: the env names joined by `+`.")
+    output_dir: str = Field("/outputs", description="Where runs are written (checkpoints, metrics.jsonl, tensorboard/).")
+    max_steps: int = Field(30, ge=1, description="Optimizer steps to train.")
+    learning_rate: float = Field(1e-5, gt=0, le=1, description="AdamW learning rate.")
+    num_generations: int = Field(4, ge=2, description="Completions per prompt (GRPO group size).")
+    per_device_train_batch_size: int = Field(
+        8, ge=1, description="Completions per device per micro-step (multiple of NUM_GENERATIONS with the below)."
+    )
+    gradient_accumulation_steps: int = Field(1, ge=1, description="Micro-steps per optimizer step.")
+    steps_per_generation: int | None = Field(
+        None, ge=1, description="Micro-steps served by one generation batch. Empty: GRADIENT_ACCUMULATION_STEPS."
+    )
+    max_completion_length: int = Field(
+        256, ge=8, description="Token budget for a whole episode: all assistant turns plus tool results."
+    )
+    max_tool_calling_iterations: int | None = Field(
+        4, ge=1, description="Tool calls allowed per episode (empty: unlimited)."
+    )
+    temperature: float = Field(1.0, gt=0, le=5, description="Sampling temperature for rollouts.")
+    save_steps: int = Field(10, ge=1, description="Write `checkpoint-N` every this many steps.")
+    logging_steps: int = Field(1, ge=1, description="Log metrics every this many steps.")
+    seed: int = Field(42, ge=0, description="Random seed (dataset, sampling, init).")
+    resume: Literal["auto", "fresh"] = Field(
+        "auto", description="auto: continue from the run's last checkpoint; fresh: delete the run folder, start over."
+    )
+    dataset_size: int = Field(256, ge=1, description="Prompts generated per environment.")
+    max_concurrent_envs: int = Field(
+        256, ge=1, description="Sessions each env server accepts (preflight prefers what the server reports)."
+    )
+    vllm_server_url: str = Field("http://vllm:8000", description="vLLM server (gpu mode).")
+    vllm_group_port: int = Field(51216, ge=1, le=65535, description="Port the trainer listens on for the NCCL rendezvous.")
+    vllm_server_timeout_s: float = Field(240.0, gt=0, description="How long to wait for the vLLM server to be healthy.")
+    weight_sync_timeout_s: float = Field(300.0, gt=0, description="Fail a weight sync that takes longer (with a diagnosis).")
+    vllm_gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="vLLM's GPU memory share. Empty: 0.9 (gpu, own GPU), 0.3 (colocate)."
+    )
+    vllm_max_model_len: int | None = Field(None, ge=64, description="vLLM max model length (prompt + completion).")
+
+    # ------------------------------------------------------------------ field validators
+    @field_validator("env_name")
+    @classmethod
+    def _check_env_name(cls, value: str) -> str:
+        names = [n.strip().lower() for n in value.split(",") if n.strip()]
+        known = known_envs()
+        if not names:
+            raise ValueError(f"empty; choose from {', '.join(known)} (edit .env)")
+        for name in names:
+            if name not in known:
+                raise ValueError(f"unknown environment {name!r}; choose from {', '.join(known)} (edit .env)")
+        if len(set(names)) != len(names):
+            raise ValueError(f"{value!r} names an environment twice; list each once (edit .env)")
+        return ",".join(names)
+
+    @field_validator("env_urls")
+    @classmethod
+    def _check_env_urls(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        for item in [i.strip() for i in value.split(",") if i.strip()]:
+            name, sep, url = item.partition("=")
+            parsed = urlparse(url.strip())
+            if not sep or not name.strip() or parsed.scheme not in ("http", "https") or not parsed.hostname:
+                raise ValueError(
+                    f"{item!r} is not `name=http://host:port`; write e.g. `echo=http://env-echo:8000` (edit .env)"
+                )
+        return value
+
+    @field_validator("run_name")
+    @classmethod
+    def _check_run_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,99}", value):
+            raise ValueError(f"{value!r} is not a folder name; use letters, digits, '.', '_', '+', '-' (edit .env)")
+        return value
+
+    @field_validator("vllm_server_url")
+    @classmethod
+    def _check_vllm_url(cls, value: str) -> str:
+        parsed = urlparse(value)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(f"{value!r} is not a URL; write e.g. http://vllm:8000 (edit .env)")
+        return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _check_cross_fields(self) -> "RunConfig":
+        unknown = set(self.env_url_overrides) - set(self.env_names)
+        if unknown:
+            raise ValueError(
+                f"ENV_URLS names {', '.join(sorted(unknown))}, which ENV_NAME={self.env_name} does not train on; "
+                "drop it from ENV_URLS or add it to ENV_NAME (edit .env)"
+            )
+        gen_batch = self.per_device_train_batch_size * self.effective_steps_per_generation
+        if gen_batch % self.num_generations:
+            raise ValueError(
+                f"PER_DEVICE_TRAIN_BATCH_SIZE x STEPS_PER_GENERATION = {self.per_device_train_batch_size} x "
+                f"{self.effective_steps_per_generation} = {gen_batch} completions per generation batch, which is "
+                f"not a multiple of NUM_GENERATIONS={self.num_generations} (GRPO needs whole prompt groups); "
+                f"e.g. set PER_DEVICE_TRAIN_BATCH_SIZE={self.num_generations * max(1, gen_batch // self.num_generations)} "
+                "(edit .env)"
+            )
+        return self
+
+    # ------------------------------------------------------------------ derived values
+    @property
+    def env_names(self) -> list[str]:
+        return self.env_name.split(",")
+
+    @property
+    def env_url_overrides(self) -> dict[str, str]:
+        out = {}
+        for item in [i.strip() for i in (self.env_urls or "").split(",") if i.strip()]:
+            name, _, url = item.partition("=")
+            out[name.strip().lower()] = url.strip().rstrip("/")
+        return out
+
+    def env_url(self, name: str) -> str:
+        return self.env_url_overrides.get(name, f"http://env-{name}:8000")
+
+    @property
+    def effective_steps_per_generation(self) -> int:
+        # TRL: steps_per_generation defaults to gradient_accumulation_steps.
+        return self.steps_per_generation or self.gradient_accumulation_steps
+
+    @property
+    def generation_batch_size(self) -> int:
+        """Completions per generation batch per process (TRL: per_device_train_batch_size x steps_per_generation)."""
+        return self.per_device_train_batch_size * self.effective_steps_per_generation
+
+    @property
+    def resolved_run_name(self) -> str:
+        return self.run_name or "+".join(self.env_names)
+
+    @property
+    def run_dir(self) -> str:
+        return f"{self.output_dir.rstrip('/')}/{self.resolved_run_name}"
+
+    def resolved_train_mode(self) -> str:
+        """auto: cpu without CUDA; gpu when the vLLM server's name resolves (the gpu profile runs it) or
+        two GPUs are visible; colocate otherwise. Imports torch only for auto."""
+        if self.train_mode != "auto":
+            return self.train_mode
+        import socket
+
+        import torch
+
+        if not torch.cuda.is_available():
+            return "cpu"
+        if torch.cuda.device_count() >= 2:
+            return "gpu"
+        try:
+            socket.getaddrinfo(urlparse(self.vllm_server_url).hostname, None)
+            return "gpu"
+        except OSError:
+            return "colocate"
+
+    def resolved_model_name(self, mode: str | None = None) -> str:
+        if self.model_name:
+            return self.model_name
+        return CPU_DEFAULT_MODEL if (mode or self.resolved_train_mode()) == "cpu" else GPU_DEFAULT_MODEL
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def load(cls, argv: list[str] | None = None, **overrides: Any) -> "RunConfig":
+        """Environment variables, then CLI flags (`--max-steps 3`). Raises ConfigError with a clear message."""
+        argv = sys.argv[1:] if argv is None else list(argv)
+        try:
+            if argv:
+                cli = CliSettingsSource(cls, cli_parse_args=argv, cli_kebab_case=True, cli_exit_on_error=False,
+                                        cli_prog_name="python -m trainer.train")
+                return cls(_cli_settings_source=cli(args=argv), **overrides)
+            return cls(**overrides)
+        except ValidationError as exc:
+            raise ConfigError(format_validation_error(exc)) from None
+        except SystemExit as exc:  # argparse on --help
+            raise
+        except Exception as exc:  # argparse errors from the CLI source (unknown flag, missing value)
+            if type(exc).__name__ in ("SettingsError", "ArgumentError"):
+                raise ConfigError(f"command line: {exc} (see `python -m trainer.train --help`)") from None
+            raise
+
+    def to_grpo_config(self, mode: str | None = None, **extra: Any):
+        """Map onto trl.GRPOConfig (imports trl lazily). gpu/colocate add trainer.vllm_mode's kwargs."""
+        from trl import GRPOConfig
+
+        mode = mode or self.resolved_train_mode()
+        kwargs: dict[str, Any] = dict(
+            output_dir=self.run_dir,
+            run_name=self.resolved_run_name,
+            max_steps=self.max_steps,
+            learning_rate=self.learning_rate,
+            num_generations=self.num_generations,
+            per_device_train_batch_size=self.per_device_train_batch_size,
+            gradient_accumulation_steps=self.gradient_accumulation_steps,
+            steps_per_generation=self.effective_steps_per_generation,
+            max_completion_length=self.max_completion_length,
+            max_tool_calling_iterations=self.max_tool_calling_iterations,
+            temperature=self.temperature,
+            save_strategy="steps",
+            save_steps=self.save_steps,
+            save_total_limit=3,
+            logging_steps=self.logging_steps,
+            seed=self.seed,
+            data_seed=self.seed,
+            report_to="none",  # trainer.metrics writes JSONL + TensorBoard itself
+            disable_tqdm=True,  # one log line per step instead of progress bars in `docker logs`
+        )
+        if mode == "cpu":
+            kwargs.update(use_cpu=True, bf16=False, use_vllm=False)
+        else:
+            from trainer import vllm_mode  # only on GPU: imports vllm
+
+            kwargs.update(bf16=True)
+            kwargs.update(vllm_mode.grpo_vllm_kwargs(self))
+        kwargs.update(extra)
+        return GRPOConfig(**kwargs)
+
+
+def format_validation_error(exc: ValidationError) -> str:
+    lines = []
+    for err in exc.errors():
+        var = str(err["loc"][0]).upper() if err.get("loc") else "CONFIG"
+        msg = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
+        if err["type"] != "value_error":  # pydantic's own type/range messages: add the value and the fix
+            got = err.get("input")
+            msg = f"{msg} (got {got!r}; edit .env or the --{var.lower().replace('_', '-')} flag)"
+        if var == "CONFIG" or var.startswith("_") or msg.startswith(("PER_DEVICE", "ENV_URLS names")):
+            lines.append(msg)
+        else:
+            lines.append(f"{var}: {msg}")
+    return "\n".join(lines)
+
+
+ENV_VARS: tuple[str, ...] = tuple(name.upper() for name in RunConfig.model_fields)
+
+
+def describe() -> list[dict[str, str]]:
+    """One row per variable (name, default, description): source of the README table."""
+    rows = []
+    for name, field in RunConfig.model_fields.items():
+        default = "" if field.default is None else str(field.default)
+        rows.append({"name": name.upper(), "default": default, "description": field.description or ""})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m trainer.config", description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="validate the environment; exit 1 with the problems")
+    parser.add_argument("--names", action="store_true", help="print every variable name, one per line")
+    parser.add_argument("--table", action="store_true", help="print the README's Markdown table")
+    args = parser.parse_args(argv)
+    if args.names:
+        print("\n".join(ENV_VARS))
+    elif args.table:
+        print("| variable | default | meaning |\n| --- | --- | --- |")
+        for row in describe():
+            print(f"| `{row['name']}` | {('`' + row['default'] + '`') if row['default'] else ''} | {row['description']} |")
+    else:
+        try:
+            cfg = RunConfig.load([])
+        except ConfigError as exc:
+            print(exc, file=sys.stderr)
+            return 1
+        if not args.check:
+            print(cfg.model_dump_json(indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
