@@ -1,0 +1,179 @@
+"""A small synchronous client for OpenEnv `/ws` sessions, shared by the TRL tool classes.
+
+TRL builds one tool-class instance per rollout (hundreds per process) and calls them synchronously.
+One thread-per-connection client would mean hundreds of threads; instead every connection lives on
+ONE background asyncio loop per process, which also answers keepalive pings while the trainer is busy.
+Speaks the same frames as openenv's `EnvClient`: {"type": "reset"|"step"|"close", "data": {...}}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from typing import Any, Optional
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed
+from websockets.protocol import State
+
+_loop: Optional[asyncio.AbstractEventLoop] = None
+_loop_lock = threading.Lock()
+
+
+def _background_loop() -> asyncio.AbstractEventLoop:
+    global _loop
+    with _loop_lock:
+        if _loop is None or _loop.is_closed():
+            loop = asyncio.new_event_loop()
+            threading.Thread(target=loop.run_forever, name="envs-ws-loop", daemon=True).start()
+            _loop = loop
+        return _loop
+
+
+class EnvServerError(RuntimeError):
+    """An error frame from the env server (`code` is openenv's WSErrorCode or ours)."""
+
+    def __init__(self, message: str, code: str = "UNKNOWN", data: Optional[dict] = None) -> None:
+        super().__init__(message)
+        self.code = code
+        self.data = data or {}
+
+
+def ws_url(base_url: str) -> str:
+    url = base_url.rstrip("/")
+    for http, ws in (("http://", "ws://"), ("https://", "wss://")):
+        if url.startswith(http):
+            url = ws + url[len(http) :]
+    if not url.startswith(("ws://", "wss://")):
+        url = "ws://" + url
+    return url if url.endswith("/ws") else url + "/ws"
+
+
+class SessionClient:
+    """One env-server session over `/ws`, driven synchronously from any thread."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        connect_timeout_s: float = 30.0,
+        message_timeout_s: float = 120.0,
+        ping_interval_s: Optional[float] = 20.0,
+        ping_timeout_s: Optional[float] = 60.0,
+        capacity_wait_s: float = 30.0,
+    ) -> None:
+        self.base_url = base_url
+        self.url = ws_url(base_url)
+        self.connect_timeout_s = connect_timeout_s
+        self.message_timeout_s = message_timeout_s
+        self.ping_interval_s = ping_interval_s
+        self.ping_timeout_s = ping_timeout_s
+        self.capacity_wait_s = capacity_wait_s
+        self._ws: Optional[ClientConnection] = None
+
+    # -- sync API --------------------------------------------------------------------------------
+    def reset(self, **data: Any) -> dict:
+        """Start an episode, reconnecting first if the old session is gone (reaped, server restart)."""
+        deadline = time.monotonic() + self.capacity_wait_s
+        delay = 0.25
+        while True:
+            try:
+                return self._run(self._reset(data))
+            except EnvServerError as e:
+                # A slot may free soon (a dropped client, a reaped session): wait a little, then say so.
+                if e.code != "CAPACITY_REACHED" or time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 2.0)
+
+    def step(self, action: dict) -> dict:
+        if not self.connected:
+            raise EnvServerError(
+                "The env-server session was lost mid-episode (server restart or idle timeout); "
+                "this episode cannot continue. Stop calling tools.",
+                code="SESSION_LOST",
+            )
+        return self._run(self._request({"type": "step", "data": action}))
+
+    def close(self) -> None:
+        if self._ws is not None:
+            try:
+                self._run(self._close())
+            except Exception:
+                pass
+            self._ws = None
+
+    @property
+    def connected(self) -> bool:
+        return self._ws is not None and self._ws.state is State.OPEN
+
+    # -- async internals (run on the shared loop) --------------------------------------------------
+    def _run(self, coro: Any) -> Any:
+        future = asyncio.run_coroutine_threadsafe(coro, _background_loop())
+        return future.result(timeout=self.connect_timeout_s + self.message_timeout_s + 5)
+
+    async def _connect(self) -> None:
+        if self._ws is not None:
+            await self._close()
+        try:
+            self._ws = await connect(
+                self.url,
+                open_timeout=self.connect_timeout_s,
+                ping_interval=self.ping_interval_s,
+                ping_timeout=self.ping_timeout_s,
+                max_size=16 << 20,
+                proxy=None,  # env servers sit on the private network; never route via HTTP(S)_PROXY
+            )
+        except Exception as e:
+            self._ws = None
+            raise ConnectionError(f"Cannot reach env server at {self.url}: {e}") from e
+
+    async def _close(self) -> None:
+        ws, self._ws = self._ws, None
+        if ws is None:
+            return
+        try:
+            if ws.state is State.OPEN:
+                await ws.send('{"type":"close"}')
+            await asyncio.wait_for(ws.close(), 5)
+        except Exception:
+            pass
+
+    async def _reset(self, data: dict) -> dict:
+        for attempt in (0, 1):
+            if not self.connected:
+                await self._connect()
+            try:
+                return await self._request({"type": "reset", "data": data})
+            except (ConnectionClosed, EnvServerError) as e:
+                expired = isinstance(e, ConnectionClosed) or e.code in ("SESSION_EXPIRED", "SESSION_ERROR")
+                if attempt == 0 and expired:
+                    await self._close()  # reaped or restarted: one fresh session, then give up
+                    continue
+                if isinstance(e, EnvServerError) and e.code == "CAPACITY_REACHED":
+                    await self._close()  # the server closes refused sockets
+                raise
+        raise AssertionError("unreachable")
+
+    async def _request(self, message: dict) -> dict:
+        ws = self._ws
+        assert ws is not None
+        try:
+            await ws.send(json.dumps(message))
+        except ConnectionClosed:
+            pass  # a refused/expired session sends an error frame then closes: read it below
+        try:
+            raw = await asyncio.wait_for(ws.recv(), timeout=self.message_timeout_s)
+        except asyncio.TimeoutError:
+            await self._close()  # a late reply would pair with the next request: drop the socket
+            raise TimeoutError(f"No reply from {self.url} within {self.message_timeout_s:g} s") from None
+        except ConnectionClosed:
+            self._ws = None
+            raise
+        reply = json.loads(raw)
+        if reply.get("type") == "error":
+            data = reply.get("data") or {}
+            raise EnvServerError(str(data.get("message", "unknown error")), str(data.get("code", "UNKNOWN")), data)
+        return reply.get("data") or {}

@@ -1,0 +1,296 @@
+"""Our OpenEnv HTTP/WebSocket server: stock `HTTPEnvServer` routes, plus the fixes training needs.
+
+What stock openenv 0.10.0 does and what we add (see envs/README.md for the operator's view):
+
+- Capacity: stock refuses the (N+1)-th `/ws` session with a CAPACITY_REACHED error frame. We keep the
+  frame and code, make the message name the fix, and publish the live numbers at `GET /health` and
+  `GET /capacity` so a trainer can compare them with the sessions it will open.
+- Idle reaping: stock's reaper (only when `session_timeout` is set) destroys idle sessions but leaves a
+  `/ws` socket open on a closed env and a freed slot (so capacity over-commits). We also close that
+  socket, after a SESSION_EXPIRED error frame, so clients reconnect instead of talking to a dead env.
+- Bad frames: stock closes the whole session on a JSON value that is not an object (`[]`, `1`), on a
+  binary frame, or on a non-string `type`; uvicorn closes the socket (1009) on big frames. A small
+  ASGI layer in front of `/ws` answers those with a structured error frame and keeps the session.
+- Dropped clients: stock already frees the slot when the socket drops; uvicorn's keepalive pings
+  (interval/timeout from the environment) find half-open connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Optional
+
+from fastapi import FastAPI
+from openenv.core.env_server.exceptions import SessionCapacityError
+from openenv.core.env_server.http_server import HTTPEnvServer
+from openenv.core.env_server.types import ConcurrencyConfig
+
+log = logging.getLogger("envs.server")
+
+# Set by the ASGI layer for each /ws connection; read when the session is created, so the reaper can
+# close the socket of a session it destroys.
+_WS_CLOSER: contextvars.ContextVar[Optional[Callable[[int, str, dict], Awaitable[bool]]]] = (
+    contextvars.ContextVar("ws_closer", default=None)
+)
+
+SESSION_EXPIRED = "SESSION_EXPIRED"
+MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    env_name: str
+    max_concurrent_envs: int = 64
+    session_timeout_s: Optional[float] = 600.0
+    port: int = 8000
+    ws_ping_interval_s: float = 20.0
+    ws_ping_timeout_s: float = 60.0
+    max_message_bytes: int = 1 << 20  # frames above this get MESSAGE_TOO_LARGE, session kept
+    ws_hard_max_bytes: int = 16 << 20  # uvicorn closes the socket (1009) above this
+
+    @classmethod
+    def from_env(cls, environ: Optional[dict] = None) -> "ServerSettings":
+        env = os.environ if environ is None else environ
+
+        def num(key: str, default: Any, kind=float):
+            raw = env.get(key, "")
+            if raw.strip() == "":
+                return default
+            try:
+                value = kind(raw)
+            except ValueError:
+                raise SystemExit(f"{key}={raw!r} is not a valid {kind.__name__}; unset it or give a number.")
+            return value
+
+        name = env.get("ENV_NAME", "").strip()
+        if not name:
+            from envs.registry import NAMES
+
+            raise SystemExit(f"ENV_NAME is not set; choose one of {', '.join(NAMES)}.")
+        cap = num("MAX_CONCURRENT_ENVS", 64, int)
+        if cap < 1:
+            raise SystemExit(f"MAX_CONCURRENT_ENVS={cap} must be >= 1.")
+        timeout = num("SESSION_TIMEOUT_S", 600.0)
+        return cls(
+            env_name=name,
+            max_concurrent_envs=cap,
+            session_timeout_s=None if timeout <= 0 else timeout,  # 0 turns reaping off
+            port=num("PORT", 8000, int),
+            ws_ping_interval_s=num("WS_PING_INTERVAL_S", 20.0),
+            ws_ping_timeout_s=num("WS_PING_TIMEOUT_S", 60.0),
+            max_message_bytes=num("MAX_MESSAGE_BYTES", 1 << 20, int),
+        )
+
+
+class TrainingEnvServer(HTTPEnvServer):
+    """`HTTPEnvServer` with clearer capacity errors and reaping that also closes the socket."""
+
+    def __init__(self, *args: Any, public_name: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.public_name = public_name
+        self._ws_closers: dict[str, Callable[[int, str, dict], Awaitable[bool]]] = {}
+        self.reaped_sessions = 0
+
+    def capacity(self) -> dict:
+        active = len(self._sessions)
+        return {
+            "env": self.public_name,
+            "active_sessions": active,
+            "max_sessions": self._max_concurrent_envs,
+            "available_slots": max(0, self._max_concurrent_envs - active),
+            "session_timeout_s": self._session_idle_timeout_s,
+            "reaped_sessions": self.reaped_sessions,
+        }
+
+    async def _create_session(self):  # type: ignore[override]
+        try:
+            session_id, env = await super()._create_session()
+        except SessionCapacityError as e:
+            raise SessionCapacityError(
+                e.active_sessions,
+                e.max_sessions,
+                message=(
+                    f"{self.public_name} env server at capacity: {e.active_sessions}/{e.max_sessions} "
+                    "sessions in use. Open fewer sessions (per_device_train_batch_size x "
+                    "steps_per_generation per process), raise MAX_CONCURRENT_ENVS, or add replicas; "
+                    "close sessions you no longer need. GET /capacity shows free slots."
+                ),
+            ) from None
+        closer = _WS_CLOSER.get()
+        if closer is not None:
+            self._ws_closers[session_id] = closer
+        return session_id, env
+
+    async def _destroy_session(self, session_id: str) -> None:  # type: ignore[override]
+        closer = self._ws_closers.pop(session_id, None)
+        await super()._destroy_session(session_id)
+        if closer is not None:
+            # No-op when the socket already closed (normal end); otherwise this is the reaper.
+            if await closer(
+                4408,
+                "session expired",
+                {
+                    "message": (
+                        f"Session closed after {self._session_idle_timeout_s:g} s without a reset or step "
+                        "(SESSION_TIMEOUT_S). Reconnect to start a new session."
+                    ),
+                    "code": SESSION_EXPIRED,
+                },
+            ):
+                self.reaped_sessions += 1
+                log.info("closed idle session %s (SESSION_TIMEOUT_S)", session_id)
+
+
+def _error_frame(code: str, message: str, **extra: Any) -> str:
+    return json.dumps({"type": "error", "data": {"message": message, "code": code, **extra}})
+
+
+class WSGuard:
+    """ASGI layer in front of `/ws`: answers frames the stock handler would die on, tracks the socket.
+
+    Only frames that are not a JSON object with a string `type` (or are too big / binary non-UTF-8)
+    are answered here; everything else goes to the stock handler unchanged.
+    """
+
+    def __init__(self, app: Any, max_message_bytes: int) -> None:
+        self.app = app
+        self.max_message_bytes = max_message_bytes
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "websocket" or scope.get("path") != "/ws":
+            return await self.app(scope, receive, send)
+
+        closed = False  # close sent by either side
+
+        async def guarded_send(message: dict) -> None:
+            nonlocal closed
+            if message["type"] == "websocket.close":
+                if closed:
+                    return  # the reaper closed it already; the handler's own close is moot
+                closed = True
+            try:
+                await send(message)
+            except Exception:
+                closed = True
+                raise
+
+        owner = asyncio.current_task()
+
+        async def closer(code: int, reason: str, error: dict) -> bool:
+            # The handler's own teardown (client close, disconnect, error) runs in `owner`; only
+            # another task (the idle reaper) closes the socket from here.
+            if closed or asyncio.current_task() is owner:
+                return False
+            try:
+                await guarded_send({"type": "websocket.send", "text": _error_frame(**error)})
+                await guarded_send({"type": "websocket.close", "code": code, "reason": reason})
+            except Exception:  # client already gone
+                pass
+            return True
+
+        async def guarded_receive() -> dict:
+            nonlocal closed
+            while True:
+                message = await receive()
+                if message["type"] == "websocket.disconnect":
+                    closed = True
+                    return message
+                if message["type"] != "websocket.receive":
+                    return message
+                text = message.get("text")
+                if text is None:
+                    raw = message.get("bytes") or b""
+                    if len(raw) > self.max_message_bytes:
+                        await guarded_send(self._too_large(len(raw)))
+                        continue
+                    try:
+                        text = raw.decode("utf-8")
+                    except UnicodeDecodeError:
+                        await guarded_send(
+                            {
+                                "type": "websocket.send",
+                                "text": _error_frame(
+                                    "INVALID_JSON", "Binary frame is not UTF-8 JSON; send JSON text frames."
+                                ),
+                            }
+                        )
+                        continue
+                    message = {"type": "websocket.receive", "text": text}
+                if len(text) > self.max_message_bytes:
+                    await guarded_send(self._too_large(len(text)))
+                    continue
+                try:
+                    parsed = json.loads(text)
+                except (ValueError, RecursionError):
+                    return message  # stock handler answers INVALID_JSON
+                if not isinstance(parsed, dict) or not isinstance(parsed.get("type", ""), str):
+                    await guarded_send(
+                        {
+                            "type": "websocket.send",
+                            "text": _error_frame(
+                                "VALIDATION_ERROR",
+                                'A message must be a JSON object with a string "type": '
+                                '{"type": "reset"|"step"|"state"|"close"|"mcp", "data": {...}}.',
+                            ),
+                        }
+                    )
+                    continue
+                return message
+
+        token = _WS_CLOSER.set(closer)
+        try:
+            await self.app(scope, guarded_receive, guarded_send)
+        finally:
+            _WS_CLOSER.reset(token)
+
+    def _too_large(self, size: int) -> dict:
+        return {
+            "type": "websocket.send",
+            "text": _error_frame(
+                MESSAGE_TOO_LARGE,
+                f"Message of {size} bytes exceeds MAX_MESSAGE_BYTES={self.max_message_bytes}; "
+                "send smaller actions.",
+                max_bytes=self.max_message_bytes,
+            ),
+        }
+
+
+def build_app(settings: ServerSettings) -> tuple[Any, TrainingEnvServer]:
+    """The ASGI app for `settings.env_name` and the server object behind it."""
+    from envs.registry import get
+
+    spec = get(settings.env_name)
+    factory, action_cls, observation_cls, state_cls = spec.server_parts()
+
+    # Same as openenv's create_fastapi_app (FastAPI + HTTPEnvServer.register_routes), but we keep the
+    # server object: /health and /capacity read its session table.
+    app = FastAPI(title=f"OpenEnv {spec.name} environment (grpo-stack)", version="1.0.0")
+    server = TrainingEnvServer(
+        factory,
+        action_cls,
+        observation_cls,
+        concurrency_config=ConcurrencyConfig(
+            max_concurrent_envs=settings.max_concurrent_envs,
+            session_timeout=settings.session_timeout_s,
+        ),
+        env_name=spec.upstream_env_name,
+        state_cls=state_cls,
+        public_name=spec.name,
+    )
+
+    # Registered before the stock routes, so ours answer /health (a superset of stock's body).
+    @app.get("/health", tags=["Health"])
+    async def health() -> dict:
+        return {"status": "healthy", **server.capacity()}
+
+    @app.get("/capacity", tags=["Health"])
+    async def capacity() -> dict:
+        return server.capacity()
+
+    server.register_routes(app)
+    return WSGuard(app, settings.max_message_bytes), server
