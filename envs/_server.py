@@ -146,6 +146,22 @@ class TrainingEnvServer(HTTPEnvServer):
                 log.info("closed idle session %s (SESSION_TIMEOUT_S)", session_id)
 
 
+MAX_JSON_DEPTH = 64  # actions and reset kwargs are a few levels deep; far below any parser limit
+
+
+def _nested_deeper_than(value: Any, limit: int) -> bool:
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
 def _error_frame(code: str, message: str, **extra: Any) -> str:
     return json.dumps({"type": "error", "data": {"message": message, "code": code, **extra}})
 
@@ -226,8 +242,27 @@ class WSGuard:
                     continue
                 try:
                     parsed = json.loads(text)
-                except (ValueError, RecursionError):
+                except json.JSONDecodeError:
                     return message  # stock handler answers INVALID_JSON
+                except (ValueError, RecursionError) as e:
+                    # Nesting deeper than the recursion limit, or an int over Python's 4300-digit
+                    # limit: stock catches only JSONDecodeError and would end the session.
+                    await guarded_send(
+                        {"type": "websocket.send", "text": _error_frame("INVALID_JSON", f"Invalid JSON: {str(e)[:200]}")}
+                    )
+                    continue
+                if _nested_deeper_than(parsed, MAX_JSON_DEPTH):
+                    # pydantic cannot serialize a validation error about a value this deep (its limit
+                    # is ~255 levels); stock would then end the session with SESSION_ERROR.
+                    await guarded_send(
+                        {
+                            "type": "websocket.send",
+                            "text": _error_frame(
+                                "VALIDATION_ERROR", f"Message is nested deeper than {MAX_JSON_DEPTH} levels."
+                            ),
+                        }
+                    )
+                    continue
                 if not isinstance(parsed, dict) or not isinstance(parsed.get("type", ""), str):
                     await guarded_send(
                         {
