@@ -1,0 +1,96 @@
+"""Registry, task and tool-schema checks: no server, no Docker."""
+
+from __future__ import annotations
+
+import inspect
+import random
+import subprocess
+import sys
+
+import pytest
+from transformers.utils import get_json_schema
+
+from envs import registry
+
+TOOLS = {"echo": {"echo_message", "echo_with_length"}, "wordle": {"guess"}, "catch": {"move"}}
+
+
+def test_registry_imports_no_heavy_dependency():
+    code = (
+        "import sys, envs.registry as r; r.get('wordle').make_dataset(2, 0); "
+        "bad = [m for m in ('openenv', 'textarena', 'pyspiel', 'torch', 'transformers', 'nltk') if m in sys.modules]; "
+        "print(bad)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_unknown_name_names_the_choices():
+    with pytest.raises(ValueError, match="echo, wordle, catch"):
+        registry.get("chess")
+
+
+@pytest.mark.parametrize("name", registry.NAMES)
+def test_tool_class_schemas(name):
+    cls = registry.get(name).tool_class
+    public = {n for n, _ in inspect.getmembers(cls, inspect.isfunction) if not n.startswith("_")}
+    assert public - {"reset", "get_reward"} == TOOLS[name]
+    assert list(inspect.signature(cls.__init__).parameters) == ["self", "base_url"]
+    for tool in TOOLS[name]:
+        schema = get_json_schema(getattr(cls, tool))["function"]
+        assert schema["name"] == tool
+        assert schema["description"]
+        for arg, spec in schema["parameters"]["properties"].items():
+            assert spec["type"] == "string" and spec["description"], (tool, arg, spec)
+
+
+@pytest.mark.parametrize("name", registry.NAMES)
+def test_dataset_rows(name):
+    spec = registry.get(name)
+    rows = spec.make_dataset(16, seed=3)
+    assert len(rows) == 16 and rows == spec.make_dataset(16, seed=3)  # deterministic
+    for row in rows:
+        assert row["prompt"][-1]["role"] == "user" and row["prompt"][-1]["content"]
+        calls = spec.demo_calls(row)
+        assert calls and all(fn in TOOLS[name] and isinstance(kw, dict) for fn, kw in calls)
+        fn, kw = spec.baseline_action(random.Random(0), "")
+        assert fn in TOOLS[name]
+    assert spec.episode_budget_tokens > 0
+
+
+def test_echo_task_reward():
+    from envs.echo import task
+
+    assert task.reward("apple", []) == 0.0
+    assert task.reward("apple", ["apple"]) == 1.0
+    assert task.reward("apple", ["Apple."]) == 1.0
+    assert task.reward("apple", ["river"]) == task.PARTIAL
+    assert task.reward("apple", ["river", "apple"]) == task.PARTIAL  # only the first call counts
+    words = {r["target"] for r in registry.get("echo").make_dataset(200, 0)}
+    assert words == set(task.WORDS) and 4 <= len(words) <= 8
+
+
+def test_catch_demo_reaches_ball_column():
+    from envs.catch import task
+
+    for seed in range(20):
+        calls = task.demo_calls({"seed": seed})
+        assert len(calls) == task.ROWS - 1
+        dx = sum({"left": -1, "stay": 0, "right": 1}[kw["direction"]] for _, kw in calls)
+        assert task.COLS // 2 + dx == task.ball_column(seed)
+
+
+def test_catch_render():
+    from envs.catch.task import render
+
+    state = [0.0] * 50
+    state[3] = 1.0  # ball row 0, col 3
+    state[47] = 1.0  # paddle bottom row, col 2
+    assert render(state).splitlines()[0] == "...o." and render(state).splitlines()[-1] == "..=.."
+
+
+def test_wordle_secret_words_are_distinct_five_letter_words():
+    from envs.wordle.words import SECRET_WORDS
+
+    assert len(set(SECRET_WORDS)) == len(SECRET_WORDS) >= 50
+    assert all(len(w) == 5 and w.isalpha() and w.islower() for w in SECRET_WORDS)
