@@ -1,0 +1,93 @@
+"""Fixtures for trainer tests: a real env server process on loopback, a tiny model built once."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from trainer.config import ENV_VARS
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class EnvServer:
+    def __init__(self, env_name: str = "echo", capacity: int = 64) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ, ENV_NAME=env_name, PORT=str(self.port), HOST="127.0.0.1",
+                   MAX_CONCURRENT_ENVS=str(capacity), SESSION_TIMEOUT_S="600", LOG_LEVEL="warning")
+        self.proc = subprocess.Popen([sys.executable, "-m", "envs.serve"], cwd=ROOT, env=env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if requests.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"env server did not start: {self.proc.stderr.read().decode()[-2000:]}")
+            time.sleep(0.2)
+
+    def health(self) -> dict:
+        return requests.get(self.url + "/health", timeout=5).json()
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+@pytest.fixture
+def env_server_factory():
+    servers = []
+
+    def start(env_name: str = "echo", capacity: int = 64) -> EnvServer:
+        servers.append(EnvServer(env_name, capacity))
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def echo_server():
+    server = EnvServer("echo", 64)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(autouse=True)
+def clean_run_env(monkeypatch):
+    """Tests build configs from explicit values, never from the caller's shell."""
+    for name in ENV_VARS:
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A tiny model made by trainer.tiny_model (short warm-start: enough for the tool-call format).
+    TINY_MODEL_DIR reuses one built earlier (saves a minute when iterating)."""
+    reuse = os.environ.get("TINY_MODEL_DIR")
+    if reuse:
+        return Path(reuse)
+    out = tmp_path_factory.mktemp("models") / "tiny-qwen3"
+    subprocess.run([sys.executable, "-m", "trainer.tiny_model", "--out", str(out), "--examples", "128",
+                    "--epochs", "3"], cwd=ROOT, check=True)
+    return out

@@ -1,0 +1,227 @@
+"""Per-step metrics: JSONL + TensorBoard.
+
+TRL already logs reward, reward_std, rewards/<EnvClass>/mean, tools/call_frequency,
+tools/failure_frequency and completions/* into the `logs` dict; we keep those and add what it does
+not: reward / episode length / tool failures per env name (recorded by the env binding) and the
+step time split into generation / env / scoring / training (+ weight sync on GPU).
+
+Records in metrics.jsonl: {"kind": "step", "step": N, ...} one per logging step, and
+{"kind": "summary", ...} at the end of a training session. On resume from checkpoint-N, step
+records after N are dropped (they are re-run), so every step appears exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import threading
+import time
+from collections import defaultdict
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+METRICS_FILE = "metrics.jsonl"
+TB_DIR = "tensorboard"
+
+
+class RolloutStats:
+    """Thread-safe accumulator shared by the env binding (episodes, env time) and the trainer (timers)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.reset()
+
+    def reset(self) -> None:
+        with self._lock:
+            self.timers: dict[str, float] = defaultdict(float)
+            self.episodes: dict[str, list[dict[str, float]]] = defaultdict(list)
+
+    def add_time(self, name: str, seconds: float) -> None:
+        with self._lock:
+            self.timers[name] += seconds
+
+    @contextmanager
+    def timer(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.add_time(name, time.perf_counter() - start)
+
+    def add_episode(self, env: str, reward: float, tool_calls: int, tool_failures: int) -> None:
+        with self._lock:
+            self.episodes[env].append(
+                {"reward": float(reward), "tool_calls": tool_calls, "tool_failures": tool_failures}
+            )
+
+    def drain(self) -> tuple[dict[str, float], dict[str, list[dict[str, float]]]]:
+        with self._lock:
+            timers, episodes = dict(self.timers), {k: list(v) for k, v in self.episodes.items()}
+            self.timers = defaultdict(float)
+            self.episodes = defaultdict(list)
+        return timers, episodes
+
+
+# One per process: the binding's bound classes and the trainer subclass both write here.
+STATS = RolloutStats()
+
+
+def summarize_episodes(episodes: dict[str, list[dict[str, float]]]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for env, eps in sorted(episodes.items()):
+        if not eps:
+            continue
+        n = len(eps)
+        calls = sum(e["tool_calls"] for e in eps)
+        out[f"env/{env}/episodes"] = n
+        out[f"env/{env}/reward_mean"] = sum(e["reward"] for e in eps) / n
+        out[f"env/{env}/episode_length"] = calls / n  # tool calls (turns) per episode
+        out[f"env/{env}/tool_failure_frequency"] = (sum(e["tool_failures"] for e in eps) / calls) if calls else 0.0
+    return out
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    return value
+
+
+def read_metrics(run_dir: str | os.PathLike, kind: str = "step") -> list[dict[str, Any]]:
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a kill mid-write
+            continue
+        if kind is None or row.get("kind") == kind:
+            rows.append(row)
+    return rows
+
+
+def truncate_metrics(run_dir: str | os.PathLike, last_step: int) -> int:
+    """Keep step records with step <= last_step (the checkpoint we resume from); return how many were dropped."""
+    path = Path(run_dir) / METRICS_FILE
+    if not path.exists():
+        return 0
+    rows = read_metrics(run_dir, kind=None)
+    keep, seen, dropped = [], set(), 0
+    for row in rows:
+        if row.get("kind") != "step":
+            continue  # summaries of earlier sessions are rewritten at the end of this one
+        step = row.get("step", 0)
+        if step > last_step or step in seen:
+            dropped += 1
+            continue
+        seen.add(step)
+        keep.append(row)
+    tmp = path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in keep))
+    os.replace(tmp, path)
+    return dropped
+
+
+class MetricsCallback(TrainerCallback):
+    """Writes one JSONL record + TensorBoard scalars per logging step, and a one-line progress print."""
+
+    def __init__(self, run_dir: str, stats: RolloutStats = STATS, resume_step: int = 0, mode: str = "cpu",
+                 print_fn=print) -> None:
+        self.run_dir = Path(run_dir)
+        self.stats = stats
+        self.resume_step = resume_step
+        self.mode = mode
+        self.print = print_fn
+        self._writer = None
+        self._step_start: float | None = None
+        self._step_times: list[float] = []
+
+    # -- TensorBoard (lazy: only the main process writes)
+    def _tb(self):
+        if self._writer is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            # purge_step drops events logged after the checkpoint we resumed from (they are re-run).
+            self._writer = SummaryWriter(
+                str(self.run_dir / TB_DIR), purge_step=self.resume_step + 1 if self.resume_step else None
+            )
+        return self._writer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.stats.drain()  # discard probe-instance noise from trainer init
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self._step_start = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self._step_start is not None:
+            self._step_times.append(time.perf_counter() - self._step_start)
+            self._step_start = None
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if not state.is_world_process_zero or not logs:
+            return
+        timers, episodes = self.stats.drain()
+        if "train_runtime" in logs:  # end-of-session summary from Trainer.train
+            self._append({"kind": "summary", "step": state.global_step, "time": time.time(),
+                          **{k: _clean(v) for k, v in logs.items()}})
+            return
+        steps = max(1, len(self._step_times))
+        step_s = sum(self._step_times) / steps if self._step_times else None
+        self._step_times = []
+        sync = timers.get("weight_sync", 0.0) / steps
+        # TRL syncs weights inside its generation call (vLLM modes): report the two apart.
+        gen = max(0.0, timers.get("generation", 0.0) / steps - sync)
+        env = timers.get("env", 0.0) / steps
+        score_total = max(0.0, timers.get("generate_and_score", 0.0) / steps - sync)
+        record: dict[str, Any] = {"kind": "step", "step": state.global_step, "time": time.time(), "mode": self.mode}
+        record.update({k: _clean(v) for k, v in logs.items()})
+        record.update(summarize_episodes(episodes))
+        if step_s is not None:
+            record["time/step_s"] = step_s
+            record["time/generation_s"] = gen
+            record["time/env_s"] = env
+            record["time/scoring_s"] = max(0.0, score_total - gen - env)  # logprobs, parsing, rewards
+            record["time/training_s"] = max(0.0, step_s - score_total - sync)  # fwd/bwd/optimizer
+            if self.mode != "cpu":
+                record["time/weight_sync_s"] = sync
+        self._append(record)
+        tb = self._tb()
+        for key, value in record.items():
+            if key not in ("kind", "step", "time", "mode") and isinstance(value, (int, float)) and value is not None:
+                tb.add_scalar(key, value, state.global_step)
+        tb.flush()
+        self.print(self._progress_line(record, args))
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+
+    def _append(self, record: dict[str, Any]) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        with open(self.run_dir / METRICS_FILE, "a") as fh:
+            fh.write(json.dumps(record) + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())  # a kill right after must not lose a logged step
+
+    @staticmethod
+    def _progress_line(r: dict[str, Any], args) -> str:
+        def f(key, fmt="{:.3f}"):
+            v = r.get(key)
+            return "-" if v is None else fmt.format(v)
+
+        return (f"[train] step {r['step']}/{args.max_steps} reward {f('reward')} "
+                f"tool_calls/ep {f('tools/call_frequency', '{:.2f}')} tool_fail {f('tools/failure_frequency', '{:.2f}')} "
+                f"loss {f('loss', '{:.4f}')} step {f('time/step_s', '{:.2f}')}s "
+                f"(gen {f('time/generation_s', '{:.2f}')} env {f('time/env_s', '{:.2f}')} "
+                f"train {f('time/training_s', '{:.2f}')})")

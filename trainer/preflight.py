@@ -1,0 +1,245 @@
+"""Checks before the first step, so a mistake costs seconds instead of a GPU hour.
+
+Each failure is one line naming the numbers and the fix; `run_all` collects them all and raises one
+PreflightError. Warnings (e.g. a completion budget shorter than an episode) are printed, not fatal.
+
+    python -m trainer.preflight          # same checks as `trainer.train` runs, then exit
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+from trainer.config import ConfigError, RunConfig
+from trainer.envs_binding import BindingError, resolve_replicas
+
+# Keys an env server may use to report its capacity in /health (ours does; upstream OpenEnv does not).
+CAPACITY_KEYS = ("max_concurrent_envs", "max_sessions", "capacity")
+ACTIVE_KEYS = ("active_sessions", "sessions")
+
+
+class PreflightError(RuntimeError):
+    """One line per failed check, each with its fix."""
+
+
+@dataclass
+class PreflightReport:
+    replicas: dict[str, list[str]] = field(default_factory=dict)
+    sessions: dict[str, int] = field(default_factory=dict)
+    capacity: dict[str, int] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    ok: list[str] = field(default_factory=list)
+
+
+def log(msg: str) -> None:
+    print(f"[preflight] {msg}", flush=True)
+
+
+# ---------------------------------------------------------------------------- sessions / capacity
+def sessions_needed(cfg: RunConfig, env_name: str, env_rows: int | None = None, num_processes: int = 1) -> int:
+    """Sessions TRL 1.16 opens on one env, as its environment pool grows.
+
+    Per process the pool of an env grows to the most rollouts of that env in one generation batch
+    (per_device_train_batch_size x steps_per_generation completions) and is never shrunk or closed.
+    Single env: the whole generation batch. Multi-env: a batch holds gen_batch / num_generations
+    prompts, each repeated num_generations times; at worst all of them are this env's (capped by how
+    many distinct rows the env has).
+    """
+    gen_batch = cfg.generation_batch_size
+    if len(cfg.env_names) > 1:
+        prompts_per_batch = gen_batch // cfg.num_generations
+        rows = env_rows if env_rows is not None else cfg.dataset_size
+        gen_batch = cfg.num_generations * min(prompts_per_batch, rows)
+    return gen_batch * num_processes
+
+
+def _json(resp: requests.Response) -> dict[str, Any]:
+    try:
+        body = resp.json()
+        return body if isinstance(body, dict) else {}
+    except ValueError:
+        return {}
+
+
+def probe_server(url: str, timeout_s: float = 5.0) -> tuple[bool, str, int | None, int | None]:
+    """(healthy, detail, reported capacity, reported active sessions) for one replica."""
+    try:
+        resp = requests.get(f"{url}/health", timeout=timeout_s)
+    except requests.RequestException as exc:
+        return False, f"no answer ({type(exc).__name__})", None, None
+    body = _json(resp)
+    if resp.status_code != 200 or str(body.get("status", "healthy")).lower() not in ("healthy", "ok"):
+        return False, f"/health answered {resp.status_code} {str(body)[:120]}", None, None
+    cap = next((body[k] for k in CAPACITY_KEYS if isinstance(body.get(k), int)), None)
+    active = next((body[k] for k in ACTIVE_KEYS if isinstance(body.get(k), int)), None)
+    return True, "healthy", cap, active
+
+
+def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 20.0) -> list[str]:
+    errors = []
+    from envs import registry
+
+    for name in cfg.env_names:
+        url = cfg.env_url(name)
+        where = "ENV_URLS" if name in cfg.env_url_overrides else f"the env-{name} service"
+        try:
+            replicas = resolve_replicas(url)
+        except BindingError as exc:
+            errors.append(
+                f"env {name}: {exc} at {url}: start {where} (`make up`; COMPOSE_PROFILES must include {name})"
+                + (" or fix ENV_URLS" if where == "ENV_URLS" else "")
+            )
+            continue
+        report.replicas[name] = replicas
+        deadline = time.monotonic() + wait_s
+        results = {}
+        pending = list(replicas)
+        while True:  # a server that was just (re)started gets a short grace period
+            for rep in list(pending):
+                results[rep] = probe_server(rep)
+                if results[rep][0]:
+                    pending.remove(rep)
+            if not pending or time.monotonic() >= deadline:
+                break
+            time.sleep(1.0)
+        bad = [f"{rep} ({results[rep][1]})" for rep in pending]
+        if bad:
+            errors.append(f"env {name}: not healthy: {', '.join(bad)}: check `make logs` for {where}; "
+                          f"the trainer needs every replica of it")
+            continue
+        rows = None
+        needed = sessions_needed(cfg, name, env_rows=rows)
+        per_replica = math.ceil(needed / len(replicas))
+        caps = [results[r][2] for r in replicas]
+        actives = [results[r][3] or 0 for r in replicas]
+        if all(c is not None for c in caps):
+            free = min(c - a for c, a in zip(caps, actives))
+            source = "reported by the server" + (f", {max(actives)} already in use" if any(actives) else "")
+        else:
+            free, source = cfg.max_concurrent_envs, "MAX_CONCURRENT_ENVS; the server does not report it"
+        report.sessions[name], report.capacity[name] = needed, free
+        batch = (f"PER_DEVICE_TRAIN_BATCH_SIZE {cfg.per_device_train_batch_size} x STEPS_PER_GENERATION "
+                 f"{cfg.effective_steps_per_generation}")
+        if free < per_replica:
+            errors.append(
+                f"env {name}: capacity {free} sessions per replica ({source}) < {per_replica} sessions this trainer "
+                f"opens per replica ({needed} in all = {batch}"
+                + (f", worst-case share of a multi-env batch" if len(cfg.env_names) > 1 else "")
+                + f", over {len(replicas)} replica{'s' if len(replicas) > 1 else ''}): raise MAX_CONCURRENT_ENVS to "
+                f">= {per_replica}, add replicas (ENV_{name.upper()}_REPLICAS), or lower the batch (edit .env)"
+            )
+        else:
+            report.ok.append(f"env {name}: {len(replicas)} replica(s) healthy; capacity {free}/replica ({source}) "
+                             f">= {per_replica} sessions/replica ({needed} in all)")
+        budget = getattr(registry.get(name), "episode_budget_tokens", None)
+        if budget and cfg.max_completion_length < budget:
+            report.warnings.append(
+                f"env {name}: MAX_COMPLETION_LENGTH={cfg.max_completion_length} is below the ~{budget} tokens a full "
+                f"episode needs (all turns plus tool results): episodes will be cut short; raise "
+                f"MAX_COMPLETION_LENGTH to >= {budget}"
+            )
+    return errors
+
+
+# ---------------------------------------------------------------------------- chat template
+def check_chat_template(tokenizer, model_name: str) -> list[str]:
+    """Mirror what GRPOTrainer.__init__ needs for tools, before it loads the model."""
+    import copy
+
+    from trl.chat_template_utils import (
+        add_response_schema,
+        get_training_chat_template,
+        is_chat_template_prefix_preserving,
+        supports_tool_calling,
+    )
+
+    families = "Qwen3, Qwen2.5, Llama 3.1/3.2, GPT-OSS, GLM-4 MoE, Gemma 4, ..."
+    if tokenizer.chat_template is None:
+        return [f"MODEL_NAME={model_name}: its tokenizer has no chat template; use an instruct/chat model "
+                f"({families})"]
+    if not supports_tool_calling(tokenizer):
+        return [f"MODEL_NAME={model_name}: its chat template drops tool calls or tool results, so TRL cannot "
+                f"train tool use with it; use a tool-calling model ({families})"]
+    if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
+        try:
+            add_response_schema(copy.deepcopy(tokenizer))
+        except ValueError:
+            return [f"MODEL_NAME={model_name}: TRL has no tool-call parser for this chat template (\"Unrecognized "
+                    f"chat template\"); use a model whose template TRL recognizes ({families}) or set "
+                    "`response_template` on the tokenizer"]
+    if not is_chat_template_prefix_preserving(tokenizer):
+        try:
+            get_training_chat_template(tokenizer)
+        except Exception as exc:  # noqa: BLE001 - TRL raises ValueError for unknown templates
+            return [f"MODEL_NAME={model_name}: its chat template is not prefix-preserving and TRL has no training "
+                    f"version of it ({exc}); use a model family TRL ships a training template for ({families})"]
+    return []
+
+
+def load_tokenizer(cfg: RunConfig, mode: str):
+    from transformers import AutoTokenizer
+
+    name = cfg.resolved_model_name(mode)
+    try:
+        return AutoTokenizer.from_pretrained(name), None
+    except Exception as exc:  # noqa: BLE001 - OSError / ValueError / hub errors: all mean "not here"
+        if mode == "cpu":
+            fix = ("the CPU profile's init job makes it: `docker compose --profile cpu run --rm model-init` "
+                   "(or `python -m trainer.tiny_model --out <dir>`), and the CPU profile never downloads")
+        else:
+            fix = "the model-download job fetches it into the HF cache (`make up`); check MODEL_NAME and HF_TOKEN"
+        return None, f"MODEL_NAME={name}: cannot load its tokenizer ({type(exc).__name__}: {str(exc)[:160]}); {fix}"
+
+
+# ---------------------------------------------------------------------------- all
+def run_all(cfg: RunConfig, mode: str, wait_s: float = 20.0, tokenizer=None) -> PreflightReport:
+    report = PreflightReport()
+    errors = check_env_servers(cfg, report, wait_s=wait_s)
+    if tokenizer is None:
+        tokenizer, err = load_tokenizer(cfg, mode)
+        if err:
+            errors.append(err)
+    if tokenizer is not None:
+        tmpl_errors = check_chat_template(tokenizer, cfg.resolved_model_name(mode))
+        errors += tmpl_errors
+        if not tmpl_errors:
+            report.ok.append("chat template: TRL can parse and train tool calls with it")
+    if mode == "gpu":
+        try:
+            from trainer import vllm_mode
+
+            vllm_mode.preflight_vllm(cfg)
+            report.ok.append(f"vLLM server {cfg.vllm_server_url}: healthy, dev mode on, weight transfer configured")
+        except Exception as exc:  # noqa: BLE001 - vllm_mode raises with its own diagnosis
+            errors.append(f"vLLM: {exc}")
+    for line in report.ok:
+        log(f"ok: {line}")
+    for line in report.warnings:
+        log(f"WARNING: {line}")
+    if errors:
+        raise PreflightError("\n".join(f"- {e}" for e in errors))
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg = RunConfig.load(argv)
+    except ConfigError as exc:
+        print(f"[preflight] config error:\n{exc}", file=sys.stderr)
+        return 2
+    try:
+        run_all(cfg, cfg.resolved_train_mode())
+    except PreflightError as exc:
+        print(f"[preflight] FAILED:\n{exc}", file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,308 @@
+"""CPU profile's init job: make a tiny tool-calling Qwen3 locally (no hub), warm-started on echo.
+
+    python -m trainer.tiny_model --out /models/tiny-qwen3
+
+Idempotent: a complete model (marker file written last) is left alone. Steps:
+ 1. conversations: echo's `make_dataset` rows, solved with the registry's `demo_calls`, the tool
+    results coming from the REAL echo tool class against an in-process echo server (so the text the
+    model sees after a call is exactly what GRPO will feed it);
+ 2. a byte-level BPE tokenizer trained on those renders (Qwen3 special tokens, TRL's Qwen3 chat
+    template, so TRL recognizes it and attaches its tool-call parser);
+ 3. a Qwen3 with hidden 128, 2 layers, 4 heads / 2 KV heads, head_dim 32, tied embeddings;
+ 4. a short supervised pass, loss on assistant tokens only, on TRL's *training* chat template (the
+    one GRPO renders prompts with). Kept short on purpose: the model learns the call format but
+    copies the target word imperfectly, so GRPO groups get different rewards (non-zero advantage).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import socket
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download anything here
+
+MARKER = "tiny_model.json"
+RECIPE_VERSION = 1
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+ADDED = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
+
+
+def log(msg: str) -> None:
+    print(f"[tiny-model] {msg}", flush=True)
+
+
+def is_complete(out: Path) -> bool:
+    marker = out / MARKER
+    if not marker.exists():
+        return False
+    try:
+        meta = json.loads(marker.read_text())
+    except ValueError:
+        return False
+    needed = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+    return meta.get("recipe_version") == RECIPE_VERSION and all((out / n).exists() for n in needed)
+
+
+# ---------------------------------------------------------------------------- in-process env server
+@contextmanager
+def local_env_server(env_name: str):
+    """Our real env server on a free loopback port, in a thread, for the duration of the block."""
+    import uvicorn
+
+    from envs._server import ServerSettings, build_app
+
+    app, _ = build_app(ServerSettings(env_name=env_name, max_concurrent_envs=4, session_timeout_s=600.0))
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError(f"in-process {env_name} server did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def tool_functions(instance) -> list:
+    """Bound tool methods, exactly as TRL exposes them (public functions minus reset/get_reward)."""
+    from trainer.envs_binding import tool_method_names
+
+    return [getattr(instance, name) for name in tool_method_names(type(instance))]
+
+
+def build_conversations(env_name: str, n: int, seed: int) -> tuple[list[list[dict]], list]:
+    """Demo episodes: prompt -> assistant tool call(s) -> real tool result(s) -> short final answer."""
+    from envs import registry
+
+    spec = registry.get(env_name)
+    rows = spec.make_dataset(n, seed)
+    convs = []
+    with local_env_server(env_name) as url:
+        tool = spec.tool_class(url)
+        tools = tool_functions(tool)
+        for row in rows:
+            messages = [dict(m) for m in row["prompt"]]
+            obs = tool.reset(**row)
+            if isinstance(obs, str):  # TRL appends a reset() string to the last user message
+                messages[-1]["content"] = messages[-1]["content"] + obs
+            for name, args in spec.demo_calls(row):
+                try:
+                    result = getattr(tool, name)(**args)
+                    content = result if isinstance(result, str) else json.dumps(result)
+                except Exception as exc:  # noqa: BLE001 - TRL feeds errors back the same way
+                    content = json.dumps({"error": str(exc)})
+                messages.append({"role": "assistant", "content": "",
+                                 "tool_calls": [{"type": "function", "function": {"name": name, "arguments": args}}]})
+                messages.append({"role": "tool", "name": name, "content": content})
+            messages.append({"role": "assistant", "content": "Done."})
+            convs.append(messages)
+        close = getattr(getattr(tool, "_client", None), "close", None)
+        if callable(close):
+            close()
+    return convs, tools
+
+
+# ---------------------------------------------------------------------------- tokenizer + model
+def make_tokenizer(corpus: list[str], vocab_size: int):
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    from trl.chat_template_utils import qwen3_chat_template
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus, trainer)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+                                   unk_token=None, bos_token=None, model_max_length=2048)
+    fast.chat_template = qwen3_chat_template  # exactly TRL's copy: it recognizes it and adds its parser
+    return fast
+
+
+def make_model(tokenizer, seed: int):
+    import torch
+    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        vocab_size=len(tokenizer), hidden_size=128, intermediate_size=384, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=2048,
+        tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
+    )
+    model = Qwen3ForCausalLM(config)
+    model.generation_config = GenerationConfig(eos_token_id=tokenizer.eos_token_id,
+                                               pad_token_id=tokenizer.pad_token_id, do_sample=True)
+    return model
+
+
+def encode(tokenizer, convs, tools, chat_template):
+    examples = []
+    for messages in convs:
+        enc = tokenizer.apply_chat_template(messages, tools=tools, chat_template=chat_template, tokenize=True,
+                                            return_dict=True, return_assistant_tokens_mask=True)
+        ids, mask = enc["input_ids"], enc["assistant_masks"]
+        examples.append((list(ids), list(mask)))
+    return examples
+
+
+def warm_start(model, examples, pad_id: int, epochs: int, lr: float, batch_size: int, seed: int) -> list[float]:
+    import torch
+
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    model.train()
+    losses = []
+    t0 = time.monotonic()
+    total = epochs * ((len(examples) + batch_size - 1) // batch_size)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * max(0.1, 1 - s / total))
+    for epoch in range(epochs):
+        rng.shuffle(examples)
+        epoch_loss = []
+        for i in range(0, len(examples), batch_size):
+            batch = examples[i:i + batch_size]
+            width = max(len(ids) for ids, _ in batch)
+            input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+            labels = torch.full((len(batch), width), -100, dtype=torch.long)
+            attn = torch.zeros((len(batch), width), dtype=torch.long)
+            for j, (ids, mask) in enumerate(batch):
+                input_ids[j, :len(ids)] = torch.tensor(ids)
+                attn[j, :len(ids)] = 1
+                lab = torch.tensor([t if m else -100 for t, m in zip(ids, mask)])
+                labels[j, :len(ids)] = lab
+            loss = model(input_ids=input_ids, attention_mask=attn, labels=labels).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            epoch_loss.append(loss.item())
+        losses.append(sum(epoch_loss) / len(epoch_loss))
+        log(f"warm-start epoch {epoch + 1}/{epochs}: loss {losses[-1]:.3f} ({time.monotonic() - t0:.0f}s)")
+    model.eval()
+    return losses
+
+
+def sample_check(model, tokenizer, convs, tools, chat_template, n: int = 16, seed: int = 0) -> dict:
+    """Sample first turns like GRPO will (temperature 1): how often is a well-formed tool call emitted?"""
+    import torch
+    from trl.chat_template_utils import add_response_schema
+
+    add_response_schema(tokenizer)
+    torch.manual_seed(seed)
+    calls = correct = 0
+    for messages in convs[:n]:
+        prompt = [messages[0]]
+        ids = tokenizer.apply_chat_template(prompt, tools=tools, chat_template=chat_template,
+                                            add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+        out = model.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=True, temperature=1.0, top_k=0,
+                             top_p=1.0)  # TRL's sampling defaults
+        parsed = tokenizer.parse_response(out[0][len(ids):].tolist(), prefix=ids)
+        tool_calls = parsed.get("tool_calls") or []
+        if tool_calls:
+            calls += 1
+            want = messages[1]["tool_calls"][0]["function"]
+            got = tool_calls[0]["function"]
+            correct += int(got.get("name") == want["name"] and got.get("arguments") == want["arguments"])
+    del tokenizer.response_template
+    return {"sampled": n, "tool_calls": calls, "exact_calls": correct}
+
+
+def build(out: Path, env_name: str, examples: int, epochs: int, lr: float, seed: int, vocab_size: int) -> dict:
+    import torch
+    from trl.chat_template_utils import get_training_chat_template
+
+    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    t0 = time.monotonic()
+    convs, tools = build_conversations(env_name, examples, seed)
+    log(f"{len(convs)} demo conversations from the real {env_name} tool class ({time.monotonic() - t0:.1f}s)")
+
+    # Train the BPE on the exact text the model will see (prompts rendered with the tool schemas).
+    from trl.chat_template_utils import qwen3_chat_template
+
+    probe = make_tokenizer(["hello"], 300)
+    training_template = get_training_chat_template(probe)
+    corpus = [probe.apply_chat_template(m, tools=tools, chat_template=training_template, tokenize=False)
+              for m in convs]
+    tokenizer = make_tokenizer(corpus, vocab_size)
+    assert tokenizer.chat_template == qwen3_chat_template
+    assert get_training_chat_template(tokenizer) == training_template
+    data = encode(tokenizer, convs, tools, training_template)
+    lengths = [len(ids) for ids, _ in data]
+    log(f"tokenizer: {len(tokenizer)} tokens; sequences {min(lengths)}-{max(lengths)} tokens")
+
+    model = make_model(tokenizer, seed)
+    n_params = sum(p.numel() for p in model.parameters())
+    log(f"model: Qwen3 {n_params / 1e6:.2f}M parameters")
+    t1 = time.monotonic()
+    losses = warm_start(model, data, tokenizer.pad_token_id, epochs, lr, batch_size=16, seed=seed)
+    train_s = time.monotonic() - t1
+    check = sample_check(model, tokenizer, convs, tools, training_template, seed=seed)
+    log(f"sampled {check['sampled']} first turns at temperature 1: {check['tool_calls']} tool calls, "
+        f"{check['exact_calls']} exactly right (some misses leave GRPO something to learn)")
+
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    meta = {"recipe_version": RECIPE_VERSION, "env": env_name, "examples": examples, "epochs": epochs,
+            "parameters": n_params, "final_loss": losses[-1], "warm_start_s": round(train_s, 1),
+            "sample_check": check, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    (tmp / MARKER).write_text(json.dumps(meta, indent=2))  # written last: marks the model complete
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    log(f"wrote {out} in {time.monotonic() - t0:.0f}s (warm-start {train_s:.0f}s)")
+    return meta
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m trainer.tiny_model", description=__doc__.splitlines()[0])
+    p.add_argument("--out", default="/models/tiny-qwen3", help="model folder (default /models/tiny-qwen3)")
+    p.add_argument("--env", default="echo", help="env whose demos warm-start the model (default echo)")
+    p.add_argument("--examples", type=int, default=256)
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--vocab-size", type=int, default=1024)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--force", action="store_true", help="rebuild even if a complete model is there")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    if is_complete(out) and not args.force:
+        log(f"{out} is already complete; nothing to do (--force rebuilds)")
+        return 0
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        probe = out.parent / f".write-test-{os.getpid()}"
+        probe.touch()
+        probe.unlink()
+    except OSError as exc:
+        log(f"cannot write to {out.parent} ({exc.strerror}): mount a writable volume there (compose: models:/models)")
+        return 1
+    build(out, args.env, args.examples, args.epochs, args.lr, args.seed, args.vocab_size)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

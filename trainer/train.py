@@ -1,0 +1,238 @@
+"""Training entrypoint: `python -m trainer.train [--max-steps 3 ...]`.
+
+config -> resume decision -> preflight -> model + dataset + env factories -> GRPOTrainer.train().
+Writes OUTPUT_DIR/RUN_NAME/{checkpoint-N/, metrics.jsonl, tensorboard/}.
+Exit codes: 0 done, 2 bad config, 3 preflight failed, 143 stopped by SIGTERM (checkpoint saved).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import sys
+from pathlib import Path
+
+from trainer.config import ConfigError, RunConfig
+
+CHECKPOINT_PREFIX = "checkpoint-"
+
+
+def log(msg: str) -> None:
+    print(f"[train] {msg}", flush=True)
+
+
+# ---------------------------------------------------------------------------- resume
+def checkpoint_is_complete(path: Path) -> bool:
+    # HF Trainer writes trainer_state.json last (after weights, optimizer, RNG): its presence marks a whole checkpoint.
+    has_weights = any((path / n).exists() for n in ("model.safetensors", "model.safetensors.index.json",
+                                                     "pytorch_model.bin", "adapter_model.safetensors"))
+    return has_weights and (path / "trainer_state.json").exists()
+
+
+def find_resume_checkpoint(run_dir: Path) -> tuple[Path | None, int, list[Path]]:
+    """(last complete checkpoint, its global_step, incomplete checkpoints newer than it)."""
+    if not run_dir.is_dir():
+        return None, 0, []
+    ckpts = []
+    for p in run_dir.iterdir():
+        if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX) and p.name[len(CHECKPOINT_PREFIX):].isdigit():
+            ckpts.append((int(p.name[len(CHECKPOINT_PREFIX):]), p))
+    incomplete = []
+    for step, path in sorted(ckpts, reverse=True):
+        if checkpoint_is_complete(path):
+            state = json.loads((path / "trainer_state.json").read_text())
+            return path, int(state.get("global_step", step)), incomplete
+        incomplete.append(path)
+    return None, 0, incomplete
+
+
+def prepare_run_dir(cfg: RunConfig) -> tuple[str | None, int]:
+    """Apply RESUME: fresh wipes the run folder; auto picks the last complete checkpoint and dedupes metrics."""
+    from trainer.metrics import truncate_metrics
+
+    run_dir = Path(cfg.run_dir)
+    if cfg.resume == "fresh" and run_dir.exists():
+        log(f"RESUME=fresh: deleting {run_dir} and starting over")
+        shutil.rmtree(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ckpt, step, incomplete = find_resume_checkpoint(run_dir)
+    for path in incomplete:  # cut short by a kill mid-save: unusable, and it would shadow the good one
+        log(f"removing incomplete {path.name} (interrupted while saving)")
+        shutil.rmtree(path, ignore_errors=True)
+    if ckpt is None:
+        dropped = truncate_metrics(run_dir, 0)
+        if dropped:
+            log(f"no checkpoint yet: dropped {dropped} metric records of an earlier attempt")
+        log(f"starting fresh in {run_dir}")
+        return None, 0
+    dropped = truncate_metrics(run_dir, step)
+    log(f"resuming from {ckpt} (step {step} of {cfg.max_steps}); set RESUME=fresh to start over"
+        + (f"; dropped {dropped} metric records logged after that checkpoint" if dropped else ""))
+    return str(ckpt), step
+
+
+# ---------------------------------------------------------------------------- data
+def build_dataset(cfg: RunConfig):
+    """Rows from each env's make_dataset; multi-env rows carry an `environment` column (TRL routes on it)."""
+    from datasets import Dataset
+
+    from envs import registry
+    from trainer.envs_binding import encode_row
+
+    multi = len(cfg.env_names) > 1
+    rows = []
+    for i, name in enumerate(cfg.env_names):
+        spec = registry.get(name)
+        for row in spec.make_dataset(cfg.dataset_size, cfg.seed + i):
+            enc = encode_row(dict(row))
+            if multi:
+                enc["environment"] = name
+            rows.append(enc)
+    ds = Dataset.from_list(rows)
+    return ds.shuffle(seed=cfg.seed) if multi else ds
+
+
+# ---------------------------------------------------------------------------- trainer
+def make_trainer_class():
+    from trl import GRPOTrainer
+
+    from trainer.metrics import STATS
+
+    class InstrumentedGRPOTrainer(GRPOTrainer):
+        """GRPOTrainer + timers for the step-time split (generation vs the rest of rollout scoring)."""
+
+        def _generate_single_turn(self, *args, **kwargs):
+            with STATS.timer("generation"):
+                return super()._generate_single_turn(*args, **kwargs)
+
+        def _generate_and_score_completions(self, *args, **kwargs):
+            with STATS.timer("generate_and_score"):
+                return super()._generate_and_score_completions(*args, **kwargs)
+
+    return InstrumentedGRPOTrainer
+
+
+def make_control_callback():
+    from transformers import TrainerCallback
+
+    class RunControl(TrainerCallback):
+        """Save at the last step (not only every SAVE_STEPS) and on SIGTERM (docker stop), then stop."""
+
+        def __init__(self) -> None:
+            self.stop_requested = False
+
+        def request_stop(self, signum, frame) -> None:
+            self.stop_requested = True
+            log("SIGTERM: saving a checkpoint after this step, then stopping (run again to resume)")
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step >= state.max_steps:
+                control.should_save = True
+            if self.stop_requested:
+                control.should_save = True
+                control.should_training_stop = True
+            return control
+
+    return RunControl()
+
+
+def load_model_and_tokenizer(cfg: RunConfig, mode: str):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    name = cfg.resolved_model_name(mode)
+    tokenizer = AutoTokenizer.from_pretrained(name)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    dtype = torch.float32 if mode == "cpu" else torch.bfloat16
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+    return model, tokenizer
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    try:
+        cfg = RunConfig.load(argv)
+    except ConfigError as exc:
+        print(f"[train] config error:\n{exc}", file=sys.stderr, flush=True)
+        return 2
+    mode = cfg.resolved_train_mode()
+    model_name = cfg.resolved_model_name(mode)
+    if mode == "cpu":
+        log(f"TRAIN_MODE=cpu: CPU profile with the tiny local model {model_name} (transformers generation, "
+            "no vLLM); this proves the loop, not a useful policy. Use a GPU host for real training.")
+    else:
+        log(f"TRAIN_MODE={mode}: model {model_name}, vLLM "
+            + ("server at " + cfg.vllm_server_url if mode == "gpu" else "colocated in this process"))
+    log(f"envs {', '.join(cfg.env_names)}; run dir {cfg.run_dir}")
+
+    resume_ckpt, resume_step = prepare_run_dir(cfg)
+    if resume_step >= cfg.max_steps:
+        log(f"already finished: step {resume_step} >= MAX_STEPS={cfg.max_steps}; nothing to do "
+            "(raise MAX_STEPS to train further, or RESUME=fresh to start over)")
+        return 0
+
+    from trainer import preflight
+
+    try:
+        report = preflight.run_all(cfg, mode)
+    except preflight.PreflightError as exc:
+        print(f"[preflight] FAILED:\n{exc}", file=sys.stderr, flush=True)
+        return 3
+
+    import torch  # noqa: F401  (heavy imports only after the cheap checks passed)
+
+    from trainer.envs_binding import build_factories
+    from trainer.metrics import STATS, MetricsCallback
+
+    grpo_args = cfg.to_grpo_config(mode)
+    model, tokenizer = load_model_and_tokenizer(cfg, mode)
+    dataset = build_dataset(cfg)
+    factories = build_factories(cfg, STATS, replicas=report.replicas)
+    control = make_control_callback()
+    signal.signal(signal.SIGTERM, control.request_stop)
+
+    trainer_cls = make_trainer_class()
+    trainer = trainer_cls(
+        model=model,
+        args=grpo_args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        environment_factory=factories,
+        callbacks=[MetricsCallback(cfg.run_dir, STATS, resume_step=resume_step, mode=mode), control],
+    )
+    if mode != "cpu":
+        from trainer import vllm_mode
+
+        vllm_mode.instrument_weight_sync(trainer, lambda seconds: STATS.add_time("weight_sync", seconds))
+
+    trainer.train(resume_from_checkpoint=resume_ckpt)
+    step = trainer.state.global_step
+    if control.stop_requested:
+        log(f"stopped at step {step}; checkpoint saved in {cfg.run_dir}; run again to resume")
+        return 143
+    _print_summary(cfg, step)
+    return 0
+
+
+def _print_summary(cfg: RunConfig, step: int) -> None:
+    from trainer.metrics import read_metrics
+
+    rows = read_metrics(cfg.run_dir)
+    tail = rows[-5:]
+
+    def mean(key):
+        vals = [r[key] for r in tail if isinstance(r.get(key), (int, float))]
+        return sum(vals) / len(vals) if vals else float("nan")
+
+    ckpts = sorted(p.name for p in Path(cfg.run_dir).glob(f"{CHECKPOINT_PREFIX}*"))
+    log(f"done: step {step}/{cfg.max_steps}; last {len(tail)} steps: reward {mean('reward'):.3f}, "
+        f"tool calls/episode {mean('tools/call_frequency'):.2f}, tool failures {mean('tools/failure_frequency'):.2f}")
+    log(f"checkpoints: {', '.join(ckpts) or 'none'}; metrics: {cfg.run_dir}/metrics.jsonl; "
+        f"plot: make report RUN={cfg.resolved_run_name}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
