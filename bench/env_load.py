@@ -126,6 +126,8 @@ async def run_client(args: dict, n: int, seed: int, conn) -> None:
                 return
             lat.append(time.perf_counter() - t)
             steps += 1
+            if args["think_s"]:
+                await asyncio.sleep(args["think_s"])  # a rollout generates between tool calls
             if reply.get("type") == "error":
                 errors.append(reply["data"].get("code", "?") + ": " + str(reply["data"].get("message"))[:120])
                 return
@@ -151,7 +153,7 @@ def _client_main(args: dict, n: int, seed: int, conn) -> None:
 
 
 def run_load(url: str, pid: int | None, a: argparse.Namespace, label: str) -> dict:
-    args = {"url": url, "env": a.env, "steps": a.steps, "one_episode": a.one_episode}
+    args = {"url": url, "env": a.env, "steps": a.steps, "one_episode": a.one_episode, "think_s": a.think_ms / 1000}
     procs = max(1, min(a.procs, a.sessions))
     shares = [a.sessions // procs + (i < a.sessions % procs) for i in range(procs)]
     rss0 = proc_rss_mb(pid)
@@ -231,6 +233,8 @@ def main() -> None:
     p.add_argument("--sessions", type=int, default=64)
     p.add_argument("--steps", type=int, default=100, help="steps per session")
     p.add_argument("--one-episode", action="store_true", help="each session plays one episode, then stops")
+    p.add_argument("--think-ms", type=float, default=0.0,
+                   help="pause per session between steps (0 = closed loop: every session always has a step in flight)")
     p.add_argument("--procs", type=int, default=2, help="client processes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="also write the results here")
