@@ -1,0 +1,294 @@
+"""`make nccl-check`: prove the NCCL weight-sync path on a GPU host before a long run.
+
+Starts the trainer image on TRAINER_GPU and the vLLM image on VLLM_GPU, on the stack's compose
+network with the stack's NCCL settings, and runs one short broadcast between them the way TRL's
+weight sync does (trl 1.16.0 -> vLLM 0.31.0 `nccl_common.stateless_init_process_group`): the
+trainer is rank 0 and LISTENS on its own address at VLLM_GROUP_PORT, the vLLM side connects as
+rank 1, then rank 0 broadcasts bf16 buffers. Prints the transport NCCL chose, the bandwidth, and,
+on failure or timeout, a diagnosis naming the fix. Standard library only (host venv).
+
+    python tools/nccl_check.py [--mib 256] [--iters 5] [--timeout 180]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from gpu_doctor import NO_GPU, load_env, probe  # noqa: E402
+
+TRAINER_IMAGE = "grpo-stack/trainer:gpu"
+COMPOSE_NETWORK = "grpo-stack_agentnet"
+NCCL_KEYS = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME", "NCCL_FAST_PATH",
+             "NCCL_HOSTID")
+NCCL_DEFAULTS = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1",
+                 "NCCL_SOCKET_IFNAME": "eth0"}
+
+# Runs inside both containers (python3 -c SCRIPT ROLE MASTER PORT MIB ITERS). One JSON line per event.
+SCRIPT = r"""
+import json, os, socket, sys, time
+role, master, port, mib, iters = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+def say(**kw):
+    print("NCCLCHECK " + json.dumps(kw), flush=True)
+import torch, vllm
+from vllm.distributed.weight_transfer.nccl_common import stateless_init_process_group
+rank = 0 if role == "trainer" else 1
+if rank == 0:
+    master = os.environ.get("VLLM_HOST_IP") or socket.gethostbyname(socket.gethostname())
+nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None
+say(event="start", role=role, rank=rank, master=master, port=port, torch=torch.__version__, vllm=vllm.__version__,
+    nccl=nccl, cuda=torch.version.cuda, gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
+torch.cuda.set_device(0)
+t0 = time.time()
+comm = stateless_init_process_group(master, port, rank, 2, torch.device("cuda", 0))
+say(event="group", role=role, init_s=round(time.time() - t0, 2), disabled=bool(comm.disabled))
+n = mib * 1024 * 1024 // 2
+buf = (torch.ones if rank == 0 else torch.zeros)(n, dtype=torch.bfloat16, device="cuda")
+comm.broadcast(buf[:1024], src=0)
+torch.cuda.synchronize()
+t1 = time.time()
+for _ in range(iters):
+    comm.broadcast(buf, src=0)
+torch.cuda.synchronize()
+dt = time.time() - t1
+say(event="done", role=role, seconds=round(dt, 4), bytes=n * 2 * iters, gbps=round(n * 2 * iters / dt / 1e9, 3),
+    ok=bool(buf[-1].item() == 1.0))
+"""
+
+
+# ------------------------------------------------------------------ pure logic (unit-tested)
+def nccl_env(env: dict[str, str]) -> dict[str, str]:
+    """The stack's NCCL settings (.env), bridge-network defaults for the gaps; INFO so NCCL logs its
+    transport choice."""
+    out = {k: env[k] for k in NCCL_KEYS if env.get(k)}
+    for k, v in NCCL_DEFAULTS.items():
+        out.setdefault(k, v)
+    if out.get("NCCL_FAST_PATH") in ("1", "true", "yes"):
+        out["NCCL_P2P_DISABLE"] = out["NCCL_SHM_DISABLE"] = "0"
+    out["NCCL_DEBUG"] = "INFO"
+    return out
+
+
+def docker_run_argv(role: str, image: str, gpu: str, network: str, name: str, env: dict[str, str],
+                    master: str, port: int, mib: int, iters: int, shm: str = "2g") -> list[str]:
+    """`docker run` for one side. Both images' entrypoints are replaced by python3 -c SCRIPT."""
+    argv = ["docker", "run", "-d", "--name", name, "--label", "grpo-nccl-check=1", "--network", network,
+            "--gpus", f'"device={gpu}"', "--shm-size", shm, "--entrypoint", "python3"]
+    if env.get("NCCL_FAST_PATH") in ("1", "true", "yes"):
+        argv += ["--ipc", "host"]
+    for k, v in sorted(env.items()):
+        argv += ["-e", f"{k}={v}"]
+    return [*argv, image, "-c", SCRIPT, role, master, str(port), str(mib), str(iters)]
+
+
+def parse_events(log: str) -> list[dict]:
+    events = []
+    for line in log.splitlines():
+        if "NCCLCHECK " in line:
+            try:
+                events.append(json.loads(line.split("NCCLCHECK ", 1)[1]))
+            except json.JSONDecodeError:
+                pass
+    return events
+
+
+def parse_transport(log: str) -> str | None:
+    """What NCCL_DEBUG=INFO says the channel goes through, e.g. 'NET/Socket', 'P2P/IPC', 'SHM'."""
+    found = re.findall(r"\bvia (NET/[A-Za-z]+|P2P/[A-Za-z/]+|SHM(?:/[A-Za-z]+)*|P2P)", log)
+    if not found:
+        return None
+    top = max(set(found), key=found.count)
+    return top.split("/direct")[0]
+
+
+TRANSPORT_NOTES = {
+    "NET/Socket": "TCP sockets over the bridge network (the safe default; expect ~1-3 GB/s)",
+    "NET/IB": "InfiniBand/RoCE",
+    "P2P": "CUDA peer-to-peer between the two GPUs (fast path: NVLink/PCIe)",
+    "SHM": "shared host memory (fast path: `ipc: host`)",
+}
+
+# (pattern in either side's log, diagnosis with fix); first match wins.
+FAILURES: list[tuple[str, str]] = [
+    (r"could not select device driver|unknown or invalid runtime name: nvidia",
+     "Docker cannot hand out GPUs: install nvidia-container-toolkit and restart Docker (`make doctor`)"),
+    (r"invalid device ordinal|no CUDA-capable device|device=\S+ .*not found|unknown device",
+     "a GPU id does not exist: check VLLM_GPU / TRAINER_GPU in .env against `nvidia-smi -L`"),
+    (r"CUDA driver version is insufficient|forward compatibility was attempted",
+     "the NVIDIA driver is older than the images' CUDA: upgrade the driver or choose an older VLLM_IMAGE"),
+    (r"NCCL_SOCKET_IFNAME|no socket interface found|Bootstrap : no socket interface",
+     "NCCL found no usable network interface: NCCL_SOCKET_IFNAME must name an interface inside BOTH containers "
+     "(eth0 on a single compose network; check `docker compose exec trainer ip -o addr`)"),
+    (r"Address already in use|EADDRINUSE",
+     "VLLM_GROUP_PORT is taken in the trainer container: pick another port in .env"),
+    (r"Connection refused|ECONNREFUSED|Connection timed out|timed out|TCPStore|No route to host",
+     "the vLLM side could not reach the trainer's rendezvous (address:port): both containers must share the "
+     "compose network, VLLM_HOST_IP must be the trainer's address there (never 127.0.0.1), and no firewall "
+     "may block VLLM_GROUP_PORT between containers"),
+    (r"No space left on device|Cannot allocate memory|shm",
+     "shared memory too small: raise VLLM_SHM_SIZE / TRAINER_SHM_SIZE in .env (or use `ipc: host`)"),
+    (r"CUDA out of memory|OutOfMemoryError",
+     "a GPU is full: free it (`nvidia-smi`) or lower --mib"),
+    (r"unhandled system error|remote process exited|NCCL error",
+     "NCCL failed between the containers: rerun with the INFO log above; with NCCL_FAST_PATH=1 go back to the "
+     "socket defaults (NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1)"),
+]
+
+
+@dataclass
+class Outcome:
+    ok: bool
+    transport: str | None = None
+    gbps: float | None = None
+    init_s: float | None = None
+    diagnosis: list[str] = field(default_factory=list)
+
+
+def diagnose(trainer_log: str, vllm_log: str, timed_out: bool, timeout_s: float = 0) -> Outcome:
+    events = {(e.get("role"), e.get("event")): e for e in parse_events(trainer_log) + parse_events(vllm_log)}
+    both = trainer_log + "\n" + vllm_log
+    out = Outcome(ok=False, transport=parse_transport(both))
+    starts = [events.get((r, "start")) for r in ("trainer", "vllm")]
+    if all(starts):
+        a, b = starts
+        for key in ("vllm", "torch", "nccl"):
+            if a.get(key) != b.get(key):
+                out.diagnosis.append(f"version skew: trainer {key} {a.get(key)} vs vllm image {key} {b.get(key)}; "
+                                     "build the trainer image FROM the same VLLM_IMAGE (`make build`)")
+    done = [events.get((r, "done")) for r in ("trainer", "vllm")]
+    group = [events.get((r, "group")) for r in ("trainer", "vllm")]
+    if any(g and g.get("disabled") for g in group):
+        out.diagnosis.append("vLLM's NCCL wrapper is disabled (libnccl not found in the image): the weight sync "
+                             "would silently send nothing; rebuild the images from VLLM_IMAGE")
+    if all(done):
+        out.gbps = done[0].get("gbps")
+        out.init_s = (group[0] or {}).get("init_s")
+        if not done[1].get("ok"):
+            out.diagnosis.append("the broadcast finished but the vLLM side did not receive the data")
+        out.ok = not out.diagnosis
+        return out
+    for pattern, text in FAILURES:
+        if re.search(pattern, both, flags=re.I):
+            out.diagnosis.append(text)
+            break
+    if timed_out:
+        stage = "rendezvous" if not any(group) else "broadcast"
+        out.diagnosis.append(
+            f"no result after {timeout_s:.0f}s, stuck in the {stage}: this is the silent hang users hit in training. "
+            + ("The vLLM side never joined: check that it can reach the trainer's address:port (same network, "
+               "VLLM_HOST_IP, firewall) and NCCL_SOCKET_IFNAME." if stage == "rendezvous" else
+               "The group formed but data does not flow: NCCL_SOCKET_IFNAME, or the fast path settings.")
+        )
+    if not out.diagnosis:
+        out.diagnosis.append("a side exited without a result; read its log above")
+    return out
+
+
+# ------------------------------------------------------------------ running it
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, **kw)
+
+
+def container_ip(name: str, network: str) -> str:
+    fmt = "{{json .NetworkSettings.Networks}}"
+    nets = json.loads(run(["docker", "inspect", "-f", fmt, name]).stdout or "{}")
+    return (nets.get(network) or {}).get("IPAddress") or ""
+
+
+def logs(name: str) -> str:
+    r = run(["docker", "logs", name])
+    return r.stdout + r.stderr
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="make nccl-check", description=__doc__.splitlines()[0])
+    p.add_argument("--mib", type=int, default=256, help="buffer size per broadcast (MiB)")
+    p.add_argument("--iters", type=int, default=5)
+    p.add_argument("--timeout", type=float, default=180.0, help="seconds before declaring a hang")
+    args = p.parse_args(argv)
+
+    if probe() is None:
+        print(f"nccl-check: {NO_GPU}. This check needs a host with 2 NVIDIA GPUs and the NVIDIA container "
+              "runtime; nothing to do on this machine (the CPU profile needs no NCCL).")
+        return 0
+    env = load_env()
+    vllm_image = env.get("VLLM_IMAGE") or "vllm/vllm-openai:v0.31.0"
+    port = int(env.get("VLLM_GROUP_PORT") or 51216)
+    vllm_gpu, trainer_gpu = env.get("VLLM_GPU") or "0", env.get("TRAINER_GPU") or "1"
+    for image in (vllm_image, TRAINER_IMAGE):
+        if run(["docker", "image", "inspect", image]).returncode != 0:
+            print(f"nccl-check: image {image} is missing: run `make build` (and pull {vllm_image}) first")
+            return 2
+    network, temp_net = COMPOSE_NETWORK, False
+    if run(["docker", "network", "inspect", network]).returncode != 0:
+        network, temp_net = f"grpo-nccl-check-{uuid.uuid4().hex[:6]}", True
+        run(["docker", "network", "create", network], check=True)
+    nenv = nccl_env(env)
+    tag = uuid.uuid4().hex[:6]
+    trainer, vllm = f"grpo-nccl-trainer-{tag}", f"grpo-nccl-vllm-{tag}"
+    print(f"nccl-check: trainer image on GPU {trainer_gpu} (rank 0, listens :{port}), {vllm_image} on GPU "
+          f"{vllm_gpu} (rank 1, connects); network {network}; {args.iters} x {args.mib} MiB bf16")
+    print("  NCCL: " + " ".join(f"{k}={v}" for k, v in sorted(nenv.items())))
+    timed_out = False
+    try:
+        r = run(docker_run_argv("trainer", TRAINER_IMAGE, trainer_gpu, network, trainer, nenv, "-", port,
+                                args.mib, args.iters))
+        if r.returncode != 0:
+            print(diagnose(r.stderr, "", False).diagnosis[0] + f"\n  docker said: {r.stderr.strip()[:400]}")
+            return 1
+        ip = ""
+        for _ in range(30):
+            ip = container_ip(trainer, network)
+            if ip:
+                break
+            time.sleep(1)
+        r = run(docker_run_argv("vllm", vllm_image, vllm_gpu, network, vllm, nenv, ip, port, args.mib, args.iters))
+        if r.returncode != 0:
+            print(diagnose(r.stderr, "", False).diagnosis[0] + f"\n  docker said: {r.stderr.strip()[:400]}")
+            return 1
+        start = time.monotonic()
+        while True:
+            states = [run(["docker", "inspect", "-f", "{{.State.Running}}", n]).stdout.strip() for n in (trainer, vllm)]
+            if all(s != "true" for s in states):
+                break
+            if time.monotonic() - start > args.timeout:
+                timed_out = True
+                break
+            time.sleep(1)
+        tlog, vlog = logs(trainer), logs(vllm)
+    finally:
+        run(["docker", "rm", "-f", trainer, vllm])
+        if temp_net:
+            run(["docker", "network", "rm", network])
+    out = diagnose(tlog, vlog, timed_out, args.timeout)
+    transport = out.transport or "unknown (no NCCL INFO line seen)"
+    note = TRANSPORT_NOTES.get((out.transport or "").split("/")[0] if out.transport and
+                               out.transport.startswith(("P2P", "SHM")) else out.transport or "", "")
+    print(f"  transport: {transport}{' - ' + note if note else ''}")
+    if out.ok:
+        print(f"  rendezvous: {out.init_s}s   bandwidth: {out.gbps} GB/s  -> OK: the weight sync path works")
+        if out.transport == "NET/Socket":
+            print("  (faster: the NCCL_FAST_PATH opt-in in README 'GPU host'; rerun this check after enabling it)")
+        return 0
+    print("  FAILED:")
+    for line in out.diagnosis:
+        print(f"   - {line}")
+    tail = [l for l in (tlog + vlog).splitlines() if "NCCL" in l or "Error" in l or "error" in l][-15:]
+    if tail:
+        print("  last NCCL/error lines:\n    " + "\n    ".join(tail))
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
