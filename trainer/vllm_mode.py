@@ -44,8 +44,9 @@ NCCL_BRIDGE_DEFAULTS: dict[str, str] = {
     "NCCL_SOCKET_IFNAME": "eth0",
     "NCCL_DEBUG": "WARN",
 }
-# Opt-in fast path (README "GPU host"): both GPUs visible in both containers, `ipc: host`, and the
-# two sides told they share a host. Not provable without GPUs: `make nccl-check` prints the
+# Opt-in fast path (README "GPU host"): both GPUs visible in both containers and `ipc: host` (NCCL
+# already treats two containers on one machine as one host: it hashes the boot id). Not provable
+# without GPUs: `make nccl-check` prints the
 # transport NCCL actually picked (P2P/IPC or SHM instead of NET/Socket).
 NCCL_FAST_PATH_ENV: dict[str, str] = {
     "NCCL_P2P_DISABLE": "0",
@@ -326,7 +327,9 @@ def explain_init_failure(status: int | None, body: str, report: ServerReport | N
     if "Weight transfer not configured" in text:
         return ("""the vLLM server has no weight-transfer engine: start it with --weight-transfer-config """
                 """'{"backend":"nccl"}'""")
-    return f"/init_weight_transfer_engine failed (HTTP {status}): {text[:300]}"
+    return (f"setting up the NCCL weight-transfer group failed ({'HTTP ' + str(status) + ': ' if status else ''}"
+            f"{text[:300]}); the vLLM side logs why: `docker compose logs vllm | grep -B2 -A20 "
+            "init_weight_transfer`, then run `make nccl-check`")
 
 
 # ---------------------------------------------------------------------------------- watchdog
@@ -459,8 +462,8 @@ def instrument_weight_sync(trainer: Any, log_fn: Callable[[float], None],
     if getattr(gen.sync_weights, "_grpo_timed", False):
         return True
     args = getattr(trainer, "args", None)
-    if timeout_s is None:
-        timeout_s = float(os.environ.get("WEIGHT_SYNC_TIMEOUT_S") or 300.0)
+    if timeout_s is None:  # preflight_vllm stored the run's setting; else the environment, else 300 s
+        timeout_s = float(_GUARD.get("timeout_s") or os.environ.get("WEIGHT_SYNC_TIMEOUT_S") or 300.0)
     port = int(getattr(args, "vllm_group_port", 51216) or 51216)
     server = getattr(gen, "mode", None) == "server"
     original = gen.sync_weights
