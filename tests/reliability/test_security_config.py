@@ -111,6 +111,14 @@ def test_env_servers_drop_all_capabilities(full):
         assert full["services"][name].get("cap_drop") == ["ALL"], name
 
 
+def test_env_servers_have_a_read_only_root_filesystem(full):
+    # Code, word lists and the venv can't be changed by a compromised server; /tmp is a small tmpfs.
+    for name in ENV_SERVERS:
+        svc = full["services"][name]
+        assert svc.get("read_only") is True, name
+        assert any(t.split(":")[0] == "/tmp" for t in svc.get("tmpfs", [])), name
+
+
 def test_our_services_do_not_override_the_images_non_root_user(every):
     # Our images set USER 10001 (checked on the built images in test_security_runtime.py);
     # a compose `user:` may only keep it non-root.
