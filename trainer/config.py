@@ -20,6 +20,8 @@ from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDic
 
 CPU_DEFAULT_MODEL = "/models/tiny-qwen3"
 GPU_DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
+CPU_DEFAULT_LR = 5e-4  # the 0.5M-parameter tiny model barely moves at LLM learning rates
+GPU_DEFAULT_LR = 1e-5
 
 
 class ConfigError(ValueError):
@@ -59,7 +61,9 @@ class RunConfig(BaseSettings):
     run_name: str | None = Field(None, description="Run folder under OUTPUT_DIR. Empty: the env names joined by `+`.")
     output_dir: str = Field("/outputs", description="Where runs are written (checkpoints, metrics.jsonl, tensorboard/).")
     max_steps: int = Field(30, ge=1, description="Optimizer steps to train.")
-    learning_rate: float = Field(1e-5, gt=0, le=1, description="AdamW learning rate.")
+    learning_rate: float | None = Field(
+        None, gt=0, le=1, description="AdamW learning rate. Empty: 1e-5 on GPU, 5e-4 on CPU (the tiny model)."
+    )
     num_generations: int = Field(4, ge=2, description="Completions per prompt (GRPO group size).")
     per_device_train_batch_size: int = Field(
         8, ge=1, description="Completions per device per micro-step (multiple of NUM_GENERATIONS with the below)."
@@ -215,6 +219,11 @@ class RunConfig(BaseSettings):
             return self.model_name
         return CPU_DEFAULT_MODEL if (mode or self.resolved_train_mode()) == "cpu" else GPU_DEFAULT_MODEL
 
+    def resolved_learning_rate(self, mode: str | None = None) -> float:
+        if self.learning_rate is not None:
+            return self.learning_rate
+        return CPU_DEFAULT_LR if (mode or self.resolved_train_mode()) == "cpu" else GPU_DEFAULT_LR
+
     # ------------------------------------------------------------------ loading
     @classmethod
     def load(cls, argv: list[str] | None = None, **overrides: Any) -> "RunConfig":
@@ -244,7 +253,7 @@ class RunConfig(BaseSettings):
             output_dir=self.run_dir,
             run_name=self.resolved_run_name,
             max_steps=self.max_steps,
-            learning_rate=self.learning_rate,
+            learning_rate=self.resolved_learning_rate(mode),
             num_generations=self.num_generations,
             per_device_train_batch_size=self.per_device_train_batch_size,
             gradient_accumulation_steps=self.gradient_accumulation_steps,

@@ -194,6 +194,10 @@ def main(argv: list[str] | None = None) -> int:
     control = make_control_callback()
     signal.signal(signal.SIGTERM, control.request_stop)
 
+    import transformers
+    from transformers.trainer_callback import PrinterCallback
+
+    transformers.utils.logging.disable_progress_bar()  # no "Writing model shards" bars in docker logs
     trainer_cls = make_trainer_class()
     trainer = trainer_cls(
         model=model,
@@ -203,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         environment_factory=factories,
         callbacks=[MetricsCallback(cfg.run_dir, STATS, resume_step=resume_step, mode=mode), control],
     )
+    trainer.remove_callback(PrinterCallback)  # MetricsCallback prints one readable line per step instead
     if mode != "cpu":
         from trainer import vllm_mode
 

@@ -1,0 +1,131 @@
+"""CPU training in containers, on the real compose.yaml: model-init -> trainer-cpu against env-echo.
+
+One project for the module (model-init runs once; its `models` volume is reused):
+  * smoke: a few GRPO steps; from metrics.jsonl, tools were called (> 0 per episode) and paid a reward
+    (> 0); a checkpoint and TensorBoard events are written; `trainer.report` renders a PNG;
+  * kill and resume: SIGKILL mid-run, run again: it says it resumes from the last checkpoint, and
+    every step appears exactly once in metrics.jsonl with global_step == MAX_STEPS.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+
+import pytest
+
+from tests.helpers import ROOT, build_images, compose_stack
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+RUN = "smoke"
+
+
+class Project:
+    def __init__(self, stack, env_file):
+        self.stack, self.env_file = stack, env_file
+        self.base = ["docker", "compose", "-f", str(ROOT / "compose.yaml"), "--env-file", str(env_file)]
+
+    def compose(self, *args, check=True, timeout=600, **kw) -> subprocess.CompletedProcess:
+        res = subprocess.run([*self.base, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, **kw)
+        if check and res.returncode != 0:
+            raise AssertionError(f"compose {' '.join(args)} -> {res.returncode}\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}")
+        return res
+
+    def train(self, *flags: str, check=True) -> subprocess.CompletedProcess:
+        return self.compose("run", "--rm", "trainer-cpu", "python", "-m", "trainer.train", *flags, check=check)
+
+    def read(self, path: str) -> str:
+        res = self.compose("run", "--rm", "--no-deps", "--entrypoint", "cat", "trainer-cpu", path, check=False)
+        return res.stdout if res.returncode == 0 else ""
+
+    def metrics(self, run: str = RUN) -> list[dict]:
+        rows = [json.loads(line) for line in self.read(f"/outputs/{run}/metrics.jsonl").splitlines() if line.strip()]
+        return [r for r in rows if r.get("kind") == "step"]
+
+    def ls(self, path: str) -> list[str]:
+        res = self.compose("run", "--rm", "--no-deps", "--entrypoint", "ls", "trainer-cpu", path, check=False)
+        return res.stdout.split()
+
+
+@pytest.fixture(scope="module")
+def project(docker, tmp_path_factory):
+    build_images("env-server", "trainer-cpu")
+    tmp = tmp_path_factory.mktemp("cpu-train")
+    overrides = {"RUN_NAME": RUN, "MAX_CONCURRENT_ENVS": "16", "TRAIN_MODE": "cpu", "SAVE_STEPS": "2"}
+    with compose_stack(tmp, ["cpu", "echo"], services=["env-echo"], overrides=overrides) as stack:
+        env_file = tmp / f"{stack.project}.env"
+        proj = Project(stack, env_file)
+        # the init job, as compose runs it for trainer-cpu (service_completed_successfully)
+        init = proj.compose("run", "--rm", "model-init")
+        assert "wrote /models/tiny-qwen3" in init.stdout, init.stdout
+        again = proj.compose("run", "--rm", "model-init")
+        assert "already complete; nothing to do" in again.stdout  # idempotent
+        yield proj
+
+
+def test_cpu_smoke_tools_called_and_rewarded(project, tmp_path):
+    res = project.train("--max-steps", "6", "--resume", "fresh")
+    out = res.stdout
+    assert "TRAIN_MODE=cpu: CPU profile with the tiny local model /models/tiny-qwen3" in out
+    assert "[preflight] ok: env echo: 1 replica(s) healthy" in out
+    rows = project.metrics()
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    call_freq = sum(r["tools/call_frequency"] for r in rows) / len(rows)
+    reward = sum(r["reward"] for r in rows) / len(rows)
+    print(f"smoke: tool calls/episode {call_freq:.2f}, reward {reward:.3f}, "
+          f"step time {sum(r['time/step_s'] for r in rows) / len(rows):.2f}s")
+    assert call_freq > 0, "the model never called a tool"
+    assert reward > 0, "tools were called but no reward came back"
+    assert all(r["env/echo/episodes"] > 0 for r in rows)
+    assert {"time/generation_s", "time/env_s", "time/training_s"} <= set(rows[-1])
+    assert "checkpoint-6" in project.ls(f"/outputs/{RUN}")
+    assert "model.safetensors" in project.ls(f"/outputs/{RUN}/checkpoint-6")
+    assert any(n.startswith("events.out.tfevents") for n in project.ls(f"/outputs/{RUN}/tensorboard"))
+
+    # make report: PNG of reward/tool curves, written as uid 10001 into a host folder
+    tmp_path.chmod(0o777)
+    rep = project.compose("run", "--rm", "--no-deps", "-v", f"{tmp_path}:/reports", "trainer-cpu",
+                          "python", "-m", "trainer.report", "--outputs", "/outputs", "--run", RUN, "--out-dir", "/reports")
+    png = tmp_path / f"{RUN}.png"
+    assert png.read_bytes()[:4] == b"\x89PNG", rep.stdout
+    print(rep.stdout)
+
+    # a second `make train` with the same MAX_STEPS has nothing left to do, and says so
+    again = project.train("--max-steps", "6")
+    assert "already finished: step 6 >= MAX_STEPS=6" in again.stdout
+
+
+def test_kill_and_resume_loses_and_repeats_no_step(project):
+    max_steps = 40
+    name = f"{project.stack.project}-killme"
+    project.compose("run", "-d", "--name", name, "trainer-cpu", "python", "-m", "trainer.train",
+                    "--max-steps", str(max_steps), "--resume", "fresh")
+    killed_after = None
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        res = subprocess.run(["docker", "exec", name, "sh", "-c", f"cat /outputs/{RUN}/metrics.jsonl 2>/dev/null"],
+                             capture_output=True, text=True)
+        steps = [json.loads(x)["step"] for x in res.stdout.splitlines() if '"kind": "step"' in x]
+        if steps and steps[-1] >= 5:
+            subprocess.run(["docker", "kill", "--signal", "KILL", name], capture_output=True)
+            killed_after = steps[-1]
+            break
+        if res.returncode != 0 and "is not running" in res.stderr:
+            break
+        time.sleep(0.2)
+    subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+    assert killed_after is not None and killed_after < max_steps, "could not kill the run mid-way"
+
+    res = project.train("--max-steps", str(max_steps))
+    out = res.stdout
+    resumed = [line for line in out.splitlines() if "resuming from /outputs/smoke/checkpoint-" in line]
+    assert resumed, out[-3000:]
+    ckpt_step = int(resumed[0].split("checkpoint-")[1].split()[0])
+    assert 2 <= ckpt_step <= killed_after and ckpt_step % 2 == 0  # SAVE_STEPS=2
+    rows = project.metrics()
+    assert [r["step"] for r in rows] == list(range(1, max_steps + 1)), "a step was lost or logged twice"
+    state = json.loads(project.read(f"/outputs/{RUN}/checkpoint-{max_steps}/trainer_state.json"))
+    assert state["global_step"] == max_steps
+    print(f"killed after step {killed_after}; resumed from checkpoint-{ckpt_step}")
