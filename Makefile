@@ -53,8 +53,8 @@ baseline: $(VENV)/.host-ok ## Play each env with a random/scripted policy; print
 dashboard: $(VENV)/.host-ok ## Start TensorBoard on 127.0.0.1:$DASHBOARD_PORT (opt-in)
 	@$(STACK) dashboard
 
-nccl-check: $(VENV)/.host-ok ## GPU hosts: NCCL broadcast between the vllm and trainer images, as the weight sync does
-	@$(HOST_PY) tools/nccl_check.py
+nccl-check: $(VENV)/.host-ok ## GPU hosts: NCCL broadcast between the vllm and trainer images, as the weight sync does (ARGS="--mib 1024")
+	@$(HOST_PY) tools/nccl_check.py $(ARGS)
 
 soak: $(VENV)/.host-ok ## Long soak of the env servers at full capacity (minutes; SOAK_MINUTES=10)
 	@$(VENV)/bin/python -m pip install -q -e '.[test]' >/dev/null
@@ -70,4 +70,4 @@ test: $(VENV)/.test-ok ## Run every test: unit, compose config, and real contain
 
 clean: $(VENV)/.host-ok ## Remove containers, volumes (outputs, models, caches) and the images built here
 	@$(STACK) compose --profile '*' down --volumes --remove-orphans
-	@docker image rm -f grpo-stack/env-server:local grpo-stack/trainer:cpu grpo-stack/trainer:gpu grpo-stack/vllm-cpu:0.31.0 2>/dev/null || true
+	@docker image rm -f grpo-stack/env-server:local grpo-stack/trainer:cpu grpo-stack/trainer:gpu grpo-stack/trainer:gpu-standin-test grpo-stack/vllm-cpu:0.31.0 2>/dev/null || true

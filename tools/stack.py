@@ -248,13 +248,20 @@ def cmd_prepare() -> tuple[dict[str, str], str]:
         if problem:
             raise StackError(problem)
     env = load_env()
-    mode, why = resolve_mode(env)
+    gpus = detect_gpus() if (env.get("TRAIN_MODE") or "auto").lower() != "cpu" else Gpus(False, 0, "not needed")
+    mode, why = resolve_mode(env, gpus)
     env_names(env)
     problem = validate_run_config(env, mode)
     if problem:
         raise StackError(problem)
     say(why)
-    return compose_env(env, mode), mode
+    cenv = compose_env(env, mode)
+    trainer_gpu = env.get("TRAINER_GPU") or "0"
+    if mode == "colocate" and (not trainer_gpu.isdigit() or int(trainer_gpu) >= gpus.count):
+        # .env.example's TRAINER_GPU=1 is for the two-GPU split; with one GPU it is device 0.
+        cenv["TRAINER_GPU"] = "0"
+        say(f"colocate: TRAINER_GPU={trainer_gpu} does not exist here; using GPU 0")
+    return cenv, mode
 
 
 def compose(cenv: dict[str, str], *args: str, extra_profiles: tuple[str, ...] = ()) -> int:
