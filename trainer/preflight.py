@@ -210,12 +210,13 @@ def run_all(cfg: RunConfig, mode: str, wait_s: float = 20.0, tokenizer=None) -> 
         errors += tmpl_errors
         if not tmpl_errors:
             report.ok.append("chat template: TRL can parse and train tool calls with it")
-    if mode == "gpu":
+    if mode in ("gpu", "colocate"):  # never imported on CPU: vllm_mode's checks import torch.cuda / vllm
         try:
             from trainer import vllm_mode
 
             vllm_mode.preflight_vllm(cfg)
-            report.ok.append(f"vLLM server {cfg.vllm_server_url}: healthy, dev mode on, weight transfer configured")
+            report.ok.append(f"vLLM server {cfg.vllm_server_url}: healthy, dev mode on, weight transfer configured"
+                             if mode == "gpu" else "vLLM colocated: CUDA and vllm importable")
         except Exception as exc:  # noqa: BLE001 - vllm_mode raises with its own diagnosis
             errors.append(f"vLLM: {exc}")
     for line in report.ok:
