@@ -75,10 +75,13 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS,
     counter = itertools.count()
     counter_lock = threading.Lock()
 
+    sessions: dict[str, int] = {r: 0 for r in replicas}  # instances (= sessions) handed to each replica
+
     def __init__(self) -> None:
         with counter_lock:
             index = next(counter)
-        self._replica_url = replicas[index % len(replicas)]
+            self._replica_url = replicas[index % len(replicas)]
+            sessions[self._replica_url] += 1
         self._episode_calls = 0
         self._episode_failures = 0
         with stats.timer("env"):
@@ -102,7 +105,7 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS,
     namespace: dict[str, Any] = {
         "__init__": __init__, "reset": reset, "get_reward": get_reward,
         "__module__": tool_class.__module__, "__doc__": tool_class.__doc__,
-        "env_name": env_name, "replica_urls": tuple(replicas),
+        "env_name": env_name, "replica_urls": tuple(replicas), "sessions_per_replica": sessions,
     }
     for name in tool_method_names(tool_class):
         namespace[name] = _instrumented(getattr(tool_class, name), stats)

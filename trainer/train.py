@@ -215,6 +215,11 @@ def main(argv: list[str] | None = None) -> int:
 
     trainer.train(resume_from_checkpoint=resume_ckpt)
     step = trainer.state.global_step
+    bound = factories if isinstance(factories, dict) else {cfg.env_names[0]: factories}
+    for name, cls in bound.items():  # TRL's pool: one instance (= one env session) per rollout slot
+        spread = ", ".join(f"{url}: {n}" for url, n in cls.sessions_per_replica.items())
+        log(f"env {name}: {sum(cls.sessions_per_replica.values())} sessions over "
+            f"{len(cls.sessions_per_replica)} replica(s) ({spread})")
     if control.stop_requested:
         log(f"stopped at step {step}; checkpoint saved in {cfg.run_dir}; run again to resume")
         return 143

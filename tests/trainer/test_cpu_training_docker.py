@@ -10,6 +10,10 @@ One project for the module (model-init runs once; its `models` volume is reused)
 from __future__ import annotations
 
 import json
+import os
+import re
+import shutil
+import socket
 import subprocess
 import time
 
@@ -22,19 +26,27 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 RUN = "smoke"
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 class Project:
     def __init__(self, stack, env_file):
         self.stack, self.env_file = stack, env_file
         self.base = ["docker", "compose", "-f", str(ROOT / "compose.yaml"), "--env-file", str(env_file)]
 
-    def compose(self, *args, check=True, timeout=600, **kw) -> subprocess.CompletedProcess:
-        res = subprocess.run([*self.base, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, **kw)
+    def compose(self, *args, check=True, timeout=600, env=None) -> subprocess.CompletedProcess:
+        # shell variables win over --env-file values in compose interpolation
+        res = subprocess.run([*self.base, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                             env=dict(os.environ, **(env or {})))
         if check and res.returncode != 0:
             raise AssertionError(f"compose {' '.join(args)} -> {res.returncode}\n{res.stdout[-4000:]}\n{res.stderr[-4000:]}")
         return res
 
-    def train(self, *flags: str, check=True) -> subprocess.CompletedProcess:
-        return self.compose("run", "--rm", "trainer-cpu", "python", "-m", "trainer.train", *flags, check=check)
+    def train(self, *flags: str, check=True, env=None) -> subprocess.CompletedProcess:
+        return self.compose("run", "--rm", "trainer-cpu", "python", "-m", "trainer.train", *flags, check=check, env=env)
 
     def read(self, path: str) -> str:
         res = self.compose("run", "--rm", "--no-deps", "--entrypoint", "cat", "trainer-cpu", path, check=False)
@@ -53,10 +65,12 @@ class Project:
 def project(docker, tmp_path_factory):
     build_images("env-server", "trainer-cpu")
     tmp = tmp_path_factory.mktemp("cpu-train")
-    overrides = {"RUN_NAME": RUN, "MAX_CONCURRENT_ENVS": "16", "TRAIN_MODE": "cpu", "SAVE_STEPS": "2"}
+    overrides = {"RUN_NAME": RUN, "MAX_CONCURRENT_ENVS": "16", "TRAIN_MODE": "cpu", "SAVE_STEPS": "2",
+                 "DASHBOARD_PORT": str(free_port())}
     with compose_stack(tmp, ["cpu", "echo"], services=["env-echo"], overrides=overrides) as stack:
         env_file = tmp / f"{stack.project}.env"
         proj = Project(stack, env_file)
+        proj.dashboard_port = int(overrides["DASHBOARD_PORT"])
         # the init job, as compose runs it for trainer-cpu (service_completed_successfully)
         init = proj.compose("run", "--rm", "model-init")
         assert "wrote /models/tiny-qwen3" in init.stdout, init.stdout
@@ -101,14 +115,14 @@ def test_kill_and_resume_loses_and_repeats_no_step(project):
     max_steps = 40
     name = f"{project.stack.project}-killme"
     project.compose("run", "-d", "--name", name, "trainer-cpu", "python", "-m", "trainer.train",
-                    "--max-steps", str(max_steps), "--resume", "fresh")
+                    "--max-steps", str(max_steps), "--resume", "fresh", "--save-steps", "4")
     killed_after = None
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         res = subprocess.run(["docker", "exec", name, "sh", "-c", f"cat /outputs/{RUN}/metrics.jsonl 2>/dev/null"],
                              capture_output=True, text=True)
         steps = [json.loads(x)["step"] for x in res.stdout.splitlines() if '"kind": "step"' in x]
-        if steps and steps[-1] >= 5:
+        if steps and steps[-1] >= 6:  # checkpoint-4 is there; steps after it were logged but not saved
             subprocess.run(["docker", "kill", "--signal", "KILL", name], capture_output=True)
             killed_after = steps[-1]
             break
@@ -118,14 +132,59 @@ def test_kill_and_resume_loses_and_repeats_no_step(project):
     subprocess.run(["docker", "rm", "-f", name], capture_output=True)
     assert killed_after is not None and killed_after < max_steps, "could not kill the run mid-way"
 
-    res = project.train("--max-steps", str(max_steps))
+    res = project.train("--max-steps", str(max_steps), "--save-steps", "4")
     out = res.stdout
     resumed = [line for line in out.splitlines() if "resuming from /outputs/smoke/checkpoint-" in line]
     assert resumed, out[-3000:]
     ckpt_step = int(resumed[0].split("checkpoint-")[1].split()[0])
-    assert 2 <= ckpt_step <= killed_after and ckpt_step % 2 == 0  # SAVE_STEPS=2
+    assert 4 <= ckpt_step <= killed_after and ckpt_step % 4 == 0
+    if killed_after > ckpt_step:  # those steps are re-run; their first records must be gone
+        assert f"dropped {killed_after - ckpt_step} metric records logged after that checkpoint" in resumed[0]
     rows = project.metrics()
     assert [r["step"] for r in rows] == list(range(1, max_steps + 1)), "a step was lost or logged twice"
     state = json.loads(project.read(f"/outputs/{RUN}/checkpoint-{max_steps}/trainer_state.json"))
     assert state["global_step"] == max_steps
     print(f"killed after step {killed_after}; resumed from checkpoint-{ckpt_step}")
+
+
+def test_sessions_spread_over_replicas(project):
+    two = {"ENV_ECHO_REPLICAS": "2"}  # what a user writes in .env
+    project.compose("up", "-d", "--wait", "env-echo", env=two)
+    res = project.train("--max-steps", "1", "--resume", "fresh", "--run-name", "replicas", env=two)
+    assert "[preflight] ok: env echo: 2 replica(s) healthy" in res.stdout, res.stdout[-3000:]
+    [line] = [x for x in res.stdout.splitlines() if "sessions over 2 replica(s)" in x]
+    counts = [int(n) for n in re.findall(r"http://[0-9.]+:8000: (\d+)", line)]
+    assert counts == [4, 4], line  # 8 rollouts (PER_DEVICE_TRAIN_BATCH_SIZE) round-robin over 2 replicas
+
+
+def test_dashboard_shows_the_reward_chart(project):
+    """The opt-in TensorBoard service, loaded in headless Chromium: the reward chart is rendered."""
+    import requests
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert chromium, "Debian's chromium is needed for this test: apt-get install chromium (.ci/provision does)"
+    project.compose("--profile", "dashboard", "up", "-d", "dashboard")
+    base = f"http://127.0.0.1:{project.dashboard_port}"
+    deadline = time.monotonic() + 90
+    while True:
+        try:
+            runs = requests.get(f"{base}/data/runs", timeout=3).json()
+            if f"{RUN}/tensorboard" in runs:
+                break
+        except (requests.RequestException, ValueError):
+            pass
+        assert time.monotonic() < deadline, "TensorBoard did not list the smoke run"
+        time.sleep(1)
+    points = requests.get(f"{base}/data/plugin/scalars/scalars", params={"run": f"{RUN}/tensorboard", "tag": "reward"},
+                          timeout=10).json()
+    assert len(points) >= 6  # [wall_time, step, value] per logged step
+    for _ in range(3):  # the page fetches runs/tags itself after load: on a busy machine, look again
+        dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                              "--window-size=1400,1000", "--virtual-time-budget=30000", "--dump-dom",
+                              f"{base}/?tagFilter=reward#timeseries"], capture_output=True, text=True, timeout=120).stdout
+        cards = re.findall(r"<scalar-card-component.*?</scalar-card-component>", dom, flags=re.S)
+        reward_cards = [c for c in cards if re.search(r'tb-truncated-path[^>]*title="reward"', c)]
+        if reward_cards:
+            break
+    assert reward_cards, f"no reward card in the dashboard ({len(cards)} cards)"
+    assert "<line-chart" in reward_cards[0] and "<canvas" in reward_cards[0]
