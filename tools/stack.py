@@ -186,6 +186,7 @@ def compose_env(env: dict[str, str], mode: str) -> dict[str, str]:
     names = env_names(env)
     out = dict(os.environ)
     out["TRAIN_MODE"] = mode
+    out.setdefault("COMPOSE_BAKE", "false")  # engines without buildx: build with the built-in BuildKit, no warning
     out["COMPOSE_PROFILES"] = ",".join([mode, *names])
     if glob.glob(str(WHEELS / "torch-*.whl")):
         out["TORCH_INDEX_URL"] = ""  # the local wheel is enough; don't wait on an index
@@ -332,8 +333,12 @@ def cmd_train(cenv: dict[str, str], mode: str, args: list[str]) -> int:
     service = "trainer-cpu" if mode == "cpu" else "trainer"
     say(f"training with `{service}` (mode {mode}); outputs go to the `outputs` volume")
     rc = compose(cenv, "run", "--rm", service, *(["python", "-m", "trainer.train", *args] if args else []))
+    where = "the CPU profile (tiny local model, no vLLM)" if mode == "cpu" else f"mode {mode}"
     if rc == 0:
-        say("training finished; `make report` plots it, `make dashboard` shows it live")
+        say(f"training finished on {where}; `make report` plots it, `make dashboard` shows it live")
+    else:
+        say(f"training on {where} stopped with exit code {rc}; the messages above say why. "
+            "`make train` again resumes from the last checkpoint")
     return rc
 
 
