@@ -186,7 +186,6 @@ def compose_env(env: dict[str, str], mode: str) -> dict[str, str]:
     names = env_names(env)
     out = dict(os.environ)
     out["TRAIN_MODE"] = mode
-    out.setdefault("COMPOSE_BAKE", "false")  # engines without buildx: build with the built-in BuildKit, no warning
     out["COMPOSE_PROFILES"] = ",".join([mode, *names])
     if glob.glob(str(WHEELS / "torch-*.whl")):
         out["TORCH_INDEX_URL"] = ""  # the local wheel is enough; don't wait on an index
