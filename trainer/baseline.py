@@ -39,8 +39,15 @@ def run_env(name: str, cfg: RunConfig, episodes: int, max_turns: int, seed: int)
     from envs import registry
     from trainer.envs_binding import bind
 
+    from trainer.preflight import probe_server
+
     spec = registry.get(name)
-    tool = bind(name, spec.tool_class, cfg.env_url(name))()  # same class, replicas and counters as training
+    cls = bind(name, spec.tool_class, cfg.env_url(name))  # same class, replicas and counters as training
+    for url in cls.replica_urls:  # fail fast: the session client would retry a dead server for a while
+        healthy, detail, _, _ = probe_server(url)
+        if not healthy:
+            raise RuntimeError(f"{url} {detail}")
+    tool = cls()
     rows = spec.make_dataset(episodes, seed)
     rng = random.Random(seed)
     results = {}
