@@ -63,6 +63,7 @@ class SessionClient:
         ping_interval_s: Optional[float] = 20.0,
         ping_timeout_s: Optional[float] = 60.0,
         capacity_wait_s: float = 30.0,
+        reconnect_wait_s: float = 90.0,
     ) -> None:
         self.base_url = base_url
         self.url = ws_url(base_url)
@@ -71,22 +72,30 @@ class SessionClient:
         self.ping_interval_s = ping_interval_s
         self.ping_timeout_s = ping_timeout_s
         self.capacity_wait_s = capacity_wait_s
+        self.reconnect_wait_s = reconnect_wait_s
         self._ws: Optional[ClientConnection] = None
 
     # -- sync API --------------------------------------------------------------------------------
     def reset(self, **data: Any) -> dict:
-        """Start an episode, reconnecting first if the old session is gone (reaped, server restart)."""
-        deadline = time.monotonic() + self.capacity_wait_s
+        """Start an episode, reconnecting first if the old session is gone (reaped, server restart).
+
+        Waits, with backoff, up to capacity_wait_s for a free slot and up to reconnect_wait_s for a
+        server that is down (crashed and being restarted by Compose), then raises.
+        """
+        start = time.monotonic()
         delay = 0.25
         while True:
             try:
                 return self._run(self._reset(data))
             except EnvServerError as e:
                 # A slot may free soon (a dropped client, a reaped session): wait a little, then say so.
-                if e.code != "CAPACITY_REACHED" or time.monotonic() + delay > deadline:
+                if e.code != "CAPACITY_REACHED" or time.monotonic() + delay > start + self.capacity_wait_s:
                     raise
-                time.sleep(delay)
-                delay = min(delay * 2, 2.0)
+            except (ConnectionError, ConnectionClosed):
+                if time.monotonic() + delay > start + self.reconnect_wait_s:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
     def step(self, action: dict) -> dict:
         if not self.connected:
