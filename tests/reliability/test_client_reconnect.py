@@ -1,0 +1,80 @@
+"""The tool classes' session client rides out an env server restart (no Docker needed).
+
+An env container that crashes is restarted by Compose within seconds; a rollout's `reset()` that
+lands in that gap must wait for the server, not end the training run (test_faults.py shows it on
+containers). A server that stays down still fails, after `reconnect_wait_s`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from tests.helpers import ROOT
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(port: int) -> subprocess.Popen:
+    env = dict(os.environ, HOST="127.0.0.1", PORT=str(port), ENV_NAME="echo", MAX_CONCURRENT_ENVS="4",
+               SESSION_TIMEOUT_S="60", LOG_LEVEL="warning")
+    return subprocess.Popen([sys.executable, "-m", "envs.serve"], cwd=ROOT, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def test_reset_waits_for_a_restarting_server():
+    pytest.importorskip("openenv")
+    from envs._client import SessionClient
+
+    port = free_port()
+    server = start_server(port)
+    try:
+        client = SessionClient(f"http://127.0.0.1:{port}", reconnect_wait_s=60)
+        client.reset()  # waits for the first start too
+        client.step({"type": "call_tool", "tool_name": "echo_message", "arguments": {"message": "a"}})
+
+        server.kill()  # the crash
+        server.wait()
+        result: dict = {}
+
+        def reset_during_outage():
+            t0 = time.monotonic()
+            try:
+                result["obs"] = client.reset()
+            except Exception as e:  # reported below
+                result["error"] = e
+            result["waited"] = time.monotonic() - t0
+
+        t = threading.Thread(target=reset_during_outage)
+        t.start()
+        time.sleep(2.0)  # the reset is now retrying against a closed port
+        server = start_server(port)  # Compose's restart
+        t.join(timeout=90)
+        assert "error" not in result, f"reset gave up while the server restarted: {result.get('error')!r}"
+        assert result["waited"] >= 2.0
+        obs = client.step({"type": "call_tool", "tool_name": "echo_message", "arguments": {"message": "b"}})
+        assert obs["observation"]["result"]["data"] == "b"
+        client.close()
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_reset_gives_up_on_a_server_that_stays_down():
+    from envs._client import SessionClient
+
+    client = SessionClient(f"http://127.0.0.1:{free_port()}", reconnect_wait_s=1.5, connect_timeout_s=2)
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionError, match="Cannot reach env server"):
+        client.reset()
+    assert 0.5 <= time.monotonic() - t0 < 10
