@@ -2,7 +2,7 @@
 
 config -> resume decision -> preflight -> model + dataset + env factories -> GRPOTrainer.train().
 Writes OUTPUT_DIR/RUN_NAME/{checkpoint-N/, metrics.jsonl, tensorboard/}.
-Exit codes: 0 done, 2 bad config, 3 preflight failed, 143 stopped by SIGTERM (checkpoint saved).
+Exit codes: 0 done, 2 bad config, 3 preflight failed, 143 stopped by SIGTERM/Ctrl-C (checkpoint saved).
 """
 
 from __future__ import annotations
@@ -124,8 +124,11 @@ def make_control_callback():
             self.stop_requested = False
 
         def request_stop(self, signum, frame) -> None:
+            if self.stop_requested and signum == signal.SIGINT:
+                raise KeyboardInterrupt  # second Ctrl-C: stop now, resume from the last saved checkpoint
             self.stop_requested = True
-            log("SIGTERM: saving a checkpoint after this step, then stopping (run again to resume)")
+            log(f"{signal.Signals(signum).name}: saving a checkpoint after this step, then stopping "
+                "(run again to resume" + ("; Ctrl-C again to stop without saving)" if signum == signal.SIGINT else ")"))
 
         def on_step_end(self, args, state, control, **kwargs):
             if state.global_step >= state.max_steps:
@@ -192,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     dataset = build_dataset(cfg)
     factories = build_factories(cfg, STATS, replicas=report.replicas)
     control = make_control_callback()
-    signal.signal(signal.SIGTERM, control.request_stop)
+    signal.signal(signal.SIGTERM, control.request_stop)  # docker stop / compose down
+    signal.signal(signal.SIGINT, control.request_stop)  # Ctrl-C in `make train`
 
     import transformers
     from transformers.trainer_callback import PrinterCallback
