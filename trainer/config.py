@@ -46,8 +46,9 @@ class RunConfig(BaseSettings):
 
     train_mode: Literal["auto", "cpu", "gpu", "colocate"] = Field(
         "auto",
-        description="auto: cpu without CUDA, else gpu. gpu = vLLM server on its own GPU (NCCL sync); "
-        "colocate = vLLM inside the trainer on one GPU; cpu = transformers generation, tiny model.",
+        description="auto: cpu without CUDA; gpu when the vllm service resolves or 2 GPUs are visible; else "
+        "colocate. gpu = vLLM server on its own GPU (NCCL sync); colocate = vLLM inside the trainer on one GPU; "
+        "cpu = transformers generation, tiny model.",
     )
     env_name: str = Field("echo", description="Environment(s) to train on: one name or a comma list (multi-env).")
     env_urls: str | None = Field(
