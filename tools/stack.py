@@ -83,8 +83,11 @@ def setup() -> None:
     token_file = Path(load_env().get("HF_TOKEN_FILE") or ".secrets/hf_token")
     token_file = token_file if token_file.is_absolute() else ROOT / token_file
     if not token_file.exists():
-        token_file.parent.mkdir(parents=True, exist_ok=True)
-        token_file.touch(mode=0o600)
+        # Compose bind-mounts a file secret with the host file's mode, so the containers' uid 10001
+        # needs o+r on the file; the 0700 directory keeps other host users out instead.
+        token_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        token_file.touch()
+        token_file.chmod(0o644)
     # CPU images take torch from .wheels/ when a CPU wheel is on this machine (pip's find-links).
     WHEELS.mkdir(exist_ok=True)
     if not glob.glob(str(WHEELS / "torch-*.whl")):
@@ -217,6 +220,15 @@ def check_port(env: dict[str, str], key: str) -> str | None:
 def _ours_on_port(port: int) -> bool:
     r = run(["docker", "ps", "--filter", "label=com.docker.compose.project=grpo-stack", "--format", "{{.Ports}}"])
     return f":{port}->" in r.stdout
+
+
+def check_token_file(env: dict[str, str]) -> str | None:
+    path = Path(env.get("HF_TOKEN_FILE") or ".secrets/hf_token")
+    path = path if path.is_absolute() else ROOT / path
+    if path.exists() and not path.stat().st_mode & 0o004:
+        return (f"{path} is not readable by the containers' uid 10001 (Compose keeps the host file's mode): "
+                f"`chmod 644 {path}` and keep its directory private (`chmod 700 {path.parent}`)")
+    return None
 
 
 def validate_run_config(env: dict[str, str], mode: str) -> str | None:
@@ -374,6 +386,7 @@ def cmd_doctor() -> int:
     except StackError:
         ok = False
     report(".env values", validate_run_config(env, mode))
+    report("HF token file", check_token_file(env), "readable by the containers' user")
     report("DASHBOARD_PORT", check_port(env, "DASHBOARD_PORT"), f"{env.get('DASHBOARD_PORT', '6006')} free")
     if mode in ("gpu", "colocate") or gpus.count:
         gpu_doctor = ROOT / "tools" / "gpu_doctor.py"

@@ -21,7 +21,13 @@ def main() -> int:
     if Path(model).exists():
         print(f"[model-download] {model} is a local path; nothing to download")
         return 0
-    token = SECRET.read_text().strip() if SECRET.exists() else ""
+    try:
+        token = SECRET.read_text().strip() if SECRET.exists() else ""
+    except PermissionError:
+        print("error: the HF token secret is not readable by this container's user: on the host, "
+              "`chmod 644` the file named by HF_TOKEN_FILE and `chmod 700` its directory (`make doctor` checks it)",
+              file=sys.stderr)
+        return 2
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 

@@ -99,8 +99,6 @@ def read_secret_in_container(base: list[str]) -> subprocess.CompletedProcess:
         cwd=ROOT, capture_output=True, text=True)
 
 
-@pytest.mark.xfail(strict=True, reason="tools/stack.py setup creates .secrets/hf_token with mode 0600, which the "
-                   "images' uid 10001 cannot read through the secret's bind mount (see SECURITY.md)")
 def test_token_file_made_by_setup_is_readable_by_the_container_user(docker, tmp_path, monkeypatch):
     _need_image("trainer-cpu")
     import tools.stack as stack
