@@ -112,14 +112,14 @@ def test_cpu_smoke_tools_called_and_rewarded(project, tmp_path):
 
 
 def test_kill_and_resume_loses_and_repeats_no_step(project):
-    max_steps = 40
+    max_steps, run = 40, "resume"  # its own run folder: no earlier metrics to mistake for progress
     name = f"{project.stack.project}-killme"
     project.compose("run", "-d", "--name", name, "trainer-cpu", "python", "-m", "trainer.train",
-                    "--max-steps", str(max_steps), "--resume", "fresh", "--save-steps", "4")
+                    "--max-steps", str(max_steps), "--resume", "fresh", "--save-steps", "4", "--run-name", run)
     killed_after = None
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
-        res = subprocess.run(["docker", "exec", name, "sh", "-c", f"cat /outputs/{RUN}/metrics.jsonl 2>/dev/null"],
+        res = subprocess.run(["docker", "exec", name, "sh", "-c", f"cat /outputs/{run}/metrics.jsonl 2>/dev/null"],
                              capture_output=True, text=True)
         steps = [json.loads(x)["step"] for x in res.stdout.splitlines() if '"kind": "step"' in x]
         if steps and steps[-1] >= 6:  # checkpoint-4 is there; steps after it were logged but not saved
@@ -132,17 +132,17 @@ def test_kill_and_resume_loses_and_repeats_no_step(project):
     subprocess.run(["docker", "rm", "-f", name], capture_output=True)
     assert killed_after is not None and killed_after < max_steps, "could not kill the run mid-way"
 
-    res = project.train("--max-steps", str(max_steps), "--save-steps", "4")
+    res = project.train("--max-steps", str(max_steps), "--save-steps", "4", "--run-name", run)
     out = res.stdout
-    resumed = [line for line in out.splitlines() if "resuming from /outputs/smoke/checkpoint-" in line]
+    resumed = [line for line in out.splitlines() if f"resuming from /outputs/{run}/checkpoint-" in line]
     assert resumed, out[-3000:]
     ckpt_step = int(resumed[0].split("checkpoint-")[1].split()[0])
     assert 4 <= ckpt_step <= killed_after and ckpt_step % 4 == 0
     if killed_after > ckpt_step:  # those steps are re-run; their first records must be gone
         assert f"dropped {killed_after - ckpt_step} metric records logged after that checkpoint" in resumed[0]
-    rows = project.metrics()
+    rows = project.metrics(run)
     assert [r["step"] for r in rows] == list(range(1, max_steps + 1)), "a step was lost or logged twice"
-    state = json.loads(project.read(f"/outputs/{RUN}/checkpoint-{max_steps}/trainer_state.json"))
+    state = json.loads(project.read(f"/outputs/{run}/checkpoint-{max_steps}/trainer_state.json"))
     assert state["global_step"] == max_steps
     print(f"killed after step {killed_after}; resumed from checkpoint-{ckpt_step}")
 
