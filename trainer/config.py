@@ -274,9 +274,12 @@ class RunConfig(BaseSettings):
         if mode == "cpu":
             kwargs.update(use_cpu=True, bf16=False, use_vllm=False)
         else:
+            import torch
+
             from trainer import vllm_mode  # only on GPU: imports vllm
 
-            kwargs.update(bf16=True)
+            # bf16 where the GPU has it (Ampere+); older cards train in fp32 rather than risk fp16 overflow.
+            kwargs.update(bf16=bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported()))
             kwargs.update(vllm_mode.grpo_vllm_kwargs(self))
         kwargs.update(extra)
         return GRPOConfig(**kwargs)

@@ -149,7 +149,8 @@ def load_model_and_tokenizer(cfg: RunConfig, mode: str):
     tokenizer = AutoTokenizer.from_pretrained(name)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    dtype = torch.float32 if mode == "cpu" else torch.bfloat16
+    bf16 = mode != "cpu" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    dtype = torch.bfloat16 if bf16 else torch.float32  # matches GRPOConfig.bf16 (trainer.config)
     model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
     return model, tokenizer
 

@@ -134,3 +134,24 @@ def test_check_cli_exit_codes(monkeypatch):
     ok = subprocess.run([sys.executable, "-m", "trainer.config", "--check"], cwd=REPO, env=env,
                         capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
+
+
+def test_auto_mode_on_a_machine_without_cuda(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cfg = load(monkeypatch, TRAIN_MODE="auto")
+    assert cfg.resolved_train_mode() == "cpu"
+    assert cfg.resolved_learning_rate() == 5e-4  # the tiny model's default
+    assert load(monkeypatch, TRAIN_MODE="gpu").resolved_learning_rate() == 1e-5
+    assert load(monkeypatch, LEARNING_RATE="0.002").resolved_learning_rate("gpu") == 0.002
+
+
+def test_auto_mode_with_one_gpu_picks_server_or_colocate(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    # the gpu profile runs a `vllm` service whose name resolves; colocate has none
+    assert load(monkeypatch, VLLM_SERVER_URL="http://127.0.0.1:8000").resolved_train_mode() == "gpu"
+    assert load(monkeypatch, VLLM_SERVER_URL="http://vllm.invalid:8000").resolved_train_mode() == "colocate"
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert load(monkeypatch, VLLM_SERVER_URL="http://vllm.invalid:8000").resolved_train_mode() == "gpu"
