@@ -91,10 +91,11 @@ def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 2
         try:
             replicas = resolve_replicas(url)
         except BindingError as exc:
-            errors.append(
-                f"env {name}: {exc} at {url}: start {where} (`make up`; COMPOSE_PROFILES must include {name})"
-                + (" or fix ENV_URLS" if where == "ENV_URLS" else "")
-            )
+            if name in cfg.env_url_overrides:
+                fix = "fix ENV_URLS, or start that server where the trainer can reach it"
+            else:
+                fix = f"start the env-{name} service (`make up`; COMPOSE_PROFILES must include {name})"
+            errors.append(f"env {name}: {exc} at {url}: {fix}")
             continue
         report.replicas[name] = replicas
         deadline = time.monotonic() + wait_s
@@ -194,7 +195,8 @@ def load_tokenizer(cfg: RunConfig, mode: str):
                    "(or `python -m trainer.tiny_model --out <dir>`), and the CPU profile never downloads")
         else:
             fix = "the model-download job fetches it into the HF cache (`make up`); check MODEL_NAME and HF_TOKEN"
-        return None, f"MODEL_NAME={name}: cannot load its tokenizer ({type(exc).__name__}: {str(exc)[:160]}); {fix}"
+        detail = " ".join(str(exc).split())[:160]  # one line, whatever the hub client printed
+        return None, f"MODEL_NAME={name}: cannot load its tokenizer ({type(exc).__name__}: {detail}); {fix}"
 
 
 # ---------------------------------------------------------------------------- all

@@ -168,8 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         log(f"TRAIN_MODE=cpu: CPU profile with the tiny local model {model_name} (transformers generation, "
             "no vLLM); this proves the loop, not a useful policy. Use a GPU host for real training.")
     else:
-        log(f"TRAIN_MODE={mode}: model {model_name}, vLLM "
-            + ("server at " + cfg.vllm_server_url if mode == "gpu" else "colocated in this process"))
+        from trainer import vllm_mode  # stdlib-only at import; vllm itself loads later
+
+        log(f"{vllm_mode.describe_mode(cfg)}; model {model_name}")
     log(f"envs {', '.join(cfg.env_names)}; run dir {cfg.run_dir}")
 
     resume_ckpt, resume_step = prepare_run_dir(cfg)
