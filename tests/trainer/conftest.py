@@ -82,12 +82,11 @@ def clean_run_env(monkeypatch):
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    """A tiny model made by trainer.tiny_model (short warm-start: enough for the tool-call format).
-    TINY_MODEL_DIR reuses one built earlier (saves a minute when iterating)."""
+    """A tiny model made by trainer.tiny_model with the init job's defaults (~15-30 s).
+    TINY_MODEL_DIR reuses one built earlier (saves that time when iterating)."""
     reuse = os.environ.get("TINY_MODEL_DIR")
     if reuse:
         return Path(reuse)
     out = tmp_path_factory.mktemp("models") / "tiny-qwen3"
-    subprocess.run([sys.executable, "-m", "trainer.tiny_model", "--out", str(out), "--examples", "128",
-                    "--epochs", "3"], cwd=ROOT, check=True)
+    subprocess.run([sys.executable, "-m", "trainer.tiny_model", "--out", str(out)], cwd=ROOT, check=True)
     return out
