@@ -136,7 +136,7 @@ class TrainingEnvServer(HTTPEnvServer):
                 "session expired",
                 {
                     "message": (
-                        f"Session closed after {self._session_idle_timeout_s:g} s without a reset or step "
+                        f"Session closed after {self._session_idle_timeout_s or 0:g} s without a reset or step "
                         "(SESSION_TIMEOUT_S). Reconnect to start a new session."
                     ),
                     "code": SESSION_EXPIRED,
