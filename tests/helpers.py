@@ -8,6 +8,7 @@ and `.ci/run` can tear down whatever a crashed test left behind.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -97,3 +98,13 @@ def compose_stack(
 def service_url(stack, service: str, port: int = 8000) -> str:
     host, host_port = stack.get_service_host_and_port(service, port)
     return f"http://{host or '127.0.0.1'}:{host_port}"
+
+
+def compose_config(*profiles: str, env_file: str = ".env.example") -> dict:
+    """`docker compose --env-file ENV config` for these profiles, parsed (never grepped)."""
+    cmd = ["docker", "compose", "--env-file", env_file]
+    for p in profiles:
+        cmd += ["--profile", p]
+    out = subprocess.run([*cmd, "config", "--format", "json"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)

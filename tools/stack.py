@@ -10,7 +10,6 @@ the standard library, except `doctor`'s .env validation, which uses the trainer'
 from __future__ import annotations
 
 import glob
-import json
 import os
 import re
 import shutil

@@ -238,7 +238,7 @@ class RunConfig(BaseSettings):
             return cls(**overrides)
         except ValidationError as exc:
             raise ConfigError(format_validation_error(exc)) from None
-        except SystemExit as exc:  # argparse on --help
+        except SystemExit:  # argparse on --help
             raise
         except Exception as exc:  # argparse errors from the CLI source (unknown flag, missing value)
             if type(exc).__name__ in ("SettingsError", "ArgumentError"):

@@ -131,7 +131,7 @@ def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 2
             errors.append(
                 f"env {name}: capacity {free} sessions per replica ({source}) < {per_replica} sessions this trainer "
                 f"opens per replica ({needed} in all = {batch}"
-                + (f", worst-case share of a multi-env batch" if len(cfg.env_names) > 1 else "")
+                + (", worst-case share of a multi-env batch" if len(cfg.env_names) > 1 else "")
                 + f", over {len(replicas)} replica{'s' if len(replicas) > 1 else ''}): raise MAX_CONCURRENT_ENVS to "
                 f">= {per_replica}, add replicas (ENV_{name.upper()}_REPLICAS), or lower the batch (edit .env)"
             )

@@ -3,7 +3,6 @@ with the GPU `vllm` service's exact command line (only the model differs: a tiny
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import time
@@ -12,19 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, compose_config
 
 VLLM_CPU_IMAGE = "grpo-stack/vllm-cpu:0.31.0"
 HEALTH_TIMEOUT_S = float(os.environ.get("VLLM_CPU_HEALTH_TIMEOUT_S", "600"))
-
-
-def compose_config(*profiles: str, env_file: str = ".env.example") -> dict:
-    cmd = ["docker", "compose", "--env-file", env_file]
-    for p in profiles:
-        cmd += ["--profile", p]
-    out = subprocess.run([*cmd, "config", "--format", "json"], cwd=ROOT, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ import os
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
 import requests
 

@@ -6,13 +6,13 @@ CLI (no engine work); the image and runtime checks live in test_security_runtime
 
 from __future__ import annotations
 
-import json
 import re
 import subprocess
 
 import pytest
 
 from tests.helpers import ROOT
+from tests.helpers import compose_config as resolved
 
 # Every run profile a user can pick (build-only profiles are checked separately).
 RUN_PROFILES = ("gpu", "cpu", "echo", "wordle", "catch", "dashboard")
@@ -27,15 +27,6 @@ ROOT_IMAGES_ALLOWED = {"vllm"}
 def docker_cli():
     if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode != 0:
         pytest.fail("`docker compose` (v2) is missing: run `bash .ci/provision`")
-
-
-def resolved(*profiles: str, env_file: str = ".env.example") -> dict:
-    cmd = ["docker", "compose", "--env-file", env_file]
-    for p in profiles:
-        cmd += ["--profile", p]
-    out = subprocess.run([*cmd, "config", "--format", "json"], cwd=ROOT, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
 
 
 @pytest.fixture(scope="module")

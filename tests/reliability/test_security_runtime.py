@@ -20,7 +20,7 @@ import requests
 from websockets.sync.client import connect
 
 from tests.helpers import ROOT, build_images, write_env_file
-from tests.reliability.common import ENV_NAMES, VALID_ACTIONS, assert_structured, recv_json, report
+from tests.reliability.common import ENV_NAMES, VALID_ACTIONS, assert_structured, report
 
 pytestmark = pytest.mark.docker
 

@@ -25,7 +25,7 @@ import time
 
 import pytest
 from websockets.asyncio.client import connect
-from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
 from tests.reliability.common import CAPACITY, SESSION_TIMEOUT_S, VALID_ACTIONS, report
 

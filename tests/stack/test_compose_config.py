@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import shlex
 import subprocess
 
 import pytest
 
 from tests.helpers import ROOT
+from tests.helpers import compose_config as resolved
 
 pytestmark = pytest.mark.usefixtures("docker_cli")
 
@@ -17,15 +17,6 @@ pytestmark = pytest.mark.usefixtures("docker_cli")
 def docker_cli():
     if subprocess.run(["docker", "compose", "version"], capture_output=True).returncode != 0:
         pytest.fail("`docker compose` (v2) is missing: run `bash .ci/provision`")
-
-
-def resolved(*profiles: str, env_file: str = ".env.example") -> dict:
-    cmd = ["docker", "compose", "--env-file", env_file]
-    for p in profiles:
-        cmd += ["--profile", p]
-    out = subprocess.run([*cmd, "config", "--format", "json"], cwd=ROOT, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)
 
 
 @pytest.fixture(scope="module")
