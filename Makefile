@@ -62,7 +62,10 @@ soak: $(VENV)/.host-ok ## Long soak of the env servers at full capacity (minutes
 
 $(VENV)/.test-ok: $(VENV)/.host-ok pyproject.toml
 	@$(STACK) setup
-	@$(HOST_PY) -m pip install -q --find-links .wheels $(if $(wildcard .wheels/torch-*.whl),,--extra-index-url https://download.pytorch.org/whl/cpu) -e '.[test,trainer,env-server]'
+	@# torch's CPU build: the local wheel `setup` copied, else PyTorch's CPU index (PyPI's torch is CUDA)
+	@$(HOST_PY) -m pip install -q --find-links .wheels \
+		$$(ls .wheels/torch-*.whl >/dev/null 2>&1 || echo --extra-index-url "$${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}") \
+		-e '.[test,trainer,env-server]'
 	@touch $@
 
 test: $(VENV)/.test-ok ## Run every test: unit, compose config, and real containers (needs Docker)
