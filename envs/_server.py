@@ -95,6 +95,7 @@ class TrainingEnvServer(HTTPEnvServer):
         self.public_name = public_name
         self._ws_closers: dict[str, Callable[[int, str, dict], Awaitable[bool]]] = {}
         self.reaped_sessions = 0
+        self.episodes_started = 0  # reset frames received: a rising count means rollouts are starting
 
     def capacity(self) -> dict:
         active = len(self._sessions)
@@ -105,6 +106,7 @@ class TrainingEnvServer(HTTPEnvServer):
             "available_slots": max(0, self._max_concurrent_envs - active),
             "session_timeout_s": self._session_idle_timeout_s,
             "reaped_sessions": self.reaped_sessions,
+            "episodes_started": self.episodes_started,
         }
 
     async def _create_session(self):  # type: ignore[override]
@@ -173,9 +175,10 @@ class WSGuard:
     are answered here; everything else goes to the stock handler unchanged.
     """
 
-    def __init__(self, app: Any, max_message_bytes: int) -> None:
+    def __init__(self, app: Any, max_message_bytes: int, server: "TrainingEnvServer | None" = None) -> None:
         self.app = app
         self.max_message_bytes = max_message_bytes
+        self.server = server
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
         if scope["type"] != "websocket" or scope.get("path") != "/ws":
@@ -275,6 +278,8 @@ class WSGuard:
                         }
                     )
                     continue
+                if parsed.get("type") == "reset" and self.server is not None:
+                    self.server.episodes_started += 1
                 return message
 
         token = _WS_CLOSER.set(closer)
@@ -328,4 +333,4 @@ def build_app(settings: ServerSettings) -> tuple[Any, TrainingEnvServer]:
         return server.capacity()
 
     server.register_routes(app)
-    return WSGuard(app, settings.max_message_bytes), server
+    return WSGuard(app, settings.max_message_bytes, server), server

@@ -2,7 +2,8 @@
 
 - env server crash mid-training: the env-echo container's server process is SIGKILLed from the host
   (what the OOM killer or a segfault does). Compose's `restart: unless-stopped` brings it back; the
-  trainer's in-flight tool calls fail (counted in metrics as tool failures), its sessions reconnect
+  trainer's in-flight tool calls fail (counted in metrics as tool failures; the second crash of each
+  round waits until the server reports rollouts starting episodes), its sessions reconnect
   on their next episode, and training finishes with every step logged once.
   Note: `docker kill` / `docker stop` count as a *manual* stop, and Docker does not restart a
   container after one (checked here on engine 20.10): a crash, not an operator's kill, is the fault.
@@ -15,9 +16,9 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
+import urllib.request
 
 import pytest
 
@@ -75,49 +76,44 @@ def project(docker, tmp_path_factory):
         yield proj
 
 
-def trainer_connections(pid: int) -> set[str]:
-    """Peers with an open TCP connection to the env server (its network namespace, via nsenter)."""
-    out = subprocess.run(["nsenter", "-t", str(pid), "-n", "ss", "-tnH", "state", "established", "( sport = :8000 )"],
-                         capture_output=True, text=True, timeout=10).stdout
-    peers = {line.split()[-1] for line in out.splitlines() if line.strip()}
-    return {p for p in peers if not p.startswith("127.0.0.1:")}  # not the healthcheck
-
-
 def crash(env_cid: str) -> int:
     pid = inspect(env_cid)["State"]["Pid"]
     subprocess.run(["kill", "-KILL", str(pid)], check=True)
     return pid
 
 
-def crash_when_rollouts_reconnect(env_cid: str, old_pid: int, timeout_s: float = 120) -> tuple[int, str]:
-    """After a restart, SIGKILL the server again right after the trainer's rollouts reconnected.
+def health(url: str) -> dict:
+    try:
+        with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
+            return json.loads(r.read())
+    except (OSError, ValueError):
+        return {}
 
-    The trainer's sessions reconnect in `reset()` at the start of a generation batch; once they are
-    all back (no new connection for ~0.1 s), every rollout is between its reset and its tool call:
-    a crash now hits rollouts in flight. Needs root (nsenter); otherwise crashes at once.
-    Returns (the killed pid, how).
+
+def crash_mid_episode(project: "Project", env_cid: str, timeout_s: float = 120) -> tuple[int, str]:
+    """SIGKILL the env server while rollouts are between their reset and their tool call.
+
+    The server counts reset frames (`episodes_started` in /health): when the count rises, a batch of
+    rollouts has just reset and the policy is generating their first turn, so crashing now makes
+    their tool calls fail. Polled over the published loopback port, a few ms apart.
     """
-    t0 = time.monotonic()
-    deadline = t0 + timeout_s
-    while True:
-        state = inspect(env_cid)["State"]
-        if state["Running"] and state["Pid"] not in (0, old_pid):
-            break
-        assert time.monotonic() < deadline, f"env-echo did not restart: {state}"
-        time.sleep(0.1)
-    if os.geteuid() != 0 or not (shutil.which("nsenter") and shutil.which("ss")):
-        return crash(env_cid), "right after its restart (nsenter unavailable)"
-    pid, seen, stable = state["Pid"], set(), 0
+    deadline = time.monotonic() + timeout_s
+    url, seen = None, None
     while time.monotonic() < deadline:
-        now = trainer_connections(pid)
-        stable = stable + 1 if now and now == seen else 0
-        seen = now
-        if stable >= 5:
-            back = time.monotonic() - t0
-            return crash(env_cid), (f"when {len(now)} rollout sessions had reconnected "
-                                    f"{back:.1f}s after the previous crash (rollouts in flight)")
-        time.sleep(0.02)
-    raise AssertionError("the trainer's sessions never reconnected after the restart")
+        state = inspect(env_cid)["State"]
+        if state["Running"] and state.get("Health", {}).get("Status") == "healthy":
+            url = url or f"http://{project.compose('port', 'env-echo', '8000').stdout.strip()}"
+            while time.monotonic() < deadline:
+                started = health(url).get("episodes_started")
+                if started is None:
+                    seen = None  # restarting: a new process counts from 0
+                    break
+                if seen is not None and started > seen:
+                    return crash(env_cid), "right after rollouts reset (episodes in flight)"
+                seen = started
+                time.sleep(0.003)
+        time.sleep(0.05)
+    raise AssertionError("never saw an episode in flight on env-echo")
 
 
 def wait_restarted_healthy(env_cid: str, restarts: int, timeout_s: float = 120) -> float:
@@ -162,10 +158,11 @@ def test_env_server_crash_mid_training_is_survived(project):
         # 1. Crash the env server mid-run (any moment), then again as soon as the trainer's rollouts
         #    have reconnected (they are in flight then). Up to two rounds, until tool failures show.
         rows = wait_for_step(CRASH_AFTER_STEP)
-        for _ in range(2):
-            pid = crash(env_cid)
+        for _ in range(3):
+            crash(env_cid)
             crashes.append((rows[-1]["step"], "at a random moment"))
-            pid, how = crash_when_rollouts_reconnect(env_cid, pid)
+            wait_restarted_healthy(env_cid, len(crashes))
+            _, how = crash_mid_episode(project, env_cid)
             crashes.append((logged()[-1]["step"], how))
             # 2. Compose's restart policy brings it back, healthy; training goes on.
             healthy_s = wait_restarted_healthy(env_cid, len(crashes))
