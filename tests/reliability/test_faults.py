@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import time
 import urllib.request
@@ -103,13 +104,15 @@ def crash_mid_episode(project: "Project", env_cid: str, timeout_s: float = 120) 
         state = inspect(env_cid)["State"]
         if state["Running"] and state.get("Health", {}).get("Status") == "healthy":
             url = url or f"http://{project.compose('port', 'env-echo', '8000').stdout.strip()}"
+            pid = state["Pid"]  # looked up now: at the moment to crash, every millisecond counts
             while time.monotonic() < deadline:
                 started = health(url).get("episodes_started")
                 if started is None:
                     seen = None  # restarting: a new process counts from 0
                     break
                 if seen is not None and started > seen:
-                    return crash(env_cid), "right after rollouts reset (episodes in flight)"
+                    os.kill(pid, signal.SIGKILL)
+                    return pid, "right after rollouts reset (episodes in flight)"
                 seen = started
                 time.sleep(0.003)
         time.sleep(0.05)
