@@ -56,8 +56,7 @@ dashboard: $(VENV)/.host-ok ## Start TensorBoard on 127.0.0.1:$DASHBOARD_PORT (o
 nccl-check: $(VENV)/.host-ok ## GPU hosts: NCCL broadcast between the vllm and trainer images, as the weight sync does (ARGS="--mib 1024")
 	@$(HOST_PY) tools/nccl_check.py $(ARGS)
 
-soak: $(VENV)/.host-ok ## Long soak of the env servers at full capacity (minutes; SOAK_MINUTES=10)
-	@$(VENV)/bin/python -m pip install -q -e '.[test]' >/dev/null
+soak: $(VENV)/.test-ok ## Long soak of the env servers at full capacity (minutes; SOAK_MINUTES=10)
 	@SOAK_MINUTES=$${SOAK_MINUTES:-10} $(VENV)/bin/python -m pytest -q tests/reliability -k soak $(PYTEST_ARGS)
 
 $(VENV)/.test-ok: $(VENV)/.host-ok pyproject.toml
