@@ -124,7 +124,10 @@ def test_kill_and_resume_loses_and_repeats_no_step(project):
         steps = [json.loads(x)["step"] for x in res.stdout.splitlines() if '"kind": "step"' in x]
         if steps and steps[-1] >= 6:  # checkpoint-4 is there; steps after it were logged but not saved
             subprocess.run(["docker", "kill", "--signal", "KILL", name], capture_output=True)
-            killed_after = steps[-1]
+            subprocess.run(["docker", "wait", name], capture_output=True, timeout=60)
+            # a step may be logged between that read and the kill: the file on the volume, read after
+            # the process is dead, is what the resume must reconcile
+            killed_after = max(r["step"] for r in project.metrics(run))
             break
         if res.returncode != 0 and "is not running" in res.stderr:
             break
