@@ -9,7 +9,7 @@ HOST_PY := $(VENV)/bin/python
 STACK := $(HOST_PY) tools/stack.py
 PYTEST_ARGS ?=
 
-.PHONY: help up train down logs ps build test clean doctor report baseline dashboard nccl-check soak
+.PHONY: help up train down logs ps build test clean doctor report baseline dashboard nccl-check soak bench
 
 help: ## List every target with one line each
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -58,6 +58,10 @@ nccl-check: $(VENV)/.host-ok ## GPU hosts: NCCL broadcast between the vllm and t
 
 soak: $(VENV)/.test-ok ## Long soak of the env servers at full capacity (minutes; SOAK_MINUTES=10)
 	@SOAK_MINUTES=$${SOAK_MINUTES:-10} $(VENV)/bin/python -m pytest -q tests/reliability -k soak $(PYTEST_ARGS)
+
+bench: $(VENV)/.test-ok ## Env-server figures next to their goals: Wordle, echo vs stock OpenEnv, Catch (a few minutes)
+	@$(STACK) compose --progress quiet --profile build build env-server-image
+	@$(VENV)/bin/python bench/env_figures.py $(ARGS)
 
 $(VENV)/.test-ok: $(VENV)/.host-ok pyproject.toml
 	@$(STACK) setup

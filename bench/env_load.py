@@ -110,38 +110,53 @@ async def run_client(args: dict, n: int, seed: int, conn) -> None:
     conn.send(("ready", time.perf_counter() - t0, len(sessions)))
     conn.recv()  # go
 
-    async def drive(ws, pol):
+    async def step_once(ws, pol) -> bool:
+        """One step (and the reset after an episode ends); False when this session is finished."""
         nonlocal episodes
-        steps = 0
-        while True:
-            if args["one_episode"] is False and steps >= args["steps"]:
+        frame = pol.step_frame()
+        t = time.perf_counter()
+        try:
+            await ws.send(frame)
+            reply = json.loads(await ws.recv())
+        except Exception as e:
+            errors.append(type(e).__name__ + ": " + str(e)[:120])
+            return False
+        lat.append(time.perf_counter() - t)
+        if reply.get("type") == "error":
+            errors.append(reply["data"].get("code", "?") + ": " + str(reply["data"].get("message"))[:120])
+            return False
+        if reply["data"].get("done"):
+            episodes += 1
+            if args["one_episode"]:
+                return False
+            pol.begin()
+            await ws.send(pol.reset_frame())
+            await ws.recv()
+        return True
+
+    async def drive(ws, pol):
+        for _ in range(10**9 if args["one_episode"] else args["steps"]):
+            if not await step_once(ws, pol):
                 return
-            frame = pol.step_frame()
-            t = time.perf_counter()
-            try:
-                await ws.send(frame)
-                reply = json.loads(await ws.recv())
-            except Exception as e:
-                errors.append(type(e).__name__ + ": " + str(e)[:120])
-                return
-            lat.append(time.perf_counter() - t)
-            steps += 1
             if args["think_s"]:
                 await asyncio.sleep(args["think_s"])  # a rollout generates between tool calls
-            if reply.get("type") == "error":
-                errors.append(reply["data"].get("code", "?") + ": " + str(reply["data"].get("message"))[:120])
+
+    async def in_turn():
+        # TRL 1.16's _tool_call_loop: the batch's tool calls run one after another, then the model generates
+        live = list(sessions)
+        for _ in range(10**9 if args["one_episode"] else args["steps"]):
+            live = [s for s in live if await step_once(*s)]
+            if not live:
                 return
-            if reply["data"].get("done"):
-                episodes += 1
-                if args["one_episode"]:
-                    return
-                pol.begin()
-                await ws.send(pol.reset_frame())
-                await ws.recv()
+            if args["think_s"]:
+                await asyncio.sleep(args["think_s"])
 
     c0 = time.process_time()
     t1 = time.perf_counter()
-    await asyncio.gather(*(drive(ws, pol) for ws, pol in sessions))
+    if args["in_turn"]:
+        await in_turn()
+    else:
+        await asyncio.gather(*(drive(ws, pol) for ws, pol in sessions))
     wall = time.perf_counter() - t1
     client_cpu = time.process_time() - c0
     await asyncio.gather(*(ws.close() for ws, _ in sessions), return_exceptions=True)
@@ -153,8 +168,9 @@ def _client_main(args: dict, n: int, seed: int, conn) -> None:
 
 
 def run_load(url: str, pid: int | None, a: argparse.Namespace, label: str) -> dict:
-    args = {"url": url, "env": a.env, "steps": a.steps, "one_episode": a.one_episode, "think_s": a.think_ms / 1000}
-    procs = max(1, min(a.procs, a.sessions))
+    args = {"url": url, "env": a.env, "steps": a.steps, "one_episode": a.one_episode, "think_s": a.think_ms / 1000,
+            "in_turn": a.in_turn}
+    procs = 1 if a.in_turn else max(1, min(a.procs, a.sessions))
     shares = [a.sessions // procs + (i < a.sessions % procs) for i in range(procs)]
     rss0 = proc_rss_mb(pid)
     ctx = mp.get_context("fork")
@@ -235,6 +251,8 @@ def main() -> None:
     p.add_argument("--one-episode", action="store_true", help="each session plays one episode, then stops")
     p.add_argument("--think-ms", type=float, default=0.0,
                    help="pause per session between steps (0 = closed loop: every session always has a step in flight)")
+    p.add_argument("--in-turn", action="store_true",
+                   help="sessions step one after another (TRL's tool loop over a batch), not all at once")
     p.add_argument("--procs", type=int, default=2, help="client processes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="also write the results here")

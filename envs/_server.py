@@ -52,6 +52,9 @@ class ServerSettings:
     ws_ping_timeout_s: float = 60.0
     max_message_bytes: int = 1 << 20  # frames above this get MESSAGE_TOO_LARGE, session kept
     ws_hard_max_bytes: int = 16 << 20  # uvicorn closes the socket (1009) above this
+    # Off by default: env frames are a few hundred bytes on a private network, and deflating each one
+    # cost ~15 % of a Catch step's server CPU (py-spy); a client that offers it just gets plain frames.
+    ws_per_message_deflate: bool = False
 
     @classmethod
     def from_env(cls, environ: Optional[dict] = None) -> "ServerSettings":
@@ -66,6 +69,16 @@ class ServerSettings:
             except ValueError:
                 raise SystemExit(f"{key}={raw!r} is not a valid {kind.__name__}; unset it or give a number.")
             return value
+
+        def flag(key: str, default: bool) -> bool:
+            raw = env.get(key, "").strip().lower()
+            if raw == "":
+                return default
+            if raw in ("1", "true", "yes", "on"):
+                return True
+            if raw in ("0", "false", "no", "off"):
+                return False
+            raise SystemExit(f"{key}={raw!r} is not a boolean; use true or false.")
 
         name = env.get("ENV_NAME", "").strip()
         if not name:
@@ -84,6 +97,7 @@ class ServerSettings:
             ws_ping_interval_s=num("WS_PING_INTERVAL_S", 20.0),
             ws_ping_timeout_s=num("WS_PING_TIMEOUT_S", 60.0),
             max_message_bytes=num("MAX_MESSAGE_BYTES", 1 << 20, int),
+            ws_per_message_deflate=flag("WS_PER_MESSAGE_DEFLATE", False),
         )
 
 
@@ -254,7 +268,8 @@ class WSGuard:
                         {"type": "websocket.send", "text": _error_frame("INVALID_JSON", f"Invalid JSON: {str(e)[:200]}")}
                     )
                     continue
-                if _nested_deeper_than(parsed, MAX_JSON_DEPTH):
+                # nesting depth <= number of opening brackets: most frames skip the walk
+                if (text.count("{") + text.count("[") > MAX_JSON_DEPTH) and _nested_deeper_than(parsed, MAX_JSON_DEPTH):
                     # pydantic cannot serialize a validation error about a value this deep (its limit
                     # is ~255 levels); stock would then end the session with SESSION_ERROR.
                     await guarded_send(

@@ -1,6 +1,7 @@
 """Env-server entrypoint: `python -m envs.serve` (ENV_NAME, PORT, MAX_CONCURRENT_ENVS, SESSION_TIMEOUT_S).
 
-Optional: WS_PING_INTERVAL_S (20), WS_PING_TIMEOUT_S (60), MAX_MESSAGE_BYTES (1 MiB), LOG_LEVEL (info).
+Optional: WS_PING_INTERVAL_S (20), WS_PING_TIMEOUT_S (60), MAX_MESSAGE_BYTES (1 MiB),
+WS_PER_MESSAGE_DEFLATE (false), LOG_LEVEL (info).
 One uvicorn worker on purpose: workers would split the session table (scale with replicas instead).
 """
 
@@ -36,6 +37,7 @@ def main() -> None:
         ws_ping_interval=settings.ws_ping_interval_s,
         ws_ping_timeout=settings.ws_ping_timeout_s,
         ws_max_size=settings.ws_hard_max_bytes,
+        ws_per_message_deflate=settings.ws_per_message_deflate,
         timeout_graceful_shutdown=5,
         backlog=4096,
     )

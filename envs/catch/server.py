@@ -1,10 +1,14 @@
 """Catch server: upstream OpenEnv `OpenSpielEnvironment` (catch, single player) on open-spiel 2.0.2.
 
 Follows upstream envs/openspiel_env/server/openspiel_environment.py (BSD-3-Clause, Meta) for the
-single-player case: same observation fields and values. Changes: the pyspiel game is loaded once per
-process; `reset(seed=...)` seeds the ball's start column; steps run inline on the event loop (a
-catch step is microseconds, a thread hop costs more); an out-of-range action or a step after the
-episode ended raises a clear error (-> EXECUTION_ERROR frame) instead of an OpenSpiel abort.
+single-player case: same observation fields and values. Upstream drives the game through OpenSpiel's
+`rl_environment.Environment`; we call the same pyspiel state methods it calls (observation_tensor,
+legal_actions, current_player, rewards; chance nodes sampled by its `ChanceEventSampler`), without
+its per-step bookkeeping. tests/envs/test_env_units.py plays both side by side and requires identical
+observations. Other changes: the pyspiel game is loaded once per process; `reset(seed=...)` seeds the
+ball's start column (reseeding in place); resets and steps run inline on the event loop (each is tens
+of microseconds; a hop to the executor thread and back costs more); an out-of-range action or a step
+after the episode ended raises a clear error (-> EXECUTION_ERROR frame) instead of an OpenSpiel abort.
 """
 
 from __future__ import annotations
@@ -19,13 +23,40 @@ from envs.catch.models import OpenSpielAction, OpenSpielObservation, OpenSpielSt
 
 GAME_NAME = "catch"
 ACTIONS = {0: "left", 1: "stay", 2: "right"}
+AGENT = 0  # the single player
+
+
+@functools.lru_cache(maxsize=1)
+def _sampler_class() -> Any:
+    """Upstream's chance-event sampler, reseeded in place.
+
+    Upstream builds a new `np.random.RandomState(seed)` on every seeded reset (~145 µs, a third of a
+    Catch episode's server CPU); `RandomState.seed(seed)` on the existing one gives the same draws in ~2 µs.
+    """
+    import numpy as np
+    from open_spiel.python import rl_environment
+
+    class InPlaceSeedSampler(rl_environment.ChanceEventSampler):
+        def seed(self, seed: Optional[int] = None) -> None:
+            rng = getattr(self, "_rng", None)
+            if rng is None:
+                self._rng = np.random.RandomState(seed)
+            else:
+                rng.seed(seed)
+
+    return InPlaceSeedSampler
 
 
 @functools.lru_cache(maxsize=1)
 def _game() -> Any:
     import pyspiel
 
-    return pyspiel.load_game(GAME_NAME)
+    game = pyspiel.load_game(GAME_NAME)
+    # rl_environment's info_state is the information-state tensor when a game has one, else the
+    # observation tensor (catch); _make_observation reads the latter.
+    if game.get_type().provides_information_state_tensor:
+        raise RuntimeError(f"{GAME_NAME} now has an information-state tensor: read that, as rl_environment does")
+    return game
 
 
 class CatchEnvironment(Environment):
@@ -35,43 +66,47 @@ class CatchEnvironment(Environment):
 
     def __init__(self) -> None:
         super().__init__()
-        from open_spiel.python import rl_environment
-
-        game = _game()
-        self.game_name = GAME_NAME
-        self.agent_player = 0
-        self.game_params = dict(game.get_parameters())
-        self._ospiel_env = rl_environment.Environment(game)
-        self.num_players = self._ospiel_env.num_players
+        self._game_obj = _game()
+        self._sample_chance = _sampler_class()()
         self._state = OpenSpielState(
-            game_name=GAME_NAME, agent_player=0, opponent_policy="random", game_params={}, num_players=self.num_players
+            game_name=GAME_NAME, agent_player=0, opponent_policy="random", game_params={}, num_players=1
         )
-        self._time_step: Any = None
+        self._ps: Any = None  # the pyspiel state of the current episode
+
+    def _settle_chance(self) -> None:
+        # rl_environment's _sample_external_events: play out chance nodes (catch: the ball's column)
+        while self._ps.is_chance_node():
+            self._ps.apply_action(self._sample_chance(self._ps))
 
     def reset(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> OpenSpielObservation:
         if seed is not None:
-            self._ospiel_env.seed(int(seed) % (2**32))
-        self._time_step = self._ospiel_env.reset()
+            self._sample_chance.seed(int(seed) % (2**32))
+        self._ps = self._game_obj.new_initial_state()
+        self._settle_chance()
         self._state.episode_id = episode_id or str(uuid.uuid4())
         self._state.step_count = 0
-        return self._make_observation(self._time_step)
+        return self._make_observation(first=True)
 
     def step(self, action: OpenSpielAction, timeout_s: Optional[float] = None, **kwargs: Any) -> OpenSpielObservation:  # type: ignore[override]
         if not isinstance(action, OpenSpielAction):
             raise ValueError(f"Expected OpenSpielAction, got {type(action)}")
-        if self._time_step is None:
+        if self._ps is None:
             raise RuntimeError("No episode yet: send a reset first.")
-        if self._time_step.last():
+        if self._ps.is_terminal():
             raise RuntimeError("The episode is over (done=true): send a reset before stepping again.")
-        legal = self._time_step.observations["legal_actions"][self.agent_player]
+        legal = self._ps.legal_actions(AGENT)
         if action.action_id not in legal:
             raise ValueError(
                 f"action_id {action.action_id} is not legal here; legal action ids: {legal} "
                 f"({', '.join(f'{a}={ACTIONS.get(a, a)}' for a in legal)})."
             )
-        self._time_step = self._ospiel_env.step([action.action_id])
+        self._ps.apply_action(action.action_id)
+        self._settle_chance()
         self._state.step_count += 1
-        return self._make_observation(self._time_step)
+        return self._make_observation(first=False)
+
+    async def reset_async(self, seed: Optional[int] = None, episode_id: Optional[str] = None, **kwargs: Any) -> OpenSpielObservation:  # type: ignore[override]
+        return self.reset(seed=seed, episode_id=episode_id, **kwargs)
 
     async def step_async(self, action: OpenSpielAction, timeout_s: Optional[float] = None, **kwargs: Any) -> OpenSpielObservation:  # type: ignore[override]
         return self.step(action)
@@ -80,28 +115,22 @@ class CatchEnvironment(Environment):
     def state(self) -> OpenSpielState:
         return self._state
 
-    def _make_observation(self, time_step: Any) -> OpenSpielObservation:
-        info_state = time_step.observations["info_state"][self.agent_player]
-        if time_step.last():
-            game_phase = "terminal"
-        elif time_step.first():
-            game_phase = "initial"
-        else:
-            game_phase = "playing"
-        reward = None
-        if time_step.rewards is not None:
-            reward = float(time_step.rewards[self.agent_player])
+    def _make_observation(self, first: bool) -> OpenSpielObservation:
+        # rl_environment's TimeStep, as upstream reads it: FIRST has no rewards; LAST when terminal
+        ps = self._ps
+        done = ps.is_terminal()
         return OpenSpielObservation(
-            info_state=info_state.tolist() if hasattr(info_state, "tolist") else list(info_state),
-            legal_actions=list(time_step.observations["legal_actions"][self.agent_player]),
-            game_phase=game_phase,
-            current_player_id=time_step.observations["current_player"],
+            info_state=ps.observation_tensor(AGENT),
+            legal_actions=ps.legal_actions(AGENT),
+            game_phase="terminal" if done else "initial" if first else "playing",
+            current_player_id=ps.current_player(),
             opponent_last_action=None,
-            done=time_step.last(),
-            reward=reward,
+            done=done,
+            reward=None if first else float(ps.rewards()[AGENT]),
         )
 
 
 def server_parts():
-    _game()
+    _game()  # load pyspiel and the game, and import rl_environment, before the first session
+    _sampler_class()
     return CatchEnvironment, OpenSpielAction, OpenSpielObservation, OpenSpielState

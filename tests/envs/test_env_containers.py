@@ -257,3 +257,17 @@ def test_bad_input_gets_structured_errors_and_session_survives(urls, name):
 
     asyncio.run(go())
     assert requests.get(url + "/health", timeout=5).json()["status"] == "healthy"
+
+
+def test_frames_are_not_compressed_even_when_the_client_offers_it(urls):
+    """WS_PER_MESSAGE_DEFLATE defaults off: deflating each few-hundred-byte frame cost ~15 % of a step."""
+    from websockets.asyncio.client import connect
+
+    async def go():
+        async with connect(ws_url(urls["catch"]), compression="deflate", proxy=None) as ws:  # the client offers it
+            assert ws.response.headers.get("Sec-WebSocket-Extensions") is None
+            assert ws.protocol.extensions == []
+            reply = await rpc(ws, {"type": "reset", "data": {"seed": 3}})
+            assert reply["type"] == "observation" and len(reply["data"]["observation"]["info_state"]) == 50
+
+    asyncio.run(go())

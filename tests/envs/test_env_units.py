@@ -94,3 +94,59 @@ def test_wordle_secret_words_are_distinct_five_letter_words():
 
     assert len(set(SECRET_WORDS)) == len(SECRET_WORDS) >= 50
     assert all(len(w) == 5 and w.isalpha() and w.islower() for w in SECRET_WORDS)
+
+
+def _upstream_catch_observation(time_step) -> dict:
+    """Upstream OpenEnv's OpenSpielEnvironment._make_observation for player 0, from an rl_environment TimeStep."""
+    return {
+        "info_state": list(time_step.observations["info_state"][0]),
+        "legal_actions": list(time_step.observations["legal_actions"][0]),
+        "game_phase": "terminal" if time_step.last() else "initial" if time_step.first() else "playing",
+        "current_player_id": time_step.observations["current_player"],
+        "done": time_step.last(),
+        "reward": None if time_step.rewards is None else float(time_step.rewards[0]),
+    }
+
+
+def test_catch_matches_upstream_rl_environment_step_for_step():
+    """Our Catch calls pyspiel directly; upstream goes through rl_environment. Same seeds, same actions:
+    every observation must be identical (ball column, board, legal actions, rewards, phases)."""
+    import random
+
+    from open_spiel.python import rl_environment
+
+    from envs.catch.models import OpenSpielAction
+    from envs.catch.server import CatchEnvironment, _game
+
+    ours = CatchEnvironment()
+    upstream = rl_environment.Environment(_game())  # its own sampler: a new RandomState per seed
+    rng = random.Random(0)
+    fields = ["info_state", "legal_actions", "game_phase", "current_player_id", "done", "reward"]
+    columns, rewards = set(), set()
+    for episode in range(300):
+        seed = rng.randrange(2**31)
+        obs = ours.reset(seed=seed)
+        upstream.seed(seed)
+        ts = upstream.reset()
+        assert obs.model_dump(include=set(fields)) == _upstream_catch_observation(ts), (episode, seed)
+        columns.add(obs.info_state[:5].index(1.0))
+        while not obs.done:
+            action = rng.choice(obs.legal_actions)
+            obs = ours.step(OpenSpielAction(action_id=action))
+            ts = upstream.step([action])
+            assert obs.model_dump(include=set(fields)) == _upstream_catch_observation(ts), (episode, seed, action)
+        rewards.add(obs.reward)
+    assert columns == set(range(5)) and rewards == {-1.0, 1.0}  # every start column; wins and losses
+    assert ours.state.step_count == 9
+
+
+def test_server_settings_from_env():
+    from envs._server import ServerSettings
+
+    s = ServerSettings.from_env({"ENV_NAME": "catch"})
+    assert s.ws_per_message_deflate is False and s.max_concurrent_envs == 64
+    assert ServerSettings.from_env({"ENV_NAME": "catch", "WS_PER_MESSAGE_DEFLATE": "true"}).ws_per_message_deflate
+    with pytest.raises(SystemExit, match="WS_PER_MESSAGE_DEFLATE='maybe' is not a boolean"):
+        ServerSettings.from_env({"ENV_NAME": "catch", "WS_PER_MESSAGE_DEFLATE": "maybe"})
+    with pytest.raises(SystemExit, match="MAX_CONCURRENT_ENVS='many' is not a valid int"):
+        ServerSettings.from_env({"ENV_NAME": "catch", "MAX_CONCURRENT_ENVS": "many"})
