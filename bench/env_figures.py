@@ -16,6 +16,8 @@ step together (the think time is the same for all), so every step arrives as a b
 load a training batch puts on a server. The closed loop keeps 64 steps in flight at all times; its
 latency is queueing (64 / steps per second), which says how much headroom a server has.
 
+Servers are reached at their container addresses when the host can route there (as the trainer
+reaches them on the compose network), else through their published 127.0.0.1 ports.
 Memory per idle session is printed for every env. Figures go to stdout and, with --json, to a file.
 Everything it started is removed at the end.
 """
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import socket
 import subprocess
 import sys
 import tempfile
@@ -47,6 +50,20 @@ def sh(*cmd: str, check: bool = True) -> str:
     if check and res.returncode != 0:
         raise SystemExit(f"{' '.join(cmd)} failed ({res.returncode}):\n{res.stderr[-2000:]}")
     return res.stdout.strip()
+
+
+def direct_url(container: str, port: int, fallback: str) -> str:
+    """The container's own address, as the trainer reaches it on the compose network, when this host
+    can route to it (Linux); else the published 127.0.0.1 port, which adds docker-proxy's copy."""
+    ip = sh("docker", "inspect", "-f", "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}", container,
+            check=False).split()
+    for addr in ip:
+        try:
+            socket.create_connection((addr, port), timeout=1).close()
+            return f"http://{addr}:{port}"
+        except OSError:
+            pass
+    return fallback
 
 
 def wait_healthy(url: str, timeout: float = 120) -> None:
@@ -92,12 +109,14 @@ def main() -> None:
         sh("docker", "run", "-d", "--name", STOCK, "--read-only", "--tmpfs", "/tmp", "--cap-drop", "ALL",
            "-e", "MAX_CONCURRENT_ENVS=300", "-v", f"{ROOT / 'bench'}:/bench:ro", "-p", "127.0.0.1::8100",
            "--entrypoint", "python", IMAGE, "/bench/stock_echo_server.py", "--host", "0.0.0.0", "--port", "8100")
-        urls = {s: "http://" + sh(*compose, "port", f"env-{s}", "8000") for s in ("echo", "wordle", "catch")}
-        urls["stock"] = "http://" + sh("docker", "port", STOCK, "8100").splitlines()[0]
+        published = {s: "http://" + sh(*compose, "port", f"env-{s}", "8000") for s in ("echo", "wordle", "catch")}
+        published["stock"] = "http://" + sh("docker", "port", STOCK, "8100").splitlines()[0]
         names = {s: f"{PROJECT}-env-{s}-1" for s in ("echo", "wordle", "catch")}
         names["stock"] = STOCK
-        for url in urls.values():
+        for url in published.values():
             wait_healthy(url)
+        urls = {s: direct_url(names[s], 8100 if s == "stock" else 8000, published[s]) for s in names}
+        print("servers: " + ", ".join(f"{s} {u}" for s, u in urls.items()))
 
         # Catch first, while the machine is quiet: its goal is a latency, the others are counts and ratios
         print(f"== catch-rollout: 64 sessions, 100 ms think between steps, {CATCH_RUNS} runs (goal: p99 < 20 ms)")
