@@ -11,10 +11,13 @@ both sides run in the same kind of container), then loads them with bench/env_lo
   catch-in-turn   64 sessions stepping one after another  goal: p99 < 20 ms (how TRL 1.16 drives them)
   catch-closed    64 sessions, closed loop                no goal: the server's ceiling, for reference
 
-"Think" is the time a rollout spends generating between two tool calls. All 64 sessions start each
-step together (the think time is the same for all), so every step arrives as a burst of 64: the
-load a training batch puts on a server. The closed loop keeps 64 steps in flight at all times; its
-latency is queueing (64 / steps per second), which says how much headroom a server has.
+"Think" is the time a rollout spends generating between two tool calls. In catch-rollout all 64
+sessions start together and think equally long, so steps arrive in bursts of up to 64: stricter than
+TRL 1.16, whose tool loop calls a batch's tools one after another (catch-in-turn). The first burst is
+fully synchronised and is 2 % of a run's steps, so p99 is about the middle of that burst: how fast
+one server (with the load generator on the same cores) drains 64 simultaneous steps. The closed
+loop keeps 64 steps in flight at all times; its latency is queueing (64 / steps per second), which
+says how much headroom a server has.
 
 Servers are reached at their container addresses when the host can route there (as the trainer
 reaches them on the compose network), else through their published 127.0.0.1 ports.
@@ -165,7 +168,8 @@ def main() -> None:
     ]
     for env in ("echo", "wordle", "catch"):
         key = {"echo": "echo", "wordle": "wordle-connect", "catch": "catch-rollout-1"}[env]
-        rows.append((f"{env} idle memory per session", f"{results[key]['idle_mem_kb_per_session']:.0f} KiB", "-", None))
+        rows.append((f"{env} idle memory per session", f"{results[key]['idle_mem_kb_per_session']:.0f} KiB"
+                     + (f" (stock {stock['idle_mem_kb_per_session']:.0f} KiB)" if env == "echo" else ""), "-", None))
     print("\n== summary")
     width = max(len(r[0]) for r in rows)
     for name, got, goal, ok in rows:
