@@ -271,3 +271,26 @@ def test_frames_are_not_compressed_even_when_the_client_offers_it(urls):
             assert reply["type"] == "observation" and len(reply["data"]["observation"]["info_state"]) == 50
 
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("name", ["echo", "wordle", "catch"])
+def test_bench_load_script_plays_valid_episodes(urls, name, tmp_path):
+    """bench/env_load.py (behind `make bench`) keeps working: its policy's actions are valid for each
+    server, all at once and in turn. Not a timed test: it checks counts and errors, never speed."""
+    from tests.helpers import ROOT
+
+    n = CAP - 1
+    length = ["--steps", "3"] if name == "echo" else ["--one-episode"]  # an echo episode never ends
+    out = tmp_path / "load.json"
+    for mode in ([], ["--in-turn"]):
+        wait_for_active(urls[name], 0)
+        res = subprocess.run([sys.executable, "bench/env_load.py", "--env", name, "--url", urls[name],
+                              "--sessions", str(n), "--json", str(out), *length, *mode],
+                             capture_output=True, text=True, timeout=300, cwd=ROOT)
+        assert res.returncode == 0, res.stderr[-2000:]
+        [r] = json.loads(out.read_text())
+        assert r["sessions"] == n and r["errors"] == 0, (mode, r)
+        if name == "echo":
+            assert r["steps"] == 3 * n, (mode, r)
+        else:
+            assert r["episodes"] == n and r["steps"] >= n, (mode, r)  # one whole episode per session
