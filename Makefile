@@ -8,6 +8,8 @@ VENV := .venv
 HOST_PY := $(VENV)/bin/python
 STACK := $(HOST_PY) tools/stack.py
 PYTEST_ARGS ?=
+# Build one of compose.yaml's build-only image services (profile `build`), quietly.
+BUILD_IMAGE := $(STACK) compose --progress quiet --profile build build
 
 .PHONY: help up train down logs ps build test clean doctor report baseline dashboard nccl-check soak bench
 
@@ -43,13 +45,13 @@ doctor: $(VENV)/.host-ok ## Check Docker, Compose, NVIDIA runtime and GPUs, port
 
 report: $(VENV)/.host-ok ## Plot reward and tool-call curves of a run to reports/<run>.png (RUN=name, default latest)
 	@mkdir -p reports && chmod 777 reports
-	@$(STACK) compose --progress quiet --profile build build trainer-cpu-image  # GPU hosts do not build it otherwise
+	@$(BUILD_IMAGE) trainer-cpu-image  # GPU hosts do not build it otherwise
 	@$(STACK) compose run --rm --no-deps -v "$(CURDIR)/reports:/reports" trainer-cpu \
 		python -m trainer.report --outputs /outputs $(if $(RUN),--run $(RUN)) --out-dir /reports
 
 baseline: $(VENV)/.host-ok ## Play each env with a random/scripted policy; print mean reward and episode length
 	@$(STACK) up
-	@$(STACK) compose --progress quiet --profile build build trainer-cpu-image  # GPU hosts do not build it otherwise
+	@$(BUILD_IMAGE) trainer-cpu-image  # GPU hosts do not build it otherwise
 	@$(STACK) compose run --rm --no-deps trainer-cpu python -m trainer.baseline
 
 dashboard: $(VENV)/.host-ok ## Start TensorBoard on 127.0.0.1:$DASHBOARD_PORT (opt-in)
@@ -62,7 +64,7 @@ soak: $(VENV)/.test-ok ## Long soak of the env servers at full capacity (minutes
 	@SOAK_MINUTES=$${SOAK_MINUTES:-10} $(VENV)/bin/python -m pytest -q tests/reliability -k soak $(PYTEST_ARGS)
 
 bench: $(VENV)/.test-ok ## Env-server figures next to their goals: Wordle, echo vs stock OpenEnv, Catch (a few minutes)
-	@$(STACK) compose --progress quiet --profile build build env-server-image
+	@$(BUILD_IMAGE) env-server-image
 	@$(VENV)/bin/python bench/env_figures.py $(ARGS)
 
 $(VENV)/.test-ok: $(VENV)/.host-ok pyproject.toml

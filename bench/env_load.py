@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import multiprocessing as mp
 import os
@@ -134,8 +135,11 @@ async def run_client(args: dict, n: int, seed: int, conn) -> None:
             await ws.recv()
         return True
 
+    def rounds():
+        return itertools.count() if args["one_episode"] else range(args["steps"])
+
     async def drive(ws, pol):
-        for _ in range(10**9 if args["one_episode"] else args["steps"]):
+        for _ in rounds():
             if not await step_once(ws, pol):
                 return
             if args["think_s"]:
@@ -144,7 +148,7 @@ async def run_client(args: dict, n: int, seed: int, conn) -> None:
     async def in_turn():
         # TRL 1.16's _tool_call_loop: the batch's tool calls run one after another, then the model generates
         live = list(sessions)
-        for _ in range(10**9 if args["one_episode"] else args["steps"]):
+        for _ in rounds():
             live = [s for s in live if await step_once(*s)]
             if not live:
                 return

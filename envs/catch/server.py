@@ -17,6 +17,8 @@ import functools
 import uuid
 from typing import Any, Optional
 
+import numpy as np
+from open_spiel.python import rl_environment
 from openenv.core.env_server.interfaces import Environment
 
 from envs.catch.models import OpenSpielAction, OpenSpielObservation, OpenSpielState
@@ -26,25 +28,19 @@ ACTIONS = {0: "left", 1: "stay", 2: "right"}
 AGENT = 0  # the single player
 
 
-@functools.lru_cache(maxsize=1)
-def _sampler_class() -> Any:
+class InPlaceSeedSampler(rl_environment.ChanceEventSampler):
     """Upstream's chance-event sampler, reseeded in place.
 
     Upstream builds a new `np.random.RandomState(seed)` on every seeded reset (~145 µs, a third of a
     Catch episode's server CPU); `RandomState.seed(seed)` on the existing one gives the same draws in ~2 µs.
     """
-    import numpy as np
-    from open_spiel.python import rl_environment
 
-    class InPlaceSeedSampler(rl_environment.ChanceEventSampler):
-        def seed(self, seed: Optional[int] = None) -> None:
-            rng = getattr(self, "_rng", None)
-            if rng is None:
-                self._rng = np.random.RandomState(seed)
-            else:
-                rng.seed(seed)
-
-    return InPlaceSeedSampler
+    def seed(self, seed: Optional[int] = None) -> None:
+        rng = getattr(self, "_rng", None)
+        if rng is None:  # called from __init__
+            self._rng = np.random.RandomState(seed)
+        else:
+            rng.seed(seed)
 
 
 @functools.lru_cache(maxsize=1)
@@ -67,7 +63,7 @@ class CatchEnvironment(Environment):
     def __init__(self) -> None:
         super().__init__()
         self._game_obj = _game()
-        self._sample_chance = _sampler_class()()
+        self._sample_chance = InPlaceSeedSampler()
         self._state = OpenSpielState(
             game_name=GAME_NAME, agent_player=0, opponent_policy="random", game_params={}, num_players=1
         )
@@ -131,6 +127,5 @@ class CatchEnvironment(Environment):
 
 
 def server_parts():
-    _game()  # load pyspiel and the game, and import rl_environment, before the first session
-    _sampler_class()
+    _game()  # load the game before the first session
     return CatchEnvironment, OpenSpielAction, OpenSpielObservation, OpenSpielState

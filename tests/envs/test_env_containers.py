@@ -14,7 +14,7 @@ import time
 import pytest
 import requests
 
-from tests.helpers import build_images, compose_stack, service_url
+from tests.helpers import ROOT, build_images, compose_stack, service_url
 
 pytestmark = pytest.mark.docker
 
@@ -277,8 +277,6 @@ def test_frames_are_not_compressed_even_when_the_client_offers_it(urls):
 def test_bench_load_script_plays_valid_episodes(urls, name, tmp_path):
     """bench/env_load.py (behind `make bench`) keeps working: its policy's actions are valid for each
     server, all at once and in turn. Not a timed test: it checks counts and errors, never speed."""
-    from tests.helpers import ROOT
-
     n = CAP - 1
     length = ["--steps", "3"] if name == "echo" else ["--one-episode"]  # an echo episode never ends
     out = tmp_path / "load.json"
