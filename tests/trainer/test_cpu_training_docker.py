@@ -160,7 +160,7 @@ def test_sessions_spread_over_replicas(project):
     assert counts == [4, 4], line  # 8 rollouts (PER_DEVICE_TRAIN_BATCH_SIZE) round-robin over 2 replicas
 
 
-def test_dashboard_shows_the_reward_chart(project):
+def test_dashboard_shows_the_reward_chart(project, tmp_path):
     """The opt-in TensorBoard service, loaded in headless Chromium: the reward chart is rendered."""
     import requests
 
@@ -181,13 +181,19 @@ def test_dashboard_shows_the_reward_chart(project):
     points = requests.get(f"{base}/data/plugin/scalars/scalars", params={"run": f"{RUN}/tensorboard", "tag": "reward"},
                           timeout=10).json()
     assert len(points) >= 6  # [wall_time, step, value] per logged step
-    for _ in range(3):  # the page fetches runs/tags itself after load: on a busy machine, look again
-        dom = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+    tries = []
+    for attempt in range(5):  # the page fetches runs/tags itself after load: on a busy machine, look again
+        if attempt:
+            time.sleep(5)
+        res = subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                              f"--user-data-dir={tmp_path / f'chromium-{attempt}'}",  # a fresh profile per try
                               "--window-size=1400,1000", "--virtual-time-budget=30000", "--dump-dom",
-                              f"{base}/?tagFilter=reward#timeseries"], capture_output=True, text=True, timeout=120).stdout
-        cards = re.findall(r"<scalar-card-component.*?</scalar-card-component>", dom, flags=re.S)
+                              f"{base}/?tagFilter=reward#timeseries"], capture_output=True, text=True, timeout=120)
+        cards = re.findall(r"<scalar-card-component.*?</scalar-card-component>", res.stdout, flags=re.S)
         reward_cards = [c for c in cards if re.search(r'tb-truncated-path[^>]*title="reward"', c)]
+        tries.append(f"rc {res.returncode}, {len(res.stdout)} chars of DOM, {len(cards)} cards; "
+                     f"stderr: {res.stderr.strip()[-300:]!r}")
         if reward_cards:
             break
-    assert reward_cards, f"no reward card in the dashboard ({len(cards)} cards)"
+    assert reward_cards, "no reward card in the dashboard:\n" + "\n".join(tries)
     assert "<line-chart" in reward_cards[0] and "<canvas" in reward_cards[0]
