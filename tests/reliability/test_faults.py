@@ -91,15 +91,17 @@ def health(url: str) -> dict:
         return {}
 
 
-def crash_mid_episode(project: "Project", env_cid: str, timeout_s: float = 120) -> tuple[int, str]:
+def crash_mid_episode(project: "Project", env_cid: str, trainer: str, timeout_s: float = 240) -> tuple[int, str]:
     """SIGKILL the env server while rollouts are between their reset and their tool call.
 
     The server counts reset frames (`episodes_started` in /health): when the count rises, a batch of
     rollouts has just reset and the policy is generating their first turn, so crashing now makes
-    their tool calls fail. Polled over the published loopback port, a few ms apart.
+    their tool calls fail. Polled over the published loopback port, a few ms apart. The timeout leaves
+    room for a rollout stalled on a connection the crash cut without a FIN: keepalive (20 s pings,
+    60 s timeout) finds it, then the rollout reconnects.
     """
     deadline = time.monotonic() + timeout_s
-    url, seen = None, None
+    url, seen, last_check = None, None, time.monotonic()
     while time.monotonic() < deadline:
         state = inspect(env_cid)["State"]
         if state["Running"] and state.get("Health", {}).get("Status") == "healthy":
@@ -115,8 +117,17 @@ def crash_mid_episode(project: "Project", env_cid: str, timeout_s: float = 120) 
                     return pid, "right after rollouts reset (episodes in flight)"
                 seen = started
                 time.sleep(0.003)
+                if time.monotonic() - last_check > 1:
+                    break  # look at the containers again
+        if not inspect(trainer)["State"]["Running"]:
+            break  # training ended: the assertion below says how
+        last_check = time.monotonic()
         time.sleep(0.05)
-    raise AssertionError("never saw an episode in flight on env-echo")
+    logs = subprocess.run(["docker", "logs", "--tail", "30", trainer], capture_output=True, text=True)
+    raise AssertionError(
+        f"never saw an episode in flight on env-echo ({url}: episodes_started stayed {seen}); trainer "
+        f"{inspect(trainer)['State'].get('Status')}, its last log lines:\n{logs.stdout[-3000:]}{logs.stderr[-3000:]}"
+    )
 
 
 def wait_restarted_healthy(env_cid: str, restarts: int, timeout_s: float = 120) -> float:
@@ -165,7 +176,7 @@ def test_env_server_crash_mid_training_is_survived(project):
             crash(env_cid)
             crashes.append((rows[-1]["step"], "at a random moment"))
             wait_restarted_healthy(env_cid, len(crashes))
-            _, how = crash_mid_episode(project, env_cid)
+            _, how = crash_mid_episode(project, env_cid, trainer)
             crashes.append((logged()[-1]["step"], how))
             # 2. Compose's restart policy brings it back, healthy; training goes on.
             healthy_s = wait_restarted_healthy(env_cid, len(crashes))
