@@ -110,6 +110,8 @@ class TrainingEnvServer(HTTPEnvServer):
         self._ws_closers: dict[str, Callable[[int, str, dict], Awaitable[bool]]] = {}
         self.reaped_sessions = 0
         self.episodes_started = 0  # reset frames received: a rising count means rollouts are starting
+        # sessions whose last frame was a reset: rollouts the policy is generating a first turn for
+        self.episodes_awaiting_step = 0
 
     def capacity(self) -> dict:
         active = len(self._sessions)
@@ -121,6 +123,7 @@ class TrainingEnvServer(HTTPEnvServer):
             "session_timeout_s": self._session_idle_timeout_s,
             "reaped_sessions": self.reaped_sessions,
             "episodes_started": self.episodes_started,
+            "episodes_awaiting_step": self.episodes_awaiting_step,
         }
 
     async def _create_session(self):  # type: ignore[override]
@@ -199,6 +202,7 @@ class WSGuard:
             return await self.app(scope, receive, send)
 
         closed = False  # close sent by either side
+        awaiting_step = False  # this session reset and has not stepped since
 
         async def guarded_send(message: dict) -> None:
             nonlocal closed
@@ -227,7 +231,7 @@ class WSGuard:
             return True
 
         async def guarded_receive() -> dict:
-            nonlocal closed
+            nonlocal closed, awaiting_step
             while True:
                 message = await receive()
                 if message["type"] == "websocket.disconnect":
@@ -293,8 +297,15 @@ class WSGuard:
                         }
                     )
                     continue
-                if parsed.get("type") == "reset" and self.server is not None:
-                    self.server.episodes_started += 1
+                if self.server is not None:
+                    kind = parsed.get("type")
+                    if kind == "reset":
+                        self.server.episodes_started += 1
+                        self.server.episodes_awaiting_step += not awaiting_step
+                        awaiting_step = True
+                    elif kind == "step" and awaiting_step:
+                        self.server.episodes_awaiting_step -= 1
+                        awaiting_step = False
                 return message
 
         token = _WS_CLOSER.set(closer)
@@ -302,6 +313,8 @@ class WSGuard:
             await self.app(scope, guarded_receive, guarded_send)
         finally:
             _WS_CLOSER.reset(token)
+            if awaiting_step and self.server is not None:
+                self.server.episodes_awaiting_step -= 1
 
     def _too_large(self, size: int) -> dict:
         return {

@@ -143,6 +143,35 @@ def test_capacity_error_then_a_slot_frees(urls):
     assert wait_for_active(url, 0, 10)["active_sessions"] == 0
 
 
+def test_health_counts_episodes_awaiting_their_first_step(urls):
+    """`episodes_awaiting_step`: sessions whose last frame was a reset (rollouts being generated)."""
+    from websockets.asyncio.client import connect
+
+    url = urls["catch"]
+    step = {"type": "step", "data": {"action_id": 1}}
+
+    async def play() -> list[int]:
+        seen = [capacity(url)["episodes_awaiting_step"]]
+        a, b = await connect(ws_url(url), proxy=None), await connect(ws_url(url), proxy=None)
+        for ws in (a, b):
+            await rpc(ws, {"type": "reset", "data": {}})
+        seen.append(capacity(url)["episodes_awaiting_step"])
+        await rpc(a, step)
+        await rpc(a, step)  # a later step of the same episode changes nothing
+        await rpc(b, {"type": "reset", "data": {}})  # a second reset of a waiting session neither
+        seen.append(capacity(url)["episodes_awaiting_step"])
+        await b.close()  # a session that leaves while waiting stops counting
+        await a.close()
+        return seen
+
+    before, both, one = asyncio.run(play())
+    assert (both - before, one - before) == (2, 1)
+    deadline = time.monotonic() + 60
+    while capacity(url)["episodes_awaiting_step"] != before:
+        assert time.monotonic() < deadline, capacity(url)
+        time.sleep(0.1)
+
+
 def test_dropped_clients_free_their_slots(urls):
     url = urls["echo"]
     holder = textwrap.dedent(

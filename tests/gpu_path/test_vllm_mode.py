@@ -141,12 +141,12 @@ def test_group_port_in_use_is_reported_with_the_fix():
 # ------------------------------------------------------------------ watchdog (GPU-only stand-ins)
 def test_watchdog_stands_in_for_a_stuck_rendezvous_and_raises_the_diagnosis():
     diag = lambda s: vllm_mode.rendezvous_diagnosis("172.20.0.7", 51216, s)  # noqa: E731
-    t0 = time.monotonic()
+    waited = 0
     with pytest.raises(vllm_mode.WeightSyncTimeout) as err:
         with vllm_mode.watchdog(0.3, diag, grace_s=5, on_expire=lambda code: None):
-            for _ in range(200):  # a Python-level wait: the exception lands at once
+            for waited in range(3000):  # a Python-level wait (>= 60 s): the exception ends it early
                 time.sleep(0.02)
-    assert time.monotonic() - t0 < 2
+    assert waited < 2999
     text = str(err.value)
     assert "172.20.0.7:51216" in text and "make nccl-check" in text and "NCCL_SOCKET_IFNAME" in text
 
@@ -162,9 +162,13 @@ def test_watchdog_stands_in_for_a_hang_inside_nccl_and_ends_the_process():
 
 
 def test_watchdog_is_silent_when_the_block_finishes_in_time():
-    with vllm_mode.watchdog(1.0, lambda s: "never", on_expire=lambda c: pytest.fail("fired")):
+    before = set(threading.enumerate())
+    with vllm_mode.watchdog(600, lambda s: pytest.fail("diagnosed"), on_expire=lambda c: pytest.fail("fired")):
         time.sleep(0.05)
-    time.sleep(1.2)  # no stray exception delivered after the block
+    # the watchdog thread ends as soon as the block does, without firing: no exception can come later
+    for thread in set(threading.enumerate()) - before:
+        thread.join(60)
+        assert not thread.is_alive(), f"{thread.name} still running after the block ended"
 
 
 # ------------------------------------------------------------------ weight-sync timing
@@ -187,7 +191,7 @@ def test_each_weight_sync_is_timed_and_logged_test_double_for_nccl_broadcast():
     assert vllm_mode.instrument_weight_sync(trainer, logged.append, timeout_s=10) is True  # idempotent
     assert trainer.vllm_generation.sync_weights() == "synced"
     trainer.vllm_generation.sync_weights()
-    assert len(logged) == 2 and all(0.04 < s < 2 for s in logged)
+    assert len(logged) == 2 and all(s >= 0.04 for s in logged)  # each covers the 0.05 s sync
     assert trainer._metrics["train"]["weight_sync/seconds"] == logged
 
 

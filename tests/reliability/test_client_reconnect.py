@@ -39,29 +39,33 @@ def test_reset_waits_for_a_restarting_server():
     port = free_port()
     server = start_server(port)
     try:
-        client = SessionClient(f"http://127.0.0.1:{port}", reconnect_wait_s=60)
+        client = SessionClient(f"http://127.0.0.1:{port}", reconnect_wait_s=180)
         client.reset()  # waits for the first start too
         client.step({"type": "call_tool", "tool_name": "echo_message", "arguments": {"message": "a"}})
 
         server.kill()  # the crash
         server.wait()
+        # The outage, held by the test: while the port only accepts and drops connections, the test
+        # knows for certain when the reset has tried (and failed) at least once; then the restart.
+        outage = socket.create_server(("127.0.0.1", port))
+        outage.settimeout(60)
         result: dict = {}
 
         def reset_during_outage():
-            t0 = time.monotonic()
             try:
                 result["obs"] = client.reset()
             except Exception as e:  # reported below
                 result["error"] = e
-            result["waited"] = time.monotonic() - t0
 
         t = threading.Thread(target=reset_during_outage)
         t.start()
-        time.sleep(2.0)  # the reset is now retrying against a closed port
+        dropped, _ = outage.accept()  # the reset's first try lands on the dead server
+        dropped.close()
+        outage.close()
         server = start_server(port)  # Compose's restart
-        t.join(timeout=90)
+        t.join(timeout=240)
+        assert not t.is_alive(), "reset still waiting 240 s after the server was restarted"
         assert "error" not in result, f"reset gave up while the server restarted: {result.get('error')!r}"
-        assert result["waited"] >= 2.0
         obs = client.step({"type": "call_tool", "tool_name": "echo_message", "arguments": {"message": "b"}})
         assert obs["observation"]["result"]["data"] == "b"
         client.close()
@@ -77,4 +81,4 @@ def test_reset_gives_up_on_a_server_that_stays_down():
     t0 = time.monotonic()
     with pytest.raises(ConnectionError, match="Cannot reach env server"):
         client.reset()
-    assert 0.5 <= time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 >= 0.75  # it retried (backoff sleeps 0.25 + 0.5 s) before giving up

@@ -1,10 +1,11 @@
 """Faults injected into a CPU training run on the real compose.yaml (model-init -> trainer-cpu -> env-echo).
 
 - env server crash mid-training: the env-echo container's server process is SIGKILLed from the host
-  (what the OOM killer or a segfault does). Compose's `restart: unless-stopped` brings it back; the
-  trainer's in-flight tool calls fail (counted in metrics as tool failures; the second crash of each
-  round waits until the server reports rollouts starting episodes), its sessions reconnect
-  on their next episode, and training finishes with every step logged once.
+  (what the OOM killer or a segfault does) while the trainer is frozen (`docker pause`) with reset
+  episodes in flight, so the outcome does not depend on how fast this machine runs. Compose's
+  `restart: unless-stopped` brings the server back; the thawed trainer's in-flight tool calls fail
+  (counted in metrics as tool failures), its sessions reconnect on their next episode, and training
+  finishes with every step logged once.
   Note: `docker kill` / `docker stop` count as a *manual* stop, and Docker does not restart a
   container after one (checked here on engine 20.10): a crash, not an operator's kill, is the fault.
 - trainer killed mid-run and resumed: covered by tests/trainer/test_cpu_training_docker.py
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import time
 import urllib.request
@@ -77,60 +77,53 @@ def project(docker, tmp_path_factory):
         yield proj
 
 
-def crash(env_cid: str) -> int:
-    pid = inspect(env_cid)["State"]["Pid"]
-    subprocess.run(["kill", "-KILL", str(pid)], check=True)
-    return pid
-
-
 def health(url: str) -> dict:
     try:
-        with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
+        with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
             return json.loads(r.read())
     except (OSError, ValueError):
         return {}
 
 
-def crash_mid_episode(project: "Project", env_cid: str, trainer: str, timeout_s: float = 240) -> tuple[int, str]:
-    """SIGKILL the env server while rollouts are between their reset and their tool call.
+def freeze_with_episodes_in_flight(project: "Project", trainer: str, attempts: int = 100) -> dict:
+    """Freeze the trainer (`docker pause`) at a moment when its rollouts hold reset episodes.
 
-    The server counts reset frames (`episodes_started` in /health): when the count rises, a batch of
-    rollouts has just reset and the policy is generating their first turn, so crashing now makes
-    their tool calls fail. Polled over the published loopback port, a few ms apart. The timeout leaves
-    room for a rollout stalled on a connection the crash cut without a FIN: keepalive (20 s pings,
-    60 s timeout) finds it, then the rollout reconnects.
+    No window to hit: the trainer is frozen first, then the server is asked. `episodes_awaiting_step`
+    counts sessions whose last frame was a reset, i.e. rollouts whose first turn is being generated.
+    TRL sends a batch's tool calls one at a time and waits for each reply, so at most one frame of the
+    frozen trainer can still be on its way: with 2 or more such sessions, at least one episode is
+    certain to send its tool call only after the trainer is thawed. Otherwise thaw, wait until the
+    server sees new resets, and look again.
     """
-    deadline = time.monotonic() + timeout_s
-    url, seen, last_check = None, None, time.monotonic()
-    while time.monotonic() < deadline:
-        state = inspect(env_cid)["State"]
-        if state["Running"] and state.get("Health", {}).get("Status") == "healthy":
-            url = url or f"http://{project.compose('port', 'env-echo', '8000').stdout.strip()}"
-            pid = state["Pid"]  # looked up now: at the moment to crash, every millisecond counts
-            while time.monotonic() < deadline:
-                started = health(url).get("episodes_started")
-                if started is None:
-                    seen = None  # restarting: a new process counts from 0
-                    break
-                if seen is not None and started > seen:
-                    os.kill(pid, signal.SIGKILL)
-                    return pid, "right after rollouts reset (episodes in flight)"
-                seen = started
-                time.sleep(0.003)
-                if time.monotonic() - last_check > 1:
-                    break  # look at the containers again
+    url = f"http://{project.compose('port', 'env-echo', '8000').stdout.strip()}"
+    seen = []
+    for _ in range(attempts):
+        subprocess.run(["docker", "pause", trainer], check=True, capture_output=True)
+        now = health(url)
+        seen.append(now.get("episodes_awaiting_step"))
+        if (now.get("episodes_awaiting_step") or 0) >= 2:
+            return now
+        subprocess.run(["docker", "unpause", trainer], check=True, capture_output=True)
         if not inspect(trainer)["State"]["Running"]:
-            break  # training ended: the assertion below says how
-        last_check = time.monotonic()
-        time.sleep(0.05)
+            break
+        started = now.get("episodes_started")
+        while inspect(trainer)["State"]["Running"]:  # until the next batch of rollouts resets
+            later = health(url)
+            if later.get("episodes_started") != started and (later.get("episodes_awaiting_step") or 0) >= 2:
+                break
+            time.sleep(0.01)
     logs = subprocess.run(["docker", "logs", "--tail", "30", trainer], capture_output=True, text=True)
     raise AssertionError(
-        f"never saw an episode in flight on env-echo ({url}: episodes_started stayed {seen}); trainer "
-        f"{inspect(trainer)['State'].get('Status')}, its last log lines:\n{logs.stdout[-3000:]}{logs.stderr[-3000:]}"
-    )
+        f"never froze the trainer with episodes in flight (episodes_awaiting_step seen: {seen[-20:]}); trainer "
+        f"{inspect(trainer)['State'].get('Status')}, its last log lines:\n{logs.stdout[-3000:]}{logs.stderr[-3000:]}")
 
 
-def wait_restarted_healthy(env_cid: str, restarts: int, timeout_s: float = 120) -> float:
+def crash(env_cid: str) -> None:
+    """SIGKILL the server process from the host: a crash, which Compose's restart policy answers."""
+    subprocess.run(["kill", "-KILL", str(inspect(env_cid)["State"]["Pid"])], check=True)
+
+
+def wait_restarted_healthy(env_cid: str, restarts: int, timeout_s: float = 300) -> float:
     t0 = time.monotonic()
     while time.monotonic() < t0 + timeout_s:
         state = inspect(env_cid)
@@ -152,62 +145,54 @@ def test_env_server_crash_mid_training_is_survived(project):
                     "--max-steps", str(MAX_STEPS), "--resume", "fresh")
 
     def logged() -> list[dict]:
+        return steps_logged(project.read(f"/outputs/{RUN}/metrics.jsonl"))  # from the volume: works while frozen
+
+    def logged_live() -> list[dict]:  # cheaper while the trainer runs
         res = subprocess.run(["docker", "exec", trainer, "cat", f"/outputs/{RUN}/metrics.jsonl"],
                              capture_output=True, text=True)
         return steps_logged(res.stdout)
 
-    def wait_for_step(step: int, timeout_s: float = 420) -> list[dict]:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            rows = logged()
-            if rows and rows[-1]["step"] >= step:
-                return rows
-            if not inspect(trainer)["State"]["Running"]:
-                return rows
-            time.sleep(0.3)
-        raise AssertionError(f"training did not reach step {step} in {timeout_s}s")
-
-    crashes: list[tuple[int, str]] = []  # (steps logged when it crashed, how)
     try:
-        # 1. Crash the env server mid-run (any moment), then again as soon as the trainer's rollouts
-        #    have reconnected (they are in flight then). Up to two rounds, until tool failures show.
-        rows = wait_for_step(CRASH_AFTER_STEP)
-        for _ in range(3):
-            crash(env_cid)
-            crashes.append((rows[-1]["step"], "at a random moment"))
-            wait_restarted_healthy(env_cid, len(crashes))
-            _, how = crash_mid_episode(project, env_cid, trainer)
-            crashes.append((logged()[-1]["step"], how))
-            # 2. Compose's restart policy brings it back, healthy; training goes on.
-            healthy_s = wait_restarted_healthy(env_cid, len(crashes))
-            rows = wait_for_step(crashes[-1][0] + 2)
-            if tool_failures([r for r in rows if r["step"] >= crashes[-1][0]]) or rows[-1]["step"] >= MAX_STEPS - 4:
-                break
+        # 1. A few steps in, freeze the trainer while its rollouts hold reset episodes; crash the env
+        #    server; let Compose restart it, healthy, while the trainer is still frozen (it cannot
+        #    move on meanwhile, however fast or slow this machine is); then thaw it. The episodes in
+        #    flight now send their tool calls to a session that died with the server.
+        deadline = time.monotonic() + 420
+        while not [r for r in logged_live() if r["step"] >= CRASH_AFTER_STEP]:
+            assert inspect(trainer)["State"]["Running"], f"training ended before step {CRASH_AFTER_STEP}"
+            assert time.monotonic() < deadline, f"training did not reach step {CRASH_AFTER_STEP} in 420 s"
+            time.sleep(0.3)
+        in_flight = freeze_with_episodes_in_flight(project, trainer)
+        crashed_after = logged()[-1]["step"]
+        crash(env_cid)
+        healthy_s = wait_restarted_healthy(env_cid, 1)
+        subprocess.run(["docker", "unpause", trainer], check=True, capture_output=True)
 
-        # 3. training finishes.
+        # 2. training finishes.
         deadline = time.monotonic() + 600
         while inspect(trainer)["State"]["Running"] and time.monotonic() < deadline:
             time.sleep(1)
         final = inspect(trainer)["State"]
         logs = subprocess.run(["docker", "logs", trainer], capture_output=True, text=True)
         log_text = logs.stdout + logs.stderr
-        assert not final["Running"], "training did not finish within 10 minutes after the crashes"
+        assert not final["Running"], "training did not finish within 10 minutes after the crash"
         assert final["ExitCode"] == 0, f"training died after the env server crash (exit {final['ExitCode']}):\n" \
                                        + log_text[-4000:]
     finally:
         subprocess.run(["docker", "rm", "-f", trainer], capture_output=True)
 
-    # 4. nothing lost: every step once; in-flight rollouts' tool errors counted; sessions came back.
-    rows = steps_logged(project.read(f"/outputs/{RUN}/metrics.jsonl"))
+    # 3. nothing lost: every step once; in-flight rollouts' tool errors counted; sessions came back.
+    rows = logged()
     assert [r["step"] for r in rows] == list(range(1, MAX_STEPS + 1)), "a step was lost or logged twice"
-    failed = tool_failures([r for r in rows if r["step"] >= crashes[0][0]])
-    assert failed, (f"no crash left a tool failure in the metrics (crashes: {crashes}); "
+    failed = tool_failures([r for r in rows if r["step"] > crashed_after])
+    assert failed, (f"no step after the crash (after step {crashed_after}, {in_flight['episodes_awaiting_step']} "
+                    f"episodes in flight) shows a tool failure: "
                     f"{[(r['step'], r.get('tools/failure_frequency')) for r in rows]}")
     tail = rows[-3:]
     assert all((r.get("tools/call_frequency") or 0) > 0 and (r.get("tools/failure_frequency") or 0) == 0
                for r in tail), f"sessions did not recover: {[(r['step'], r.get('tools/call_frequency'), r.get('tools/failure_frequency')) for r in tail]}"
     fail_freq = {r["step"]: round(r.get("tools/failure_frequency") or 0, 2) for r in rows if r["step"] in failed}
-    report(f"fault env-crash: {len(crashes)} SIGKILLs of env-echo's server during a {MAX_STEPS}-step CPU run: "
-           + "; ".join(f"after step {s} {how}" for s, how in crashes)
-           + f"; healthy again {healthy_s:.1f}s after the last; tool failure frequency {fail_freq}; training "
-           f"finished (exit 0), all {MAX_STEPS} steps logged once; last 3 steps: tools called, no failures")
+    report(f"fault env-crash: SIGKILL of env-echo's server after step {crashed_after} with the trainer frozen and "
+           f"{in_flight['episodes_awaiting_step']} episodes in flight; healthy again {healthy_s:.1f}s later; tool "
+           f"failure frequency {fail_freq}; training finished (exit 0), all {MAX_STEPS} steps logged once; "
+           "last 3 steps: tools called, no failures")
