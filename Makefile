@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # Build one of compose.yaml's build-only image services (profile `build`), quietly.
 BUILD_IMAGE := $(STACK) compose --progress quiet --profile build build
 
-.PHONY: help up train down logs ps build test clean doctor report baseline dashboard nccl-check soak bench
+.PHONY: help up train down logs ps config build test clean doctor report baseline dashboard nccl-check soak bench
 
 help: ## List every target with one line each
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -36,6 +36,9 @@ logs: $(VENV)/.host-ok ## Follow the logs of running services
 
 ps: $(VENV)/.host-ok ## Show the stack's containers and their health
 	@$(STACK) compose ps -a
+
+config: $(VENV)/.host-ok ## Print the whole resolved stack (compose.yaml + the services generated from .env)
+	@$(STACK) compose config
 
 build: $(VENV)/.host-ok ## Build the images this mode needs
 	@$(STACK) build
@@ -63,9 +66,10 @@ nccl-check: $(VENV)/.host-ok ## GPU hosts: NCCL broadcast between the vllm and t
 soak: $(VENV)/.test-ok ## Long soak of the env servers at full capacity (minutes; SOAK_MINUTES=10)
 	@SOAK_MINUTES=$${SOAK_MINUTES:-10} $(VENV)/bin/python -m pytest -q tests/reliability -k soak $(PYTEST_ARGS)
 
-bench: $(VENV)/.test-ok ## Env-server figures next to their goals: Wordle, echo vs stock OpenEnv, Catch (a few minutes)
+bench: $(VENV)/.test-ok ## Env-server figures next to their goals: Wordle, echo vs stock OpenEnv, Catch, zero-code adapter (a few minutes)
 	@$(BUILD_IMAGE) env-server-image
 	@$(VENV)/bin/python bench/env_figures.py $(ARGS)
+	@$(VENV)/bin/python bench/adapter_overhead.py
 
 $(VENV)/.test-ok: $(VENV)/.host-ok pyproject.toml
 	@$(STACK) setup

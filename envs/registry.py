@@ -1,9 +1,10 @@
 """Names -> environments. Importable with no heavy dependency: everything resolves lazily.
 
-    from envs.registry import get
+    from envs.registry import get, resolve
     spec = get("echo")
     spec.tool_class            # the TRL environment_factory class (imported on first use)
     spec.make_dataset(64, 0)   # rows: {"prompt": [...chat...], **reset kwargs}
+    resolve("connect4", "http://env-connect4:8000")  # any other name: learned from its running server
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 NAMES = ("echo", "wordle", "catch")
+# Any env's name: the compose service is env-<name>, its image variable ENV_<NAME>_IMAGE.
+NAME_PATTERN = r"[a-z][a-z0-9_]{0,30}"
 
 
 def _resolve(path: str) -> Any:
@@ -89,3 +92,18 @@ def get(name: str) -> EnvSpec:
     if key not in _SPECS:
         raise ValueError(f"Unknown environment {name!r}; valid choices: {', '.join(NAMES)}.")
     return _SPECS[key]
+
+
+def is_builtin(name: str) -> bool:
+    return (name or "").strip().lower() in _SPECS
+
+
+def resolve(name: str, url: str, **generic_options: Any) -> Any:
+    """The built-in spec for `name`, else a `GenericSpec` whose tools are learned from the OpenEnv
+    server at `url` (`generic_options`: instruction, prompts_file, reward, observation_chars).
+    Raises envs.generic.InterfaceError (or UnsupportedSchema) with one line naming the problem."""
+    if is_builtin(name):
+        return get(name)
+    from envs.generic import GenericSpec
+
+    return GenericSpec.discover(name, url, **generic_options)

@@ -41,7 +41,7 @@ def run_env(name: str, cfg: RunConfig, episodes: int, max_turns: int, seed: int)
 
     from trainer.preflight import probe_server
 
-    spec = registry.get(name)
+    spec = registry.resolve(name, cfg.env_url(name), **cfg.generic_env_options())
     cls = bind(name, spec.tool_class, cfg.env_url(name))  # same class, replicas and counters as training
     for url in cls.replica_urls:  # fail fast: the session client would retry a dead server for a while
         healthy, detail, _, _ = probe_server(url)
@@ -59,7 +59,10 @@ def run_env(name: str, cfg: RunConfig, episodes: int, max_turns: int, seed: int)
         calls = list(spec.demo_calls(row))
         return lambda text, turn: calls[turn] if turn < len(calls) else None
 
-    for label, policy in (("random", random_policy), ("scripted expert", expert_policy)):
+    policies = [("random", random_policy)]
+    if registry.is_builtin(name):  # an env learned from its server has no expert: its calls are synthetic
+        policies.append(("scripted expert", expert_policy))
+    for label, policy in policies:
         t0 = time.monotonic()
         eps = [play(tool, row, policy(row), max_turns) for row in rows]
         results[label] = {
@@ -103,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[baseline] {name} {label:>15}: {r['episodes']} episodes, mean reward {r['reward_mean']:.3f} "
                   f"(min {r['reward_min']:.2f}, max {r['reward_max']:.2f}), episode length {r['episode_length']:.2f} "
                   f"tool calls (ended by a refused call: {100 * r['refused_episodes']:.0f}%) ({r['seconds']:.1f}s)")
+        if "scripted expert" not in res:
+            continue
         rnd, best = res["random"]["reward_mean"], res["scripted expert"]["reward_mean"]
         if best > 0 and rnd >= 0.9 * best:
             print(f"[baseline] {name}: WARNING: a random policy already earns {rnd:.3f} of the expert's {best:.3f}: "

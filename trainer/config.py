@@ -34,6 +34,12 @@ def known_envs() -> tuple[str, ...]:
     return tuple(registry.NAMES)
 
 
+def env_name_pattern() -> str:
+    from envs import registry
+
+    return registry.NAME_PATTERN
+
+
 class RunConfig(BaseSettings):
     """Every knob of a run. Field name upper-cased = environment variable; kebab-cased = CLI flag."""
 
@@ -50,7 +56,11 @@ class RunConfig(BaseSettings):
         "colocate. gpu = vLLM server on its own GPU (NCCL sync); colocate = vLLM inside the trainer on one GPU; "
         "cpu = transformers generation, tiny model.",
     )
-    env_name: str = Field("echo", description="Environment(s) to train on: one name or a comma list (multi-env).")
+    env_name: str = Field(
+        "echo", description="Environment(s) to train on: one name or a comma list (multi-env). Built in: echo, "
+        "wordle, catch; any other name is an OpenEnv server whose tools are learned at start (its image in "
+        "ENV_<NAME>_IMAGE, README \"Bring your own environment\")."
+    )
     env_urls: str | None = Field(
         None, description="Override env server URLs, e.g. `echo=http://env-echo:8000,wordle=http://host:9000`; "
         "default `http://env-<name>:8000`."
@@ -88,7 +98,25 @@ class RunConfig(BaseSettings):
     )
     dataset_size: int = Field(256, ge=1, description="Prompts generated per environment.")
     max_concurrent_envs: int = Field(
-        256, ge=1, description="Sessions each env server accepts (preflight prefers what the server reports)."
+        256, ge=1, description="Sessions each env server container accepts (ours, and upstream images that read "
+        "it); preflight checks what each server reports, or counts it by opening sessions."
+    )
+    env_instruction: str | None = Field(
+        None, description="Envs learned from their server: the instruction each prompt starts with (the env's "
+        "reset observation follows). Empty: a generic 'act through the tools' instruction."
+    )
+    env_prompts_file: str | None = Field(
+        None, description="Envs learned from their server: a JSONL file in the trainer container, one row per line "
+        "{\"prompt\": text or messages, \"reset\": {reset kwargs}, \"environment\": name (optional)}; replaces "
+        "ENV_INSTRUCTION."
+    )
+    env_reward: Literal["sum", "last"] = Field(
+        "sum", description="Envs learned from their server: an episode's reward is the sum of its step rewards, or "
+        "the last one."
+    )
+    env_observation_chars: int = Field(
+        2000, ge=100, description="Envs learned from their server: observations and tool results shown to the model "
+        "are trimmed to this many characters."
     )
     vllm_server_url: str = Field("http://vllm:8000", description="vLLM server (gpu mode).")
     vllm_group_port: int = Field(51216, ge=1, le=65535, description="Port the trainer listens on for the NCCL rendezvous.")
@@ -106,10 +134,11 @@ class RunConfig(BaseSettings):
         names = [n.strip().lower() for n in value.split(",") if n.strip()]
         known = known_envs()
         if not names:
-            raise ValueError(f"empty; choose from {', '.join(known)} (edit .env)")
+            raise ValueError(f"empty; name {', '.join(known)} or any OpenEnv env (edit .env)")
         for name in names:
-            if name not in known:
-                raise ValueError(f"unknown environment {name!r}; choose from {', '.join(known)} (edit .env)")
+            if not re.fullmatch(env_name_pattern(), name):
+                raise ValueError(f"{name!r} is not an env name: lowercase letters, digits and '_', starting with a "
+                                 f"letter (built in: {', '.join(known)}; edit .env)")
         if len(set(names)) != len(names):
             raise ValueError(f"{value!r} names an environment twice; list each once (edit .env)")
         return ",".join(names)
@@ -177,6 +206,14 @@ class RunConfig(BaseSettings):
 
     def env_url(self, name: str) -> str:
         return self.env_url_overrides.get(name, f"http://env-{name}:8000")
+
+    def generic_env_options(self) -> dict[str, Any]:
+        """How envs learned from their server are prompted and scored (envs.generic.GenericSpec's options)."""
+        options: dict[str, Any] = {"prompts_file": self.env_prompts_file, "reward": self.env_reward,
+                                   "observation_chars": self.env_observation_chars}
+        if self.env_instruction:
+            options["instruction"] = self.env_instruction
+        return options
 
     @property
     def effective_steps_per_generation(self) -> int:

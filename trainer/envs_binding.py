@@ -139,13 +139,13 @@ def _instrumented(method, stats: RolloutStats):
     return wrapper
 
 
-def build_factories(cfg, stats: RolloutStats = STATS, replicas: dict[str, list[str]] | None = None):
-    """Single env: the bound class. Several: {name: bound class} (rows routed by their `environment` column)."""
-    from envs import registry
-
+def build_factories(cfg, specs: dict[str, Any], stats: RolloutStats = STATS,
+                    replicas: dict[str, list[str]] | None = None):
+    """Single env: the bound class. Several: {name: bound class} (rows routed by their `environment` column).
+    `specs`: name -> EnvSpec or GenericSpec, as preflight resolved them."""
     replicas = replicas or {}
     bound = {
-        name: bind(name, registry.get(name).tool_class, cfg.env_url(name), stats, replicas.get(name))
+        name: bind(name, specs[name].tool_class, cfg.env_url(name), stats, replicas.get(name))
         for name in cfg.env_names
     }
     return bound[cfg.env_names[0]] if len(bound) == 1 else bound

@@ -30,6 +30,7 @@ class PreflightError(RuntimeError):
 
 @dataclass
 class PreflightReport:
+    specs: dict[str, Any] = field(default_factory=dict)  # name -> EnvSpec (built in) or GenericSpec (learned)
     replicas: dict[str, list[str]] = field(default_factory=dict)
     sessions: dict[str, int] = field(default_factory=dict)
     capacity: dict[str, int] = field(default_factory=dict)
@@ -81,6 +82,50 @@ def probe_server(url: str, timeout_s: float = 5.0) -> tuple[bool, str, int | Non
     return True, "healthy", cap, active
 
 
+def probe_capacity(url: str, want: int, timeout_s: float = 30.0) -> tuple[int, str | None]:
+    """Sessions one replica accepts, counted up to `want` by opening them (then all closed again).
+
+    For servers whose /health does not report capacity (upstream `create_app` defaults to ONE session
+    per server). Each session is asked for its state: a live one answers; a refused one gets
+    CAPACITY_REACHED or is closed (OpenEnv refuses right after the handshake). No timing involved.
+    Returns (accepted, None), or (accepted so far, what stopped the count).
+    """
+    import contextlib
+    import json
+
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    from envs._client import ws_url
+
+    accepted = 0
+    with contextlib.ExitStack() as sessions:  # every probe session is closed on the way out
+        while accepted < want:
+            try:
+                ws = sessions.enter_context(connect(ws_url(url), open_timeout=timeout_s, proxy=None))
+            except Exception as exc:  # noqa: BLE001 - any failure to connect ends the count
+                return accepted, f"opening session {accepted + 1}: {type(exc).__name__}: {exc}"
+            try:
+                ws.send('{"type": "state"}')
+                reply = json.loads(ws.recv(timeout=timeout_s))
+            except ConnectionClosed:  # closed instead of answering: refused
+                return accepted, None
+            except Exception as exc:  # noqa: BLE001 - no answer at all: say so
+                return accepted, f"session {accepted + 1} got no reply ({type(exc).__name__})"
+            if isinstance(reply, dict) and (reply.get("data") or {}).get("code") == "CAPACITY_REACHED":
+                return accepted, None
+            accepted += 1
+    return accepted, None
+
+
+def image_hint(name: str) -> str:
+    """`(image X)` when compose told the trainer which image serves this env."""
+    import os
+
+    image = os.environ.get(f"ENV_{name.upper()}_IMAGE")
+    return f" (image {image})" if image else ""
+
+
 def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 20.0) -> list[str]:
     errors = []
     from envs import registry
@@ -114,31 +159,50 @@ def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 2
             errors.append(f"env {name}: not healthy: {', '.join(bad)}: check `make logs` for {where}; "
                           f"the trainer needs every replica of it")
             continue
-        rows = None
+        try:
+            spec = registry.resolve(name, replicas[0], **cfg.generic_env_options())
+        except Exception as exc:  # noqa: BLE001 - InterfaceError / UnsupportedSchema / PromptsFileError: one line each
+            errors.append(f"env {name}{image_hint(name)}: {exc}")
+            continue
+        report.specs[name] = spec
+        try:
+            rows = len(spec.make_dataset(cfg.dataset_size, cfg.seed)) if len(cfg.env_names) > 1 else None
+        except ValueError as exc:  # a bad ENV_PROMPTS_FILE
+            errors.append(f"env {name}: {exc}")
+            continue
         needed = sessions_needed(cfg, name, env_rows=rows)
         per_replica = math.ceil(needed / len(replicas))
         caps = [results[r][2] for r in replicas]
         actives = [results[r][3] or 0 for r in replicas]
+        batch = (f"PER_DEVICE_TRAIN_BATCH_SIZE {cfg.per_device_train_batch_size} x STEPS_PER_GENERATION "
+                 f"{cfg.effective_steps_per_generation}")
+        opens = (f"< {per_replica} sessions this trainer opens per replica ({needed} in all = {batch}"
+                 + (", worst-case share of a multi-env batch" if len(cfg.env_names) > 1 else "")
+                 + f", over {len(replicas)} replica{'s' if len(replicas) > 1 else ''})")
         if all(c is not None for c in caps):
             free = min(c - a for c, a in zip(caps, actives))
             source = "reported by the server" + (f", {max(actives)} already in use" if any(actives) else "")
-        else:
-            free, source = cfg.max_concurrent_envs, "MAX_CONCURRENT_ENVS; the server does not report it"
+            fix = (f"raise MAX_CONCURRENT_ENVS to >= {per_replica}, add replicas (ENV_{name.upper()}_REPLICAS), "
+                   "or lower the batch (edit .env)")
+        else:  # the server does not say (upstream create_app): count what each replica accepts
+            probed = [probe_capacity(r, per_replica) for r in replicas]
+            free = min(n for n, _ in probed)
+            problems = [f"{r}: {p}" for r, (_, p) in zip(replicas, probed) if p]
+            source = "probed: the server does not report it" + (f"; {'; '.join(problems)}" if problems else "")
+            fix = (f"set ENV_{name.upper()}_REPLICAS={math.ceil(needed / max(free, 1))} (this image holds {free} "
+                   f"session(s) per container), or lower the batch (edit .env)" if free else
+                   f"check `make logs` for env-{name}: it accepted no session")
         report.sessions[name], report.capacity[name] = needed, free
-        batch = (f"PER_DEVICE_TRAIN_BATCH_SIZE {cfg.per_device_train_batch_size} x STEPS_PER_GENERATION "
-                 f"{cfg.effective_steps_per_generation}")
         if free < per_replica:
-            errors.append(
-                f"env {name}: capacity {free} sessions per replica ({source}) < {per_replica} sessions this trainer "
-                f"opens per replica ({needed} in all = {batch}"
-                + (", worst-case share of a multi-env batch" if len(cfg.env_names) > 1 else "")
-                + f", over {len(replicas)} replica{'s' if len(replicas) > 1 else ''}): raise MAX_CONCURRENT_ENVS to "
-                f">= {per_replica}, add replicas (ENV_{name.upper()}_REPLICAS), or lower the batch (edit .env)"
-            )
+            errors.append(f"env {name}{image_hint(name)}: capacity {free} sessions per replica ({source}) {opens}: "
+                          f"{fix}")
         else:
             report.ok.append(f"env {name}: {len(replicas)} replica(s) healthy; capacity {free}/replica ({source}) "
                              f">= {per_replica} sessions/replica ({needed} in all)")
-        budget = getattr(registry.get(name), "episode_budget_tokens", None)
+            if getattr(spec, "interface", None) is not None:
+                tools = ", ".join(f"{t.name}({', '.join(p.name for p in t.params)})" for t in spec.interface.tools)
+                report.ok.append(f"env {name}: learned from the server ({spec.interface.kind} env): tools {tools}")
+        budget = getattr(spec, "episode_budget_tokens", None)
         if budget and cfg.max_completion_length < budget:
             report.warnings.append(
                 f"env {name}: MAX_COMPLETION_LENGTH={cfg.max_completion_length} is below the ~{budget} tokens a full "

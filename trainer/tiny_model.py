@@ -1,11 +1,13 @@
-"""CPU profile's init job: make a tiny tool-calling Qwen3 locally (no hub), warm-started on echo.
+"""CPU profile's init job: make a tiny tool-calling Qwen3 locally (no hub), warm-started on the run's envs.
 
-    python -m trainer.tiny_model --out /models/tiny-qwen3
+    python -m trainer.tiny_model --out /models/tiny-qwen3 [--env echo,connect4]
 
-Idempotent: a complete model (marker file written last) is left alone. Steps:
- 1. conversations: echo's `make_dataset` rows, solved with the registry's `demo_calls`, the tool
-    results coming from the REAL echo tool class against an in-process echo server (so the text the
-    model sees after a call is exactly what GRPO will feed it);
+Idempotent: a complete model (marker file written last) for the same envs' tools is left alone. Steps:
+ 1. conversations: each warm-start env's `make_dataset` rows, solved with its `demo_calls`, the tool
+    results coming from the REAL tool class (so the text the model sees after a call is exactly what
+    GRPO will feed it). Built-in envs warm-start on echo against an in-process echo server; an env
+    learned from its server (ENV_NAME + ENV_<NAME>_IMAGE) gets synthetic calls of the tools it declares,
+    against its running server;
  2. a byte-level BPE tokenizer trained on those renders (Qwen3 special tokens, TRL's Qwen3 chat
     template, so TRL recognizes it and attaches its tool-call parser);
  3. a Qwen3 with hidden 128, 2 layers, 4 heads / 2 KV heads, head_dim 32, tied embeddings;
@@ -40,7 +42,7 @@ def log(msg: str) -> None:
     print(f"[tiny-model] {msg}", flush=True)
 
 
-def is_complete(out: Path) -> bool:
+def is_complete(out: Path, tools_fingerprint: str | None = None) -> bool:
     marker = out / MARKER
     if not marker.exists():
         return False
@@ -49,7 +51,37 @@ def is_complete(out: Path) -> bool:
     except ValueError:
         return False
     needed = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
-    return meta.get("recipe_version") == RECIPE_VERSION and all((out / n).exists() for n in needed)
+    same_tools = tools_fingerprint is None or meta.get("tools_fingerprint", BUILTIN_FINGERPRINT) == tools_fingerprint
+    return meta.get("recipe_version") == RECIPE_VERSION and same_tools and all((out / n).exists() for n in needed)
+
+
+BUILTIN_FINGERPRINT = "echo"  # what models made before envs could be learned from their server were warmed on
+
+
+def warm_start_specs(cfg) -> dict:
+    """name -> spec of the envs to warm-start on: the run's envs learned from their servers, plus echo
+    when the run has a built-in env or nothing else (built-ins share echo's warm-start, as before)."""
+    from envs import registry
+
+    specs = {n: registry.resolve(n, cfg.env_url(n), **cfg.generic_env_options())
+             for n in cfg.env_names if not registry.is_builtin(n)}
+    if not specs or any(registry.is_builtin(n) for n in cfg.env_names):
+        specs = {"echo": registry.get("echo"), **specs}
+    return specs
+
+
+def tools_fingerprint(specs: dict) -> str:
+    import hashlib
+
+    parts = []
+    for name, spec in specs.items():
+        interface = getattr(spec, "interface", None)
+        if interface is None:
+            parts.append(name)
+        else:
+            parts.append(json.dumps([name, [[t.name, t.description, [[p.name, str(p.hint), p.description, p.required]
+                                                                     for p in t.params]] for t in interface.tools]]))
+    return BUILTIN_FINGERPRINT if parts == ["echo"] else hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
 # ---------------------------------------------------------------------------- in-process env server
@@ -87,36 +119,51 @@ def tool_functions(instance) -> list:
     return [getattr(instance, name) for name in tool_method_names(type(instance))]
 
 
-def build_conversations(env_name: str, n: int, seed: int) -> tuple[list[list[dict]], list]:
-    """Demo episodes: prompt -> assistant tool call(s) -> real tool result(s) -> short final answer."""
-    from envs import registry
-
-    spec = registry.get(env_name)
+def build_conversations(name: str, spec, url: str, n: int, seed: int) -> list[tuple[list[dict], list]]:
+    """Demo episodes: prompt -> assistant tool call(s) -> real tool result(s) -> short final answer,
+    each with the tool functions it was rendered with."""
     rows = spec.make_dataset(n, seed)
+    rows = [rows[i % len(rows)] for i in range(n)]  # a prompts file may hold fewer rows
     convs = []
-    with local_env_server(env_name) as url:
-        tool = spec.tool_class(url)
-        tools = tool_functions(tool)
+    tool = spec.tool_class(url)
+    tools = tool_functions(tool)
+    try:
         for row in rows:
             messages = [dict(m) for m in row["prompt"]]
-            obs = tool.reset(**row)
+            obs = tool.reset(**{k: v for k, v in row.items() if k != "prompt"})
             if isinstance(obs, str):  # TRL appends a reset() string to the last user message
                 messages[-1]["content"] = messages[-1]["content"] + obs
-            for name, args in spec.demo_calls(row):
+            for tool_name, args in spec.demo_calls(row):
                 try:
-                    result = getattr(tool, name)(**args)
+                    result = getattr(tool, tool_name)(**args)
                     content = result if isinstance(result, str) else json.dumps(result)
                 except Exception as exc:  # noqa: BLE001 - TRL feeds errors back the same way
                     content = json.dumps({"error": str(exc)})
-                messages.append({"role": "assistant", "content": "",
-                                 "tool_calls": [{"type": "function", "function": {"name": name, "arguments": args}}]})
-                messages.append({"role": "tool", "name": name, "content": content})
+                messages.append({"role": "assistant", "content": "", "tool_calls": [
+                    {"type": "function", "function": {"name": tool_name, "arguments": args}}]})
+                messages.append({"role": "tool", "name": tool_name, "content": content})
             messages.append({"role": "assistant", "content": "Done."})
-            convs.append(messages)
+            convs.append((messages, tools))
+    finally:
         close = getattr(getattr(tool, "_client", None), "close", None)
         if callable(close):
             close()
-    return convs, tools
+    return convs
+
+
+def all_conversations(specs: dict, cfg, n: int, seed: int) -> list[tuple[list[dict], list]]:
+    """`n` conversations split over the warm-start envs; built-ins against an in-process server."""
+    from envs import registry
+
+    convs = []
+    per_env = max(1, n // len(specs))
+    for i, (name, spec) in enumerate(specs.items()):
+        if registry.is_builtin(name):
+            with local_env_server(name) as url:
+                convs += build_conversations(name, spec, url, per_env, seed + i)
+        else:
+            convs += build_conversations(name, spec, cfg.env_url(name), per_env, seed + i)
+    return convs
 
 
 # ---------------------------------------------------------------------------- tokenizer + model
@@ -158,9 +205,9 @@ def make_model(tokenizer, seed: int):
     return model
 
 
-def encode(tokenizer, convs, tools, chat_template):
+def encode(tokenizer, convs, chat_template):
     examples = []
-    for messages in convs:
+    for messages, tools in convs:
         enc = tokenizer.apply_chat_template(messages, tools=tools, chat_template=chat_template, tokenize=True,
                                             return_dict=True, return_assistant_tokens_mask=True)
         ids, mask = enc["input_ids"], enc["assistant_masks"]
@@ -206,7 +253,7 @@ def warm_start(model, examples, pad_id: int, epochs: int, lr: float, batch_size:
     return losses
 
 
-def sample_check(model, tokenizer, convs, tools, chat_template, n: int = 16, seed: int = 0) -> dict:
+def sample_check(model, tokenizer, convs, chat_template, n: int = 16, seed: int = 0) -> dict:
     """Sample first turns like GRPO will (temperature 1): how often is a well-formed tool call emitted?"""
     import torch
     from trl.chat_template_utils import add_response_schema, parse_response
@@ -214,7 +261,7 @@ def sample_check(model, tokenizer, convs, tools, chat_template, n: int = 16, see
     add_response_schema(tokenizer)
     torch.manual_seed(seed)
     calls = correct = 0
-    for messages in convs[:n]:
+    for messages, tools in convs[:: max(1, len(convs) // n)][:n]:  # spread over the envs
         prompt = [messages[0]]
         ids = tokenizer.apply_chat_template(prompt, tools=tools, chat_template=chat_template,
                                             add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
@@ -231,14 +278,15 @@ def sample_check(model, tokenizer, convs, tools, chat_template, n: int = 16, see
     return {"sampled": n, "tool_calls": calls, "exact_calls": correct}
 
 
-def build(out: Path, env_name: str, examples: int, epochs: int, lr: float, seed: int, vocab_size: int) -> dict:
+def build(out: Path, specs: dict, cfg, examples: int, epochs: int, lr: float, seed: int, vocab_size: int) -> dict:
     import torch
     from trl.chat_template_utils import get_training_chat_template
 
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     t0 = time.monotonic()
-    convs, tools = build_conversations(env_name, examples, seed)
-    log(f"{len(convs)} demo conversations from the real {env_name} tool class ({time.monotonic() - t0:.1f}s)")
+    convs = all_conversations(specs, cfg, examples, seed)
+    log(f"{len(convs)} demo conversations from the real tool classes of {', '.join(specs)} "
+        f"({time.monotonic() - t0:.1f}s)")
 
     # Train the BPE on the exact text the model will see (prompts rendered with the tool schemas).
     from trl.chat_template_utils import qwen3_chat_template
@@ -246,11 +294,11 @@ def build(out: Path, env_name: str, examples: int, epochs: int, lr: float, seed:
     probe = make_tokenizer(["hello"], 300)
     training_template = get_training_chat_template(probe)
     corpus = [probe.apply_chat_template(m, tools=tools, chat_template=training_template, tokenize=False)
-              for m in convs]
+              for m, tools in convs]
     tokenizer = make_tokenizer(corpus, vocab_size)
     assert tokenizer.chat_template == qwen3_chat_template
     assert get_training_chat_template(tokenizer) == training_template
-    data = encode(tokenizer, convs, tools, training_template)
+    data = encode(tokenizer, convs, training_template)
     lengths = [len(ids) for ids, _ in data]
     log(f"tokenizer: {len(tokenizer)} tokens; sequences {min(lengths)}-{max(lengths)} tokens")
 
@@ -260,7 +308,7 @@ def build(out: Path, env_name: str, examples: int, epochs: int, lr: float, seed:
     t1 = time.monotonic()
     losses = warm_start(model, data, tokenizer.pad_token_id, epochs, lr, batch_size=16, seed=seed)
     train_s = time.monotonic() - t1
-    check = sample_check(model, tokenizer, convs, tools, training_template, seed=seed)
+    check = sample_check(model, tokenizer, convs, training_template, seed=seed)
     log(f"sampled {check['sampled']} first turns at temperature 1: {check['tool_calls']} tool calls, "
         f"{check['exact_calls']} exactly right (some misses leave GRPO something to learn)")
 
@@ -269,7 +317,8 @@ def build(out: Path, env_name: str, examples: int, epochs: int, lr: float, seed:
     tmp.mkdir(parents=True)
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    meta = {"recipe_version": RECIPE_VERSION, "env": env_name, "examples": examples, "epochs": epochs,
+    meta = {"recipe_version": RECIPE_VERSION, "envs": list(specs), "tools_fingerprint": tools_fingerprint(specs),
+            "examples": examples, "epochs": epochs,
             "parameters": n_params, "final_loss": losses[-1], "warm_start_s": round(train_s, 1),
             "sample_check": check, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (tmp / MARKER).write_text(json.dumps(meta, indent=2))  # written last: marks the model complete
@@ -283,7 +332,7 @@ def build(out: Path, env_name: str, examples: int, epochs: int, lr: float, seed:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m trainer.tiny_model", description=__doc__.splitlines()[0])
     p.add_argument("--out", default="/models/tiny-qwen3", help="model folder (default /models/tiny-qwen3)")
-    p.add_argument("--env", default="echo", help="env whose demos warm-start the model (default echo)")
+    p.add_argument("--env", default=None, help="the run's env(s), comma-separated (default: ENV_NAME, else echo)")
     p.add_argument("--examples", type=int, default=256)
     p.add_argument("--epochs", type=int, default=6)
     p.add_argument("--lr", type=float, default=3e-3)
@@ -292,7 +341,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="rebuild even if a complete model is there")
     args = p.parse_args(argv)
     out = Path(args.out)
-    if is_complete(out) and not args.force:
+    from trainer.config import RunConfig
+
+    cfg = RunConfig.load([] if args.env is None else ["--env-name", args.env])
+    try:
+        specs = warm_start_specs(cfg)
+    except Exception as exc:  # noqa: BLE001 - InterfaceError / UnsupportedSchema: one line, with the env
+        from trainer.preflight import image_hint
+
+        images = "".join(image_hint(n) for n in cfg.env_names)
+        log(f"cannot learn the tools of {cfg.env_name}{images}: {exc}")
+        return 1
+    if is_complete(out, tools_fingerprint(specs)) and not args.force:
         log(f"{out} is already complete; nothing to do (--force rebuilds)")
         return 0
     try:
@@ -303,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         log(f"cannot write to {out.parent} ({exc.strerror}): mount a writable volume there (compose: models:/models)")
         return 1
-    build(out, args.env, args.examples, args.epochs, args.lr, args.seed, args.vocab_size)
+    build(out, specs, cfg, args.examples, args.epochs, args.lr, args.seed, args.vocab_size)
     return 0
 
 

@@ -74,17 +74,16 @@ def prepare_run_dir(cfg: RunConfig) -> tuple[str | None, int]:
 
 
 # ---------------------------------------------------------------------------- data
-def build_dataset(cfg: RunConfig):
+def build_dataset(cfg: RunConfig, specs: dict):
     """Rows from each env's make_dataset; multi-env rows carry an `environment` column (TRL routes on it)."""
     from datasets import Dataset
 
-    from envs import registry
     from trainer.envs_binding import encode_row
 
     multi = len(cfg.env_names) > 1
     rows = []
     for i, name in enumerate(cfg.env_names):
-        spec = registry.get(name)
+        spec = specs[name]
         for row in spec.make_dataset(cfg.dataset_size, cfg.seed + i):
             enc = encode_row(dict(row))
             if multi:
@@ -194,8 +193,8 @@ def main(argv: list[str] | None = None) -> int:
 
     grpo_args = cfg.to_grpo_config(mode)
     model, tokenizer = load_model_and_tokenizer(cfg, mode)
-    dataset = build_dataset(cfg)
-    factories = build_factories(cfg, STATS, replicas=report.replicas)
+    dataset = build_dataset(cfg, report.specs)
+    factories = build_factories(cfg, report.specs, STATS, replicas=report.replicas)
     control = make_control_callback()
     signal.signal(signal.SIGTERM, control.request_stop)  # docker stop / compose down
     signal.signal(signal.SIGINT, control.request_stop)  # Ctrl-C in `make train`

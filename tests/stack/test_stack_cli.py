@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -21,11 +22,31 @@ def stack(tmp_path, *args: str, env_lines: str = "", extra_env: dict | None = No
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
-def test_unknown_env_name_is_named_with_the_choices(tmp_path):
+def test_env_name_that_is_not_built_in_asks_for_its_image(tmp_path):
     r = stack(tmp_path, "mode", env_lines="ENV_NAME=nope")
     assert r.returncode == 2
-    assert "ENV_NAME: unknown environment 'nope'; choose from echo, wordle, catch" in r.stderr
-    assert "edit .env" in r.stderr
+    assert ("ENV_NAME: 'nope' is not built in (echo, wordle, catch): to train on any OpenEnv image, set "
+            "ENV_NOPE_IMAGE=<image> in .env") in r.stderr
+    assert "or fix the name in .env" in r.stderr
+    bad = stack(tmp_path, "mode", env_lines="ENV_NAME=No-Pe")
+    assert bad.returncode == 2 and "ENV_NAME: 'no-pe' is not an env name" in bad.stderr
+
+
+def test_custom_env_service_is_generated_from_the_env_file(tmp_path):
+    r = stack(tmp_path, "compose", "config", "--format", "json",
+              env_lines="TRAIN_MODE=cpu\nENV_NAME=echo,connect4\nENV_CONNECT4_IMAGE=example/connect4:1\n"
+                        "ENV_CONNECT4_REPLICAS=3")
+    assert r.returncode == 0, r.stderr
+    config = json.loads(r.stdout[r.stdout.index("{"):])
+    service = config["services"]["env-connect4"]
+    builtin = config["services"]["env-echo"]
+    assert service["image"] == "example/connect4:1" and service["deploy"]["replicas"] == 3
+    for key in ("read_only", "cap_drop", "security_opt", "healthcheck", "mem_limit", "pids_limit", "tmpfs",
+                "restart", "networks", "ports"):  # hardened and health-gated like the built-ins
+        assert service[key] == builtin[key], key
+    for job in ("trainer-cpu", "model-init"):
+        assert config["services"][job]["depends_on"]["env-connect4"]["condition"] == "service_healthy"
+    assert config["services"]["trainer-cpu"]["environment"]["ENV_CONNECT4_IMAGE"] == "example/connect4:1"
 
 
 def test_unknown_train_mode_is_rejected(tmp_path):
@@ -71,7 +92,7 @@ def test_doctor_reports_every_problem_at_once(tmp_path):
     r = stack(tmp_path, "doctor", make=True, env_lines="ENV_NAME=nope\nTRAIN_MODE=tpu",
               extra_env={"STACK_FAKE_NO_GPU": "1"})
     assert r.returncode != 0
-    assert "ENV_NAME: unknown environment 'nope'" in r.stderr
+    assert "ENV_NAME: 'nope' is not built in" in r.stderr
     assert "TRAIN_MODE: unknown value 'tpu'" in r.stderr
     assert "doctor found problems" in r.stdout
 

@@ -105,16 +105,15 @@ class _Handler(BaseHTTPRequestHandler):
         pass
 
 
-def test_server_without_capacity_report_falls_back_to_config():
-    httpd = HTTPServer(("127.0.0.1", 0), _Handler)
+def test_server_without_capacity_report_is_probed_and_a_dead_ws_is_named():
+    httpd = HTTPServer(("127.0.0.1", 0), _Handler)  # answers /health 200 without capacity; no /ws
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     try:
         url = f"http://127.0.0.1:{httpd.server_port}"
-        cfg = cfg_for(env_urls=f"echo={url}", max_concurrent_envs=2)
-        errors = preflight.check_env_servers(cfg, PreflightReport(), wait_s=0)
-        assert "capacity 2 sessions per replica (MAX_CONCURRENT_ENVS; the server does not report it)" in errors[0]
-        assert preflight.check_env_servers(cfg_for(env_urls=f"echo={url}", max_concurrent_envs=8),
-                                           PreflightReport(), wait_s=0) == []
+        errors = preflight.check_env_servers(cfg_for(env_urls=f"echo={url}"), PreflightReport(), wait_s=0)
+        assert "env echo: capacity 0 sessions per replica (probed: the server does not report it; " \
+               f"{url}: opening session 1:" in errors[0]
+        assert "check `make logs` for env-echo: it accepted no session" in errors[0]
     finally:
         httpd.shutdown()
 

@@ -30,7 +30,9 @@ def test_multi_env_routes_rows_and_logs_reward_per_env(tmp_path, tiny_model_dir,
     argv = base_argv(tiny_model_dir, tmp_path, {"echo": echo.url, "catch": catch.url}, "--max-steps", "2",
                      "--per-device-train-batch-size", "8", "--num-generations", "2", "--dataset-size", "16")
     cfg = RunConfig.load(argv)
-    ds = train.build_dataset(cfg)
+    from envs import registry
+
+    ds = train.build_dataset(cfg, {n: registry.get(n) for n in cfg.env_names})
     assert sorted(set(ds["environment"])) == ["catch", "echo"] and len(ds) == 32
     assert set(ds.column_names) == {"prompt", "env_row", "environment"}
 
@@ -110,10 +112,10 @@ def test_killed_mid_save_checkpoint_is_ignored_and_metrics_deduped(tmp_path, cap
 
 def test_exit_codes_for_bad_config_and_failed_preflight(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
-    bad = subprocess.run([sys.executable, "-m", "trainer.train"], cwd=ROOT, env={**env, "ENV_NAME": "nope"},
+    bad = subprocess.run([sys.executable, "-m", "trainer.train"], cwd=ROOT, env={**env, "ENV_NAME": "No-Pe"},
                          capture_output=True, text=True)
     assert bad.returncode == 2
-    assert "ENV_NAME: unknown environment 'nope'; choose from echo, wordle, catch (edit .env)" in bad.stderr
+    assert "ENV_NAME: 'no-pe' is not an env name: lowercase letters, digits and '_'" in bad.stderr
     down = subprocess.run([sys.executable, "-m", "trainer.train", "--train-mode", "cpu", "--output-dir", str(tmp_path),
                            "--env-urls", "echo=http://env-echo.invalid:8000"], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=180)

@@ -48,7 +48,8 @@ def test_cli_overrides_env(monkeypatch):
 @pytest.mark.parametrize(
     "env, expected",
     [
-        ({"ENV_NAME": "nope"}, "ENV_NAME: unknown environment 'nope'; choose from echo, wordle, catch (edit .env)"),
+        ({"ENV_NAME": "echo,Connect-4"}, "ENV_NAME: 'connect-4' is not an env name: lowercase letters, digits and "
+                                          "'_', starting with a letter (built in: echo, wordle, catch; edit .env)"),
         ({"ENV_NAME": "echo,echo"}, "ENV_NAME: 'echo,echo' names an environment twice"),
         ({"MAX_STEPS": "abc"}, "MAX_STEPS: Input should be a valid integer"),
         ({"MAX_STEPS": "0"}, "MAX_STEPS: Input should be greater than or equal to 1 (got '0'"),
@@ -74,7 +75,7 @@ def test_bad_values_give_one_clear_line(monkeypatch, env, expected):
 
 def test_several_problems_are_all_reported(monkeypatch):
     with pytest.raises(ConfigError) as exc:
-        load(monkeypatch, ENV_NAME="nope", MAX_STEPS="x")
+        load(monkeypatch, ENV_NAME="no pe", MAX_STEPS="x")
     lines = str(exc.value).splitlines()
     assert [line.split(":")[0] for line in lines] == ["ENV_NAME", "MAX_STEPS"]
 
@@ -126,10 +127,10 @@ def test_config_module_imports_without_torch():
 
 
 def test_check_cli_exit_codes(monkeypatch):
-    env = {"PATH": "/usr/bin:/bin", "ENV_NAME": "nope"}
+    env = {"PATH": "/usr/bin:/bin", "ENV_NAME": "9lives"}
     bad = subprocess.run([sys.executable, "-m", "trainer.config", "--check"], cwd=REPO, env=env,
                          capture_output=True, text=True)
-    assert bad.returncode == 1 and "ENV_NAME: unknown environment 'nope'" in bad.stderr
+    assert bad.returncode == 1 and "ENV_NAME: '9lives' is not an env name" in bad.stderr
     env["ENV_NAME"] = "echo"
     ok = subprocess.run([sys.executable, "-m", "trainer.config", "--check"], cwd=REPO, env=env,
                         capture_output=True, text=True)

@@ -1,0 +1,257 @@
+"""What a running OpenEnv server offers, learned from the server itself, as TRL tools.
+
+Two kinds of OpenEnv environment exist upstream:
+  * MCP tool envs (`MCPEnvironment`, action class `CallToolAction`): `/schema`'s action has
+    `tool_name` + `arguments`; a `{"type": "list_tools"}` step lists the tools with JSON schemas.
+    Each MCP tool becomes one TRL tool.
+  * typed-action envs (an `Action` subclass, e.g. Connect4's `column: int`): one TRL tool whose
+    arguments are the action's fields.
+
+Every argument's JSON schema maps to a Python type hint that `transformers.utils.get_json_schema`
+(what TRL's `environment_factory` renders tools with) turns back into the same JSON schema. A schema
+it cannot express raises `UnsupportedSchema` naming the tool and the field.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any, Literal, Optional, Union
+
+import requests
+
+# Fields every OpenEnv `Action` carries that are not the env's own (set by the framework, not the policy).
+FRAMEWORK_ACTION_FIELDS = ("metadata",)
+RESERVED_TOOL_NAMES = ("reset", "get_reward")
+ARG_SECTIONS = ("args", "arguments", "attributes", "parameters", "params")
+SECTION_HEADERS = (*ARG_SECTIONS, "returns", "return", "raises", "yields", "examples", "example", "note", "notes")
+
+
+class InterfaceError(RuntimeError):
+    """The server cannot be used as an OpenEnv env (not one, or unreachable): one line, with the fix."""
+
+
+class UnsupportedSchema(InterfaceError):
+    """A tool argument TRL's schema builder cannot express, or an action without fields."""
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    hint: Any  # Python type hint; get_json_schema renders it back to `schema`'s type
+    description: str
+    required: bool
+    schema: dict = field(hash=False, compare=False)  # the field's JSON schema ($refs resolved)
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    name: str
+    description: str
+    params: tuple[Param, ...]
+
+
+@dataclass(frozen=True)
+class EnvInterface:
+    kind: Literal["mcp", "action"]
+    tools: tuple[ToolSpec, ...]
+
+    def tool(self, name: str) -> ToolSpec:
+        return next(t for t in self.tools if t.name == name)
+
+
+# ------------------------------------------------------------------------------------ docstrings
+def split_docstring(text: str) -> tuple[str, dict[str, str]]:
+    """(summary, {name: description}) from a Google-style docstring: the text before the first section
+    header, and the entries of an Args/Attributes/Parameters section (deeper-indented lines continue one)."""
+    summary: list[str] = []
+    entries: dict[str, str] = {}
+    section = current = entry_indent = None
+    for raw in (text or "").splitlines():
+        line, indent = raw.strip(), len(raw) - len(raw.lstrip())
+        if line.endswith(":") and line[:-1].strip().lower() in SECTION_HEADERS:
+            section, current, entry_indent = line[:-1].strip().lower(), None, None
+            continue
+        if section is None:
+            summary.append(line)
+        elif section in ARG_SECTIONS and line:
+            m = re.match(r"^(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$", line)
+            if m and (entry_indent is None or indent <= entry_indent):
+                entry_indent = indent if entry_indent is None else entry_indent
+                current = m.group(1)
+                entries[current] = m.group(2)
+            elif current:
+                entries[current] = f"{entries[current]} {line}"
+    return one_line(" ".join(summary)), {k: one_line(v) for k, v in entries.items()}
+
+
+def one_line(text: str) -> str:
+    return " ".join(str(text).split())
+
+
+# ------------------------------------------------------------------------------------ JSON schema -> hint
+JSON_SCALARS = {"string": str, "integer": int, "number": float, "boolean": bool}
+
+
+def resolve_refs(schema: Any, defs: dict, depth: int = 0) -> Any:
+    """Inline `$ref: #/$defs/X` (pydantic puts nested models and enums there)."""
+    if depth > 20:
+        return schema
+    if isinstance(schema, dict):
+        if "$ref" in schema:
+            target = defs.get(schema["$ref"].rsplit("/", 1)[-1], {})
+            merged = {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
+            return resolve_refs(merged, defs, depth + 1)
+        return {k: resolve_refs(v, defs, depth + 1) for k, v in schema.items() if k != "$defs"}
+    if isinstance(schema, list):
+        return [resolve_refs(v, defs, depth + 1) for v in schema]
+    return schema
+
+
+def type_hint(schema: dict, where: str) -> Any:
+    """The Python type hint whose get_json_schema rendering is `schema` (types, items, enums, null)."""
+    if not isinstance(schema, dict):
+        raise UnsupportedSchema(f"{where}: schema {schema!r} is not an object")
+    if "enum" in schema:
+        values = schema["enum"]
+        if not values or not all(isinstance(v, (str, int, float, bool)) for v in values):
+            raise UnsupportedSchema(f"{where}: enum {values!r} mixes in values a tool schema cannot list")
+        return Literal[tuple(values)]  # type: ignore[misc]
+    if "const" in schema and isinstance(schema["const"], (str, int, float, bool)):
+        return Literal[schema["const"]]  # type: ignore[misc]
+    for key in ("anyOf", "oneOf"):
+        if key in schema:
+            options = [o for o in schema[key] if o.get("type") != "null"]
+            nullable = len(options) < len(schema[key])
+            if len(options) != 1:
+                raise UnsupportedSchema(f"{where}: {key} of {len(options)} types is not expressible as a TRL tool "
+                                        "argument (one type, optionally null)")
+            hint = type_hint(options[0], where)
+            return Optional[hint] if nullable else hint
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kinds = [k for k in kind if k != "null"]
+        if not kinds or not all(k in JSON_SCALARS for k in kinds):
+            raise UnsupportedSchema(f"{where}: type {kind!r} is not expressible as a TRL tool argument")
+        hint = Union[tuple(JSON_SCALARS[k] for k in kinds)]  # type: ignore[misc]
+        return Optional[hint] if "null" in kind else hint
+    if kind in JSON_SCALARS:
+        return JSON_SCALARS[kind]
+    if kind == "array":
+        items = schema.get("items")
+        return list[type_hint(items, f"{where}[]")] if isinstance(items, dict) and items else list
+    if kind == "object":
+        return dict
+    raise UnsupportedSchema(f"{where}: no JSON type ({one_line(str(schema))[:80]}); TRL tools need string, integer, "
+                            "number, boolean, array, object or an enum")
+
+
+def type_word(schema: dict) -> str:
+    """`integer`, `string or null`, `one of 'a', 'b'`, ...: a field's type, for a description."""
+    if "enum" in schema:
+        return "one of " + ", ".join(repr(v) for v in schema["enum"])
+    options = schema.get("anyOf") or schema.get("oneOf")
+    if options:
+        return " or ".join(type_word(o) for o in options)
+    kind = schema.get("type", "value")
+    return " or ".join(kind) if isinstance(kind, list) else str(kind)
+
+
+def params_from_schema(schema: dict, where: str, doc_fields: dict[str, str],
+                       skip: tuple[str, ...] = ()) -> tuple[Param, ...]:
+    schema = resolve_refs(schema or {}, (schema or {}).get("$defs", {}))
+    required = set(schema.get("required") or ())
+    params = []
+    for name, prop in (schema.get("properties") or {}).items():
+        if name in skip:
+            continue
+        if not name.isidentifier():
+            raise UnsupportedSchema(f"{where} field {name!r}: not a Python identifier, so TRL cannot pass it")
+        hint = type_hint(prop, f"{where} field {name!r}")
+        description = one_line(prop.get("description") or doc_fields.get(name)
+                               or f"{prop.get('title') or name} ({type_word(prop)})")
+        params.append(Param(name, hint, description, name in required, prop))
+    return tuple(params)
+
+
+# ------------------------------------------------------------------------------------ discovery
+def get_schema(base_url: str, timeout_s: float = 10.0) -> dict:
+    url = f"{base_url.rstrip('/')}/schema"
+    try:
+        resp = requests.get(url, timeout=timeout_s)
+    except requests.RequestException as exc:
+        raise InterfaceError(f"no answer from {url} ({type(exc).__name__})") from None
+    try:
+        body = resp.json()
+    except ValueError:
+        body = None
+    if resp.status_code != 200 or not isinstance(body, dict) or not isinstance(body.get("action"), dict):
+        raise InterfaceError(f"{url} answered {resp.status_code} without an action schema: not an OpenEnv server "
+                             "(OpenEnv's create_app serves /schema and /ws)")
+    return body
+
+
+def is_mcp(action_schema: dict) -> bool:
+    props = action_schema.get("properties") or {}
+    return "tool_name" in props and "arguments" in props
+
+
+def discover(base_url: str, timeout_s: float = 30.0) -> EnvInterface:
+    schema = get_schema(base_url)
+    action = schema["action"]
+    if is_mcp(action):
+        return EnvInterface("mcp", tuple(mcp_tools(list_tools(base_url, timeout_s))))
+    return EnvInterface("action", (action_tool(action),))
+
+
+def list_tools(base_url: str, timeout_s: float) -> list[dict]:
+    from envs._client import EnvServerError, SessionClient
+
+    client = SessionClient(base_url, connect_timeout_s=timeout_s, message_timeout_s=timeout_s,
+                           capacity_wait_s=timeout_s, reconnect_wait_s=0)
+    try:
+        client.reset()  # opens the session; list_tools needs no reset, but some envs only answer after one
+        reply = client.step({"type": "list_tools"})
+    except (EnvServerError, ConnectionError, OSError) as exc:
+        raise InterfaceError(f"{base_url}: listing its MCP tools failed: {exc}") from None
+    finally:
+        client.close()
+    tools = (reply.get("observation") or {}).get("tools")
+    if not isinstance(tools, list):
+        raise InterfaceError(f"{base_url}: a list_tools step answered without a tool list: {str(reply)[:200]}")
+    return tools
+
+
+def mcp_tools(payloads: list[dict]) -> list[ToolSpec]:
+    if not payloads:
+        raise UnsupportedSchema("the MCP env lists no tools: nothing for the model to call")
+    specs = []
+    for payload in payloads:
+        name = str(payload.get("name", ""))
+        where = f"tool {name!r}"
+        if not name or name.startswith("_") or name in RESERVED_TOOL_NAMES:
+            raise UnsupportedSchema(f"{where}: a TRL tool cannot be named {name!r} (reserved for the env class)")
+        summary, doc_fields = split_docstring(payload.get("description") or "")
+        schema = payload.get("input_schema") or payload.get("inputSchema") or {}
+        params = params_from_schema(schema, where, doc_fields)
+        specs.append(ToolSpec(name, summary or f"The {name} tool.", params))
+    return specs
+
+
+def action_tool_name(title: str) -> str:
+    snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", title or "Action").lower()
+    snake = re.sub(r"[^a-z0-9_]+", "_", snake).strip("_") or "action"
+    return snake if snake[0].isalpha() else f"act_{snake}"
+
+
+def action_tool(action: dict) -> ToolSpec:
+    title = action.get("title") or "Action"
+    name = action_tool_name(title)
+    summary, doc_fields = split_docstring(action.get("description") or "")
+    params = params_from_schema(action, f"action {title}", doc_fields, skip=FRAMEWORK_ACTION_FIELDS)
+    if not params:
+        raise UnsupportedSchema(f"action {title}: no fields besides {', '.join(FRAMEWORK_ACTION_FIELDS)}, so the "
+                                "model has nothing to choose; write a tool class for this env (README)")
+    description = (summary.rstrip(".") + ". " if summary else "") + \
+        "Each call is one step of the episode; the result shows the new observation."
+    return ToolSpec(name, description, params)

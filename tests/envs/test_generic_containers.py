@@ -1,0 +1,129 @@
+"""Any OpenEnv image, trained by naming it in `.env` (no file of the repo edited), on real containers.
+
+The fixture envs (tests/fixtures/envs) are built as images, as a user's OpenEnv images would be, and
+driven only through an env file and `tools/stack.py train` (what `make train` runs):
+  * notebook (MCP tools) + guess (typed action, ONE session per container) in one CPU run: the trainer
+    learns both interfaces from the servers, the tiny model is warm-started on their tools, tool
+    calls and per-env rewards land in metrics.jsonl;
+  * guess with too few replicas: preflight probes its capacity and says which variable to raise;
+  * an image that is no OpenEnv server: one line naming the image.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from tests.helpers import ROOT, build_images, write_env_file
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+FIXTURES = ROOT / "tests" / "fixtures" / "envs"
+RUN = "zero-code"
+
+
+def fixture_image(name: str) -> str:
+    tag = f"grpo-fixture/{name}:local"
+    subprocess.run(["docker", "build", "-q", "-f", str(FIXTURES / "Dockerfile"), "-t", tag, str(FIXTURES / name)],
+                   check=True, capture_output=True)
+    return tag
+
+
+class EnvFileStack:
+    """A stack driven like a user drives it: an env file and tools/stack.py (STACK_ENV_FILE points at it)."""
+
+    def __init__(self, tmp_path, overrides: dict[str, str]) -> None:
+        self.project = f"grpo-test-{uuid.uuid4().hex[:8]}"
+        self.env_file = write_env_file(tmp_path / f"{self.project}.env", self.project, [], overrides)
+
+    def stack(self, *args: str, env: dict[str, str] | None = None, timeout: float = 1200) -> subprocess.CompletedProcess:
+        run_env = {k: v for k, v in os.environ.items() if k not in ("TRAIN_MODE", "ENV_NAME", "COMPOSE_PROFILES")}
+        run_env.update(STACK_ENV_FILE=str(self.env_file), **(env or {}))
+        return subprocess.run([sys.executable, "tools/stack.py", *args], cwd=ROOT, env=run_env, capture_output=True,
+                              text=True, timeout=timeout)
+
+    def read(self, path: str) -> str:
+        res = self.stack("compose", "run", "--rm", "--no-deps", "--entrypoint", "cat", "trainer-cpu", path)
+        return res.stdout if res.returncode == 0 else ""
+
+    def down(self) -> None:
+        self.stack("compose", "--profile", "*", "down", "--volumes", "--remove-orphans")
+
+
+@pytest.fixture(scope="module")
+def images(docker):
+    build_images("env-server", "trainer-cpu")
+    return {name: fixture_image(name) for name in ("notebook", "guess", "not_openenv")}
+
+
+@pytest.fixture(scope="module")
+def trained(images, tmp_path_factory):
+    """One CPU run on notebook + guess, named only in the env file."""
+    stack = EnvFileStack(tmp_path_factory.mktemp("zero-code"), {
+        "TRAIN_MODE": "cpu", "ENV_NAME": "notebook,guess", "RUN_NAME": RUN, "MAX_STEPS": "3",
+        "ENV_NOTEBOOK_IMAGE": images["notebook"], "ENV_GUESS_IMAGE": images["guess"], "ENV_GUESS_REPLICAS": "4",
+        # 4 rollouts per generation batch: at worst all 4 on guess, 1 per replica
+        "PER_DEVICE_TRAIN_BATCH_SIZE": "4", "NUM_GENERATIONS": "2",
+    })
+    try:
+        res = stack.stack("train")
+        yield stack, res
+    finally:
+        stack.down()
+
+
+def test_two_envs_named_only_in_the_env_file_train_with_tool_calls_and_rewards(trained):
+    stack, res = trained
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-6000:]
+    assert "[preflight] ok: env notebook: learned from the server (mcp env): tools write_note(text, tag), " \
+           "count_notes(min_length)" in out, out[-8000:]
+    assert "[preflight] ok: env guess: learned from the server (action env): tools guess_action(number)" in out
+    assert "[preflight] ok: env guess: 4 replica(s) healthy; capacity 1/replica (probed" in out
+    assert "demo conversations from the real tool classes of notebook, guess" in out  # the warm-start
+    rows = [json.loads(line) for line in stack.read(f"/outputs/{RUN}/metrics.jsonl").splitlines()
+            if line.startswith("{")]  # tools/stack.py says what it does on stdout too
+    steps = [r for r in rows if r.get("kind") == "step"]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert sum(r["tools/call_frequency"] for r in steps) > 0, "the model never called a tool"
+    keys = set().union(*steps)
+    assert {"env/notebook/reward_mean", "env/guess/reward_mean", "rewards/NotebookTool/mean",
+            "rewards/GuessTool/mean"} <= keys, sorted(keys)
+    print(f"zero-code run: tool calls/episode {[round(r['tools/call_frequency'], 2) for r in steps]}, "
+          f"reward {[round(r['reward'], 3) for r in steps]}")
+
+
+def test_too_few_replicas_of_a_one_session_image_stop_preflight_with_the_variable_to_raise(trained):
+    stack, _ = trained
+    res = stack.stack("train", env={"ENV_GUESS_REPLICAS": "1", "RUN_NAME": "too-few-replicas"})
+    out = res.stdout + res.stderr
+    assert res.returncode == 3, out[-4000:]
+    assert ("env guess (image grpo-fixture/guess:local): capacity 1 sessions per replica (probed: the server does "
+            "not report it) < 4 sessions this trainer opens per replica") in out
+    assert "set ENV_GUESS_REPLICAS=4 (this image holds 1 session(s) per container)" in out
+
+
+def test_an_image_that_is_not_an_openenv_server_is_named(images, tmp_path):
+    stack = EnvFileStack(tmp_path, {"TRAIN_MODE": "cpu", "ENV_NAME": "web", "ENV_WEB_IMAGE": images["not_openenv"],
+                                    "MAX_STEPS": "1"})
+    try:
+        res = stack.stack("train")
+    finally:
+        stack.down()
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert ("cannot learn the tools of web (image grpo-fixture/not_openenv:local): http://env-web:8000/schema "
+            "answered 404 without an action schema: not an OpenEnv server") in out, out[-4000:]
+
+
+def test_env_name_without_an_image_says_what_to_set(tmp_path):
+    stack = EnvFileStack(tmp_path, {"TRAIN_MODE": "cpu", "ENV_NAME": "connect4"})
+    res = stack.stack("mode")
+    assert res.returncode == 2
+    assert ("ENV_NAME: 'connect4' is not built in (echo, wordle, catch): to train on any OpenEnv image, set "
+            "ENV_CONNECT4_IMAGE=<image> in .env") in res.stderr
