@@ -1,23 +1,21 @@
-"""Env-server entrypoint: `python -m envs.serve` (ENV_NAME, PORT, MAX_CONCURRENT_ENVS, SESSION_TIMEOUT_S).
-
-Optional: WS_PING_INTERVAL_S (20), WS_PING_TIMEOUT_S (60), MAX_MESSAGE_BYTES (1 MiB),
-WS_PER_MESSAGE_DEFLATE (false), LOG_LEVEL (info).
+"""Env-server entrypoint: `python -m envs.serve`; settings from the environment (envs.core.settings:
+ENV_NAME, PORT, MAX_CONCURRENT_ENVS, SESSION_TIMEOUT_S, WS_*, MAX_MESSAGE_BYTES, HOST, LOG_LEVEL).
 One uvicorn worker on purpose: workers would split the session table (scale with replicas instead).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 
 
 def main() -> None:
     import uvicorn
 
-    from envs._server import ServerSettings, build_app
+    from envs.core.server import build_app
+    from envs.core.settings import ServerSettings
 
-    settings = ServerSettings.from_env()
-    level = os.environ.get("LOG_LEVEL", "info").lower()
+    settings = ServerSettings.load()
+    level = settings.log_level.lower()
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app, server = build_app(settings)
     logging.getLogger("envs.server").info(
@@ -29,7 +27,7 @@ def main() -> None:
     )
     uvicorn.run(
         app,
-        host=os.environ.get("HOST", "0.0.0.0"),
+        host=settings.host,
         port=settings.port,
         workers=1,
         log_level=level,

@@ -2,9 +2,9 @@
 
 Usage: python tools/stack.py {setup|mode|profiles|build|up|train [ARGS]|compose ARGS...|doctor}
 
-It only decides *what* runs (profiles, mode); Compose does the running. It needs nothing beyond
-the standard library, except `doctor`'s .env validation, which uses the trainer's typed config
-(pydantic-settings) when the host venv has it.
+It only decides *what* runs (profiles, mode); Compose does the running. `.env` is read once into
+`StackEnv` (pydantic-settings, python-dotenv's parser: the small host venv `make` creates has both);
+`doctor` also validates the training knobs with the trainer's own typed config, trainer.config.RunConfig.
 """
 
 from __future__ import annotations
@@ -19,6 +19,10 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -45,34 +49,55 @@ def say(msg: str) -> None:
 
 # ------------------------------------------------------------------ .env
 def parse_env_file(path: Path) -> dict[str, str]:
-    """Parse KEY=VALUE lines the way Compose does for the simple cases we document."""
+    """KEY=VALUE lines as Compose reads them (python-dotenv's parser); a malformed line is named."""
+    from dotenv.parser import parse_stream
+
     values: dict[str, str] = {}
-    for n, raw in enumerate(path.read_text().splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if line.startswith("export "):
-            line = line[7:]
-        key, sep, val = line.partition("=")
-        if not sep or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key.strip()):
-            raise StackError(f"{path.name} line {n}: expected KEY=VALUE, got {raw!r}; fix or delete that line")
-        val = val.strip()
-        if len(val) >= 2 and val[0] == val[-1] and val[0] in "'\"":
-            val = val[1:-1]
-        values[key.strip()] = val
+    with path.open() as stream:
+        for binding in parse_stream(stream):
+            if binding.error or (binding.key is not None and binding.value is None):
+                raw = binding.original.string.rstrip("\n")
+                raise StackError(f"{path.name} line {binding.original.line}: expected KEY=VALUE, got {raw!r}; "
+                                 "fix or delete that line")
+            if binding.key is not None:
+                values[binding.key] = binding.value
     return values
 
 
+class StackEnv(BaseSettings):
+    """The host's view of `.env`, read once (what decides what runs; the trainer validates its own
+    knobs with trainer.config.RunConfig). Process variables win over the file, as in Compose. Every
+    other key (ENV_<NAME>_IMAGE, ENV_<NAME>_REPLICAS, ...) is kept as given, in `values`."""
+
+    model_config = SettingsConfigDict(case_sensitive=True, extra="ignore", env_ignore_empty=True)
+
+    TRAIN_MODE: str = "auto"
+    ENV_NAME: str = "echo"
+    ENV_URLS: str = ""
+    DASHBOARD: bool = False
+    DASHBOARD_PORT: Optional[int] = Field(6006, ge=1, le=65535)
+    HF_TOKEN_FILE: str = "./.secrets/hf_token"
+    VLLM_GPU: str = "0"
+    TRAINER_GPU: str = "1"
+    values: dict[str, str] = Field(default_factory=dict, exclude=True)
+
+    @classmethod
+    def load(cls, path: Path) -> "StackEnv":
+        values = parse_env_file(path)
+        for key in [*values, *cls.model_fields]:
+            if key in os.environ and key != "values":
+                values[key] = os.environ[key]
+        typed = {k: v for k, v in values.items() if k in cls.model_fields and v != ""}
+        try:
+            return cls(_env_prefix="__stack_none__", values=values, **typed)  # the file (+ overrides) only
+        except ValidationError as exc:
+            raise StackError("; ".join(f"{err['loc'][0]}: {err['msg']} (got {err.get('input')!r}); edit .env"
+                                       for err in exc.errors())) from None
+
+
 def load_env() -> dict[str, str]:
-    """.env values, overridden by the process environment (as Compose does)."""
-    env = parse_env_file(ENV_FILE) if ENV_FILE.exists() else parse_env_file(ENV_EXAMPLE)
-    for key in list(env):
-        if key in os.environ:
-            env[key] = os.environ[key]
-    for key in ("TRAIN_MODE", "ENV_NAME"):
-        if key in os.environ:
-            env[key] = os.environ[key]
-    return env
+    """.env (else .env.example) as strings, validated by StackEnv: what the commands below read."""
+    return StackEnv.load(ENV_FILE if ENV_FILE.exists() else ENV_EXAMPLE).values
 
 
 def setup() -> None:
@@ -143,26 +168,43 @@ def generated_compose_file() -> Path:
     return ROOT / ".stack" / f"compose.envs{suffix}.yaml"
 
 
+def generated_envs(env: dict[str, str]) -> list[str]:
+    """The run's envs whose service compose.yaml does not define: custom images, and built-in envs
+    added as just a folder + registry line."""
+    from envs import registry
+
+    defined = (ROOT / "compose.yaml").read_text()
+    builtin = [n for n in env_names(env) if registry.is_builtin(n) and f"\n  env-{n}:\n" not in defined
+               and n not in external_env_urls(env)]
+    return builtin + custom_envs(env)
+
+
 def compose_files(env: dict[str, str]) -> list[Path]:
-    """compose.yaml, plus a generated file with one service per custom env (from ENV_<NAME>_IMAGE).
+    """compose.yaml, plus a generated file with one service per env compose.yaml does not define.
 
     Each generated service extends compose.yaml's `env-template` (the built-in env servers' hardening,
-    health check and limits), and the trainers wait for it to be healthy. Written on every call, so it
-    follows .env; `make config` prints the whole stack."""
-    names = custom_envs(env)
+    health check and limits): a custom env runs its ENV_<NAME>_IMAGE, a built-in one our image with
+    ENV_NAME set. The trainers and the init job wait for it to be healthy. Written on every call, so
+    it follows .env; `make config` prints the whole stack."""
+    from envs import registry
+
+    names = generated_envs(env)
     if not names:
         return [ROOT / "compose.yaml"]
     services: dict[str, dict] = {}
     for n in names:
         var = f"ENV_{n.upper()}"
-        services[f"env-{n}"] = {
+        service = {
             "extends": {"file": str(ROOT / "compose.yaml"), "service": "env-template"},
             "profiles": [n],
             "image": f"${{{var}_IMAGE}}",
             "deploy": {"replicas": f"${{{var}_REPLICAS:-1}}"},
         }
+        if registry.is_builtin(n):
+            service.update(image=f"${{{var}_IMAGE:-{LOCAL_ENV_IMAGE}}}", environment={"ENV_NAME": n})
+        services[f"env-{n}"] = service
     depends = {f"env-{n}": {"condition": "service_healthy", "required": False} for n in names}
-    images = {f"ENV_{n.upper()}_IMAGE": f"${{ENV_{n.upper()}_IMAGE}}" for n in names}  # named in preflight errors
+    images = {f"ENV_{n.upper()}_IMAGE": f"${{ENV_{n.upper()}_IMAGE:-}}" for n in names}  # named in preflight errors
     for trainer in ("trainer", "trainer-cpu"):
         services[trainer] = {"depends_on": depends, "environment": images}
     services["model-init"] = {"depends_on": depends, "environment": images}  # the CPU warm-start calls the tools

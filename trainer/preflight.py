@@ -96,7 +96,7 @@ def probe_capacity(url: str, want: int, timeout_s: float = 30.0) -> tuple[int, s
     from websockets.exceptions import ConnectionClosed
     from websockets.sync.client import connect
 
-    from envs._client import ws_url
+    from envs.core.client import ws_url
 
     accepted = 0
     with contextlib.ExitStack() as sessions:  # every probe session is closed on the way out

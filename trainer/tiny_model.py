@@ -90,9 +90,10 @@ def local_env_server(env_name: str):
     """Our real env server on a free loopback port, in a thread, for the duration of the block."""
     import uvicorn
 
-    from envs._server import ServerSettings, build_app
+    from envs.core.server import build_app
+    from envs.core.settings import ServerSettings
 
-    app, _ = build_app(ServerSettings(env_name=env_name, max_concurrent_envs=4, session_timeout_s=600.0))
+    app, _ = build_app(ServerSettings.load({}, env_name=env_name, max_concurrent_envs=4))
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

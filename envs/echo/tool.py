@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from envs._client import SessionClient
+from envs.core.client import SessionClient
 from envs.echo import task
 
 

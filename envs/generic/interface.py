@@ -205,7 +205,7 @@ def discover(base_url: str, timeout_s: float = 30.0) -> EnvInterface:
 
 
 def list_tools(base_url: str, timeout_s: float) -> list[dict]:
-    from envs._client import EnvServerError, SessionClient
+    from envs.core.client import EnvServerError, SessionClient
 
     client = SessionClient(base_url, connect_timeout_s=timeout_s, message_timeout_s=timeout_s,
                            capacity_wait_s=timeout_s, reconnect_wait_s=0)

@@ -16,7 +16,7 @@ import inspect
 import json
 from typing import Any, Literal
 
-from envs._client import SessionClient
+from envs.core.client import SessionClient
 from envs.generic.interface import EnvInterface, ToolSpec
 
 RewardMode = Literal["sum", "last"]

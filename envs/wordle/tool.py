@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
-from envs._client import SessionClient
+from envs.core.client import SessionClient
 
 
 def _full_text(observation: dict) -> str:

@@ -34,7 +34,7 @@ def start_server(port: int) -> subprocess.Popen:
 
 def test_reset_waits_for_a_restarting_server():
     pytest.importorskip("openenv")
-    from envs._client import SessionClient
+    from envs.core.client import SessionClient
 
     port = free_port()
     server = start_server(port)
@@ -75,7 +75,7 @@ def test_reset_waits_for_a_restarting_server():
 
 
 def test_reset_gives_up_on_a_server_that_stays_down():
-    from envs._client import SessionClient
+    from envs.core.client import SessionClient
 
     client = SessionClient(f"http://127.0.0.1:{free_port()}", reconnect_wait_s=1.5, connect_timeout_s=2)
     t0 = time.monotonic()

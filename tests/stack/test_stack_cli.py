@@ -109,3 +109,27 @@ def test_help_lists_every_target():
     assert set(targets) >= {"help", "up", "train", "down", "logs", "ps", "build", "test", "clean", "doctor"}
     for t in targets:
         assert f" {t} " in out.replace("\x1b[36m", " ").replace("\x1b[0m", " "), t
+
+
+def test_a_built_in_env_without_a_compose_service_gets_one_generated(tmp_path, monkeypatch):
+    """Adding a built-in env is one folder + its registry line: tools/stack.py makes its service."""
+    sys.path.insert(0, str(ROOT / "tools"))
+    import stack as stack_module
+    from envs import registry
+
+    monkeypatch.setitem(registry._SPECS, "maze", registry._SPECS["catch"])  # stands in for envs/maze/
+    monkeypatch.setattr(stack_module, "ENV_FILE", tmp_path / "none.env")
+    files = stack_module.compose_files({"ENV_NAME": "echo,maze"})
+    generated = json.loads(files[1].read_text().split("\n", 1)[1])["services"]
+    assert set(generated) == {"env-maze", "trainer", "trainer-cpu", "model-init"}  # echo is in compose.yaml
+    assert generated["env-maze"]["image"] == "${ENV_MAZE_IMAGE:-grpo-stack/env-server:local}"
+    assert generated["env-maze"]["environment"] == {"ENV_NAME": "maze"}
+    assert generated["env-maze"]["extends"]["service"] == "env-template"
+    assert stack_module.long_running_services({"ENV_NAME": "echo,maze"}, "cpu") == ["env-echo", "env-maze"]
+
+
+def test_env_file_values_are_typed_with_one_line_per_bad_value(tmp_path):
+    r = stack(tmp_path, "mode", env_lines="DASHBOARD=maybe\nDASHBOARD_PORT=abc")
+    assert r.returncode == 2
+    assert "DASHBOARD: Input should be a valid boolean" in r.stderr and "(got 'maybe'); edit .env" in r.stderr
+    assert "DASHBOARD_PORT: Input should be a valid integer" in r.stderr and "(got 'abc')" in r.stderr

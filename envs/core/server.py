@@ -21,14 +21,14 @@ import asyncio
 import contextvars
 import json
 import logging
-import os
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, Optional
 
 from fastapi import FastAPI
 from openenv.core.env_server.exceptions import SessionCapacityError
 from openenv.core.env_server.http_server import HTTPEnvServer
 from openenv.core.env_server.types import ConcurrencyConfig
+
+from envs.core.settings import ServerSettings
 
 log = logging.getLogger("envs.server")
 
@@ -40,65 +40,6 @@ _WS_CLOSER: contextvars.ContextVar[Optional[Callable[[int, str, dict], Awaitable
 
 SESSION_EXPIRED = "SESSION_EXPIRED"
 MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"
-
-
-@dataclass(frozen=True)
-class ServerSettings:
-    env_name: str
-    max_concurrent_envs: int = 64
-    session_timeout_s: Optional[float] = 600.0
-    port: int = 8000
-    ws_ping_interval_s: float = 20.0
-    ws_ping_timeout_s: float = 60.0
-    max_message_bytes: int = 1 << 20  # frames above this get MESSAGE_TOO_LARGE, session kept
-    ws_hard_max_bytes: int = 16 << 20  # uvicorn closes the socket (1009) above this
-    # Off by default: env frames are a few hundred bytes on a private network, and deflating each one
-    # cost ~15 % of a Catch step's server CPU (py-spy); a client that offers it just gets plain frames.
-    ws_per_message_deflate: bool = False
-
-    @classmethod
-    def from_env(cls, environ: Optional[dict] = None) -> "ServerSettings":
-        env = os.environ if environ is None else environ
-
-        def num(key: str, default: Any, kind=float):
-            raw = env.get(key, "")
-            if raw.strip() == "":
-                return default
-            try:
-                value = kind(raw)
-            except ValueError:
-                raise SystemExit(f"{key}={raw!r} is not a valid {kind.__name__}; unset it or give a number.")
-            return value
-
-        def flag(key: str, default: bool) -> bool:
-            raw = env.get(key, "").strip().lower()
-            if raw == "":
-                return default
-            if raw in ("1", "true", "yes", "on"):
-                return True
-            if raw in ("0", "false", "no", "off"):
-                return False
-            raise SystemExit(f"{key}={raw!r} is not a boolean; use true or false.")
-
-        name = env.get("ENV_NAME", "").strip()
-        if not name:
-            from envs.registry import NAMES
-
-            raise SystemExit(f"ENV_NAME is not set; choose one of {', '.join(NAMES)}.")
-        cap = num("MAX_CONCURRENT_ENVS", 64, int)
-        if cap < 1:
-            raise SystemExit(f"MAX_CONCURRENT_ENVS={cap} must be >= 1.")
-        timeout = num("SESSION_TIMEOUT_S", 600.0)
-        return cls(
-            env_name=name,
-            max_concurrent_envs=cap,
-            session_timeout_s=None if timeout <= 0 else timeout,  # 0 turns reaping off
-            port=num("PORT", 8000, int),
-            ws_ping_interval_s=num("WS_PING_INTERVAL_S", 20.0),
-            ws_ping_timeout_s=num("WS_PING_TIMEOUT_S", 60.0),
-            max_message_bytes=num("MAX_MESSAGE_BYTES", 1 << 20, int),
-            ws_per_message_deflate=flag("WS_PER_MESSAGE_DEFLATE", False),
-        )
 
 
 class TrainingEnvServer(HTTPEnvServer):
