@@ -132,6 +132,9 @@ def env_names(env: dict[str, str]) -> list[str]:
                          + ", or any OpenEnv env with its image in ENV_<NAME>_IMAGE")
     urls = external_env_urls(env)
     for n in names:
+        if n == "template":
+            raise StackError("ENV_NAME: 'template' is reserved (compose.yaml's env-template service); give the "
+                             "env another name in .env")
         if not re.fullmatch(registry.NAME_PATTERN, n):
             raise StackError(f"ENV_NAME: {n!r} is not an env name: lowercase letters, digits and '_', starting "
                              "with a letter; edit .env")

@@ -263,3 +263,45 @@ def test_adapter_bench_script_runs():
     assert res.returncode == 0, res.stderr[-2000:]
     assert "hand-written EchoTool" in res.stdout and "zero-code (learned)" in res.stdout
     assert "ratio zero-code / hand-written:" in res.stdout
+
+
+def test_a_server_that_dies_mid_episode_gives_the_model_an_error_and_the_next_episode_reconnects():
+    """The episode's session dies with its server: the next tool call raises (TRL shows the model the
+    error, the run goes on); after a restart on the same port, the next reset opens a new session."""
+    from websockets.exceptions import ConnectionClosed
+
+    from envs.core.client import EnvServerError
+    from envs.generic import GenericSpec
+
+    port = free_port()
+    cmd = [sys.executable, "-m", "uvicorn", "app:app", "--host", "127.0.0.1", "--port", str(port), "--log-level",
+           "warning"]
+
+    def start() -> subprocess.Popen:
+        proc = subprocess.Popen(cmd, cwd=FIXTURES / "guess", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                requests.get(f"http://127.0.0.1:{port}/health", timeout=2)
+                return proc
+            except requests.RequestException:
+                assert time.monotonic() < deadline and proc.poll() is None, "fixture did not start"
+                time.sleep(0.2)
+
+    server = start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        tool = GenericSpec.discover("guess", url).tool_class(url)
+        tool.reset(reset_kwargs={"seed": 1})
+        server.kill()  # mid-episode
+        server.wait()
+        # the client notices the dead socket (SESSION_LOST), or the send/receive fails: either way it raises
+        with pytest.raises((EnvServerError, ConnectionClosed, ConnectionError)):
+            tool.guess_action(number=3)
+        server = start()  # Compose's restart
+        assert "hint:" in tool.reset(reset_kwargs={"seed": 2})
+        assert "guesses_left: 3" in tool.guess_action(number=3)
+        tool._client.close()
+    finally:
+        server.kill()
+        server.wait()
