@@ -30,27 +30,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_fixture(name: str, port: int, **env: str) -> subprocess.Popen:
+    """Serve tests/fixtures/envs/<name> with uvicorn on 127.0.0.1:port; return once /health answers."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "app:app", "--host", "127.0.0.1", "--port", str(port), "--log-level",
+         "warning"], cwd=FIXTURES / name, env=dict(os.environ, **env), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            requests.get(f"http://127.0.0.1:{port}/health", timeout=2)
+            return proc
+        except requests.RequestException:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise AssertionError(f"fixture {name} did not start") from None
+            time.sleep(0.2)
+
+
 @pytest.fixture(scope="module")
 def servers():
     procs, urls = [], {}
     try:
         for name, extra in (("notebook", {"MAX_CONCURRENT_ENVS": "3"}), ("guess", {})):
             port = free_port()
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "uvicorn", "app:app", "--host", "127.0.0.1", "--port", str(port),
-                 "--log-level", "warning"], cwd=FIXTURES / name, env=dict(os.environ, **extra),
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            procs.append(start_fixture(name, port, **extra))
             urls[name] = f"http://127.0.0.1:{port}"
-        for name, url in urls.items():
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    if requests.get(f"{url}/health", timeout=2).status_code == 200:
-                        break
-                except requests.RequestException:
-                    pass
-                assert time.monotonic() < deadline, f"fixture {name} did not start"
-                time.sleep(0.2)
         yield urls
     finally:
         for p in procs:
@@ -141,17 +146,8 @@ def test_not_an_openenv_server_is_named():
     from envs.generic import GenericSpec, InterfaceError
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "app:app", "--port", str(port), "--log-level", "warning"],
-                            cwd=FIXTURES / "not_openenv", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = start_fixture("not_openenv", port)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                requests.get(f"http://127.0.0.1:{port}/health", timeout=2)
-                break
-            except requests.RequestException:
-                assert time.monotonic() < deadline
-                time.sleep(0.2)
         with pytest.raises(InterfaceError, match=r"/schema answered 404 without an action schema: not an OpenEnv server"):
             GenericSpec.discover("web", f"http://127.0.0.1:{port}")
     finally:
@@ -274,21 +270,7 @@ def test_a_server_that_dies_mid_episode_gives_the_model_an_error_and_the_next_ep
     from envs.generic import GenericSpec
 
     port = free_port()
-    cmd = [sys.executable, "-m", "uvicorn", "app:app", "--host", "127.0.0.1", "--port", str(port), "--log-level",
-           "warning"]
-
-    def start() -> subprocess.Popen:
-        proc = subprocess.Popen(cmd, cwd=FIXTURES / "guess", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                requests.get(f"http://127.0.0.1:{port}/health", timeout=2)
-                return proc
-            except requests.RequestException:
-                assert time.monotonic() < deadline and proc.poll() is None, "fixture did not start"
-                time.sleep(0.2)
-
-    server = start()
+    server = start_fixture("guess", port)
     try:
         url = f"http://127.0.0.1:{port}"
         tool = GenericSpec.discover("guess", url).tool_class(url)
@@ -298,7 +280,7 @@ def test_a_server_that_dies_mid_episode_gives_the_model_an_error_and_the_next_ep
         # the client notices the dead socket (SESSION_LOST), or the send/receive fails: either way it raises
         with pytest.raises((EnvServerError, ConnectionClosed, ConnectionError)):
             tool.guess_action(number=3)
-        server = start()  # Compose's restart
+        server = start_fixture("guess", port)  # Compose's restart
         assert "hint:" in tool.reset(reset_kwargs={"seed": 2})
         assert "guesses_left: 3" in tool.guess_action(number=3)
         tool._client.close()
