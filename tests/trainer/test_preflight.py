@@ -176,16 +176,16 @@ def test_missing_model(tmp_path):
 
 # ---------------------------------------------------------------- run_all and vLLM (gpu mode)
 def test_run_all_collects_every_failure(tmp_path, monkeypatch):
-    fake = types.ModuleType("trainer.vllm_mode")
+    fake = types.ModuleType("trainer.gpu")
 
     def preflight_vllm(cfg):
         raise RuntimeError(f"{cfg.vllm_server_url}/server_info answered 404: dev mode is off; set VLLM_SERVER_DEV_MODE=1")
 
     fake.preflight_vllm = preflight_vllm
-    monkeypatch.setitem(sys.modules, "trainer.vllm_mode", fake)
+    monkeypatch.setitem(sys.modules, "trainer.gpu", fake)
     import trainer
 
-    monkeypatch.setattr(trainer, "vllm_mode", fake, raising=False)
+    monkeypatch.setattr(trainer, "gpu", fake, raising=False)
     cfg = cfg_for(env_urls=f"echo=http://127.0.0.1:{free_port()}", model_name=str(tmp_path / "nope"),
                   vllm_server_url="http://127.0.0.1:1")
     with pytest.raises(PreflightError) as exc:

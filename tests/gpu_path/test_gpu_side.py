@@ -1,4 +1,4 @@
-"""trainer.vllm_mode without vLLM or a GPU: mode -> GRPOConfig kwargs, NCCL defaults, the
+"""trainer.gpu without vLLM or a GPU: mode -> GRPOConfig kwargs, NCCL defaults, the
 trainer's address, the watchdog, weight-sync timing, and the server checks against stub servers.
 
 The watchdog / weight-sync tests are test doubles for GPU-only steps: a Python loop or a blocked
@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainer import vllm_mode
+from trainer.gpu import grpo_kwargs, nccl, server, trl_hooks, watchdog
 from tests.helpers import ROOT
 
 
@@ -31,8 +31,8 @@ def cfg(**kw):
 
 
 # ------------------------------------------------------------------ imports stay light
-def test_importing_vllm_mode_pulls_in_no_vllm_torch_or_trl():
-    code = ("import sys, trainer.vllm_mode; "
+def test_importing_the_gpu_side_pulls_in_no_vllm_torch_or_trl():
+    code = ("import sys, trainer.gpu, trainer.gpu.sync_check; "
             "print([m for m in ('vllm', 'torch', 'trl', 'requests') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
@@ -40,26 +40,26 @@ def test_importing_vllm_mode_pulls_in_no_vllm_torch_or_trl():
 
 # ------------------------------------------------------------------ GRPOConfig kwargs
 def test_gpu_mode_is_trl_server_mode_with_the_configured_url_port_and_timeout():
-    kw = vllm_mode.grpo_vllm_kwargs(cfg(vllm_group_port=51300, vllm_server_timeout_s=600))
+    kw = grpo_kwargs.grpo_vllm_kwargs(cfg(vllm_group_port=51300, vllm_server_timeout_s=600))
     assert kw == {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": "http://vllm:8000",
                   "vllm_server_timeout": 600.0, "vllm_group_port": 51300}
 
 
 def test_one_gpu_profile_is_trl_colocate_mode_with_a_shared_memory_budget():
-    kw = vllm_mode.grpo_vllm_kwargs(cfg(train_mode="colocate", vllm_max_model_len=2048))
+    kw = grpo_kwargs.grpo_vllm_kwargs(cfg(train_mode="colocate", vllm_max_model_len=2048))
     assert kw["use_vllm"] is True and kw["vllm_mode"] == "colocate"
     assert kw["vllm_gpu_memory_utilization"] == 0.3  # the trainer shares the card
     assert kw["vllm_max_model_length"] == 2048
     assert "vllm_server_base_url" not in kw
-    assert vllm_mode.grpo_vllm_kwargs(cfg(train_mode="colocate", vllm_gpu_memory_utilization=0.45))[
+    assert grpo_kwargs.grpo_vllm_kwargs(cfg(train_mode="colocate", vllm_gpu_memory_utilization=0.45))[
         "vllm_gpu_memory_utilization"] == 0.45
-    assert "vLLM runs inside the trainer" in vllm_mode.describe_mode(cfg(train_mode="colocate"))
+    assert "vLLM runs inside the trainer" in grpo_kwargs.describe_mode(cfg(train_mode="colocate"))
 
 
 def test_cpu_mode_does_not_use_vllm_and_unknown_modes_are_refused():
-    assert vllm_mode.grpo_vllm_kwargs(cfg(train_mode="cpu")) == {"use_vllm": False}
+    assert grpo_kwargs.grpo_vllm_kwargs(cfg(train_mode="cpu")) == {"use_vllm": False}
     with pytest.raises(ValueError, match="TRAIN_MODE"):
-        vllm_mode.grpo_vllm_kwargs(cfg(train_mode="tpu"))
+        grpo_kwargs.grpo_vllm_kwargs(cfg(train_mode="tpu"))
 
 
 @pytest.mark.parametrize("mode", ["gpu", "colocate"])
@@ -69,7 +69,7 @@ def test_kwargs_are_accepted_by_trl_grpoconfig_and_by_the_real_runconfig(mode, t
     from trainer.config import RunConfig
 
     run_cfg = RunConfig(train_mode=mode)
-    kw = vllm_mode.grpo_vllm_kwargs(run_cfg)
+    kw = grpo_kwargs.grpo_vllm_kwargs(run_cfg)
     args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, **kw)
     assert args.use_vllm is True
     assert args.vllm_mode == ("server" if mode == "gpu" else "colocate")
@@ -80,26 +80,26 @@ def test_kwargs_are_accepted_by_trl_grpoconfig_and_by_the_real_runconfig(mode, t
 
 # ------------------------------------------------------------------ NCCL + address
 def test_nccl_defaults_suit_a_bridge_network_and_user_values_win():
-    assert vllm_mode.nccl_env({}) == {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1",
+    assert nccl.nccl_env({}) == {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1",
                                       "NCCL_SOCKET_IFNAME": "eth0", "NCCL_DEBUG": "WARN"}
     env = {"NCCL_SOCKET_IFNAME": "ens5", "NCCL_DEBUG": "INFO"}
-    changes = vllm_mode.apply_nccl_env(env)
+    changes = nccl.apply_nccl_env(env)
     assert env["NCCL_SOCKET_IFNAME"] == "ens5" and env["NCCL_DEBUG"] == "INFO"
     assert "NCCL_SOCKET_IFNAME" not in changes and env["NCCL_P2P_DISABLE"] == "1"
 
 
 def test_fast_path_opt_in_enables_p2p_and_shm():
     env = {"NCCL_FAST_PATH": "1", "NCCL_P2P_DISABLE": "1"}
-    vllm_mode.apply_nccl_env(env)
+    nccl.apply_nccl_env(env)
     assert env["NCCL_P2P_DISABLE"] == "0" and env["NCCL_SHM_DISABLE"] == "0"
     assert env["NCCL_IB_DISABLE"] == "1"
 
 
 def test_trainer_address_is_never_loopback_and_the_error_names_the_fix():
-    assert not vllm_mode._is_usable_ip("127.0.0.1") and not vllm_mode._is_usable_ip("0.0.0.0")
-    assert vllm_mode._is_usable_ip("172.18.0.5")
-    with pytest.raises(vllm_mode.VLLMPreflightError, match="VLLM_HOST_IP"):
-        vllm_mode.resolve_host_ip(peer_host=None, hostname="localhost")
+    assert not nccl._is_usable_ip("127.0.0.1") and not nccl._is_usable_ip("0.0.0.0")
+    assert nccl._is_usable_ip("172.18.0.5")
+    with pytest.raises(server.VLLMPreflightError, match="VLLM_HOST_IP"):
+        nccl.resolve_host_ip(peer_host=None, hostname="localhost")
 
 
 def test_trainer_address_is_the_route_towards_the_vllm_host(monkeypatch):
@@ -121,10 +121,10 @@ def test_trainer_address_is_the_route_towards_the_vllm_host(monkeypatch):
         def getsockname(self):
             return ("172.20.0.7", 40000)
 
-    monkeypatch.setattr(vllm_mode.socket, "getaddrinfo",
+    monkeypatch.setattr(nccl.socket, "getaddrinfo",
                         lambda host, *a: [(None, None, None, None, ("172.20.0.2", 0))])
-    monkeypatch.setattr(vllm_mode.socket, "socket", FakeSock)
-    assert vllm_mode.resolve_host_ip("vllm") == "172.20.0.7"
+    monkeypatch.setattr(nccl.socket, "socket", FakeSock)
+    assert nccl.resolve_host_ip("vllm") == "172.20.0.7"
     assert calls["peer"][0] == "172.20.0.2"
 
 
@@ -133,17 +133,17 @@ def test_group_port_in_use_is_reported_with_the_fix():
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        problem = vllm_mode.check_group_port("127.0.0.1", port)
+        problem = nccl.check_group_port("127.0.0.1", port)
     assert problem and "VLLM_GROUP_PORT" in problem
-    assert vllm_mode.check_group_port("127.0.0.1", port) is None
+    assert nccl.check_group_port("127.0.0.1", port) is None
 
 
 # ------------------------------------------------------------------ watchdog (GPU-only stand-ins)
 def test_watchdog_stands_in_for_a_stuck_rendezvous_and_raises_the_diagnosis():
-    diag = lambda s: vllm_mode.rendezvous_diagnosis("172.20.0.7", 51216, s)  # noqa: E731
+    diag = lambda s: watchdog.rendezvous_diagnosis("172.20.0.7", 51216, s)  # noqa: E731
     waited = 0
-    with pytest.raises(vllm_mode.WeightSyncTimeout) as err:
-        with vllm_mode.watchdog(0.3, diag, grace_s=5, on_expire=lambda code: None):
+    with pytest.raises(watchdog.WeightSyncTimeout) as err:
+        with watchdog.watchdog(0.3, diag, grace_s=5, on_expire=lambda code: None):
             for waited in range(3000):  # a Python-level wait (>= 60 s): the exception ends it early
                 time.sleep(0.02)
     assert waited < 2999
@@ -154,16 +154,16 @@ def test_watchdog_stands_in_for_a_stuck_rendezvous_and_raises_the_diagnosis():
 def test_watchdog_stands_in_for_a_hang_inside_nccl_and_ends_the_process():
     exits = []
     blocker = threading.Event()
-    with pytest.raises(vllm_mode.WeightSyncTimeout):
-        with vllm_mode.watchdog(0.2, lambda s: "stuck", grace_s=0.2,
+    with pytest.raises(watchdog.WeightSyncTimeout):
+        with watchdog.watchdog(0.2, lambda s: "stuck", grace_s=0.2,
                                 on_expire=lambda code: (exits.append(code), blocker.set())):
             blocker.wait(10)  # a blocking C call; only the hard exit would end it for real
-    assert exits == [vllm_mode.EXIT_WEIGHT_SYNC_TIMEOUT]
+    assert exits == [watchdog.EXIT_WEIGHT_SYNC_TIMEOUT]
 
 
 def test_watchdog_is_silent_when_the_block_finishes_in_time():
     before = set(threading.enumerate())
-    with vllm_mode.watchdog(600, lambda s: pytest.fail("diagnosed"), on_expire=lambda c: pytest.fail("fired")):
+    with watchdog.watchdog(600, lambda s: pytest.fail("diagnosed"), on_expire=lambda c: pytest.fail("fired")):
         time.sleep(0.05)
     # the watchdog thread ends as soon as the block does, without firing: no exception can come later
     for thread in set(threading.enumerate()) - before:
@@ -187,8 +187,8 @@ def fake_trainer(mode="server", seconds=0.05, loops=1):
 
 def test_each_weight_sync_is_timed_and_logged_test_double_for_nccl_broadcast():
     trainer, logged = fake_trainer(), []
-    assert vllm_mode.instrument_weight_sync(trainer, logged.append, timeout_s=10) is True
-    assert vllm_mode.instrument_weight_sync(trainer, logged.append, timeout_s=10) is True  # idempotent
+    assert trl_hooks.instrument_weight_sync(trainer, logged.append, timeout_s=10) is True
+    assert trl_hooks.instrument_weight_sync(trainer, logged.append, timeout_s=10) is True  # idempotent
     assert trainer.vllm_generation.sync_weights() == "synced"
     trainer.vllm_generation.sync_weights()
     assert len(logged) == 2 and all(s >= 0.04 for s in logged)  # each covers the 0.05 s sync
@@ -197,14 +197,14 @@ def test_each_weight_sync_is_timed_and_logged_test_double_for_nccl_broadcast():
 
 def test_a_weight_sync_past_the_timeout_fails_with_a_diagnosis_test_double_for_nccl_broadcast():
     trainer, logged = fake_trainer(seconds=0.02, loops=500), []
-    vllm_mode.instrument_weight_sync(trainer, logged.append, timeout_s=0.3)
-    with pytest.raises(vllm_mode.WeightSyncTimeout, match="weight sync did not finish in 0s|weight sync"):
+    trl_hooks.instrument_weight_sync(trainer, logged.append, timeout_s=0.3)
+    with pytest.raises(watchdog.WeightSyncTimeout, match="weight sync did not finish in 0s|weight sync"):
         trainer.vllm_generation.sync_weights()
     assert logged == []
 
 
 def test_trainers_without_vllm_are_left_alone():
-    assert vllm_mode.instrument_weight_sync(SimpleNamespace(), lambda s: None) is False
+    assert trl_hooks.instrument_weight_sync(SimpleNamespace(), lambda s: None) is False
 
 
 # ------------------------------------------------------------------ server checks on stub servers
@@ -243,42 +243,42 @@ HEALTHY = {"/health": (200, {}), "/get_world_size": (200, {"world_size": 1}),
 
 def test_dev_mode_off_is_diagnosed_from_the_404():
     with stub_server(HEALTHY) as url:
-        with pytest.raises(vllm_mode.VLLMPreflightError, match="VLLM_SERVER_DEV_MODE=1"):
-            vllm_mode.check_vllm_server(url, timeout_s=5)
+        with pytest.raises(server.VLLMPreflightError, match="VLLM_SERVER_DEV_MODE=1"):
+            server.check_vllm_server(url, timeout_s=5)
 
 
 def test_missing_nccl_weight_transfer_is_diagnosed():
     with stub_server({**HEALTHY, "/server_info": (200, info(wtc=None))}) as url:
-        with pytest.raises(vllm_mode.VLLMPreflightError, match="--weight-transfer-config"):
-            vllm_mode.check_vllm_server(url, timeout_s=5)
+        with pytest.raises(server.VLLMPreflightError, match="--weight-transfer-config"):
+            server.check_vllm_server(url, timeout_s=5)
 
 
 def test_a_healthy_gpu_server_passes_and_a_wrong_logprobs_mode_warns():
     with stub_server({**HEALTHY, "/server_info": (200, info(logprobs_mode="raw_logprobs"))}) as url:
-        rep = vllm_mode.check_vllm_server(url, timeout_s=5)
+        rep = server.check_vllm_server(url, timeout_s=5)
     assert rep.world_size == 1 and rep.model == "Qwen/Qwen3-0.6B" and rep.server_has_cuda is True
     assert rep.warnings and "processed_logprobs" in rep.warnings[0]
 
 
 def test_an_unhealthy_server_times_out_with_what_to_check():
     with stub_server({"/health": (503, {})}) as url:
-        with pytest.raises(vllm_mode.VLLMPreflightError, match="docker compose logs vllm"):
-            vllm_mode.wait_healthy(url, timeout_s=1, poll_s=0.2)
+        with pytest.raises(server.VLLMPreflightError, match="docker compose logs vllm"):
+            server.wait_healthy(url, timeout_s=1, poll_s=0.2)
 
 
 def test_version_skew_between_trainer_and_server_is_an_error():
-    rep = vllm_mode.ServerReport(url="x", vllm_version="0.31.0", torch_version="2.13.0+cu130")
-    assert vllm_mode.version_skew(rep, "0.31.0", "2.13.0+cu130") == []
-    problems = vllm_mode.version_skew(rep, "0.30.0", "2.12.0+cu129")
+    rep = server.ServerReport(url="x", vllm_version="0.31.0", torch_version="2.13.0+cu130")
+    assert server.version_skew(rep, "0.31.0", "2.13.0+cu130") == []
+    problems = server.version_skew(rep, "0.30.0", "2.12.0+cu129")
     assert len(problems) == 2 and all("VLLM_IMAGE" in p for p in problems)
 
 
 def test_init_failures_are_explained():
-    gpuless = vllm_mode.ServerReport(url="x", server_has_cuda=False, torch_version="2.13.0+cpu")
-    assert "the vLLM server has no GPU" in vllm_mode.explain_init_failure(500, "", gpuless)
-    assert "no CUDA device" in vllm_mode.explain_init_failure(
+    gpuless = server.ServerReport(url="x", server_has_cuda=False, torch_version="2.13.0+cpu")
+    assert "the vLLM server has no GPU" in server.explain_init_failure(500, "", gpuless)
+    assert "no CUDA device" in server.explain_init_failure(
         None, "Weight synchronization ... needs a CUDA device, got 'cpu'.", None)
-    assert "--weight-transfer-config" in vllm_mode.explain_init_failure(
+    assert "--weight-transfer-config" in server.explain_init_failure(
         500, "Weight transfer not configured.", None)
 
 
@@ -289,9 +289,9 @@ def test_guard_wraps_trls_init_communicator_with_a_clear_error_test_double_for_n
         raise Exception("Request failed: 500, {\"error\": \"Cannot access accelerator device when none is available.\"}")
 
     monkeypatch.setattr(trl_vllm_client.VLLMClient, "init_communicator", failing)
-    vllm_mode.guard_weight_transfer_init(5, "172.20.0.7", 51216, None)
-    vllm_mode.guard_weight_transfer_init(5, "172.20.0.7", 51216, None)  # idempotent
-    with pytest.raises(vllm_mode.WeightTransferInitError, match="the vLLM server has no GPU"):
+    trl_hooks.guard_weight_transfer_init(5, "172.20.0.7", 51216, None)
+    trl_hooks.guard_weight_transfer_init(5, "172.20.0.7", 51216, None)  # idempotent
+    with pytest.raises(trl_hooks.WeightTransferInitError, match="the vLLM server has no GPU"):
         trl_vllm_client.VLLMClient.init_communicator(object())
 
 
@@ -303,6 +303,6 @@ def test_guard_turns_a_hung_rendezvous_into_a_diagnosis_test_double_for_nccl_ini
             time.sleep(0.01)
 
     monkeypatch.setattr(trl_vllm_client.VLLMClient, "init_communicator", hangs)
-    vllm_mode.guard_weight_transfer_init(0.3, "172.20.0.7", 51216, None)
-    with pytest.raises(vllm_mode.WeightSyncTimeout, match="172.20.0.7:51216"):
+    trl_hooks.guard_weight_transfer_init(0.3, "172.20.0.7", 51216, None)
+    with pytest.raises(watchdog.WeightSyncTimeout, match="172.20.0.7:51216"):
         trl_vllm_client.VLLMClient.init_communicator(object())

@@ -1,0 +1,20 @@
+"""The trainer's GPU side: vLLM generation and NCCL weight sync (TRAIN_MODE gpu / colocate).
+
+Light at import (standard library and pydantic only): `torch`, `vllm`, `trl` and `requests` load
+inside the functions that need them, so CPU runs and the host's `make doctor` never import vLLM.
+
+    grpo_kwargs  GRPOConfig kwargs per mode, and the line `make train` logs about it
+    server       HTTP checks of the vLLM server (the calls TRL's client makes)
+    nccl         NCCL settings of this process, the rendezvous address and port
+    watchdog     a deadline around blocking NCCL calls, with a diagnosis instead of a hang
+    trl_hooks    TRL's rendezvous and weight sync, wrapped: clear errors, timings, watchdog
+    preflight    all of the above checked before GRPOTrainer is built
+    sync_check   `make nccl-check FULL=1`: what training does, against the running vllm service
+"""
+
+from trainer.gpu.grpo_kwargs import describe_mode, grpo_vllm_kwargs
+from trainer.gpu.preflight import preflight_vllm
+from trainer.gpu.server import VLLMPreflightError
+from trainer.gpu.trl_hooks import instrument_weight_sync
+
+__all__ = ["describe_mode", "grpo_vllm_kwargs", "instrument_weight_sync", "preflight_vllm", "VLLMPreflightError"]

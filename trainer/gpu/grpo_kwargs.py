@@ -1,0 +1,63 @@
+"""GRPOConfig kwargs for vLLM generation per TRAIN_MODE, and the one line `make train` logs about it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainer.config import default
+
+
+def resolve_mode(cfg: Any) -> str:
+    """cfg.train_mode with `auto` resolved (RunConfig does that; plain objects pass through)."""
+    resolver = getattr(cfg, "resolved_train_mode", None)
+    mode = resolver() if callable(resolver) else getattr(cfg, "train_mode", "gpu")
+    mode = str(mode).lower()
+    return "gpu" if mode == "server" else mode
+
+
+def _gpu_memory_share(cfg: Any, mode: str) -> float:
+    value = getattr(cfg, "vllm_gpu_memory_utilization", None)
+    if value:
+        return float(value)
+    # Own GPU: vLLM takes most of it. Colocated: the trainer's weights, grads and optimizer share it.
+    return 0.9 if mode == "gpu" else 0.3
+
+
+def grpo_vllm_kwargs(cfg: Any) -> dict[str, Any]:
+    """GRPOConfig kwargs for vLLM generation. gpu -> `vllm_mode="server"` (the `vllm` service),
+    colocate -> `vllm_mode="colocate"` (vLLM inside the trainer, one GPU, no vllm service),
+    cpu -> `use_vllm=False`."""
+    mode = resolve_mode(cfg)
+    if mode == "cpu":
+        return {"use_vllm": False}
+    if mode == "gpu":
+        return {
+            "use_vllm": True,
+            "vllm_mode": "server",
+            "vllm_server_base_url": str(cfg.vllm_server_url).rstrip("/"),
+            "vllm_server_timeout": float(getattr(cfg, "vllm_server_timeout_s", None) or default("vllm_server_timeout_s")),
+            "vllm_group_port": int(getattr(cfg, "vllm_group_port", None) or default("vllm_group_port")),
+        }
+    if mode == "colocate":
+        kwargs: dict[str, Any] = {
+            "use_vllm": True,
+            "vllm_mode": "colocate",
+            "vllm_gpu_memory_utilization": _gpu_memory_share(cfg, mode),
+            "vllm_tensor_parallel_size": 1,
+        }
+        if getattr(cfg, "vllm_max_model_len", None):
+            kwargs["vllm_max_model_length"] = int(cfg.vllm_max_model_len)
+        return kwargs
+    raise ValueError(f"TRAIN_MODE={mode!r}: expected cpu, gpu or colocate (edit .env)")
+
+
+def describe_mode(cfg: Any) -> str:
+    """One line for `make train`'s log: which generation path this run uses."""
+    mode = resolve_mode(cfg)
+    if mode == "gpu":
+        return (f"TRAIN_MODE=gpu: generating through the vLLM server at {cfg.vllm_server_url}, "
+                f"weights synced over NCCL (trainer listens on port {cfg.vllm_group_port})")
+    if mode == "colocate":
+        return ("TRAIN_MODE=colocate: one GPU, vLLM runs inside the trainer process "
+                f"(gpu_memory_utilization={_gpu_memory_share(cfg, mode)}), no vllm service")
+    return "TRAIN_MODE=cpu: transformers generation on the CPU, no vLLM"

