@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # Build one of compose.yaml's build-only image services (profile `build`), quietly.
 BUILD_IMAGE := $(STACK) compose --progress quiet --profile build build
 
-.PHONY: help up train down logs ps config build test clean doctor report baseline dashboard nccl-check soak bench
+.PHONY: help up train down logs ps config build test clean doctor report baseline dashboard nccl-check gpu-smoke soak bench
 
 help: ## List every target with one line each
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -60,8 +60,11 @@ baseline: $(VENV)/.host-ok ## Play each env with a random/scripted policy; print
 dashboard: $(VENV)/.host-ok ## Start TensorBoard on 127.0.0.1:$DASHBOARD_PORT (opt-in)
 	@$(STACK) dashboard
 
-nccl-check: $(VENV)/.host-ok ## GPU hosts: NCCL broadcast between the vllm and trainer images, as the weight sync does (ARGS="--mib 1024")
-	@$(HOST_PY) tools/nccl_check.py $(ARGS)
+nccl-check: $(VENV)/.host-ok ## GPU hosts: NCCL broadcast as the weight sync does; FULL=1: TRL's rendezvous + weight push + generation against the running vllm
+	@$(HOST_PY) tools/nccl_check.py $(if $(FULL),--full) $(ARGS)
+
+gpu-smoke: $(VENV)/.host-ok ## GPU hosts, first thing: 3 steps on the default model, pass/FAIL with timings per stage (README "First run on a GPU host")
+	@$(STACK) smoke --gpu
 
 soak: $(VENV)/.test-ok ## Long soak of the env servers at full capacity (minutes; SOAK_MINUTES=10)
 	@SOAK_MINUTES=$${SOAK_MINUTES:-10} $(VENV)/bin/python -m pytest -q tests/reliability -k soak $(PYTEST_ARGS)

@@ -14,9 +14,8 @@ import shutil
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
-
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -76,7 +75,7 @@ def compose_stack(
     services: list[str] | None = None,
     overrides: dict[str, str] | None = None,
     wait: bool = True,
-) -> Iterator["object"]:
+) -> Iterator[object]:
     """Start an isolated project of the real compose.yaml; always torn down with its volumes."""
     from testcontainers.compose import DockerCompose
 
@@ -108,3 +107,24 @@ def compose_config(*profiles: str, env_file: str = ".env.example") -> dict:
     out = subprocess.run([*cmd, "config", "--format", "json"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
+
+
+class EnvFileStack:
+    """A stack driven like a user drives it: an env file and tools/stack.py (STACK_ENV_FILE points at it)."""
+
+    def __init__(self, tmp_path, overrides: dict[str, str]) -> None:
+        self.project = f"grpo-test-{uuid.uuid4().hex[:8]}"
+        self.env_file = write_env_file(tmp_path / f"{self.project}.env", self.project, [], overrides)
+
+    def stack(self, *args: str, env: dict[str, str] | None = None, timeout: float = 1200) -> subprocess.CompletedProcess:
+        run_env = {k: v for k, v in os.environ.items() if k not in ("TRAIN_MODE", "ENV_NAME", "COMPOSE_PROFILES")}
+        run_env.update(STACK_ENV_FILE=str(self.env_file), **(env or {}))
+        return subprocess.run([sys.executable, "tools/stack.py", *args], cwd=ROOT, env=run_env, capture_output=True,
+                              text=True, timeout=timeout)
+
+    def read(self, path: str) -> str:
+        res = self.stack("compose", "run", "--rm", "--no-deps", "--entrypoint", "cat", "trainer-cpu", path)
+        return res.stdout if res.returncode == 0 else ""
+
+    def down(self) -> None:
+        self.stack("compose", "--profile", "*", "down", "--volumes", "--remove-orphans")

@@ -1,10 +1,12 @@
-"""GPU checks of `make doctor` (host side, standard library only).
+"""GPU checks of the host (standard library only): `make doctor`, and `make train` on GPU hosts.
 
     python tools/gpu_doctor.py          # exit 0 all fine (or no GPU here), 1 problems found
 
-Checks: NVIDIA runtime in Docker, how many GPUs (>= 2 for TRAIN_MODE=gpu; exactly one -> suggest
-TRAIN_MODE=colocate), that VLLM_GPU / TRAINER_GPU name GPUs that exist (and differ), the driver's
-CUDA version against the vLLM image's, and free memory on each GPU against what vLLM will take.
+GPUs are counted the way Docker really hands them out: a throw-away container started with
+`--gpus all` (the NVIDIA container hook, with or without an `nvidia` runtime in `docker info`), else
+with the CDI device `nvidia.com/gpu=all`, runs `nvidia-smi` (both inject it). Checks: how many GPUs
+(>= 2 for TRAIN_MODE=gpu; exactly one -> colocate), that VLLM_GPU / TRAINER_GPU exist (and differ),
+the driver against the vLLM image's CUDA, and free memory against what vLLM will take.
 Reads .env (or .env.example) like the Makefile; STACK_ENV_FILE points elsewhere.
 """
 
@@ -16,14 +18,24 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_GPU = "no NVIDIA GPU here"
 QUERY = "index,uuid,name,memory.total,memory.used,memory.free,driver_version"
+DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.31.0"
 
+# The oldest Linux driver that runs a CUDA major release (NVIDIA's CUDA release notes, "minor version
+# compatibility"): any 12.x toolkit runs on R525+, any 13.x on R580+.
+MIN_DRIVER_FOR_CUDA = {12: "525.60.13", 13: "580.65.06"}
+# CUDA of vLLM images whose tag we know, so a too-old driver is caught before a multi-GB pull;
+# any other image is read from its CUDA_VERSION once it is on this machine.
+KNOWN_IMAGE_CUDA = {"vllm/vllm-openai:v0.31.0": "13.0"}
 
+PROBE_IMAGES = ("grpo-stack/trainer:gpu", "grpo-stack/env-server:local", "python:3.11-slim-bookworm")
+PROBE_FALLBACK_IMAGE = "ubuntu:24.04"  # pulled when nothing local fits (nvidia-smi needs glibc)
 @dataclass
 class Gpu:
     index: str
@@ -49,12 +61,6 @@ def parse_gpu_csv(text: str) -> list[Gpu]:
     return gpus
 
 
-def parse_driver_cuda(nvidia_smi_text: str) -> str | None:
-    """The highest CUDA version the driver supports, from plain `nvidia-smi`'s header."""
-    m = re.search(r"CUDA Version:\s*([0-9]+\.[0-9]+)", nvidia_smi_text)
-    return m.group(1) if m else None
-
-
 def image_cuda_version(image_env: list[str] | None) -> str | None:
     """CUDA_VERSION from an image's Config.Env (NVIDIA's CUDA base images set it)."""
     for item in image_env or []:
@@ -64,17 +70,34 @@ def image_cuda_version(image_env: list[str] | None) -> str | None:
     return None
 
 
-def _ver(text: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"[0-9]+", text)[:2])
+def _ver(text: str, parts: int = 3) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"[0-9]+", text)[:parts])
 
 
-def diagnose(gpus: list[Gpu], runtime: bool, env: dict[str, str], mode: str, driver_cuda: str | None,
-             image: str, image_cuda: str | None) -> list[tuple[bool, str, str]]:
-    """(ok, check, message) rows; message names the fix for every problem."""
+def check_driver(driver: str | None, image: str, image_cuda: str | None) -> tuple[bool, str]:
+    """(ok, one line): does the host's driver run `image`'s CUDA? Names the driver found and the one needed."""
+    if not image_cuda:
+        return True, f"driver {driver or '?'}; CUDA of {image} unknown until it is pulled (checked again then)"
+    major = _ver(image_cuda, 1)[0]
+    need = MIN_DRIVER_FOR_CUDA.get(major)
+    if need is None:
+        return True, f"driver {driver or '?'}; {image} is built for CUDA {image_cuda}, whose minimum driver is not known here"
+    if driver and _ver(driver) < _ver(need):
+        return False, (f"NVIDIA driver {driver} is too old for {image} (CUDA {image_cuda}): it needs driver >= {need} "
+                       f"(R{need.split('.')[0]}+). Upgrade the driver, or set VLLM_IMAGE in .env to a vLLM release "
+                       "built for your driver's CUDA (its trainer image is rebuilt on top of it)")
+    return True, f"driver {driver or '?'} runs {image} (CUDA {image_cuda} needs >= {need})"
+
+
+def diagnose(gpus: list[Gpu], method: str | None, env: dict[str, str], mode: str, image: str,
+             image_cuda: str | None) -> list[tuple[bool, str, str]]:
+    """(ok, check, message) rows; message names the fix for every problem. `method`: how Docker hands out
+    GPUs (None: it does not)."""
     rows: list[tuple[bool, str, str]] = []
-    rows.append((runtime, "NVIDIA container runtime",
-                 "Docker has it" if runtime else "Docker has no `nvidia` runtime: install nvidia-container-toolkit, "
-                 "run `sudo nvidia-ctk runtime configure --runtime=docker`, restart Docker"))
+    rows.append((method is not None, "Docker GPU access",
+                 f"containers get GPUs through {method}" if method else "Docker cannot hand GPUs to containers: install "
+                 "nvidia-container-toolkit, run `sudo nvidia-ctk runtime configure --runtime=docker` (or generate a "
+                 "CDI spec: `sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`), restart Docker"))
     n = len(gpus)
     if mode == "gpu":
         if n >= 2:
@@ -83,7 +106,7 @@ def diagnose(gpus: list[Gpu], runtime: bool, env: dict[str, str], mode: str, dri
             rows.append((False, "GPU count", "1 GPU, TRAIN_MODE=gpu needs 2 (vLLM on one, trainer on the other): "
                          "set TRAIN_MODE=colocate in .env (vLLM inside the trainer on the one GPU)"))
         else:
-            rows.append((False, "GPU count", "0 GPUs visible to nvidia-smi"))
+            rows.append((False, "GPU count", "0 GPUs handed out by Docker"))
     else:
         hint = "; TRAIN_MODE=colocate runs vLLM inside the trainer on it" if n == 1 else ""
         rows.append((n >= 1, "GPU count", f"{n} GPU(s){hint}"))
@@ -104,15 +127,9 @@ def diagnose(gpus: list[Gpu], runtime: bool, env: dict[str, str], mode: str, dri
     if mode == "gpu" and wanted.get("VLLM_GPU") == wanted.get("TRAINER_GPU"):
         rows.append((False, "GPU assignment", f"VLLM_GPU and TRAINER_GPU are both {wanted['VLLM_GPU']}: give them "
                      "different GPUs, or use TRAIN_MODE=colocate"))
-    if driver_cuda and image_cuda:
-        ok = _ver(driver_cuda) >= _ver(image_cuda)
-        rows.append((ok, "driver vs image CUDA",
-                     f"driver supports CUDA {driver_cuda}, {image} needs {image_cuda}" if ok else
-                     f"driver supports CUDA {driver_cuda} but {image} is built for CUDA {image_cuda}: upgrade the "
-                     "NVIDIA driver, or set VLLM_IMAGE to a release built for your CUDA (and rebuild: `make build`)"))
-    elif driver_cuda:
-        rows.append((True, "driver vs image CUDA", f"driver supports CUDA {driver_cuda}; {image} not pulled yet "
-                     "(checked again after `make build`)"))
+    if gpus:
+        ok, msg = check_driver(gpus[0].driver, image, image_cuda)
+        rows.append((ok, "driver vs image", msg))
     try:
         share = float(env.get("VLLM_GPU_MEMORY_UTILIZATION") or (0.9 if mode == "gpu" else 0.3))
     except ValueError:
@@ -131,11 +148,62 @@ def diagnose(gpus: list[Gpu], runtime: bool, env: dict[str, str], mode: str, dri
 
 
 # ------------------------------------------------------------------ probing the host
-def run(cmd: list[str]) -> subprocess.CompletedProcess:
+Runner = Callable[[list[str]], subprocess.CompletedProcess]
+
+
+def run(cmd: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return subprocess.CompletedProcess(cmd, 127, "", str(exc))
+
+
+@dataclass
+class DockerGpus:
+    """The GPUs a container gets, and how (None: Docker hands out none)."""
+    method: str | None
+    gpus: list[Gpu] = field(default_factory=list)
+    detail: str = ""
+
+    @property
+    def count(self) -> int:
+        return len(self.gpus)
+
+    @property
+    def cdi(self) -> bool:
+        return self.method == "CDI"
+
+
+def nvidia_host() -> bool:
+    """Any sign of an NVIDIA driver on this host: only then is a probe container worth starting."""
+    return bool(shutil.which("nvidia-smi") or Path("/dev/nvidiactl").exists() or Path("/dev/dxg").exists())
+
+
+def probe_image(runner: Runner = run, vllm_image: str | None = None) -> str:
+    """A local image to run nvidia-smi in (the hook / CDI inject it); pulled fallback when none is here."""
+    for image in (vllm_image, *PROBE_IMAGES):
+        if image and runner(["docker", "image", "inspect", image]).returncode == 0:
+            return image
+    return PROBE_FALLBACK_IMAGE
+
+
+def probe_docker_gpus(runner: Runner = run, image: str | None = None) -> DockerGpus:
+    """Ask Docker for every GPU, first as `--gpus all`, then as CDI devices, and list what the container saw."""
+    info = runner(["docker", "info", "--format", "{{json .Runtimes}}"])
+    runtime = info.returncode == 0 and "nvidia" in info.stdout
+    image = image or probe_image(runner)
+    smi = ["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits"]
+    attempts = [("--gpus all", ["--gpus", "all"]), ("CDI", ["--device", "nvidia.com/gpu=all"])]
+    errors = []
+    for method, flags in attempts:
+        r = runner(["docker", "run", "--rm", *flags, "--entrypoint", smi[0], image, *smi[1:]])
+        gpus = parse_gpu_csv(r.stdout) if r.returncode == 0 else []
+        if gpus:
+            name = ("the nvidia runtime (`--gpus`)" if runtime else "the NVIDIA container hook (`--gpus`, no nvidia "
+                    "runtime in `docker info`)") if method != "CDI" else "CDI (nvidia.com/gpu devices)"
+            return DockerGpus("CDI" if method == "CDI" else name, gpus, f"{len(gpus)} GPU(s) via {name}")
+        errors.append(f"{method}: {(r.stderr.strip().splitlines() or ['no GPU listed'])[-1][:200]}")
+    return DockerGpus(None, [], "Docker hands out no GPU (" + "; ".join(errors) + ")")
 
 
 def load_env() -> dict[str, str]:
@@ -152,34 +220,39 @@ def load_env() -> dict[str, str]:
     return env
 
 
-def probe() -> tuple[list[Gpu], bool, str | None] | None:
-    """(gpus, runtime, driver_cuda), or None when this host has no NVIDIA GPU."""
-    if os.environ.get("STACK_FAKE_NO_GPU") or not shutil.which("nvidia-smi"):
+def cuda_of_image(image: str, runner: Runner = run) -> str | None:
+    """The image's CUDA: from the image when it is on this machine, else from the known tags."""
+    insp = runner(["docker", "image", "inspect", image, "--format", "{{json .Config.Env}}"])
+    if insp.returncode == 0 and insp.stdout.strip():
+        found = image_cuda_version(json.loads(insp.stdout))
+        if found:
+            return found
+    return KNOWN_IMAGE_CUDA.get(image)
+
+
+def probe(runner: Runner = run, env: dict[str, str] | None = None) -> DockerGpus | None:
+    """The host's GPUs as Docker hands them out, or None on a host with no sign of an NVIDIA driver."""
+    if os.environ.get("STACK_FAKE_NO_GPU") or not nvidia_host():
         return None
-    q = run(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits"])
-    gpus = parse_gpu_csv(q.stdout) if q.returncode == 0 else []
-    if not gpus:
-        return None
-    info = run(["docker", "info", "--format", "{{json .Runtimes}}"])
-    runtime = info.returncode == 0 and "nvidia" in info.stdout
-    return gpus, runtime, parse_driver_cuda(run(["nvidia-smi"]).stdout)
+    env = env if env is not None else load_env()
+    return probe_docker_gpus(runner, probe_image(runner, env.get("VLLM_IMAGE") or DEFAULT_VLLM_IMAGE))
 
 
 def main() -> int:
+    sys.path.insert(0, str(ROOT))
+    from trainer.train_mode import resolve_train_mode
+
     env = load_env()
-    mode = (env.get("TRAIN_MODE") or "auto").lower()
-    found = probe()
+    found = probe(env=env)
     if found is None:
-        print(f"  ok   GPU checks: {NO_GPU} (nvidia-smi missing or lists no GPU); the CPU profile runs, "
+        print(f"  ok   GPU checks: {NO_GPU} (no nvidia-smi, no /dev/nvidiactl); the CPU profile runs, "
               "GPU checks skipped")
         return 0
-    gpus, runtime, driver_cuda = found
+    mode = (env.get("TRAIN_MODE") or "auto").lower()
     if mode == "auto":
-        mode = "gpu" if len(gpus) >= 2 else "colocate"
-    image = env.get("VLLM_IMAGE") or "vllm/vllm-openai:v0.31.0"
-    insp = run(["docker", "image", "inspect", image, "--format", "{{json .Config.Env}}"])
-    image_cuda = image_cuda_version(json.loads(insp.stdout)) if insp.returncode == 0 and insp.stdout.strip() else None
-    rows = diagnose(gpus, runtime, env, mode, driver_cuda, image, image_cuda)
+        mode = resolve_train_mode("auto", found.count)[0]
+    image = env.get("VLLM_IMAGE") or DEFAULT_VLLM_IMAGE
+    rows = diagnose(found.gpus, found.method, env, mode, image, cuda_of_image(image))
     for ok, name, msg in rows:
         print(f"  {'ok  ' if ok else 'FAIL'} {name}: {msg}")
     return 0 if all(ok for ok, _, _ in rows) else 1

@@ -8,6 +8,12 @@ rank 1, then rank 0 broadcasts bf16 buffers. Prints the transport NCCL chose, th
 on failure or timeout, a diagnosis naming the fix. Standard library only (host venv).
 
     python tools/nccl_check.py [--mib 256] [--iters 5] [--timeout 180]
+    python tools/nccl_check.py --full     # what training does, against the running vllm service
+
+The two containers get the GPUs, IPC and NCCL settings training gives vllm and trainer
+(tools/gpu_layout.py: one GPU each, or NCCL_FAST_PATH=1's shared layout), so the transport printed
+is the one training will use. `--full` runs trainer.gpu.sync_check in the trainer service: TRL's own
+rendezvous, a push of the model's weights, a generation.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tools"))
+import gpu_layout  # noqa: E402
 from gpu_doctor import NO_GPU, load_env, probe  # noqa: E402
 
 TRAINER_IMAGE = "grpo-stack/trainer:gpu"
@@ -66,25 +73,26 @@ say(event="done", role=role, seconds=round(dt, 4), bytes=n * 2 * iters, gbps=rou
 
 
 # ------------------------------------------------------------------ pure logic (unit-tested)
-def nccl_env(env: dict[str, str]) -> dict[str, str]:
-    """The stack's NCCL settings (.env), bridge-network defaults for the gaps; INFO so NCCL logs its
-    transport choice."""
+def nccl_env(env: dict[str, str], placement: gpu_layout.Placement | None = None) -> dict[str, str]:
+    """The stack's NCCL settings (.env), bridge-network defaults for the gaps, the container's layout on
+    top (NCCL_FAST_PATH=1: one host id, P2P/SHM on); INFO so NCCL logs its transport choice."""
     out = {k: env[k] for k in NCCL_KEYS if env.get(k)}
     for k, v in NCCL_DEFAULTS.items():
         out.setdefault(k, v)
-    if out.get("NCCL_FAST_PATH") in ("1", "true", "yes"):
-        out["NCCL_P2P_DISABLE"] = out["NCCL_SHM_DISABLE"] = "0"
+    out.update(placement.env if placement else {})
     out["NCCL_DEBUG"] = "INFO"
     return out
 
 
-def docker_run_argv(role: str, image: str, gpu: str, network: str, name: str, env: dict[str, str],
-                    master: str, port: int, mib: int, iters: int, shm: str = "2g") -> list[str]:
-    """`docker run` for one side. Both images' entrypoints are replaced by python3 -c SCRIPT."""
+def docker_run_argv(role: str, image: str, placement: gpu_layout.Placement, network: str, name: str,
+                    env: dict[str, str], master: str, port: int, mib: int, iters: int, shm: str = "2g",
+                    cdi: bool = False) -> list[str]:
+    """`docker run` for one side, with training's GPUs and IPC for it. Both images' entrypoints are
+    replaced by python3 -c SCRIPT."""
     argv = ["docker", "run", "-d", "--name", name, "--label", "grpo-nccl-check=1", "--network", network,
-            "--gpus", f'"device={gpu}"', "--shm-size", shm, "--entrypoint", "python3"]
-    if env.get("NCCL_FAST_PATH") in ("1", "true", "yes"):
-        argv += ["--ipc", "host"]
+            *gpu_layout.docker_run_gpu_flags(placement.devices, cdi), "--shm-size", shm, "--entrypoint", "python3"]
+    if placement.ipc:
+        argv += ["--ipc", placement.ipc]
     for k, v in sorted(env.items()):
         argv += ["-e", f"{k}={v}"]
     return [*argv, image, "-c", SCRIPT, role, master, str(port), str(mib), str(iters)]
@@ -214,9 +222,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mib", type=int, default=256, help="buffer size per broadcast (MiB)")
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--timeout", type=float, default=180.0, help="seconds before declaring a hang")
+    p.add_argument("--full", action="store_true", help="TRL's rendezvous + a real weight push + a generation, "
+                   "in the trainer service against the running vllm service")
     args = p.parse_args(argv)
 
-    if probe() is None:
+    if args.full:
+        import stack
+
+        return stack.main(["sync-check"])
+    found = probe()
+    if found is None:
         print(f"nccl-check: {NO_GPU}. This check needs a host with 2 NVIDIA GPUs and the NVIDIA container "
               "runtime; nothing to do on this machine (the CPU profile needs no NCCL).")
         return 0
@@ -232,16 +247,17 @@ def main(argv: list[str] | None = None) -> int:
     if run(["docker", "network", "inspect", network]).returncode != 0:
         network, temp_net = f"grpo-nccl-check-{uuid.uuid4().hex[:6]}", True
         run(["docker", "network", "create", network], check=True)
-    nenv = nccl_env(env)
+    layout = gpu_layout.placements(vllm_gpu, trainer_gpu, gpu_layout.truthy(env.get("NCCL_FAST_PATH")))
+    tenv, venv = nccl_env(env, layout["trainer"]), nccl_env(env, layout["vllm"])
     tag = uuid.uuid4().hex[:6]
     trainer, vllm = f"grpo-nccl-trainer-{tag}", f"grpo-nccl-vllm-{tag}"
     print(f"nccl-check: trainer image on GPU {trainer_gpu} (rank 0, listens :{port}), {vllm_image} on GPU "
           f"{vllm_gpu} (rank 1, connects); network {network}; {args.iters} x {args.mib} MiB bf16")
-    print("  NCCL: " + " ".join(f"{k}={v}" for k, v in sorted(nenv.items())))
+    print("  NCCL: " + " ".join(f"{k}={v}" for k, v in sorted(tenv.items())))
     timed_out = False
     try:
-        r = run(docker_run_argv("trainer", TRAINER_IMAGE, trainer_gpu, network, trainer, nenv, "-", port,
-                                args.mib, args.iters))
+        r = run(docker_run_argv("trainer", TRAINER_IMAGE, layout["trainer"], network, trainer, tenv, "-", port,
+                                args.mib, args.iters, cdi=found.cdi))
         if r.returncode != 0:
             print(diagnose(r.stderr, "", False).diagnosis[0] + f"\n  docker said: {r.stderr.strip()[:400]}")
             return 1
@@ -251,7 +267,8 @@ def main(argv: list[str] | None = None) -> int:
             if ip:
                 break
             time.sleep(1)
-        r = run(docker_run_argv("vllm", vllm_image, vllm_gpu, network, vllm, nenv, ip, port, args.mib, args.iters))
+        r = run(docker_run_argv("vllm", vllm_image, layout["vllm"], network, vllm, venv, ip, port, args.mib,
+                                args.iters, cdi=found.cdi))
         if r.returncode != 0:
             print(diagnose(r.stderr, "", False).diagnosis[0] + f"\n  docker said: {r.stderr.strip()[:400]}")
             return 1

@@ -1,6 +1,6 @@
 """Host-side controller the Makefile calls: set-up files, pick the mode, run docker compose.
 
-Usage: python tools/stack.py {setup|mode|profiles|build|up|train [ARGS]|compose ARGS...|doctor}
+Usage: python tools/stack.py {setup|mode|profiles|build|up|train [ARGS]|smoke [--gpu]|compose ARGS...|doctor}
 
 It only decides *what* runs (profiles, mode); Compose does the running. `.env` is read once into
 `StackEnv` (pydantic-settings, python-dotenv's parser: the small host venv `make` creates has both);
@@ -9,6 +9,7 @@ It only decides *what* runs (profiles, mode); Compose does the running. `.env` i
 
 from __future__ import annotations
 
+import functools
 import glob
 import json
 import os
@@ -17,7 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from dataclasses import dataclass
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -25,13 +26,16 @@ from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
+
+import gpu_doctor  # noqa: E402  (tools/: how Docker hands out GPUs, driver vs image)
+import gpu_layout  # noqa: E402  (tools/: which GPUs each container gets, NCCL's fast path)
+from trainer.train_mode import MODES, TrainModeError, resolve_train_mode  # noqa: E402  (stdlib only)
 # STACK_ENV_FILE lets tests (and users with several setups) point at another env file.
 ENV_FILE = Path(os.environ.get("STACK_ENV_FILE") or ROOT / ".env")
 ENV_EXAMPLE = ROOT / ".env.example"
 WHEELS = ROOT / ".wheels"
 MIN_COMPOSE = (2, 24)
-MODES = ("auto", "cpu", "gpu", "colocate")
 LOCAL_ENV_IMAGE = "grpo-stack/env-server:local"
 
 
@@ -182,18 +186,29 @@ def generated_envs(env: dict[str, str]) -> list[str]:
     return builtin + custom_envs(env)
 
 
-def compose_files(env: dict[str, str]) -> list[Path]:
-    """compose.yaml, plus a generated file with one service per env compose.yaml does not define.
+class Override(list):
+    """A YAML list tagged `!override`: replaces compose.yaml's list instead of being appended to it."""
 
-    Each generated service extends compose.yaml's `env-template` (the built-in env servers' hardening,
-    health check and limits): a custom env runs its ENV_<NAME>_IMAGE, a built-in one our image with
-    ENV_NAME set. The trainers and the init job wait for it to be healthy. Written on every call, so
-    it follows .env; `make config` prints the whole stack."""
+
+def _yaml(data: dict) -> str:
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        pass
+
+    Dumper.add_representer(Override, lambda d, v: d.represent_sequence("!override", list(v)))
+    return yaml.dump(data, Dumper=Dumper, sort_keys=False, default_flow_style=False)
+
+
+def env_services(env: dict[str, str]) -> dict[str, dict]:
+    """One service per env compose.yaml does not define, extending its `env-template` (the built-in env
+    servers' hardening, health check and limits): a custom env runs its ENV_<NAME>_IMAGE, a built-in one our
+    image with ENV_NAME set. The trainers and the init job wait for them to be healthy."""
     from envs import registry
 
     names = generated_envs(env)
     if not names:
-        return [ROOT / "compose.yaml"]
+        return {}
     services: dict[str, dict] = {}
     for n in names:
         var = f"ENV_{n.upper()}"
@@ -211,10 +226,46 @@ def compose_files(env: dict[str, str]) -> list[Path]:
     for trainer in ("trainer", "trainer-cpu"):
         services[trainer] = {"depends_on": depends, "environment": images}
     services["model-init"] = {"depends_on": depends, "environment": images}  # the CPU warm-start calls the tools
+    return services
+
+
+def gpu_services(env: dict[str, str], mode: str, cdi: bool) -> dict[str, dict]:
+    """NCCL_FAST_PATH=1 in gpu mode: both GPUs, the host's IPC and one NCCL host id in vllm and trainer
+    (tools/gpu_layout.py says why). Nothing otherwise: compose.yaml's one GPU each is the default."""
+    if mode != "gpu" or not gpu_layout.truthy(env.get("NCCL_FAST_PATH")):
+        return {}
+    layout = gpu_layout.placements(env.get("VLLM_GPU") or "0", env.get("TRAINER_GPU") or "1", fast_path=True)
+    services = {}
+    for service, place in layout.items():
+        spec: dict = {"environment": place.env, "deploy": {"resources": {"reservations": {
+            "devices": Override([gpu_layout.compose_device(place.devices, cdi)])}}}}
+        if place.ipc:
+            spec["ipc"] = place.ipc
+        services[service] = spec
+    return services
+
+
+def merge_services(*parts: dict[str, dict]) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for part in parts:
+        for name, spec in part.items():
+            into = out.setdefault(name, {})
+            for key, value in spec.items():
+                into[key] = {**into[key], **value} if isinstance(value, dict) and isinstance(into.get(key), dict) else value
+    return out
+
+
+def compose_files(env: dict[str, str], mode: str = "cpu", cdi: bool = False) -> list[Path]:
+    """compose.yaml, plus a generated file for what .env adds to it: a service per env compose.yaml does
+    not define, and NCCL's fast-path layout. Written on every call, so it follows .env; `make config`
+    prints the whole stack."""
+    services = merge_services(env_services(env), gpu_services(env, mode, cdi))
+    if not services:
+        return [ROOT / "compose.yaml"]
     generated = generated_compose_file()
     generated.parent.mkdir(exist_ok=True)
-    text = f"# Generated by tools/stack.py from {ENV_FILE.name} (ENV_NAME + ENV_<NAME>_IMAGE); do not edit.\n"
-    generated.write_text(text + json.dumps({"services": services}, indent=2) + "\n")  # JSON is YAML
+    text = f"# Generated by tools/stack.py from {ENV_FILE.name} (ENV_NAME, ENV_<NAME>_IMAGE, NCCL_FAST_PATH); do not edit.\n"
+    generated.write_text(text + _yaml({"services": services}))
     return [ROOT / "compose.yaml", generated]
 
 
@@ -250,53 +301,50 @@ def check_compose() -> str | None:
     return None
 
 
-@dataclass
-class Gpus:
-    runtime: bool  # the engine has the NVIDIA runtime
-    count: int
-    detail: str
-
-
-def detect_gpus() -> Gpus:
+@functools.lru_cache(maxsize=1)
+def detect_gpus() -> gpu_doctor.DockerGpus:
+    """The GPUs Docker hands to containers, and how (tools/gpu_doctor.py probes with a throw-away container)."""
     if os.environ.get("STACK_FAKE_NO_GPU"):  # tests: behave as a GPU-less host
-        return Gpus(False, 0, "forced off by STACK_FAKE_NO_GPU")
-    r = run(["docker", "info", "--format", "{{json .Runtimes}}"])
-    runtime = r.returncode == 0 and "nvidia" in r.stdout
-    smi = run(["nvidia-smi", "-L"]) if shutil.which("nvidia-smi") else None
-    count = len([l for l in (smi.stdout if smi and smi.returncode == 0 else "").splitlines() if l.startswith("GPU ")])
-    if not runtime and count:
-        return Gpus(False, count, f"{count} GPU(s) but Docker has no NVIDIA runtime (install nvidia-container-toolkit)")
-    return Gpus(runtime, count if runtime else 0, f"{count} NVIDIA GPU(s)" if runtime else "no NVIDIA runtime")
+        return gpu_doctor.DockerGpus(None, [], "no GPU (forced off by STACK_FAKE_NO_GPU)")
+    found = gpu_doctor.probe()
+    return found if found is not None else gpu_doctor.DockerGpus(None, [], "no NVIDIA GPU (no NVIDIA driver here)")
 
 
-def resolve_mode(env: dict[str, str], gpus: Gpus | None = None) -> tuple[str, str]:
+def resolve_mode(env: dict[str, str], gpus: gpu_doctor.DockerGpus | None = None) -> tuple[str, str]:
     """(mode, one line saying why) for TRAIN_MODE in .env."""
     want = (env.get("TRAIN_MODE") or "auto").strip().lower()
     if want not in MODES:
         raise StackError(f"TRAIN_MODE: unknown value {want!r}; choose from {', '.join(MODES)} and edit .env")
-    if want == "cpu":
-        return "cpu", "TRAIN_MODE=cpu: training on the CPU profile with a tiny local model (no vLLM)"
-    gpus = gpus or detect_gpus()
-    if want == "auto":
-        if gpus.count >= 2:
-            return "gpu", f"TRAIN_MODE=auto: {gpus.count} GPUs, vLLM on GPU {env.get('VLLM_GPU', '0')}, trainer on GPU {env.get('TRAINER_GPU', '1')}"
-        if gpus.count == 1:
-            return "colocate", "TRAIN_MODE=auto: one GPU, vLLM colocated inside the trainer"
-        return "cpu", (f"TRAIN_MODE=auto: {gpus.detail}, so training runs on the CPU profile with a tiny "
-                       "local model (no vLLM); set TRAIN_MODE=gpu on a host with 2 NVIDIA GPUs")
-    need = 2 if want == "gpu" else 1
-    if gpus.count < need:
-        raise StackError(f"TRAIN_MODE={want} needs {need} NVIDIA GPU(s) visible to Docker, found {gpus.count} "
-                         f"({gpus.detail}); set TRAIN_MODE=auto or cpu in .env, or run `make doctor`")
-    return want, f"TRAIN_MODE={want}: {gpus.count} GPU(s)"
+    gpus = gpus if gpus is not None or want == "cpu" else detect_gpus()
+    try:
+        mode, why = resolve_train_mode(want, gpus.count if gpus else 0, found=gpus.detail if gpus else "")
+    except TrainModeError as exc:
+        raise StackError(str(exc)) from None
+    if mode == "gpu":
+        why += f"; vLLM on GPU {env.get('VLLM_GPU') or '0'}, trainer on GPU {env.get('TRAINER_GPU') or '1'}"
+    return mode, why
 
 
-def compose_env(env: dict[str, str], mode: str) -> dict[str, str]:
+def check_gpu_driver(env: dict[str, str], gpus: gpu_doctor.DockerGpus) -> None:
+    """Stop when the host's NVIDIA driver cannot run VLLM_IMAGE's CUDA (before a multi-GB pull when the
+    tag is known, else once the image is here)."""
+    if not gpus.gpus:
+        return
+    image = env.get("VLLM_IMAGE") or gpu_doctor.DEFAULT_VLLM_IMAGE
+    ok, message = gpu_doctor.check_driver(gpus.gpus[0].driver, image, gpu_doctor.cuda_of_image(image))
+    if not ok:
+        raise StackError(message)
+
+
+def compose_env(env: dict[str, str], mode: str, gpus: gpu_doctor.DockerGpus | None = None) -> dict[str, str]:
     names = env_names(env)
+    cdi = bool(gpus and gpus.cdi)
     out = dict(os.environ)
     out["TRAIN_MODE"] = mode
     out["COMPOSE_PROFILES"] = ",".join([mode, *names])
-    out["COMPOSE_FILE"] = os.pathsep.join(str(f) for f in compose_files(env))
+    out["COMPOSE_FILE"] = os.pathsep.join(str(f) for f in compose_files(env, mode, cdi))
+    if cdi:  # compose.yaml's GPU reservations as CDI devices (no NVIDIA hook on this host)
+        out["GPU_DEVICE_DRIVER"], out["GPU_DEVICE_PREFIX"] = "cdi", gpu_layout.CDI_PREFIX
     if glob.glob(str(WHEELS / "torch-*.whl")):
         out["TORCH_INDEX_URL"] = ""  # the local wheel is enough; don't wait on an index
     return out
@@ -367,14 +415,16 @@ def cmd_prepare() -> tuple[dict[str, str], str]:
         if problem:
             raise StackError(problem)
     env = load_env()
-    gpus = detect_gpus() if (env.get("TRAIN_MODE") or "auto").lower() != "cpu" else Gpus(False, 0, "not needed")
+    gpus = detect_gpus() if (env.get("TRAIN_MODE") or "auto").lower() != "cpu" else None
     mode, why = resolve_mode(env, gpus)
+    if mode != "cpu":
+        check_gpu_driver(env, gpus)
     env_names(env)
     problem = validate_run_config(env, mode)
     if problem:
         raise StackError(problem)
     say(why)
-    cenv = compose_env(env, mode)
+    cenv = compose_env(env, mode, gpus)
     trainer_gpu = env.get("TRAINER_GPU") or "0"
     if mode == "colocate" and (not trainer_gpu.isdigit() or int(trainer_gpu) >= gpus.count):
         # .env.example's TRAINER_GPU=1 is for the two-GPU split; with one GPU it is device 0.
@@ -444,6 +494,8 @@ def cmd_build(cenv: dict[str, str], mode: str) -> None:
     say("building images: " + ", ".join(services) + " (cached after the first time)")
     if compose(cenv, "build", *services, extra_profiles=("build", "build-gpu")) != 0:
         raise StackError("image build failed (see the output above); `make doctor` checks the usual causes")
+    if mode != "cpu":  # VLLM_IMAGE is here now: its own CUDA_VERSION against the driver
+        check_gpu_driver(env, detect_gpus())
 
 
 def long_running_services(env: dict[str, str], mode: str) -> list[str]:
@@ -512,6 +564,116 @@ def cmd_train(cenv: dict[str, str], mode: str, args: list[str]) -> int:
     return rc
 
 
+def cmd_sync_check(cenv: dict[str, str], mode: str) -> int:
+    """`make nccl-check FULL=1`: trainer.gpu.sync_check in the trainer service, against the running vllm."""
+    if mode != "gpu":
+        raise StackError(f"nccl-check --full pushes weights into the vllm service, which runs with TRAIN_MODE=gpu "
+                         f"(this host resolves to {mode}: {detect_gpus().detail}); set TRAIN_MODE=gpu on a 2-GPU host")
+    cmd, env = compose_command(cenv, "ps", "--format", "json", "vllm")
+    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    states = [json.loads(line) for line in r.stdout.splitlines() if line.strip().startswith("{")]
+    if not any(s.get("Health") == "healthy" for s in states):
+        raise StackError("the vllm service is not running and healthy: start the stack first (`make up`), then "
+                         "run `make nccl-check FULL=1` again")
+    return compose(cenv, "run", "--rm", "--no-deps", "trainer", "python3", "-m", "trainer.gpu.sync_check")
+
+
+# ------------------------------------------------------------------ smoke run
+SMOKE_STEPS = 3
+# (stage, what it proves, what a failure usually means); README "First run on a GPU host" has the same list.
+SMOKE_STAGES = {
+    "model_download": ("model download", "MODEL_NAME at MODEL_REVISION fetched, chat template checked",
+                       "MODEL_NAME / MODEL_REVISION / HF token (a gated model), or the chat template TRL cannot train"),
+    "vllm_healthy": ("vLLM healthy", "the vllm service serves the model with dev mode + NCCL weight transfer",
+                     "`make logs`: out of GPU memory (VLLM_GPU_MEMORY_UTILIZATION, VLLM_MAX_MODEL_LEN), driver"),
+    "rendezvous": ("rendezvous", "trainer (rank 0) and the vLLM workers formed the NCCL group",
+                   "network between the containers, VLLM_HOST_IP, NCCL_SOCKET_IFNAME; run `make nccl-check`"),
+    "first_generation": ("first generation", "rollouts generated, tool calls sent to the env servers",
+                         "env servers (capacity, health) or generation; the trainer log says which"),
+    "first_optimizer_step": ("first optimizer step", "loss, backward and AdamW step on the trainer's device",
+                             "trainer GPU memory (PER_DEVICE_TRAIN_BATCH_SIZE, MAX_COMPLETION_LENGTH)"),
+    "first_weight_sync": ("first weight sync", "new weights pushed into vLLM (seconds)",
+                          "NCCL transport; `make nccl-check FULL=1` repeats it with timings"),
+    "tool_calls": ("tool calls per episode", "the model calls the env's tools (> 0)",
+                   "0: the model never calls a tool (chat template, ENABLE_THINKING, MAX_COMPLETION_LENGTH)"),
+}
+SMOKE_STAGES_BY_MODE = {
+    "gpu": ["model_download", "vllm_healthy", "rendezvous", "first_generation", "first_optimizer_step",
+            "first_weight_sync", "tool_calls"],
+    "colocate": ["model_download", "first_generation", "first_optimizer_step", "first_weight_sync", "tool_calls"],
+    "cpu": ["first_generation", "first_optimizer_step", "tool_calls"],
+}
+
+
+def smoke_table(mode: str, found: dict[str, dict], failed_rc: int | None) -> tuple[list[str], bool]:
+    """The smoke run's verdict, one line per stage: pass with its time, or FAIL with what it usually means."""
+    lines, ok = [], True
+    for key in SMOKE_STAGES_BY_MODE[mode]:
+        title, proves, meaning = SMOKE_STAGES[key]
+        record = found.get(key)
+        passed = record is not None and (key != "tool_calls" or (record.get("value") or 0) > 0)
+        if passed:
+            took = f" {record['seconds']:.1f}s" if record.get("seconds") is not None else ""
+            detail = record.get("detail") or proves
+            lines.append(f"  pass {title:<24}{took:>9}  {detail}")
+        else:
+            ok = False
+            why = "never reached" if record is None else (record.get("detail") or "failed")
+            lines.append(f"  FAIL {title:<24}{'':>9}  {why}: {meaning}")
+    if failed_rc not in (None, 0):
+        ok = False
+        lines.append(f"  FAIL {'trainer exit':<24}{'':>9}  exit code {failed_rc}: the trainer log above says why")
+    return lines, ok
+
+
+def run_logged(cmd: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Run, echo every line as it comes, and keep the text for the stage records."""
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            bufsize=1)
+    seen = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        print(line, end="", flush=True)
+        seen.append(line)
+    return proc.wait(), "".join(seen)
+
+
+def cmd_smoke(cenv: dict[str, str], mode: str, require_gpu: bool) -> int:
+    """`make gpu-smoke`: 3 training steps, then pass/FAIL with timings for every stage a first run goes
+    through. `--gpu` refuses to stand in the CPU profile for the GPU path."""
+    from trainer import stages
+
+    if require_gpu and mode == "cpu":
+        raise StackError(f"make gpu-smoke checks the GPU path, and this host has {detect_gpus().detail}; "
+                         "`make doctor` says why, `make train` trains on the CPU profile here")
+    log_text, t0 = "", time.monotonic()
+    if mode != "cpu":
+        say("stage: model download (model-download job)")
+        rc, text = run_logged(compose_command(cenv, "run", "--rm", "-T", "model-download")[0], cenv)
+        log_text += text
+        if rc != 0:
+            lines, _ = smoke_table(mode, stages.parse(log_text), rc)
+            print("\n".join(["[stack] gpu-smoke: model download failed", *lines]))
+            return rc
+    cmd_up(cenv, mode)
+    service = "trainer-cpu" if mode == "cpu" else "trainer"
+    if mode == "cpu":
+        rc, text = run_logged(compose_command(cenv, "run", "--rm", "-T", "model-init")[0], cenv)
+        if rc != 0:
+            say(f"the CPU profile's model-init job failed (exit {rc}); the messages above say why")
+            return rc
+    args = ["python", "-m", "trainer.train", "--max-steps", str(SMOKE_STEPS), "--run-name", f"smoke-{mode}",
+            "--resume", "fresh"]
+    say(f"stage: {SMOKE_STEPS} training steps with `{service}` (mode {mode}), run smoke-{mode}")
+    rc, text = run_logged(compose_command(cenv, "run", "--rm", "-T", "--no-deps", service, *args)[0], cenv)
+    lines, ok = smoke_table(mode, stages.parse(log_text + text), rc)
+    print(f"[stack] smoke run, mode {mode}, {time.monotonic() - t0:.0f}s in all:")
+    print("\n".join(lines))
+    print("[stack] smoke: " + ("PASSED: a real run will go through the same stages" if ok else
+                               "FAILED: see the first FAIL line and README 'First run on a GPU host'"))
+    return 0 if ok else 1
+
+
 def cmd_doctor() -> int:
     """Report every problem at once, each with its fix."""
     ok = True
@@ -532,8 +694,8 @@ def cmd_doctor() -> int:
         env = load_env()
     except StackError:
         return 2
-    gpus = detect_gpus() if not docker else Gpus(False, 0, "docker not answering")
-    report("NVIDIA runtime / GPUs", None, gpus.detail)
+    gpus = detect_gpus() if not docker else gpu_doctor.DockerGpus(None, [], "docker not answering")
+    report("GPUs for containers", None, gpus.detail)
     mode = "cpu"
     try:
         mode, why = resolve_mode(env, gpus)
@@ -548,10 +710,8 @@ def cmd_doctor() -> int:
     report("HF token file", check_token_file(env), "readable by the containers' user")
     report("DASHBOARD_PORT", check_port(env, "DASHBOARD_PORT"), f"{env.get('DASHBOARD_PORT', '6006')} free")
     if mode in ("gpu", "colocate") or gpus.count:
-        gpu_doctor = ROOT / "tools" / "gpu_doctor.py"
-        if gpu_doctor.exists():
-            rc = subprocess.call([sys.executable, str(gpu_doctor)], cwd=ROOT)
-            ok = ok and rc == 0
+        rc = subprocess.call([sys.executable, str(ROOT / "tools" / "gpu_doctor.py")], cwd=ROOT)
+        ok = ok and rc == 0
     print("all good" if ok else "doctor found problems: fix the FAIL lines above")
     return 0 if ok else 1
 
@@ -581,6 +741,12 @@ def main(argv: list[str]) -> int:
             return cmd_train(cenv, mode, rest)
         {"build": cmd_build, "up": cmd_up, "dashboard": cmd_dashboard}[cmd](cenv, mode)
         return 0
+    if cmd == "sync-check":
+        cenv, mode = cmd_prepare()
+        return cmd_sync_check(cenv, mode)
+    if cmd == "smoke":
+        cenv, mode = cmd_prepare()
+        return cmd_smoke(cenv, mode, require_gpu="--gpu" in rest)
     if cmd == "doctor":
         return cmd_doctor()
     print(__doc__)

@@ -52,8 +52,8 @@ class RunConfig(BaseSettings):
 
     train_mode: Literal["auto", "cpu", "gpu", "colocate"] = Field(
         "auto",
-        description="auto: cpu without CUDA; gpu when the vllm service resolves or 2 GPUs are visible; else "
-        "colocate. gpu = vLLM server on its own GPU (NCCL sync); colocate = vLLM inside the trainer on one GPU; "
+        description="auto: cpu without a GPU; gpu with 2+ GPUs (or a vllm service to talk to); colocate with "
+        "one. gpu = vLLM server on its own GPU (NCCL sync); colocate = vLLM inside the trainer on one GPU; "
         "cpu = transformers generation, tiny model.",
     )
     env_name: str = Field(
@@ -68,6 +68,15 @@ class RunConfig(BaseSettings):
     model_name: str | None = Field(
         None, description=f"Model to train (hub id or local path). Empty: `{CPU_DEFAULT_MODEL}` on CPU, "
         f"`{GPU_DEFAULT_MODEL}` on GPU."
+    )
+    model_revision: str | None = Field(
+        None, description="Hub revision (a commit) of MODEL_NAME: downloaded, checked (chat template) and loaded by "
+        "vLLM and the trainer. Pin the one you tested; TRL recognises a chat template by exact match. Empty: main."
+    )
+    enable_thinking: bool = Field(
+        False, description="Let the model think in `<think>` before it answers. Off by default for tool agents: a "
+        "small model can spend MAX_COMPLETION_LENGTH thinking before its first tool call. Passed to TRL as "
+        "chat_template_kwargs (the prompts it generates from and trains on)."
     )
     run_name: str | None = Field(None, description="Run folder under OUTPUT_DIR. Empty: the env names joined by `+`.")
     output_dir: str = Field("/outputs", description="Where runs are written (checkpoints, metrics.jsonl, tensorboard/).")
@@ -234,28 +243,38 @@ class RunConfig(BaseSettings):
         return f"{self.output_dir.rstrip('/')}/{self.resolved_run_name}"
 
     def resolved_train_mode(self) -> str:
-        """auto: cpu without CUDA; gpu when the vLLM server's name resolves (the gpu profile runs it) or
-        two GPUs are visible; colocate otherwise. Imports torch only for auto."""
+        """TRAIN_MODE with `auto` resolved by trainer.train_mode's rule from what this process sees: the
+        GPUs torch counts, and whether the vLLM server's name resolves. Imports torch only for auto."""
         if self.train_mode != "auto":
             return self.train_mode
         import socket
 
         import torch
 
-        if not torch.cuda.is_available():
-            return "cpu"
-        if torch.cuda.device_count() >= 2:
-            return "gpu"
+        from trainer.train_mode import resolve_train_mode
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         try:
             socket.getaddrinfo(urlparse(self.vllm_server_url).hostname, None)
-            return "gpu"
+            vllm_service = True
         except OSError:
-            return "colocate"
+            vllm_service = False
+        return resolve_train_mode("auto", gpus, vllm_service=vllm_service)[0]
 
     def resolved_model_name(self, mode: str | None = None) -> str:
         if self.model_name:
             return self.model_name
         return CPU_DEFAULT_MODEL if (mode or self.resolved_train_mode()) == "cpu" else GPU_DEFAULT_MODEL
+
+    def model_load_kwargs(self, mode: str | None = None) -> dict[str, Any]:
+        """from_pretrained kwargs for the model: its pinned revision (hub models only, not local folders)."""
+        name = self.resolved_model_name(mode)
+        hub = not name.startswith(("/", ".")) and name.count("/") == 1
+        return {"revision": self.model_revision} if self.model_revision and hub else {}
+
+    def chat_template_kwargs(self) -> dict[str, Any]:
+        """What TRL passes to apply_chat_template for every prompt it generates from and trains on."""
+        return {"enable_thinking": self.enable_thinking}
 
     def resolved_learning_rate(self, mode: str | None = None) -> float:
         if self.learning_rate is not None:
@@ -283,7 +302,7 @@ class RunConfig(BaseSettings):
             raise
 
     def to_grpo_config(self, mode: str | None = None, **extra: Any):
-        """Map onto trl.GRPOConfig (imports trl lazily). gpu/colocate add trainer.vllm_mode's kwargs."""
+        """Map onto trl.GRPOConfig (imports trl lazily). gpu/colocate add trainer.gpu's kwargs."""
         from trl import GRPOConfig
 
         mode = mode or self.resolved_train_mode()
@@ -307,19 +326,25 @@ class RunConfig(BaseSettings):
             data_seed=self.seed,
             report_to="none",  # trainer.metrics writes JSONL + TensorBoard itself
             disable_tqdm=True,  # one log line per step instead of progress bars in `docker logs`
+            chat_template_kwargs=self.chat_template_kwargs(),
         )
         if mode == "cpu":
             kwargs.update(use_cpu=True, bf16=False, use_vllm=False)
         else:
             import torch
 
-            from trainer import vllm_mode  # only on GPU: imports vllm
+            from trainer import gpu  # only on GPU
 
             # bf16 where the GPU has it (Ampere+); older cards train in fp32 rather than risk fp16 overflow.
             kwargs.update(bf16=bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported()))
-            kwargs.update(vllm_mode.grpo_vllm_kwargs(self))
+            kwargs.update(gpu.grpo_vllm_kwargs(self))
         kwargs.update(extra)
         return GRPOConfig(**kwargs)
+
+
+def default(field: str) -> Any:
+    """A RunConfig field's default: the one place every other module takes it from."""
+    return RunConfig.model_fields[field].default
 
 
 def format_validation_error(exc: ValidationError) -> str:

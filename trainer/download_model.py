@@ -1,20 +1,34 @@
-"""Init job of the GPU profiles: download MODEL_NAME once into the shared HF cache.
+"""Init job of the GPU profiles: download MODEL_NAME at MODEL_REVISION once into the shared HF cache,
+then check its chat template the way preflight does, before vLLM starts on it.
 
 The only service that sees HF_TOKEN (a Compose secret at /run/secrets/hf_token); vLLM and the
-trainer then load the model offline from the cache volume.
+trainer then load the model offline from the cache volume, at the same revision.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 SECRET = Path("/run/secrets/hf_token")
 
 
+def check_downloaded(path: str, model: str) -> list[str]:
+    """The chat-template checks of trainer.preflight on the tokenizer just downloaded."""
+    from transformers import AutoTokenizer
+
+    from trainer.preflight import check_chat_template
+
+    return check_chat_template(AutoTokenizer.from_pretrained(path), model)
+
+
 def main() -> int:
+    from trainer import stages
+
     model = os.environ.get("MODEL_NAME", "")
+    revision = os.environ.get("MODEL_REVISION") or None
     if not model:
         print("error: MODEL_NAME is empty; set it in .env", file=sys.stderr)
         return 2
@@ -29,15 +43,28 @@ def main() -> int:
               file=sys.stderr)
         return 2
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
+    start = time.monotonic()
     try:
-        path = snapshot_download(model, token=token or None)
+        path = snapshot_download(model, revision=revision, token=token or None)
+    except RevisionNotFoundError:
+        print(f"error: {model!r} has no revision {revision!r}; set MODEL_REVISION in .env to a commit of that model "
+              "(its hub page, \"Files and versions\" > history), or empty for main", file=sys.stderr)
+        return 2
     except (GatedRepoError, RepositoryNotFoundError) as e:
         print(f"error: cannot download {model!r}: {type(e).__name__}. Check MODEL_NAME in .env; for a gated "
               f"model put a token in the file named by HF_TOKEN_FILE (default .secrets/hf_token).", file=sys.stderr)
         return 2
-    print(f"[model-download] {model} ready at {path}")
+    at = f"revision {revision}" if revision else "revision main (unpinned: set MODEL_REVISION in .env)"
+    stages.mark("model_download", time.monotonic() - start, f"{model} at {at}")
+    problems = check_downloaded(path, model)
+    if problems:
+        for problem in problems:
+            print(f"error: {problem} (downloaded {at})", file=sys.stderr)
+        print("error: vLLM is not started on a model TRL cannot train tool calls with", file=sys.stderr)
+        return 2
+    print(f"[model-download] {model} ({at}) ready at {path}; chat template: TRL can parse and train tool calls")
     return 0
 
 

@@ -24,6 +24,8 @@ from typing import Any
 
 from transformers import TrainerCallback
 
+from trainer import stages
+
 METRICS_FILE = "metrics.jsonl"
 TB_DIR = "tensorboard"
 
@@ -195,6 +197,8 @@ class MetricsCallback(TrainerCallback):
             if self.mode != "cpu":
                 record["time/weight_sync_s"] = sync
         self._append(record)
+        stages.mark("first_optimizer_step", step_s, f"step {state.global_step}: loss {record.get('loss')}, "
+                    f"reward {record.get('reward')}")
         tb = self._tb()
         for key, value in record.items():
             if key not in ("kind", "step", "time", "mode") and isinstance(value, (int, float)) and value is not None:

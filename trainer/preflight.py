@@ -247,12 +247,72 @@ def check_chat_template(tokenizer, model_name: str) -> list[str]:
     return []
 
 
+# ---------------------------------------------------------------------------- lengths
+def tools_of(tool_class) -> list:
+    """The tools TRL shows the model for an env class: its public methods but reset/get_reward, bound to an
+    instance made without __init__ (no session is opened)."""
+    import inspect
+
+    instance = tool_class.__new__(tool_class)
+    return [getattr(instance, n) for n, _ in inspect.getmembers(tool_class, predicate=inspect.isfunction)
+            if n not in ("reset", "get_reward") and not n.startswith("_")]
+
+
+def longest_prompt(cfg: RunConfig, tokenizer, specs: dict) -> tuple[int, str]:
+    """(tokens, env) of the longest dataset prompt, rendered as TRL renders it for generation: with the env's
+    tools, TRL's training template, the generation prompt and CHAT_TEMPLATE kwargs (thinking on/off)."""
+    from trl.chat_template_utils import get_training_chat_template, is_chat_template_prefix_preserving
+
+    template = None if is_chat_template_prefix_preserving(tokenizer) else get_training_chat_template(tokenizer)
+    longest, where = 0, ""
+    for name in cfg.env_names:
+        tools = tools_of(specs[name].tool_class) or None
+        seen = set()
+        for row in specs[name].make_dataset(cfg.dataset_size, cfg.seed):
+            prompt = row["prompt"]
+            key = str(prompt)
+            if key in seen:
+                continue
+            seen.add(key)
+            messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
+            ids = tokenizer.apply_chat_template(messages, tools=tools, chat_template=template, add_generation_prompt=True,
+                                                tokenize=True, return_dict=True, **cfg.chat_template_kwargs())["input_ids"]
+            if len(ids) > longest:
+                longest, where = len(ids), name
+    return longest, where
+
+
+def check_lengths(cfg: RunConfig, mode: str, tokenizer, specs: dict) -> tuple[list[str], str]:
+    """Longest prompt + MAX_COMPLETION_LENGTH must fit where generation happens: vLLM's --max-model-len
+    (it rejects longer requests; TRL only checks the model's own limit), or the model's limit on CPU."""
+    if not specs:
+        return [], ""
+    if mode in ("gpu", "colocate") and cfg.vllm_max_model_len:
+        limit, what, fix = cfg.vllm_max_model_len, "VLLM_MAX_MODEL_LEN", "raise VLLM_MAX_MODEL_LEN (GPU memory permitting)"
+    else:
+        from transformers import AutoConfig
+
+        name = cfg.resolved_model_name(mode)
+        limit = getattr(AutoConfig.from_pretrained(name, **cfg.model_load_kwargs(mode)), "max_position_embeddings", 0)
+        what, fix = f"the model's max_position_embeddings ({name})", "use a model with a longer context"
+        if not limit:
+            return [], ""
+    prompt, env = longest_prompt(cfg, tokenizer, specs)
+    total = prompt + cfg.max_completion_length
+    line = (f"longest prompt {prompt} tokens (env {env}, rendered with its tools) + MAX_COMPLETION_LENGTH "
+            f"{cfg.max_completion_length} = {total}")
+    if total > limit:
+        return [f"{line} > {what} {limit}: generation would be refused; {fix}, or lower MAX_COMPLETION_LENGTH to "
+                f"<= {max(limit - prompt, 0)} (edit .env)"], ""
+    return [], f"lengths: {line} <= {what} {limit}"
+
+
 def load_tokenizer(cfg: RunConfig, mode: str):
     from transformers import AutoTokenizer
 
     name = cfg.resolved_model_name(mode)
     try:
-        return AutoTokenizer.from_pretrained(name), None
+        return AutoTokenizer.from_pretrained(name, **cfg.model_load_kwargs(mode)), None
     except Exception as exc:  # noqa: BLE001 - OSError / ValueError / hub errors: all mean "not here"
         if mode == "cpu":
             fix = ("the CPU profile's init job makes it: `docker compose --profile cpu run --rm model-init` "
@@ -276,14 +336,17 @@ def run_all(cfg: RunConfig, mode: str, wait_s: float = 20.0, tokenizer=None) -> 
         errors += tmpl_errors
         if not tmpl_errors:
             report.ok.append("chat template: TRL can parse and train tool calls with it")
-    if mode in ("gpu", "colocate"):  # never imported on CPU: vllm_mode's checks import torch.cuda / vllm
+            length_errors, fits = check_lengths(cfg, mode, tokenizer, report.specs)
+            errors += length_errors
+            report.ok += [fits] if fits else []
+    if mode in ("gpu", "colocate"):  # never imported on CPU: trainer.gpu's checks import torch.cuda / vllm
         try:
-            from trainer import vllm_mode
+            from trainer import gpu
 
-            vllm_mode.preflight_vllm(cfg)
+            gpu.preflight_vllm(cfg)
             report.ok.append(f"vLLM server {cfg.vllm_server_url}: healthy, dev mode on, weight transfer configured"
                              if mode == "gpu" else "vLLM colocated: CUDA and vllm importable")
-        except Exception as exc:  # noqa: BLE001 - vllm_mode raises with its own diagnosis
+        except Exception as exc:  # noqa: BLE001 - trainer.gpu raises with its own diagnosis
             errors.append(f"vLLM: {exc}")
     for line in report.ok:
         log(f"ok: {line}")

@@ -254,7 +254,7 @@ def warm_start(model, examples, pad_id: int, epochs: int, lr: float, batch_size:
     return losses
 
 
-def sample_check(model, tokenizer, convs, chat_template, n: int = 16, seed: int = 0) -> dict:
+def sample_check(model, tokenizer, convs, chat_template, template_kwargs: dict, n: int = 16, seed: int = 0) -> dict:
     """Sample first turns like GRPO will (temperature 1): how often is a well-formed tool call emitted?"""
     import torch
     from trl.chat_template_utils import add_response_schema, parse_response
@@ -264,8 +264,8 @@ def sample_check(model, tokenizer, convs, chat_template, n: int = 16, seed: int 
     calls = correct = 0
     for messages, tools in convs[:: max(1, len(convs) // n)][:n]:  # spread over the envs
         prompt = [messages[0]]
-        ids = tokenizer.apply_chat_template(prompt, tools=tools, chat_template=chat_template,
-                                            add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+        ids = tokenizer.apply_chat_template(prompt, tools=tools, chat_template=chat_template, add_generation_prompt=True,
+                                            tokenize=True, return_dict=True, **template_kwargs)["input_ids"]
         out = model.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=True, temperature=1.0, top_k=0,
                              top_p=1.0)  # TRL's sampling defaults
         parsed = parse_response(tokenizer, out[0][len(ids):].tolist(), prefix=ids, tools=tools)  # TRL's, with fallback
@@ -309,7 +309,7 @@ def build(out: Path, specs: dict, cfg, examples: int, epochs: int, lr: float, se
     t1 = time.monotonic()
     losses = warm_start(model, data, tokenizer.pad_token_id, epochs, lr, batch_size=16, seed=seed)
     train_s = time.monotonic() - t1
-    check = sample_check(model, tokenizer, convs, training_template, seed=seed)
+    check = sample_check(model, tokenizer, convs, training_template, cfg.chat_template_kwargs(), seed=seed)
     log(f"sampled {check['sampled']} first turns at temperature 1: {check['tool_calls']} tool calls, "
         f"{check['exact_calls']} exactly right (some misses leave GRPO something to learn)")
 

@@ -12,6 +12,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 
 from trainer.config import ConfigError, RunConfig
@@ -97,14 +98,18 @@ def build_dataset(cfg: RunConfig, specs: dict):
 def make_trainer_class():
     from trl import GRPOTrainer
 
+    from trainer import stages
     from trainer.metrics import STATS
 
     class InstrumentedGRPOTrainer(GRPOTrainer):
         """GRPOTrainer + timers for the step-time split (generation vs the rest of rollout scoring)."""
 
         def _generate_single_turn(self, *args, **kwargs):
+            start = time.perf_counter()
             with STATS.timer("generation"):
-                return super()._generate_single_turn(*args, **kwargs)
+                result = super()._generate_single_turn(*args, **kwargs)
+            stages.mark("first_generation", time.perf_counter() - start, "first batch of first turns generated")
+            return result
 
         def _generate_and_score_completions(self, *args, **kwargs):
             with STATS.timer("generate_and_score"):
@@ -145,12 +150,12 @@ def load_model_and_tokenizer(cfg: RunConfig, mode: str):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     name = cfg.resolved_model_name(mode)
-    tokenizer = AutoTokenizer.from_pretrained(name)
+    tokenizer = AutoTokenizer.from_pretrained(name, **cfg.model_load_kwargs(mode))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     bf16 = mode != "cpu" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
     dtype = torch.bfloat16 if bf16 else torch.float32  # matches GRPOConfig.bf16 (trainer.config)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **cfg.model_load_kwargs(mode))
     return model, tokenizer
 
 
@@ -167,9 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         log(f"TRAIN_MODE=cpu: CPU profile with the tiny local model {model_name} (transformers generation, "
             "no vLLM); this proves the loop, not a useful policy. Use a GPU host for real training.")
     else:
-        from trainer import vllm_mode  # stdlib-only at import; vllm itself loads later
+        from trainer import gpu  # light at import; vllm itself loads later
 
-        log(f"{vllm_mode.describe_mode(cfg)}; model {model_name}")
+        log(f"{gpu.describe_mode(cfg)}; model {model_name}")
     log(f"envs {', '.join(cfg.env_names)}; run dir {cfg.run_dir}")
 
     resume_ckpt, resume_step = prepare_run_dir(cfg)
@@ -214,9 +219,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     trainer.remove_callback(PrinterCallback)  # MetricsCallback prints one readable line per step instead
     if mode != "cpu":
-        from trainer import vllm_mode
+        from trainer import gpu
 
-        vllm_mode.instrument_weight_sync(trainer, lambda seconds: STATS.add_time("weight_sync", seconds))
+        gpu.instrument_weight_sync(trainer, lambda seconds: STATS.add_time("weight_sync", seconds))
 
     trainer.train(resume_from_checkpoint=resume_ckpt)
     step = trainer.state.global_step
@@ -242,6 +247,13 @@ def _print_summary(cfg: RunConfig, step: int) -> None:
         vals = [r[key] for r in tail if isinstance(r.get(key), (int, float))]
         return sum(vals) / len(vals) if vals else float("nan")
 
+    calls = [r["tools/call_frequency"] for r in rows if isinstance(r.get("tools/call_frequency"), (int, float))]
+    if calls:
+        from trainer import stages
+
+        per_episode = sum(calls) / len(calls)
+        stages.mark("tool_calls", None, f"{per_episode:.2f} tool calls per episode over {len(calls)} steps",
+                    value=round(per_episode, 3))
     ckpts = sorted(p.name for p in Path(cfg.run_dir).glob(f"{CHECKPOINT_PREFIX}*"))
     log(f"done: step {step}/{cfg.max_steps}; last {len(tail)} steps: reward {mean('reward'):.3f}, "
         f"tool calls/episode {mean('tools/call_frequency'):.2f}, tool failures {mean('tools/failure_frequency'):.2f}")

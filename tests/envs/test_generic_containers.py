@@ -12,14 +12,11 @@ driven only through an env file and `tools/stack.py train` (what `make train` ru
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-import uuid
 
 import pytest
 
-from tests.helpers import ROOT, build_images, write_env_file
+from tests.helpers import ROOT, EnvFileStack, build_images
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -32,27 +29,6 @@ def fixture_image(name: str) -> str:
     subprocess.run(["docker", "build", "-q", "-f", str(FIXTURES / "Dockerfile"), "-t", tag, str(FIXTURES / name)],
                    check=True, capture_output=True)
     return tag
-
-
-class EnvFileStack:
-    """A stack driven like a user drives it: an env file and tools/stack.py (STACK_ENV_FILE points at it)."""
-
-    def __init__(self, tmp_path, overrides: dict[str, str]) -> None:
-        self.project = f"grpo-test-{uuid.uuid4().hex[:8]}"
-        self.env_file = write_env_file(tmp_path / f"{self.project}.env", self.project, [], overrides)
-
-    def stack(self, *args: str, env: dict[str, str] | None = None, timeout: float = 1200) -> subprocess.CompletedProcess:
-        run_env = {k: v for k, v in os.environ.items() if k not in ("TRAIN_MODE", "ENV_NAME", "COMPOSE_PROFILES")}
-        run_env.update(STACK_ENV_FILE=str(self.env_file), **(env or {}))
-        return subprocess.run([sys.executable, "tools/stack.py", *args], cwd=ROOT, env=run_env, capture_output=True,
-                              text=True, timeout=timeout)
-
-    def read(self, path: str) -> str:
-        res = self.stack("compose", "run", "--rm", "--no-deps", "--entrypoint", "cat", "trainer-cpu", path)
-        return res.stdout if res.returncode == 0 else ""
-
-    def down(self) -> None:
-        self.stack("compose", "--profile", "*", "down", "--volumes", "--remove-orphans")
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ from tests.helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "tools"))
 import gpu_doctor  # noqa: E402
+import gpu_layout  # noqa: E402
 import nccl_check  # noqa: E402
 
 # Recorded on a 2 x A100 host (nvidia-smi 550.x), trimmed.
@@ -20,10 +21,6 @@ SMI_CSV_2 = """0, GPU-5d7c2f0e-aaaa-bbbb-cccc-000000000000, NVIDIA A100-SXM4-80G
 1, GPU-9e1f7a11-aaaa-bbbb-cccc-111111111111, NVIDIA A100-SXM4-80GB, 81920, 40960, 40442, 550.54.15
 """
 SMI_CSV_1 = "0, GPU-12345678-aaaa-bbbb-cccc-222222222222, NVIDIA GeForce RTX 4090, 24564, 1090, 23012, 560.35.03\n"
-SMI_HEADER = """+-----------------------------------------------------------------------------------------+
-| NVIDIA-SMI 550.54.15              Driver Version: 550.54.15      CUDA Version: 12.4     |
-|-----------------------------------------+------------------------+----------------------+
-"""
 IMAGE_ENV = ["PATH=/usr/local/nvidia/bin:/usr/local/cuda/bin:/usr/bin", "NVIDIA_REQUIRE_CUDA=cuda>=12.9",
              "CUDA_VERSION=12.9.1", "VLLM_USAGE_SOURCE=production-docker-image"]
 ENV = {"VLLM_GPU": "0", "TRAINER_GPU": "1", "VLLM_GPU_MEMORY_UTILIZATION": ""}
@@ -49,7 +46,7 @@ def test_recorded_nvidia_smi_is_parsed_test_double_for_gpu_host():
     gpus = gpu_doctor.parse_gpu_csv(SMI_CSV_2)
     assert [g.index for g in gpus] == ["0", "1"]
     assert gpus[1].free_mib == 40442 and gpus[0].name == "NVIDIA A100-SXM4-80GB"
-    assert gpu_doctor.parse_driver_cuda(SMI_HEADER) == "12.4"
+    assert gpus[0].driver == "550.54.15"
     assert gpu_doctor.image_cuda_version(IMAGE_ENV) == "12.9.1"
     assert gpu_doctor.parse_gpu_csv("No devices were found\n") == []
 
@@ -57,10 +54,10 @@ def test_recorded_nvidia_smi_is_parsed_test_double_for_gpu_host():
 def test_two_gpu_host_with_old_driver_and_busy_vllm_gpu_test_double_for_gpu_host():
     gpus = gpu_doctor.parse_gpu_csv(SMI_CSV_2)
     gpus[0].free_mib = 20000  # someone else holds GPU 0
-    rows = rows_by_name(gpu_doctor.diagnose(gpus, True, ENV, "gpu", "12.4", "vllm/vllm-openai:v0.31.0", "12.9.1"))
+    rows = rows_by_name(gpu_doctor.diagnose(gpus, "the nvidia runtime", ENV, "gpu", "vllm/vllm-openai:v0.31.0", "13.0"))
     assert rows["GPU count"][0] and rows["VLLM_GPU"][0] and rows["TRAINER_GPU"][0]
-    ok, msg = rows["driver vs image CUDA"]
-    assert not ok and "upgrade the NVIDIA driver" in msg
+    ok, msg = rows["driver vs image"]
+    assert not ok and "NVIDIA driver 550.54.15 is too old" in msg and ">= 580.65.06" in msg
     ok, msg = rows["free memory GPU 0"]
     assert not ok and "VLLM_GPU_MEMORY_UTILIZATION" in msg
     assert rows["free memory GPU 1"][0]  # the trainer's GPU: no vLLM share to fit
@@ -68,22 +65,22 @@ def test_two_gpu_host_with_old_driver_and_busy_vllm_gpu_test_double_for_gpu_host
 
 def test_one_gpu_host_is_told_to_use_colocate_test_double_for_gpu_host():
     gpus = gpu_doctor.parse_gpu_csv(SMI_CSV_1)
-    rows = rows_by_name(gpu_doctor.diagnose(gpus, True, ENV, "gpu", "12.6", "img", None))
+    rows = rows_by_name(gpu_doctor.diagnose(gpus, "CDI", ENV, "gpu", "img", None))
     ok, msg = rows["GPU count"]
     assert not ok and "TRAIN_MODE=colocate" in msg
     assert not rows["TRAINER_GPU"][0]  # GPU 1 does not exist
-    colocate = rows_by_name(gpu_doctor.diagnose(gpus, True, {"TRAINER_GPU": "0"}, "colocate", "12.6", "img", None))
+    colocate = rows_by_name(gpu_doctor.diagnose(gpus, "CDI", {"TRAINER_GPU": "0"}, "colocate", "img", None))
     assert all(ok for ok, _ in colocate.values())
     assert "colocate" in colocate["GPU count"][1]
 
 
 def test_missing_runtime_and_same_gpu_twice_are_reported_test_double_for_gpu_host():
     gpus = gpu_doctor.parse_gpu_csv(SMI_CSV_2)
-    rows = rows_by_name(gpu_doctor.diagnose(gpus, False, {"VLLM_GPU": "1", "TRAINER_GPU": "1"}, "gpu",
-                                            "12.9", "img", "12.9.1"))
-    assert not rows["NVIDIA container runtime"][0] and "nvidia-container-toolkit" in rows["NVIDIA container runtime"][1]
+    rows = rows_by_name(gpu_doctor.diagnose(gpus, None, {"VLLM_GPU": "1", "TRAINER_GPU": "1"}, "gpu",
+                                            "img", "12.9.1"))
+    assert not rows["Docker GPU access"][0] and "nvidia-container-toolkit" in rows["Docker GPU access"][1]
     assert not rows["GPU assignment"][0]
-    assert rows["driver vs image CUDA"][0]
+    assert rows["driver vs image"][0]  # any 12.x runs on R525+
 
 
 # ------------------------------------------------------------------ nccl_check
@@ -104,15 +101,20 @@ torch.distributed.DistStoreError: Failed to connect to 127.0.0.1:51216: Connecti
 def test_nccl_check_plan_trainer_listens_vllm_connects_test_double_for_gpu_run():
     env = nccl_check.nccl_env({"NCCL_SOCKET_IFNAME": "ens5"})
     assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_P2P_DISABLE"] == "1" and env["NCCL_SOCKET_IFNAME"] == "ens5"
-    t = nccl_check.docker_run_argv("trainer", "grpo-stack/trainer:gpu", "1", "net", "t", env, "-", 51216, 64, 3)
-    v = nccl_check.docker_run_argv("vllm", "vllm/vllm-openai:v0.31.0", "0", "net", "v", env, "172.20.0.5",
+    layout = gpu_layout.placements("0", "1", fast_path=False)
+    t = nccl_check.docker_run_argv("trainer", "grpo-stack/trainer:gpu", layout["trainer"], "net", "t", env, "-",
                                    51216, 64, 3)
+    v = nccl_check.docker_run_argv("vllm", "vllm/vllm-openai:v0.31.0", layout["vllm"], "net", "v", env,
+                                   "172.20.0.5", 51216, 64, 3)
     assert t[t.index("--gpus") + 1] == '"device=1"' and v[v.index("--gpus") + 1] == '"device=0"'
     assert t[-5:] == ["trainer", "-", "51216", "64", "3"] and v[-5:] == ["vllm", "172.20.0.5", "51216", "64", "3"]
     assert "--ipc" not in t
-    fast = nccl_check.nccl_env({"NCCL_FAST_PATH": "1"})
-    assert fast["NCCL_P2P_DISABLE"] == "0" and "--ipc" in nccl_check.docker_run_argv(
-        "trainer", "i", "1", "n", "t", fast, "-", 1, 1, 1)
+    fast = gpu_layout.placements("0", "1", fast_path=True)["trainer"]
+    fast_env = nccl_check.nccl_env({"NCCL_FAST_PATH": "1"}, fast)
+    argv = nccl_check.docker_run_argv("trainer", "i", fast, "n", "t", fast_env, "-", 1, 1, 1, cdi=True)
+    assert fast_env["NCCL_P2P_DISABLE"] == "0" and fast_env["NCCL_HOSTID"] == gpu_layout.FAST_PATH_HOSTID
+    assert argv[argv.index("--ipc") + 1] == "host"
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--device"] == ["nvidia.com/gpu=0", "nvidia.com/gpu=1"]
     compile(nccl_check.SCRIPT, "nccl_check_script", "exec")  # the in-container script is valid Python
 
 

@@ -25,7 +25,7 @@ CHECK = textwrap.dedent("""
     from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_producer
     import trl.generation.vllm_client as client
     from trl import GRPOConfig, GRPOTrainer
-    import openenv, trainer.vllm_mode
+    import openenv, trainer.gpu, trainer.gpu.sync_check
     pins = dict(l.split("==") for l in open("/opt/base-constraints.txt").read().split())
     print(json.dumps({"pins": pins, "installed": {n: md.version(n) for n in pins}, "trl": trl.__version__,
                       "stateful_engine": client._HAS_STATEFUL_TRAINER_ENGINE}))
@@ -55,3 +55,8 @@ def test_trainer_gpu_dockerfile_on_the_cpu_twin_base__stand_in_for_vllm_openai(d
     assert result["stateful_engine"] is True  # trl uses vLLM >= 0.28's trainer-side NCCL helpers
     user = subprocess.run(["docker", "run", "--rm", IMAGE, "id", "-u"], capture_output=True, text=True)
     assert user.stdout.strip() == "10001"
+    # the build's dependency gate, rerun in the built image: nothing new broken beyond the allow-list
+    gate = subprocess.run(["docker", "run", "--rm", IMAGE, "python3", "/opt/pip-check/pip_check.py", "--baseline",
+                           "/opt/pip-check/base.txt", "--allow", "/opt/pip-check/pip-check-allow.txt"],
+                          capture_output=True, text=True)
+    assert gate.returncode == 0 and "pip check: no new conflict" in gate.stdout, gate.stdout + gate.stderr

@@ -8,7 +8,9 @@ GPU host); here we only show that the weight-transfer init fails fast and clearl
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import threading
 import time
 
@@ -16,6 +18,7 @@ import pytest
 import requests
 
 from tests.gpu_path.conftest import VLLM_CPU_IMAGE
+from tests.helpers import ROOT
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -111,18 +114,18 @@ def test_weight_transfer_init_without_gpu_fails_clearly__cpu_stand_in_for_nccl_i
     at once (no hang), and the server keeps serving afterwards."""
     import trl.generation.vllm_client as trl_vllm_client
 
-    from trainer import vllm_mode
+    from trainer.gpu import server, trl_hooks
 
-    report = vllm_mode.check_vllm_server(vllm_cpu.url, timeout_s=30)
+    report = server.check_vllm_server(vllm_cpu.url, timeout_s=30)
     assert report.server_has_cuda is False
 
     # Trainer side, through trl's init_communicator wrapped by our rendezvous guard.
     monkeypatch.setattr(trl_vllm_client, "get_ip", lambda: "127.0.0.1", raising=False)
     monkeypatch.setattr(trl_vllm_client.VLLMClient, "init_communicator",
                         trl_vllm_client.VLLMClient.init_communicator)  # restored after the test
-    vllm_mode.guard_weight_transfer_init(30, "127.0.0.1", 51216, report)
+    trl_hooks.guard_weight_transfer_init(30, "127.0.0.1", 51216, report)
     client = trl_client_cls(base_url=vllm_cpu.url)
-    with pytest.raises(vllm_mode.WeightTransferInitError, match="no GPU|CUDA"):  # not the 30 s watchdog
+    with pytest.raises(trl_hooks.WeightTransferInitError, match="no GPU|CUDA"):  # not the 30 s watchdog
         client.init_communicator(device="cpu")
 
     # Server side: the very request trl sends; vLLM's CPU worker answers 500 at once.
@@ -130,7 +133,7 @@ def test_weight_transfer_init_without_gpu_fails_clearly__cpu_stand_in_for_nccl_i
                  "packed": True}
     r = requests.post(f"{vllm_cpu.url}/init_weight_transfer_engine", json={"init_info": init_info}, timeout=120)
     assert r.status_code == 500  # an answer, not a hang into the 120 s timeout
-    message = vllm_mode.explain_init_failure(r.status_code, r.text, report)
+    message = server.explain_init_failure(r.status_code, r.text, report)
     assert "the vLLM server has no GPU" in message and "TRAIN_MODE" in message
 
     assert requests.get(f"{vllm_cpu.url}/health", timeout=5).status_code == 200
@@ -141,14 +144,15 @@ def test_weight_transfer_init_without_gpu_fails_clearly__cpu_stand_in_for_nccl_i
 def test_preflight_accepts_the_twins_routes_and_refuses_a_gpuless_trainer(vllm_cpu, monkeypatch):
     """The server half of preflight passes against the twin (dev mode, nccl, world size); the full
     preflight then refuses, naming both missing GPUs (stand-in: the trainer's CUDA check)."""
-    from trainer import vllm_mode
+    from trainer.gpu import nccl, server
+    from trainer.gpu import preflight as gpu_preflight
 
-    report = vllm_mode.check_vllm_server(vllm_cpu.url, timeout_s=30)
+    report = server.check_vllm_server(vllm_cpu.url, timeout_s=30)
     assert report.weight_transfer_config == {"backend": "nccl"}
     assert report.world_size == 1 and report.vllm_version == "0.31.0"
     assert report.model == "/models/tiny-qwen3" and report.warnings == []
 
-    for key in [*vllm_mode.NCCL_BRIDGE_DEFAULTS, "VLLM_HOST_IP"]:
+    for key in [*nccl.NCCL_BRIDGE_DEFAULTS, "VLLM_HOST_IP"]:
         monkeypatch.delenv(key, raising=False)
 
     class Cfg:
@@ -158,8 +162,25 @@ def test_preflight_accepts_the_twins_routes_and_refuses_a_gpuless_trainer(vllm_c
         vllm_group_port = 51216
         weight_sync_timeout_s = 60
 
-    with pytest.raises(vllm_mode.VLLMPreflightError) as err:
-        vllm_mode.preflight_vllm(Cfg())
+    with pytest.raises(server.VLLMPreflightError) as err:
+        gpu_preflight.preflight_vllm(Cfg())
     text = str(err.value)
     assert "needs a CUDA GPU in the trainer container" in text
     assert "the vLLM server has no GPU" in text
+
+
+def test_nccl_check_full_passes_the_http_stages_then_fails_at_the_first_gpu_only_one(vllm_cpu):
+    """`make nccl-check FULL=1`'s program (trainer.gpu.sync_check) against the twin: the server stage passes
+    for real; the next stage needs a GPU on the server (stand-in: the twin has none) and stops the check
+    with what to do, before any NCCL call could hang."""
+    out = subprocess.run([sys.executable, "-m", "trainer.gpu.sync_check", "--url", vllm_cpu.url, "--model", "tiny"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "VLLM_SERVER_TIMEOUT_S": "60"})
+    assert out.returncode == 1, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[1].startswith("  ok   vLLM server: healthy, dev mode on, NCCL weight transfer configured")
+    assert lines[2].startswith("  FAIL server GPU: the vLLM server has no GPU")
+    assert "NCCL weight transfer needs CUDA on both ends" in lines[2]
+    assert lines[-1] == "nccl-check --full: FAILED (first failing stage above)"
+    assert not any("rendezvous" in line for line in lines[3:-1])  # stopped before the NCCL group
+

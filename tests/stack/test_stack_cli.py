@@ -9,6 +9,8 @@ import subprocess
 import sys
 
 
+import yaml
+
 from tests.helpers import ROOT
 
 
@@ -57,7 +59,7 @@ def test_unknown_train_mode_is_rejected(tmp_path):
 def test_gpu_mode_without_gpus_says_what_to_do(tmp_path):
     r = stack(tmp_path, "mode", env_lines="TRAIN_MODE=gpu", extra_env={"STACK_FAKE_NO_GPU": "1"})
     assert r.returncode == 2
-    assert "TRAIN_MODE=gpu needs 2 NVIDIA GPU(s) visible to Docker, found 0" in r.stderr
+    assert "TRAIN_MODE=gpu needs 2 NVIDIA GPU(s), found 0 (no GPU (forced off by STACK_FAKE_NO_GPU))" in r.stderr
     assert "set TRAIN_MODE=auto or cpu" in r.stderr
 
 
@@ -120,7 +122,7 @@ def test_a_built_in_env_without_a_compose_service_gets_one_generated(tmp_path, m
     monkeypatch.setitem(registry._SPECS, "maze", registry._SPECS["catch"])  # stands in for envs/maze/
     monkeypatch.setattr(stack_module, "ENV_FILE", tmp_path / "none.env")
     files = stack_module.compose_files({"ENV_NAME": "echo,maze"})
-    generated = json.loads(files[1].read_text().split("\n", 1)[1])["services"]
+    generated = yaml.safe_load(files[1].read_text())["services"]
     assert set(generated) == {"env-maze", "trainer", "trainer-cpu", "model-init"}  # echo is in compose.yaml
     assert generated["env-maze"]["image"] == "${ENV_MAZE_IMAGE:-grpo-stack/env-server:local}"
     assert generated["env-maze"]["environment"] == {"ENV_NAME": "maze"}

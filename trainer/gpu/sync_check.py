@@ -1,0 +1,173 @@
+"""`make nccl-check FULL=1`: do what training does against the running vllm service, stage by stage.
+
+    python -m trainer.gpu.sync_check [--url http://vllm:8000] [--model NAME]
+
+Runs in the trainer container (`tools/nccl_check.py --full` starts it there): vLLM healthy with
+dev mode and NCCL weight transfer -> a GPU on both ends -> TRL's own
+`VLLMClient.init_communicator()` (the rendezvous, under the watchdog) -> a real push of every
+parameter of the model (`VLLMClient.update_model_params`, the call TRL's sync makes per tensor
+group) -> a generation, to show the server still answers with the pushed weights. Prints one line
+per stage with its time, and the push's bytes and bytes/s. Stops at the first failure with what to
+do; exit 0 all passed, 1 a stage failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import Callable
+from urllib.parse import urlparse
+
+from trainer.config import ConfigError, RunConfig
+from trainer.gpu.nccl import apply_nccl_env, resolve_host_ip
+from trainer.gpu.server import VLLMPreflightError, check_vllm_server, explain_init_failure, version_skew
+from trainer.gpu.watchdog import rendezvous_diagnosis, watchdog
+
+
+class StageFailed(RuntimeError):
+    """A stage of the check failed; the message says why and what to do."""
+
+
+def line(ok: bool, stage: str, detail: str, seconds: float | None = None) -> None:
+    took = f" ({seconds:.2f}s)" if seconds is not None else ""
+    print(f"  {'ok  ' if ok else 'FAIL'} {stage}: {detail}{took}", flush=True)
+
+
+def timed(stage: str, fn: Callable[[], str]) -> None:
+    """Run one stage; print its line; raise StageFailed (already printed) on failure."""
+    start = time.perf_counter()
+    try:
+        detail = fn()
+    except StageFailed as exc:
+        line(False, stage, str(exc))
+        raise
+    except Exception as exc:  # noqa: BLE001 - any other failure of a stage: name it, stop
+        line(False, stage, f"{type(exc).__name__}: {exc}")
+        raise StageFailed(str(exc)) from exc
+    line(True, stage, detail, time.perf_counter() - start)
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1000:
+            return f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"
+
+
+def run(url: str, model_name: str, group_port: int, server_timeout_s: float, sync_timeout_s: float) -> int:
+    state: dict = {}
+    print(f"nccl-check --full: {url}, model {model_name}, rendezvous port {group_port}", flush=True)
+
+    def server() -> str:
+        try:
+            rep = check_vllm_server(url, timeout_s=server_timeout_s)
+        except VLLMPreflightError as exc:
+            raise StageFailed(str(exc)) from None
+        state["report"] = rep
+        return (f"healthy, dev mode on, NCCL weight transfer configured; serves {rep.model}, world size "
+                f"{rep.world_size}, vllm {rep.vllm_version}, torch {rep.torch_version}")
+
+    def server_gpu() -> str:  # the first GPU-only step
+        rep = state["report"]
+        if rep.server_has_cuda is False:
+            raise StageFailed(explain_init_failure(None, "", rep))
+        return "the server runs on CUDA"
+
+    def trainer_side() -> str:
+        import torch
+
+        if not torch.cuda.is_available():
+            raise StageFailed("this container has no CUDA device (torch sees none): the trainer pushes weights from "
+                              "its GPU; run the check in the trainer service (`make nccl-check FULL=1`), with "
+                              "TRAINER_GPU set in .env")
+        try:
+            import vllm
+        except Exception as exc:  # noqa: BLE001
+            raise StageFailed(f"vllm does not import here ({exc}); rebuild the trainer image (`make build`)") from None
+        problems = version_skew(state["report"], getattr(vllm, "__version__", None), torch.__version__)
+        if problems:
+            raise StageFailed("; ".join(problems))
+        return f"{torch.cuda.get_device_name(0)}, vllm {vllm.__version__}, torch {torch.__version__}"
+
+    def rendezvous() -> str:
+        from trl.generation.vllm_client import VLLMClient
+
+        apply_nccl_env()
+        host_ip = os.environ.get("VLLM_HOST_IP") or resolve_host_ip(urlparse(url).hostname)
+        os.environ.setdefault("VLLM_HOST_IP", host_ip)
+        client = VLLMClient(base_url=url, group_port=group_port, connection_timeout=server_timeout_s)
+        with watchdog(sync_timeout_s, lambda s: rendezvous_diagnosis(host_ip, group_port, s)):
+            try:
+                client.init_communicator(device=0)
+            except NotImplementedError as exc:
+                raise StageFailed(explain_init_failure(None, str(exc), state["report"])) from None
+            except Exception as exc:  # noqa: BLE001 - trl raises bare Exception("Request failed: 500, ...")
+                status = 500 if "Request failed: 500" in str(exc) else None
+                raise StageFailed(explain_init_failure(status, str(exc), state["report"])) from None
+        state["client"] = client
+        return f"trainer (rank 0) listened on {host_ip}:{group_port}; {state['report'].world_size} vLLM worker(s) joined"
+
+    def load_model() -> str:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+        model = AutoModelForCausalLM.from_pretrained(model_name, dtype=dtype).to("cuda")
+        state["model"] = model
+        state["bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
+        return f"{sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, {human_bytes(state['bytes'])}"
+
+    def push() -> str:
+        import torch
+
+        start = time.perf_counter()
+        with watchdog(sync_timeout_s, lambda s: rendezvous_diagnosis(None, group_port, s, what="weight sync")):
+            state["client"].update_model_params(state["model"])
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        state["client"].reset_prefix_cache()
+        return (f"pushed {human_bytes(state['bytes'])} in {seconds:.2f}s = "
+                f"{human_bytes(state['bytes'] / max(seconds, 1e-9))}/s")
+
+    def generate() -> str:
+        out = state["client"].generate(prompts=["The capital of France is"], max_tokens=8, temperature=0.0)
+        ids = (out.get("completion_ids") or [[]])[0]
+        if not ids:
+            raise StageFailed(f"the server answered without tokens after the push: {str(out)[:200]}")
+        return f"{len(ids)} tokens generated after the push: the server still serves"
+
+    stages = [("vLLM server", server), ("server GPU", server_gpu), ("trainer GPU", trainer_side),
+              ("rendezvous", rendezvous), ("model", load_model), ("weight push", push), ("generation", generate)]
+    try:
+        for name, fn in stages:
+            timed(name, fn)
+    except StageFailed:
+        print("nccl-check --full: FAILED (first failing stage above)", flush=True)
+        return 1
+    finally:
+        client = state.get("client")
+        if client is not None:
+            client.close_communicator()
+    print("nccl-check --full: OK: rendezvous, weight push and generation work as in training", flush=True)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer.gpu.sync_check", description=__doc__.splitlines()[0])
+    parser.add_argument("--url", help="vLLM server (default: VLLM_SERVER_URL)")
+    parser.add_argument("--model", help="model whose weights are pushed (default: MODEL_NAME)")
+    args = parser.parse_args(argv)
+    try:
+        cfg = RunConfig.load([])
+    except ConfigError as exc:
+        print(f"config error:\n{exc}", file=sys.stderr)
+        return 2
+    return run(args.url or cfg.vllm_server_url, args.model or cfg.resolved_model_name("gpu"), cfg.vllm_group_port,
+               cfg.vllm_server_timeout_s, cfg.weight_sync_timeout_s)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
