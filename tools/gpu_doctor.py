@@ -22,6 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import gpu_layout  # noqa: E402  (tools/: GPU lists in .env)
+
 ROOT = Path(__file__).resolve().parent.parent
 NO_GPU = "no NVIDIA GPU here"
 QUERY = "index,uuid,name,memory.total,memory.used,memory.free,driver_version"
@@ -115,18 +118,25 @@ def diagnose(gpus: list[Gpu], method: str | None, env: dict[str, str], mode: str
     wanted = {"VLLM_GPU": env.get("VLLM_GPU") or "0", "TRAINER_GPU": env.get("TRAINER_GPU") or "1"}
     if mode == "colocate":
         wanted = {"TRAINER_GPU": env.get("TRAINER_GPU") or "0"}
-        if wanted["TRAINER_GPU"] not in ids and "0" in ids:
+        if wanted["TRAINER_GPU"] not in ids and "0" in ids and n == 1:
             rows.append((False, "TRAINER_GPU", f"TRAINER_GPU={wanted['TRAINER_GPU']} does not exist; with one GPU "
                          "set TRAINER_GPU=0 in .env"))
             wanted = {}
-    for var, dev in wanted.items():
-        ok = dev in ids
-        rows.append((ok, var, f"{var}={dev}: {by_id[dev].name}" if ok else
-                     f"{var}={dev} is not a GPU here (have {', '.join(sorted(g.index for g in gpus)) or 'none'}): "
-                     "edit .env"))
-    if mode == "gpu" and wanted.get("VLLM_GPU") == wanted.get("TRAINER_GPU"):
-        rows.append((False, "GPU assignment", f"VLLM_GPU and TRAINER_GPU are both {wanted['VLLM_GPU']}: give them "
-                     "different GPUs, or use TRAIN_MODE=colocate"))
+    lists: dict[str, list[str]] = {}
+    for var, value in wanted.items():
+        try:
+            lists[var] = gpu_layout.parse_gpu_ids(value, var)
+        except gpu_layout.LayoutError as exc:
+            rows.append((False, var, str(exc)))
+            continue
+        missing = [d for d in lists[var] if d not in ids]
+        rows.append((not missing, var, f"{var}={value}: " + ", ".join(by_id[d].name for d in lists[var]) if not missing
+                     else f"{var}={value}: GPU {', '.join(missing)} is not here (have "
+                     f"{', '.join(sorted(g.index for g in gpus)) or 'none'}): edit .env"))
+    shared = set(lists.get("VLLM_GPU", [])) & set(lists.get("TRAINER_GPU", []))
+    if mode == "gpu" and shared:
+        rows.append((False, "GPU assignment", f"VLLM_GPU and TRAINER_GPU share GPU {', '.join(sorted(shared))}: give "
+                     "them different GPUs, or use TRAIN_MODE=colocate"))
     if gpus:
         ok, msg = check_driver(gpus[0].driver, image, image_cuda)
         rows.append((ok, "driver vs image", msg))
@@ -134,9 +144,9 @@ def diagnose(gpus: list[Gpu], method: str | None, env: dict[str, str], mode: str
         share = float(env.get("VLLM_GPU_MEMORY_UTILIZATION") or (0.9 if mode == "gpu" else 0.3))
     except ValueError:
         share = 0.9
-    vllm_dev = wanted.get("VLLM_GPU") if mode == "gpu" else wanted.get("TRAINER_GPU")
+    vllm_devs = set(lists.get("VLLM_GPU" if mode == "gpu" else "TRAINER_GPU", []))
     for g in gpus:
-        role = " (vLLM)" if g.index == vllm_dev or g.uuid == vllm_dev else ""
+        role = " (vLLM)" if g.index in vllm_devs or g.uuid in vllm_devs else ""
         need = int(g.total_mib * share) if role else 0
         ok = g.free_mib >= need
         msg = f"GPU {g.index} {g.name}: {g.free_mib} MiB free of {g.total_mib}{role}"

@@ -1,5 +1,8 @@
 """Which GPUs the `vllm` and `trainer` containers get, and what NCCL needs to see in them (stdlib only).
 
+VLLM_GPU and TRAINER_GPU each name one GPU or several (`0,1`, `2-7`): vLLM splits its GPUs by tensor
+or data parallelism (VLLM_PARALLEL), the trainer runs one process per GPU (trainer/launch.py).
+
 Used by `tools/stack.py` (the generated compose file) and `tools/nccl_check.py` (its two containers),
 so the check runs exactly the layout training will.
 
@@ -18,6 +21,49 @@ from dataclasses import dataclass, field
 
 FAST_PATH_HOSTID = "grpo-stack-gpu-host"
 CDI_PREFIX = "nvidia.com/gpu="
+PARALLEL = ("tensor", "data")
+
+
+class LayoutError(ValueError):
+    """A GPU list in .env that cannot be used; the message names the variable and the fix."""
+
+
+def parse_gpu_ids(value: str | None, var: str) -> list[str]:
+    """`1`, `0,1`, `2-7`, `0,2-3` (or GPU UUIDs) -> host GPU ids, each once, in the order given."""
+    ids: list[str] = []
+    for part in [p.strip() for p in (value or "").split(",") if p.strip()]:
+        lo, dash, hi = part.partition("-")
+        if dash and lo.isdigit() and hi.isdigit():
+            if int(hi) < int(lo):
+                raise LayoutError(f"{var}={value}: range {part} runs backwards; write e.g. {hi}-{lo} (edit .env)")
+            ids += [str(i) for i in range(int(lo), int(hi) + 1)]
+        elif part.isdigit() or part.startswith(("GPU-", "MIG-")):
+            ids.append(part)
+        else:
+            raise LayoutError(f"{var}={value}: {part!r} is not a GPU id; write ids or ranges like 0,1 or 2-7 (edit .env)")
+    if not ids:
+        raise LayoutError(f"{var} is empty; name a GPU id like 0, a list like 0,1 or a range like 2-7 (edit .env)")
+    if len(set(ids)) != len(ids):
+        raise LayoutError(f"{var}={value} names a GPU twice (edit .env)")
+    return ids
+
+
+def vllm_parallel_sizes(gpus: int, parallel: str) -> tuple[int, int]:
+    """(tensor_parallel_size, data_parallel_size) for vLLM on `gpus` GPUs."""
+    if parallel not in PARALLEL:
+        raise LayoutError(f"VLLM_PARALLEL={parallel!r}: choose tensor (one model split over the GPUs) or data "
+                          "(one model copy per GPU) (edit .env)")
+    return (gpus, 1) if parallel == "tensor" else (1, gpus)
+
+
+def propose_split(count: int) -> tuple[str, str] | None:
+    """For a host with more than two GPUs: (VLLM_GPU, TRAINER_GPU) using all of them, half each (vLLM data
+    parallel: generation is most of a GRPO step), or None when the two-GPU default already uses them all."""
+    if count <= 2:
+        return None
+    half = count // 2
+    as_range = lambda lo, hi: str(lo) if lo == hi else f"{lo}-{hi}"  # noqa: E731
+    return as_range(0, half - 1), as_range(half, count - 1)
 
 
 def truthy(value: str | None) -> bool:
@@ -38,18 +84,23 @@ def _pci_order(ids: list[str]) -> list[str]:
     return sorted(ids, key=lambda i: (0, int(i)) if i.isdigit() else (1, i))
 
 
-def placements(vllm_gpu: str, trainer_gpu: str, fast_path: bool) -> dict[str, Placement]:
-    """{"vllm": ..., "trainer": ...} for TRAIN_MODE=gpu."""
-    if not fast_path or vllm_gpu == trainer_gpu:
-        return {"vllm": Placement([vllm_gpu]), "trainer": Placement([trainer_gpu])}
-    both = _pci_order([vllm_gpu, trainer_gpu])
+def placements(vllm_gpus: list[str], trainer_gpus: list[str], fast_path: bool) -> dict[str, Placement]:
+    """{"vllm": ..., "trainer": ...} for TRAIN_MODE=gpu. A side with several GPUs may use NCCL's P2P/SHM
+    among its own GPUs (one container is one host to NCCL); the fast path also makes both sides one host."""
+    if not fast_path or set(vllm_gpus) & set(trainer_gpus):
+        out = {}
+        for role, own in (("vllm", vllm_gpus), ("trainer", trainer_gpus)):
+            env = {"NCCL_P2P_DISABLE": "0", "NCCL_SHM_DISABLE": "0"} if len(own) > 1 else {}
+            out[role] = Placement(list(own), env)
+        return out
+    both = _pci_order([*vllm_gpus, *trainer_gpus])
     out = {}
-    for role, own in (("vllm", vllm_gpu), ("trainer", trainer_gpu)):
-        local = [str(both.index(own)), str(both.index(next(g for g in both if g != own)))]
+    for role, own in (("vllm", vllm_gpus), ("trainer", trainer_gpus)):
+        local = [str(both.index(g)) for g in own] + [str(both.index(g)) for g in both if g not in own]
         out[role] = Placement(both, {
             "NCCL_HOSTID": FAST_PATH_HOSTID,
             "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-            "CUDA_VISIBLE_DEVICES": ",".join(local),  # own GPU first: both sides use cuda:0
+            "CUDA_VISIBLE_DEVICES": ",".join(local),  # own GPUs first: each side uses cuda:0.. of its own
             "NCCL_P2P_DISABLE": "0",
             "NCCL_SHM_DISABLE": "0",
             "NCCL_CUMEM_ENABLE": "0",
@@ -69,3 +120,54 @@ def docker_run_gpu_flags(devices: list[str], cdi: bool) -> list[str]:
     if cdi:
         return [flag for d in devices for flag in ("--device", CDI_PREFIX + d)]
     return ["--gpus", f'"device={",".join(devices)}"']
+
+
+@dataclass
+class Plan:
+    """The GPU layout of one run, resolved once from .env (tools/stack.py passes it to Compose)."""
+    mode: str
+    vllm: list[str]
+    trainer: list[str]
+    tensor_parallel: int = 1
+    data_parallel: int = 1
+    fast_path: bool = False
+
+    @property
+    def vllm_world_size(self) -> int:
+        """vLLM workers that join the weight-sync group (TRL's world = these + the trainer's rank 0)."""
+        return self.tensor_parallel * self.data_parallel
+
+    def placements(self) -> dict[str, Placement]:
+        if self.mode == "gpu":
+            return placements(self.vllm, self.trainer, self.fast_path)
+        env = {"NCCL_P2P_DISABLE": "0", "NCCL_SHM_DISABLE": "0"} if len(self.trainer) > 1 else {}
+        return {"trainer": Placement(list(self.trainer), env)}
+
+    def compose_env(self) -> dict[str, str]:
+        """Variables compose.yaml interpolates: vLLM's parallel sizes, its world size, trainer processes."""
+        return {"VLLM_TENSOR_PARALLEL_SIZE": str(self.tensor_parallel),
+                "VLLM_DATA_PARALLEL_SIZE": str(self.data_parallel),
+                "VLLM_WORLD_SIZE": str(self.vllm_world_size),
+                "TRAINER_PROCESSES": str(len(self.trainer))}
+
+    def describe(self) -> str:
+        if self.mode == "colocate":
+            return f"trainer on GPU {','.join(self.trainer)} ({len(self.trainer)} process(es), vLLM inside each)"
+        how = (f"tensor parallel {self.tensor_parallel}" if self.tensor_parallel > 1 else
+               f"data parallel {self.data_parallel}" if self.data_parallel > 1 else "one GPU")
+        return (f"vLLM on GPU {','.join(self.vllm)} ({how}), trainer on GPU {','.join(self.trainer)} "
+                f"({len(self.trainer)} process(es))")
+
+
+def plan(env: dict[str, str], mode: str) -> Plan:
+    """VLLM_GPU, TRAINER_GPU, VLLM_PARALLEL and NCCL_FAST_PATH from .env, checked, for a GPU mode."""
+    trainer = parse_gpu_ids(env.get("TRAINER_GPU") or ("0" if mode == "colocate" else "1"), "TRAINER_GPU")
+    if mode == "colocate":
+        return Plan(mode, [], trainer)
+    vllm = parse_gpu_ids(env.get("VLLM_GPU") or "0", "VLLM_GPU")
+    shared = sorted(set(vllm) & set(trainer))
+    if shared:
+        raise LayoutError(f"VLLM_GPU={env.get('VLLM_GPU')} and TRAINER_GPU={env.get('TRAINER_GPU')} share GPU "
+                          f"{','.join(shared)}: give each side its own GPUs, or use TRAIN_MODE=colocate (edit .env)")
+    tp, dp = vllm_parallel_sizes(len(vllm), (env.get("VLLM_PARALLEL") or "tensor").strip().lower())
+    return Plan(mode, vllm, trainer, tp, dp, truthy(env.get("NCCL_FAST_PATH")))

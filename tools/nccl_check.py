@@ -40,35 +40,46 @@ NCCL_KEYS = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_SO
 NCCL_DEFAULTS = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1",
                  "NCCL_SOCKET_IFNAME": "eth0"}
 
-# Runs inside both containers (python3 -c SCRIPT ROLE MASTER PORT MIB ITERS). One JSON line per event.
+# Runs inside both containers (python3 -c SCRIPT ROLE MASTER PORT MIB ITERS WORLD). One JSON line per event.
+# The trainer side is rank 0 on its first GPU; the vLLM side runs one rank per vLLM GPU (1..WORLD-1), as
+# its workers do in the weight sync (TRL: world = vLLM workers + the trainer).
 SCRIPT = r"""
 import json, os, socket, sys, time
-role, master, port, mib, iters = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+role, master, port, mib, iters, world = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:7])
 def say(**kw):
     print("NCCLCHECK " + json.dumps(kw), flush=True)
-import torch, vllm
-from vllm.distributed.weight_transfer.nccl_common import stateless_init_process_group
-rank = 0 if role == "trainer" else 1
-if rank == 0:
-    master = os.environ.get("VLLM_HOST_IP") or socket.gethostbyname(socket.gethostname())
-nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None
-say(event="start", role=role, rank=rank, master=master, port=port, torch=torch.__version__, vllm=vllm.__version__,
-    nccl=nccl, cuda=torch.version.cuda, gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
-torch.cuda.set_device(0)
-t0 = time.time()
-comm = stateless_init_process_group(master, port, rank, 2, torch.device("cuda", 0))
-say(event="group", role=role, init_s=round(time.time() - t0, 2), disabled=bool(comm.disabled))
-n = mib * 1024 * 1024 // 2
-buf = (torch.ones if rank == 0 else torch.zeros)(n, dtype=torch.bfloat16, device="cuda")
-comm.broadcast(buf[:1024], src=0)
-torch.cuda.synchronize()
-t1 = time.time()
-for _ in range(iters):
-    comm.broadcast(buf, src=0)
-torch.cuda.synchronize()
-dt = time.time() - t1
-say(event="done", role=role, seconds=round(dt, 4), bytes=n * 2 * iters, gbps=round(n * 2 * iters / dt / 1e9, 3),
-    ok=bool(buf[-1].item() == 1.0))
+def member(rank, device, master):
+    import torch, vllm
+    from vllm.distributed.weight_transfer.nccl_common import stateless_init_process_group
+    nccl = ".".join(map(str, torch.cuda.nccl.version())) if torch.cuda.is_available() else None
+    say(event="start", role=role, rank=rank, master=master, port=port, torch=torch.__version__, vllm=vllm.__version__,
+        nccl=nccl, cuda=torch.version.cuda, gpu=torch.cuda.get_device_name(device) if torch.cuda.is_available() else None)
+    torch.cuda.set_device(device)
+    t0 = time.time()
+    comm = stateless_init_process_group(master, port, rank, world, torch.device("cuda", device))
+    say(event="group", role=role, rank=rank, init_s=round(time.time() - t0, 2), disabled=bool(comm.disabled))
+    n = mib * 1024 * 1024 // 2
+    buf = (torch.ones if rank == 0 else torch.zeros)(n, dtype=torch.bfloat16, device="cuda")
+    comm.broadcast(buf[:1024], src=0)
+    torch.cuda.synchronize()
+    t1 = time.time()
+    for _ in range(iters):
+        comm.broadcast(buf, src=0)
+    torch.cuda.synchronize()
+    dt = time.time() - t1
+    say(event="done", role=role, rank=rank, seconds=round(dt, 4), bytes=n * 2 * iters,
+        gbps=round(n * 2 * iters / dt / 1e9, 3), ok=bool(buf[-1].item() == 1.0))
+if role == "trainer":
+    member(0, 0, os.environ.get("VLLM_HOST_IP") or socket.gethostbyname(socket.gethostname()))
+else:
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=member, args=(1 + i, i, master)) for i in range(world - 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    sys.exit(max(p.exitcode or 0 for p in procs))
 """
 
 
@@ -86,7 +97,7 @@ def nccl_env(env: dict[str, str], placement: gpu_layout.Placement | None = None)
 
 def docker_run_argv(role: str, image: str, placement: gpu_layout.Placement, network: str, name: str,
                     env: dict[str, str], master: str, port: int, mib: int, iters: int, shm: str = "2g",
-                    cdi: bool = False) -> list[str]:
+                    cdi: bool = False, world: int = 2) -> list[str]:
     """`docker run` for one side, with training's GPUs and IPC for it. Both images' entrypoints are
     replaced by python3 -c SCRIPT."""
     argv = ["docker", "run", "-d", "--name", name, "--label", "grpo-nccl-check=1", "--network", network,
@@ -95,7 +106,7 @@ def docker_run_argv(role: str, image: str, placement: gpu_layout.Placement, netw
         argv += ["--ipc", placement.ipc]
     for k, v in sorted(env.items()):
         argv += ["-e", f"{k}={v}"]
-    return [*argv, image, "-c", SCRIPT, role, master, str(port), str(mib), str(iters)]
+    return [*argv, image, "-c", SCRIPT, role, master, str(port), str(mib), str(iters), str(world)]
 
 
 def parse_events(log: str) -> list[dict]:
@@ -161,8 +172,9 @@ class Outcome:
     diagnosis: list[str] = field(default_factory=list)
 
 
-def diagnose(trainer_log: str, vllm_log: str, timed_out: bool, timeout_s: float = 0) -> Outcome:
+def diagnose(trainer_log: str, vllm_log: str, timed_out: bool, timeout_s: float = 0, world: int = 2) -> Outcome:
     events = {(e.get("role"), e.get("event")): e for e in parse_events(trainer_log) + parse_events(vllm_log)}
+    vllm_done = [e for e in parse_events(vllm_log) if e.get("event") == "done"]  # one per vLLM rank
     both = trainer_log + "\n" + vllm_log
     out = Outcome(ok=False, transport=parse_transport(both))
     starts = [events.get((r, "start")) for r in ("trainer", "vllm")]
@@ -177,11 +189,12 @@ def diagnose(trainer_log: str, vllm_log: str, timed_out: bool, timeout_s: float 
     if any(g and g.get("disabled") for g in group):
         out.diagnosis.append("vLLM's NCCL wrapper is disabled (libnccl not found in the image): the weight sync "
                              "would silently send nothing; rebuild the images from VLLM_IMAGE")
-    if all(done):
+    if all(done) and len(vllm_done) >= world - 1:
         out.gbps = done[0].get("gbps")
         out.init_s = (group[0] or {}).get("init_s")
-        if not done[1].get("ok"):
-            out.diagnosis.append("the broadcast finished but the vLLM side did not receive the data")
+        missed = [str(e.get("rank", "?")) for e in vllm_done if not e.get("ok")]
+        if missed:
+            out.diagnosis.append(f"the broadcast finished but vLLM rank(s) {', '.join(missed)} did not receive the data")
         out.ok = not out.diagnosis
         return out
     for pattern, text in FAILURES:
@@ -238,7 +251,12 @@ def main(argv: list[str] | None = None) -> int:
     env = load_env()
     vllm_image = env.get("VLLM_IMAGE") or "vllm/vllm-openai:v0.31.0"
     port = int(env.get("VLLM_GROUP_PORT") or 51216)
-    vllm_gpu, trainer_gpu = env.get("VLLM_GPU") or "0", env.get("TRAINER_GPU") or "1"
+    try:
+        plan = gpu_layout.plan(env, "gpu")
+    except gpu_layout.LayoutError as exc:
+        print(f"nccl-check: {exc}")
+        return 2
+    world = 1 + plan.vllm_world_size  # the weight sync's group: the trainer's rank 0 + every vLLM worker
     for image in (vllm_image, TRAINER_IMAGE):
         if run(["docker", "image", "inspect", image]).returncode != 0:
             print(f"nccl-check: image {image} is missing: run `make build` (and pull {vllm_image}) first")
@@ -247,17 +265,18 @@ def main(argv: list[str] | None = None) -> int:
     if run(["docker", "network", "inspect", network]).returncode != 0:
         network, temp_net = f"grpo-nccl-check-{uuid.uuid4().hex[:6]}", True
         run(["docker", "network", "create", network], check=True)
-    layout = gpu_layout.placements(vllm_gpu, trainer_gpu, gpu_layout.truthy(env.get("NCCL_FAST_PATH")))
+    layout = plan.placements()
     tenv, venv = nccl_env(env, layout["trainer"]), nccl_env(env, layout["vllm"])
     tag = uuid.uuid4().hex[:6]
     trainer, vllm = f"grpo-nccl-trainer-{tag}", f"grpo-nccl-vllm-{tag}"
-    print(f"nccl-check: trainer image on GPU {trainer_gpu} (rank 0, listens :{port}), {vllm_image} on GPU "
-          f"{vllm_gpu} (rank 1, connects); network {network}; {args.iters} x {args.mib} MiB bf16")
+    print(f"nccl-check: trainer image on GPU {plan.trainer[0]} (rank 0, listens :{port}), {vllm_image} on GPU "
+          f"{','.join(plan.vllm)} (ranks 1-{world - 1}, connect); world {world}; network {network}; "
+          f"{args.iters} x {args.mib} MiB bf16")
     print("  NCCL: " + " ".join(f"{k}={v}" for k, v in sorted(tenv.items())))
     timed_out = False
     try:
         r = run(docker_run_argv("trainer", TRAINER_IMAGE, layout["trainer"], network, trainer, tenv, "-", port,
-                                args.mib, args.iters, cdi=found.cdi))
+                                args.mib, args.iters, cdi=found.cdi, world=world))
         if r.returncode != 0:
             print(diagnose(r.stderr, "", False).diagnosis[0] + f"\n  docker said: {r.stderr.strip()[:400]}")
             return 1
@@ -268,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
                 break
             time.sleep(1)
         r = run(docker_run_argv("vllm", vllm_image, layout["vllm"], network, vllm, venv, ip, port, args.mib,
-                                args.iters, cdi=found.cdi))
+                                args.iters, cdi=found.cdi, world=world))
         if r.returncode != 0:
             print(diagnose(r.stderr, "", False).diagnosis[0] + f"\n  docker said: {r.stderr.strip()[:400]}")
             return 1
@@ -286,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         run(["docker", "rm", "-f", trainer, vllm])
         if temp_net:
             run(["docker", "network", "rm", network])
-    out = diagnose(tlog, vlog, timed_out, args.timeout)
+    out = diagnose(tlog, vlog, timed_out, args.timeout, world=world)
     transport = out.transport or "unknown (no NCCL INFO line seen)"
     note = TRANSPORT_NOTES.get((out.transport or "").split("/")[0] if out.transport and
                                out.transport.startswith(("P2P", "SHM")) else out.transport or "", "")

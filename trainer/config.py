@@ -135,6 +135,18 @@ class RunConfig(BaseSettings):
         None, gt=0, le=1, description="vLLM's GPU memory share. Empty: 0.9 (gpu, own GPU), 0.3 (colocate)."
     )
     vllm_max_model_len: int | None = Field(None, ge=64, description="vLLM max model length (prompt + completion).")
+    vllm_world_size: int = Field(
+        1, ge=1, description="vLLM workers that join the weight sync (tensor x data parallel); set by `make` from "
+        "VLLM_GPU and VLLM_PARALLEL, checked against the server's /get_world_size."
+    )
+    trainer_processes: int | None = Field(
+        None, ge=1, le=64, description="Trainer processes. GPU: one per TRAINER_GPU (set by `make`). CPU profile: "
+        "empty = 1; more runs the multi-process path with gloo."
+    )
+    trainer_sharding: Literal["ddp", "zero3", "fsdp"] = Field(
+        "ddp", description="How several trainer processes share the model: ddp (a full copy each), zero3 "
+        "(DeepSpeed ZeRO-3) or fsdp (PyTorch FSDP), for models that do not fit one GPU."
+    )
 
     # ------------------------------------------------------------------ field validators
     @field_validator("env_name")

@@ -126,7 +126,21 @@ def image_hint(name: str) -> str:
     return f" (image {image})" if image else ""
 
 
-def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 20.0) -> list[str]:
+def resolve_envs(cfg: RunConfig) -> PreflightReport:
+    """Replicas and specs of every env, without the checks: what the non-main trainer processes need
+    once rank 0's preflight passed (probing capacity from every process would count each session twice)."""
+    from envs import registry
+
+    report = PreflightReport()
+    for name in cfg.env_names:
+        replicas = resolve_replicas(cfg.env_url(name))
+        report.replicas[name] = replicas
+        report.specs[name] = registry.resolve(name, replicas[0], **cfg.generic_env_options())
+    return report
+
+
+def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 20.0,
+                      num_processes: int = 1) -> list[str]:
     errors = []
     from envs import registry
 
@@ -170,13 +184,14 @@ def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 2
         except ValueError as exc:  # a bad ENV_PROMPTS_FILE
             errors.append(f"env {name}: {exc}")
             continue
-        needed = sessions_needed(cfg, name, env_rows=rows)
+        needed = sessions_needed(cfg, name, env_rows=rows, num_processes=num_processes)
         per_replica = math.ceil(needed / len(replicas))
         caps = [results[r][2] for r in replicas]
         actives = [results[r][3] or 0 for r in replicas]
         batch = (f"PER_DEVICE_TRAIN_BATCH_SIZE {cfg.per_device_train_batch_size} x STEPS_PER_GENERATION "
                  f"{cfg.effective_steps_per_generation}")
         opens = (f"< {per_replica} sessions this trainer opens per replica ({needed} in all = {batch}"
+                 + (f" x {num_processes} trainer processes" if num_processes > 1 else "")
                  + (", worst-case share of a multi-env batch" if len(cfg.env_names) > 1 else "")
                  + f", over {len(replicas)} replica{'s' if len(replicas) > 1 else ''})")
         if all(c is not None for c in caps):
@@ -198,7 +213,8 @@ def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 2
                           f"{fix}")
         else:
             report.ok.append(f"env {name}: {len(replicas)} replica(s) healthy; capacity {free}/replica ({source}) "
-                             f">= {per_replica} sessions/replica ({needed} in all)")
+                             f">= {per_replica} sessions/replica ({needed} in all"
+                             + (f", {num_processes} trainer processes" if num_processes > 1 else "") + ")")
             if getattr(spec, "interface", None) is not None:
                 tools = ", ".join(f"{t.name}({', '.join(p.name for p in t.params)})" for t in spec.interface.tools)
                 report.ok.append(f"env {name}: learned from the server ({spec.interface.kind} env): tools {tools}")
@@ -324,9 +340,10 @@ def load_tokenizer(cfg: RunConfig, mode: str):
 
 
 # ---------------------------------------------------------------------------- all
-def run_all(cfg: RunConfig, mode: str, wait_s: float = 20.0, tokenizer=None) -> PreflightReport:
+def run_all(cfg: RunConfig, mode: str, wait_s: float = 20.0, tokenizer=None, num_processes: int = 1) -> PreflightReport:
+    """Every check, once (rank 0 when several trainer processes run: capacity is counted for all of them)."""
     report = PreflightReport()
-    errors = check_env_servers(cfg, report, wait_s=wait_s)
+    errors = check_env_servers(cfg, report, wait_s=wait_s, num_processes=num_processes)
     if tokenizer is None:
         tokenizer, err = load_tokenizer(cfg, mode)
         if err:

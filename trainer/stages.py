@@ -15,7 +15,12 @@ _lock = threading.Lock()
 
 
 def mark(stage: str, seconds: float | None = None, detail: str = "", **values) -> bool:
-    """Print the stage's line the first time it is reached; False (and silent) afterwards."""
+    """Print the stage's line the first time it is reached (on the main trainer process); False (and
+    silent) afterwards."""
+    from trainer import dist
+
+    if not dist.is_main():
+        return False
     with _lock:
         if stage in _seen:
             return False

@@ -21,7 +21,11 @@ CHECKPOINT_PREFIX = "checkpoint-"
 
 
 def log(msg: str) -> None:
-    print(f"[train] {msg}", flush=True)
+    """Once per run: on the main process when several train (trainer.dist)."""
+    from trainer import dist
+
+    if dist.is_main():
+        print(f"[train] {msg}", flush=True)
 
 
 # ---------------------------------------------------------------------------- resume
@@ -111,6 +115,24 @@ def make_trainer_class():
             stages.mark("first_generation", time.perf_counter() - start, "first batch of first turns generated")
             return result
 
+        def _load_optimizer_and_scheduler(self, checkpoint):
+            """Several CPU ranks (gloo): transformers maps the optimizer state to args.device, `cpu:<rank>`,
+            which torch.load cannot restore to; plain `cpu` is the same memory."""
+            if checkpoint is None or self.args.world_size == 1 or self.args.device.type != "cpu":
+                return super()._load_optimizer_and_scheduler(checkpoint)
+            import torch
+
+            original = torch.load
+
+            def load_on_cpu(*args, map_location=None, **kwargs):
+                return original(*args, map_location=None if map_location is None else "cpu", **kwargs)
+
+            torch.load = load_on_cpu
+            try:
+                return super()._load_optimizer_and_scheduler(checkpoint)
+            finally:
+                torch.load = original
+
         def _generate_and_score_completions(self, *args, **kwargs):
             with STATS.timer("generate_and_score"):
                 return super()._generate_and_score_completions(*args, **kwargs)
@@ -177,19 +199,28 @@ def main(argv: list[str] | None = None) -> int:
         log(f"{gpu.describe_mode(cfg)}; model {model_name}")
     log(f"envs {', '.join(cfg.env_names)}; run dir {cfg.run_dir}")
 
-    resume_ckpt, resume_step = prepare_run_dir(cfg)
-    if resume_step >= cfg.max_steps:
-        log(f"already finished: step {resume_step} >= MAX_STEPS={cfg.max_steps}; nothing to do "
-            "(raise MAX_STEPS to train further, or RESUME=fresh to start over)")
-        return 0
+    from trainer import dist, preflight
 
-    from trainer import preflight
-
-    try:
-        report = preflight.run_all(cfg, mode)
-    except preflight.PreflightError as exc:
-        print(f"[preflight] FAILED:\n{exc}", file=sys.stderr, flush=True)
-        return 3
+    dist.init(mode)
+    verdict = None  # (exit code to stop with, or None to train; checkpoint; step): decided once, by rank 0
+    if dist.is_main():
+        resume_ckpt, resume_step = prepare_run_dir(cfg)
+        verdict = (None, resume_ckpt, resume_step)
+        if resume_step >= cfg.max_steps:
+            log(f"already finished: step {resume_step} >= MAX_STEPS={cfg.max_steps}; nothing to do "
+                "(raise MAX_STEPS to train further, or RESUME=fresh to start over)")
+            verdict = (0, resume_ckpt, resume_step)
+        else:
+            try:
+                report = preflight.run_all(cfg, mode, num_processes=dist.world_size())
+            except preflight.PreflightError as exc:
+                print(f"[preflight] FAILED:\n{exc}", file=sys.stderr, flush=True)
+                verdict = (3, resume_ckpt, resume_step)
+    stop, resume_ckpt, resume_step = dist.from_main(verdict)
+    if stop is not None:
+        return stop
+    if not dist.is_main():  # rank 0 checked servers, capacity for every process and the template
+        report = preflight.resolve_envs(cfg)
 
     import torch  # noqa: F401  (heavy imports only after the cheap checks passed)
 
@@ -226,14 +257,16 @@ def main(argv: list[str] | None = None) -> int:
     trainer.train(resume_from_checkpoint=resume_ckpt)
     step = trainer.state.global_step
     bound = factories if isinstance(factories, dict) else {cfg.env_names[0]: factories}
+    who = f"rank {dist.rank()}: " if dist.world_size() > 1 else ""  # every process opens its own sessions
     for name, cls in bound.items():  # TRL's pool: one instance (= one env session) per rollout slot
         spread = ", ".join(f"{url}: {n}" for url, n in cls.sessions_per_replica.items())
-        log(f"env {name}: {sum(cls.sessions_per_replica.values())} sessions over "
-            f"{len(cls.sessions_per_replica)} replica(s) ({spread})")
+        print(f"[train] {who}env {name}: {sum(cls.sessions_per_replica.values())} sessions over "
+              f"{len(cls.sessions_per_replica)} replica(s) ({spread})", flush=True)
     if control.stop_requested:
         log(f"stopped at step {step}; checkpoint saved in {cfg.run_dir}; run again to resume")
         return 143
-    _print_summary(cfg, step)
+    if dist.is_main():
+        _print_summary(cfg, step)
     return 0
 
 

@@ -120,3 +120,27 @@ def trl_client_cls(monkeypatch):
 
     monkeypatch.setattr(trl_vllm_client, "is_vllm_available", lambda *a, **k: True)
     return trl_vllm_client.VLLMClient
+
+
+def resolved(tmp_path, monkeypatch, lines: str, gpus, mode: str = "gpu") -> dict:
+    """The stack `make train` would run for .env.example + `lines` on a host with `gpus` (a
+    gpu_doctor.DockerGpus): tools/stack.py's compose environment and generated file, resolved by
+    `docker compose config`. No GPU needed."""
+    import json
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    import stack
+
+    env_file = tmp_path / "stack.env"
+    env_file.write_text((ROOT / ".env.example").read_text() + lines)
+    monkeypatch.setattr(stack, "ENV_FILE", env_file)
+    env = stack.StackEnv.load(env_file).values
+    cmd, cenv = stack.compose_command(stack.compose_env(env, mode, gpus), "config", "--format", "json")
+    out = subprocess.run(cmd, cwd=ROOT, env=cenv, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)["services"]
+
+
+def devices(service: dict) -> list[dict]:
+    return service["deploy"]["resources"]["reservations"]["devices"]

@@ -5,12 +5,12 @@ Also the trainer image's `pip check` gate on recorded outputs."""
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
 import pytest
 
+from tests.gpu_path.conftest import devices, resolved
 from tests.helpers import ROOT
 from trainer import stages
 
@@ -98,21 +98,6 @@ def test_readme_states_the_minimum_driver_of_each_known_vllm_image():
 
 
 # ------------------------------------------------------------------ the stack Compose resolves
-def resolved(tmp_path, monkeypatch, lines: str, gpus: gpu_doctor.DockerGpus, mode: str = "gpu") -> dict:
-    env_file = tmp_path / "stack.env"
-    env_file.write_text((ROOT / ".env.example").read_text() + lines)
-    monkeypatch.setattr(stack, "ENV_FILE", env_file)
-    env = stack.StackEnv.load(env_file).values
-    cmd, cenv = stack.compose_command(stack.compose_env(env, mode, gpus), "config", "--format", "json")
-    out = subprocess.run(cmd, cwd=ROOT, env=cenv, capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout)["services"]
-
-
-def devices(service: dict) -> list[dict]:
-    return service["deploy"]["resources"]["reservations"]["devices"]
-
-
 def test_cdi_hosts_get_cdi_devices_in_compose(tmp_path, monkeypatch):
     cdi = gpu_doctor.probe_docker_gpus(SETUPS["CDI only"], image="probe:local")
     services = resolved(tmp_path, monkeypatch, "", cdi)

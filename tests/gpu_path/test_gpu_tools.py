@@ -101,15 +101,15 @@ torch.distributed.DistStoreError: Failed to connect to 127.0.0.1:51216: Connecti
 def test_nccl_check_plan_trainer_listens_vllm_connects_test_double_for_gpu_run():
     env = nccl_check.nccl_env({"NCCL_SOCKET_IFNAME": "ens5"})
     assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_P2P_DISABLE"] == "1" and env["NCCL_SOCKET_IFNAME"] == "ens5"
-    layout = gpu_layout.placements("0", "1", fast_path=False)
+    layout = gpu_layout.placements(["0"], ["1"], fast_path=False)
     t = nccl_check.docker_run_argv("trainer", "grpo-stack/trainer:gpu", layout["trainer"], "net", "t", env, "-",
                                    51216, 64, 3)
     v = nccl_check.docker_run_argv("vllm", "vllm/vllm-openai:v0.31.0", layout["vllm"], "net", "v", env,
                                    "172.20.0.5", 51216, 64, 3)
     assert t[t.index("--gpus") + 1] == '"device=1"' and v[v.index("--gpus") + 1] == '"device=0"'
-    assert t[-5:] == ["trainer", "-", "51216", "64", "3"] and v[-5:] == ["vllm", "172.20.0.5", "51216", "64", "3"]
+    assert t[-6:] == ["trainer", "-", "51216", "64", "3", "2"] and v[-6:] == ["vllm", "172.20.0.5", "51216", "64", "3", "2"]
     assert "--ipc" not in t
-    fast = gpu_layout.placements("0", "1", fast_path=True)["trainer"]
+    fast = gpu_layout.placements(["0"], ["1"], fast_path=True)["trainer"]
     fast_env = nccl_check.nccl_env({"NCCL_FAST_PATH": "1"}, fast)
     argv = nccl_check.docker_run_argv("trainer", "i", fast, "n", "t", fast_env, "-", 1, 1, 1, cdi=True)
     assert fast_env["NCCL_P2P_DISABLE"] == "0" and fast_env["NCCL_HOSTID"] == gpu_layout.FAST_PATH_HOSTID
@@ -140,6 +140,21 @@ def test_nccl_check_diagnoses_each_failure_test_double_for_gpu_run(vllm_log, tim
     out = nccl_check.diagnose(trainer_log, vllm_log, timed_out=timed_out, timeout_s=180)
     assert not out.ok
     assert any(expect in d for d in out.diagnosis), out.diagnosis
+
+
+def test_nccl_check_world_of_four_waits_for_every_vllm_rank_test_double_for_gpu_run():
+    """VLLM_GPU=0-2 (tensor parallel 3): the sync's world is the trainer + 3 workers; all must receive."""
+    ranks = [VLLM_OK.replace('"rank": 1', f'"rank": {r}').replace('"event": "done", "role": "vllm"',
+                                                                   f'"event": "done", "role": "vllm", "rank": {r}')
+             for r in (1, 2, 3)]
+    assert nccl_check.diagnose(TRAINER_OK, "".join(ranks), timed_out=False, world=4).ok
+    assert not nccl_check.diagnose(TRAINER_OK, "".join(ranks[:2]), timed_out=True, timeout_s=9, world=4).ok
+    lost = ranks[2].replace('"ok": true', '"ok": false')
+    out = nccl_check.diagnose(TRAINER_OK, ranks[0] + ranks[1] + lost, timed_out=False, world=4)
+    assert not out.ok and "vLLM rank(s) 3 did not receive" in out.diagnosis[0]
+    argv = nccl_check.docker_run_argv("vllm", "img", gpu_layout.placements(["0", "1", "2"], ["3"], False)["vllm"],
+                                      "n", "v", {}, "10.0.0.2", 51216, 8, 1, world=4)
+    assert argv[argv.index("--gpus") + 1] == '"device=0,1,2"' and argv[-1] == "4"
 
 
 def test_nccl_check_flags_version_skew_between_images_test_double_for_gpu_run():

@@ -10,7 +10,7 @@ from tests.helpers import ROOT
 from tools.stack import parse_env_file
 
 # Set by compose for every run, not by users: the container paths and service URLs.
-FIXED_BY_COMPOSE = {"OUTPUT_DIR", "VLLM_SERVER_URL"}
+FIXED_BY_COMPOSE = {"OUTPUT_DIR", "VLLM_SERVER_URL", "VLLM_WORLD_SIZE"}  # the last: tools/stack.py, from VLLM_GPU
 
 
 def readme_table_vars() -> list[str]:

@@ -18,8 +18,9 @@ import subprocess
 import time
 
 import pytest
+import requests
 
-from tests.helpers import ROOT, build_images, compose_stack
+from tests.helpers import ROOT, build_images, compose_stack, service_url
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -55,6 +56,28 @@ class Project:
     def metrics(self, run: str = RUN) -> list[dict]:
         rows = [json.loads(line) for line in self.read(f"/outputs/{run}/metrics.jsonl").splitlines() if line.strip()]
         return [r for r in rows if r.get("kind") == "step"]
+
+    def kill_mid_run(self, name: str, run: str, after_step: int, timeout_s: float = 600) -> int | None:
+        """SIGKILL the detached trainer container `name` once its run logged `after_step`; the last step
+        logged before it died (None when it could not be caught mid-run)."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            res = subprocess.run(["docker", "exec", name, "sh", "-c", f"cat /outputs/{run}/metrics.jsonl 2>/dev/null"],
+                                 capture_output=True, text=True)
+            steps = [json.loads(x)["step"] for x in res.stdout.splitlines() if '"kind": "step"' in x]
+            if steps and steps[-1] >= after_step:
+                # frozen first (one docker call after the read), then killed: the run cannot race ahead
+                # to its end while the kill is on its way, however fast this machine is
+                subprocess.run(["docker", "pause", name], capture_output=True)
+                subprocess.run(["docker", "kill", "--signal", "KILL", name], capture_output=True)
+                subprocess.run(["docker", "wait", name], capture_output=True, timeout=60)
+                # a step may be logged between that read and the freeze: the file on the volume, read
+                # after the process is dead, is what the resume must reconcile
+                return max(r["step"] for r in self.metrics(run))
+            if res.returncode != 0 and "is not running" in res.stderr:
+                return None
+            time.sleep(0.2)
+        return None
 
     def ls(self, path: str) -> list[str]:
         res = self.compose("run", "--rm", "--no-deps", "--entrypoint", "ls", "trainer-cpu", path, check=False)
@@ -116,25 +139,7 @@ def test_kill_and_resume_loses_and_repeats_no_step(project):
     name = f"{project.stack.project}-killme"
     project.compose("run", "-d", "--name", name, "trainer-cpu", "python", "-m", "trainer.train",
                     "--max-steps", str(max_steps), "--resume", "fresh", "--save-steps", "4", "--run-name", run)
-    killed_after = None
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        res = subprocess.run(["docker", "exec", name, "sh", "-c", f"cat /outputs/{run}/metrics.jsonl 2>/dev/null"],
-                             capture_output=True, text=True)
-        steps = [json.loads(x)["step"] for x in res.stdout.splitlines() if '"kind": "step"' in x]
-        if steps and steps[-1] >= 6:  # checkpoint-4 is there; steps after it were logged but not saved
-            # frozen first (one docker call after the read), then killed: the run cannot race ahead
-            # to its end while the kill is on its way, however fast this machine is
-            subprocess.run(["docker", "pause", name], capture_output=True)
-            subprocess.run(["docker", "kill", "--signal", "KILL", name], capture_output=True)
-            subprocess.run(["docker", "wait", name], capture_output=True, timeout=60)
-            # a step may be logged between that read and the freeze: the file on the volume, read
-            # after the process is dead, is what the resume must reconcile
-            killed_after = max(r["step"] for r in project.metrics(run))
-            break
-        if res.returncode != 0 and "is not running" in res.stderr:
-            break
-        time.sleep(0.2)
+    killed_after = project.kill_mid_run(name, run, after_step=6)  # checkpoint-4 is there, steps after it not
     subprocess.run(["docker", "rm", "-f", name], capture_output=True)
     assert killed_after is not None and killed_after < max_steps, "could not kill the run mid-way"
 
@@ -151,6 +156,44 @@ def test_kill_and_resume_loses_and_repeats_no_step(project):
     state = json.loads(project.read(f"/outputs/{run}/checkpoint-{max_steps}/trainer_state.json"))
     assert state["global_step"] == max_steps
     print(f"killed after step {killed_after}; resumed from checkpoint-{ckpt_step}")
+
+
+def test_two_trainer_processes_train_once_per_step_and_resume_after_a_kill(project):
+    """TRAINER_PROCESSES=2: trainer.launch starts two ranks through accelerate (gloo, the CPU stand-in for
+    one process per GPU). Both open their own env sessions, rank 0 alone logs and checkpoints, and a
+    SIGKILL mid-run is resumed by both from the one checkpoint."""
+    two = {"TRAINER_PROCESSES": "2"}  # what a user writes in .env
+    max_steps, run = 10, "two-ranks"
+    name = f"{project.stack.project}-ranks"
+    project.compose("run", "-d", "--name", name, "trainer-cpu", "python", "-m", "trainer.launch",
+                    "--max-steps", str(max_steps), "--resume", "fresh", "--save-steps", "2", "--run-name", run, env=two)
+    killed_after = project.kill_mid_run(name, run, after_step=3)  # checkpoint-2 is there
+    first = subprocess.run(["docker", "logs", name], capture_output=True, text=True)
+    subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+    assert killed_after is not None and killed_after < max_steps, first.stdout[-3000:] + first.stderr[-3000:]
+    assert "[launch] 2 trainer processes (ddp, gloo) through accelerate" in first.stdout
+    # rank 0 counted the sessions of both processes against the server's capacity
+    assert "sessions/replica (16 in all, 2 trainer processes)" in first.stdout
+    # the killed ranks' 16 sessions end with their sockets; the resume needs all 16 slots again
+    health = f"{service_url(project.stack, 'env-echo')}/health"
+    deadline = time.monotonic() + 120
+    while requests.get(health, timeout=5).json()["active_sessions"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+
+    res = project.compose("run", "--rm", "trainer-cpu", "python", "-m", "trainer.launch", "--max-steps",
+                          str(max_steps), "--save-steps", "2", "--run-name", run, env=two)
+    out = res.stdout
+    assert out.count(f"resuming from /outputs/{run}/checkpoint-") == 1, out[-3000:]  # decided once, by rank 0
+    for rank in (0, 1):  # each process opened its own sessions
+        assert f"[train] rank {rank}: env echo: 8 sessions over 1 replica(s)" in out
+    rows = project.metrics(run)
+    assert [r["step"] for r in rows] == list(range(1, max_steps + 1)), "a step was lost or logged twice"
+    ckpts = sorted(project.ls(f"/outputs/{run}"))
+    assert [c for c in ckpts if c.startswith("checkpoint-")] == sorted(
+        f"checkpoint-{s}" for s in range(max_steps - 4, max_steps + 1, 2))  # one set, save_total_limit 3
+    state = json.loads(project.read(f"/outputs/{run}/checkpoint-{max_steps}/trainer_state.json"))
+    assert state["global_step"] == max_steps
+    print(f"two ranks: killed after step {killed_after}, resumed, {max_steps} steps logged once")
 
 
 def test_sessions_spread_over_replicas(project):
@@ -201,3 +244,4 @@ def test_dashboard_shows_the_reward_chart(project):
         finally:
             browser.close()
     print(f"dashboard: reward chart rendered ({cards} card(s) on the page)")
+

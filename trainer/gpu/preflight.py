@@ -11,7 +11,13 @@ from trainer import stages
 from trainer.config import default
 from trainer.gpu.grpo_kwargs import resolve_mode
 from trainer.gpu.nccl import NCCL_BRIDGE_DEFAULTS, apply_nccl_env, check_group_port, resolve_host_ip
-from trainer.gpu.server import VLLMPreflightError, check_vllm_server, explain_init_failure, version_skew
+from trainer.gpu.server import (
+    VLLMPreflightError,
+    check_vllm_server,
+    explain_init_failure,
+    version_skew,
+    world_size_mismatch,
+)
 from trainer.gpu.trl_hooks import guard_weight_transfer_init
 
 logger = logging.getLogger("trainer.gpu")
@@ -58,6 +64,7 @@ def preflight_vllm(cfg: Any) -> dict[str, Any]:
         raise VLLMPreflightError("\n".join([*problems, str(exc)])) from None
     stages.mark("vllm_healthy", rep.waited_s, f"{url} serves {rep.model} (world size {rep.world_size})")
     problems += version_skew(rep, local_vllm, torch.__version__)
+    problems += world_size_mismatch(rep, int(getattr(cfg, "vllm_world_size", None) or default("vllm_world_size")))
     if rep.server_has_cuda is False:
         problems.append(explain_init_failure(None, "", rep))
 

@@ -123,6 +123,16 @@ def version_skew(report: ServerReport, local_vllm: str | None, local_torch: str 
     return problems
 
 
+def world_size_mismatch(report: ServerReport, expected: int) -> list[str]:
+    """The server's vLLM workers (/get_world_size) against what .env asked for (VLLM_GPU, VLLM_PARALLEL):
+    TRL's weight-sync group is those workers + the trainer, and every worker must receive the weights."""
+    if report.world_size is None or report.world_size == expected:
+        return []
+    return [f"vLLM at {report.url} runs {report.world_size} worker(s) (/get_world_size) but this run expects "
+            f"{expected} (VLLM_GPU and VLLM_PARALLEL in .env): the vllm service was started with another layout; "
+            "restart it with this .env (`make down && make up`)"]
+
+
 def explain_init_failure(status: int | None, body: str, report: ServerReport | None) -> str:
     """One clear message for a failed /init_weight_transfer_engine (or trainer-side init)."""
     text = body or ""

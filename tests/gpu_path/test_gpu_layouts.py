@@ -1,0 +1,135 @@
+"""Every GPU of one host (README "Every GPU of a host"): the GPU lists of .env become the devices, vLLM
+flags, world size and trainer processes Compose runs, resolved for 4- and 8-GPU hosts by the real
+`docker compose config` (test doubles for the GPU-only part: the hosts' GPUs are recorded nvidia-smi
+lines). The trainer launcher's command lines, and the one-/two-GPU defaults unchanged."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.gpu_path.conftest import devices, resolved
+from tests.helpers import ROOT
+from trainer.config import RunConfig
+from trainer.launch import LaunchError, launch_argv, process_count
+
+sys.path.insert(0, str(ROOT / "tools"))
+import gpu_doctor  # noqa: E402
+import gpu_layout  # noqa: E402
+import stack  # noqa: E402
+
+
+def host_with(n: int) -> gpu_doctor.DockerGpus:
+    csv = "".join(f"{i}, GPU-{i:08d}-aaaa-bbbb-cccc-dddddddddddd, NVIDIA H100 80GB HBM3, 81559, 0, 81008, 580.95.05\n"
+                  for i in range(n))
+    return gpu_doctor.DockerGpus("the nvidia runtime (`--gpus`)", gpu_doctor.parse_gpu_csv(csv), f"{n} GPU(s)")
+
+
+def flag(service: dict, name: str) -> str:
+    return next(a.split("=", 1)[1] for a in service["command"] if a.startswith(f"--{name}="))
+
+
+@pytest.mark.parametrize("value,ids", [("1", ["1"]), ("0,1", ["0", "1"]), ("2-7", [str(i) for i in range(2, 8)]),
+                                       ("0,2-3", ["0", "2", "3"]), ("GPU-abc", ["GPU-abc"])])
+def test_gpu_lists_in_env(value, ids):
+    assert gpu_layout.parse_gpu_ids(value, "TRAINER_GPU") == ids
+
+
+@pytest.mark.parametrize("value,message", [("3-1", "runs backwards"), ("0,0", "names a GPU twice"),
+                                           ("gpu0", "is not a GPU id"), ("", "is empty")])
+def test_bad_gpu_lists_name_the_variable(value, message):
+    with pytest.raises(gpu_layout.LayoutError, match=message):
+        gpu_layout.parse_gpu_ids(value, "VLLM_GPU")
+
+
+def test_a_gpu_on_both_sides_is_refused():
+    with pytest.raises(gpu_layout.LayoutError, match="share GPU 1"):
+        gpu_layout.plan({"VLLM_GPU": "0-1", "TRAINER_GPU": "1-3"}, "gpu")
+
+
+@pytest.mark.parametrize("count,split", [(1, None), (2, None), (4, ("0-1", "2-3")), (8, ("0-3", "4-7"))])
+def test_auto_proposes_a_split_that_uses_every_gpu(count, split):
+    assert gpu_layout.propose_split(count) == split
+
+
+def test_eight_gpu_host_with_default_env_keeps_the_two_gpu_layout_and_proposes_one(tmp_path, monkeypatch, capsys):
+    env_file = tmp_path / "eight.env"
+    env_file.write_text((ROOT / ".env.example").read_text())
+    monkeypatch.setattr(stack, "ENV_FILE", env_file)
+    monkeypatch.setattr(stack, "detect_gpus", lambda: host_with(8))
+    monkeypatch.setattr(stack, "check_docker", lambda: None)
+    monkeypatch.setattr(stack, "check_compose", lambda: None)
+    cenv, mode = stack.cmd_prepare()
+    out = capsys.readouterr().out
+    assert mode == "gpu" and cenv["VLLM_TENSOR_PARALLEL_SIZE"] == "1" and cenv["TRAINER_PROCESSES"] == "1"
+    assert "vLLM on GPU 0 (one GPU), trainer on GPU 1 (1 process(es))" in out
+    assert "this host has 8 GPUs and the run uses 2; to use all of them set VLLM_GPU=0-3 TRAINER_GPU=4-7 " \
+           "VLLM_PARALLEL=data" in out
+
+
+def test_four_gpu_host_tensor_parallel_vllm_and_two_ddp_trainers(tmp_path, monkeypatch):
+    services = resolved(tmp_path, monkeypatch, "\nVLLM_GPU=0,1\nTRAINER_GPU=2-3\n", host_with(4))
+    vllm, trainer = services["vllm"], services["trainer"]
+    assert devices(vllm) == [{"driver": "nvidia", "device_ids": ["0", "1"], "capabilities": ["gpu"]}]
+    assert devices(trainer) == [{"driver": "nvidia", "device_ids": ["2", "3"], "capabilities": ["gpu"]}]
+    assert flag(vllm, "tensor-parallel-size") == "2" and flag(vllm, "data-parallel-size") == "1"
+    assert trainer["environment"]["VLLM_WORLD_SIZE"] == "2" and trainer["environment"]["TRAINER_PROCESSES"] == "2"
+    assert trainer["command"] == ["python3", "-m", "trainer.launch"]
+    for side in (vllm, trainer):  # inside one container NCCL may use P2P/SHM between its own GPUs
+        assert side["environment"]["NCCL_P2P_DISABLE"] == "0" and side["environment"]["NCCL_SHM_DISABLE"] == "0"
+
+
+def test_eight_gpu_host_data_parallel_vllm_and_four_fsdp_trainers(tmp_path, monkeypatch):
+    lines = "\nVLLM_GPU=0-3\nTRAINER_GPU=4-7\nVLLM_PARALLEL=data\nTRAINER_SHARDING=fsdp\n"
+    services = resolved(tmp_path, monkeypatch, lines, host_with(8))
+    vllm, trainer = services["vllm"], services["trainer"]
+    assert devices(vllm)[0]["device_ids"] == ["0", "1", "2", "3"]
+    assert devices(trainer)[0]["device_ids"] == ["4", "5", "6", "7"]
+    assert flag(vllm, "tensor-parallel-size") == "1" and flag(vllm, "data-parallel-size") == "4"
+    env = trainer["environment"]
+    assert env["VLLM_WORLD_SIZE"] == "4" and env["TRAINER_PROCESSES"] == "4" and env["TRAINER_SHARDING"] == "fsdp"
+
+
+def test_two_and_one_gpu_defaults_are_unchanged(tmp_path, monkeypatch):
+    two = resolved(tmp_path, monkeypatch, "", host_with(2))
+    assert devices(two["vllm"])[0]["device_ids"] == ["0"] and devices(two["trainer"])[0]["device_ids"] == ["1"]
+    assert flag(two["vllm"], "tensor-parallel-size") == "1" and flag(two["vllm"], "data-parallel-size") == "1"
+    assert "NCCL_HOSTID" not in two["trainer"]["environment"] and two["trainer"]["environment"]["TRAINER_PROCESSES"] == "1"
+    one = resolved(tmp_path, monkeypatch, "\nTRAINER_GPU=0\n", host_with(1), mode="colocate")
+    assert "vllm" not in one and devices(one["trainer"])[0]["device_ids"] == ["0"]
+
+
+def test_launcher_runs_one_process_in_place_and_several_through_accelerate():
+    cfg = RunConfig.load(["--train-mode", "cpu"])
+    assert launch_argv(1, "cpu", "ddp", ["--max-steps", "2"])[1:] == ["-m", "trainer.train", "--max-steps", "2"]
+    argv = launch_argv(2, "cpu", "ddp", ["--max-steps", "2"])
+    assert argv[1:3] == ["-m", "accelerate.commands.launch"] and "--multi_gpu" in argv
+    assert argv[argv.index("--num_processes") + 1] == "2" and argv[-4:] == ["-m", "trainer.train", "--max-steps", "2"]
+    fsdp = launch_argv(4, "gpu", "fsdp", [])
+    assert "--use_fsdp" in fsdp and fsdp[fsdp.index("--fsdp_sharding_strategy") + 1] == "FULL_SHARD"
+    with pytest.raises(LaunchError, match="the CPU profile runs ddp"):
+        launch_argv(2, "cpu", "fsdp", [])
+    assert process_count(cfg, "cpu", 0) == 1
+    assert process_count(RunConfig.load(["--trainer-processes", "2"]), "cpu", 0) == 2
+    assert process_count(RunConfig.load([]), "gpu", 4) == 4  # GPU: one per visible trainer GPU
+    with pytest.raises(LaunchError, match="sees 2 GPU"):
+        process_count(RunConfig.load(["--trainer-processes", "4"]), "gpu", 2)
+
+
+def test_preflight_refuses_a_vllm_server_started_with_another_layout():
+    from trainer.gpu.server import ServerReport, world_size_mismatch
+
+    report = ServerReport(url="http://vllm:8000", world_size=1)
+    assert world_size_mismatch(report, 1) == []
+    problem = world_size_mismatch(report, 4)[0]
+    assert "runs 1 worker(s) (/get_world_size) but this run expects 4 (VLLM_GPU and VLLM_PARALLEL" in problem
+    assert "`make down && make up`" in problem
+
+
+def test_zero3_without_deepspeed_in_the_image_says_what_to_use_instead(monkeypatch):
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(LaunchError, match="use TRAINER_SHARDING=fsdp"):
+        launch_argv(4, "gpu", "zero3", [])

@@ -1,0 +1,86 @@
+"""Entrypoint of both trainer services: `python -m trainer.launch [trainer.train flags]`.
+
+One trainer process runs trainer.train in place. Several (one per trainer GPU, or TRAINER_PROCESSES
+on the CPU profile) start through `accelerate launch`: DDP by default, FSDP or DeepSpeed ZeRO-3 with
+TRAINER_SHARDING. Every process opens its own env sessions; only the main one writes metrics,
+TensorBoard and checkpoints, and only it talks to the vLLM server (TRL's server mode).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+from trainer.config import ConfigError, RunConfig
+
+RENDEZVOUS_PORT = 29500  # torch.distributed among the trainer's own processes (inside its container)
+
+SHARDING_FLAGS: dict[str, list[str]] = {
+    "ddp": ["--multi_gpu"],  # torchrun underneath; on the CPU profile HF's Trainer picks gloo (use_cpu)
+    "fsdp": ["--use_fsdp", "--fsdp_version", "1", "--fsdp_sharding_strategy", "FULL_SHARD",
+             "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP", "--fsdp_state_dict_type", "FULL_STATE_DICT",
+             "--fsdp_sync_module_states", "true", "--fsdp_use_orig_params", "true"],
+    "zero3": ["--use_deepspeed", "--zero_stage", "3", "--zero3_init_flag", "true", "--zero3_save_16bit_model", "true"],
+}
+
+
+class LaunchError(RuntimeError):
+    """The processes asked for cannot be started here; the message names the setting and the fix."""
+
+
+def process_count(cfg: RunConfig, mode: str, visible_gpus: int) -> int:
+    if mode == "cpu":
+        return cfg.trainer_processes or 1
+    n = cfg.trainer_processes or max(visible_gpus, 1)
+    if n > visible_gpus:
+        raise LaunchError(f"TRAINER_PROCESSES={n} but the trainer container sees {visible_gpus} GPU(s): one process per "
+                          "GPU; name the GPUs in TRAINER_GPU (e.g. 2-7) and let `make train` set the count")
+    return n
+
+
+def launch_argv(n: int, mode: str, sharding: str, args: list[str], port: int = RENDEZVOUS_PORT) -> list[str]:
+    """The command that runs trainer.train in `n` processes (n == 1: directly)."""
+    if n == 1:
+        return [sys.executable, "-m", "trainer.train", *args]
+    if mode == "cpu" and sharding != "ddp":
+        raise LaunchError(f"TRAINER_SHARDING={sharding} shards over GPUs; the CPU profile runs ddp (edit .env)")
+    if sharding == "zero3" and importlib.util.find_spec("deepspeed") is None:
+        raise LaunchError("TRAINER_SHARDING=zero3 needs DeepSpeed, which the trainer image does not carry; use "
+                          "TRAINER_SHARDING=fsdp (PyTorch's own sharding, in the image) or ddp (edit .env)")
+    return [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n), "--num_machines", "1",
+            "--main_process_port", str(port), "--dynamo_backend", "no", *SHARDING_FLAGS[sharding],
+            "-m", "trainer.train", *args]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        cfg = RunConfig.load(argv)
+    except ConfigError as exc:
+        print(f"[launch] config error:\n{exc}", file=sys.stderr, flush=True)
+        return 2
+    mode = cfg.resolved_train_mode()
+    visible = 0
+    if mode != "cpu":
+        import torch
+
+        visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    try:
+        n = process_count(cfg, mode, visible)
+        cmd = launch_argv(n, mode, cfg.trainer_sharding, argv)
+    except LaunchError as exc:
+        print(f"[launch] {exc}", file=sys.stderr, flush=True)
+        return 2
+    if n == 1:
+        from trainer.train import main as train
+
+        return train(argv)
+    print(f"[launch] {n} trainer processes ({cfg.trainer_sharding}, {'gloo' if mode == 'cpu' else 'nccl'}) through "
+          "accelerate; each opens its own env sessions, rank 0 logs and checkpoints", flush=True)
+    os.execv(cmd[0], cmd)  # the launcher becomes this container's process: signals reach every rank
+    return 0  # pragma: no cover
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
