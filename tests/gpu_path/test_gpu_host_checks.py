@@ -98,7 +98,7 @@ def test_readme_states_the_minimum_driver_of_each_known_vllm_image():
 
 
 # ------------------------------------------------------------------ the stack Compose resolves
-def test_cdi_hosts_get_cdi_devices_in_compose(tmp_path, monkeypatch):
+def test_cdi_hosts_get_cdi_devices_in_compose_test_double_for_gpu_host(tmp_path, monkeypatch):
     cdi = gpu_doctor.probe_docker_gpus(SETUPS["CDI only"], image="probe:local")
     services = resolved(tmp_path, monkeypatch, "", cdi)
     assert devices(services["vllm"]) == [{"driver": "cdi", "device_ids": ["nvidia.com/gpu=0"], "capabilities": ["gpu"]}]
@@ -108,7 +108,7 @@ def test_cdi_hosts_get_cdi_devices_in_compose(tmp_path, monkeypatch):
     assert devices(services["vllm"]) == [{"driver": "nvidia", "device_ids": ["0"], "capabilities": ["gpu"]}]
 
 
-def test_nccl_fast_path_makes_both_containers_one_host_to_nccl(tmp_path, monkeypatch):
+def test_nccl_fast_path_makes_both_containers_one_host_to_nccl_test_double_for_gpu_host(tmp_path, monkeypatch):
     hook = gpu_doctor.probe_docker_gpus(SETUPS["hook only, no runtime in docker info"], image="probe:local")
     plain = resolved(tmp_path, monkeypatch, "", hook)
     assert "NCCL_HOSTID" not in plain["vllm"]["environment"] and plain["vllm"].get("ipc") is None
@@ -124,7 +124,7 @@ def test_nccl_fast_path_makes_both_containers_one_host_to_nccl(tmp_path, monkeyp
     assert vllm["environment"]["CUDA_VISIBLE_DEVICES"] == "1,0" and trainer["environment"]["CUDA_VISIBLE_DEVICES"] == "0,1"
 
 
-def test_the_pinned_revision_is_downloaded_and_served(tmp_path, monkeypatch):
+def test_the_pinned_revision_is_downloaded_and_served_test_double_for_gpu_host(tmp_path, monkeypatch):
     from tools.stack import parse_env_file
 
     revision = parse_env_file(ROOT / ".env.example")["MODEL_REVISION"]

@@ -53,7 +53,7 @@ def test_auto_proposes_a_split_that_uses_every_gpu(count, split):
     assert gpu_layout.propose_split(count) == split
 
 
-def test_eight_gpu_host_with_default_env_keeps_the_two_gpu_layout_and_proposes_one(tmp_path, monkeypatch, capsys):
+def test_eight_gpu_host_with_default_env_keeps_the_two_gpu_layout_and_proposes_one_test_double_for_gpu_host(tmp_path, monkeypatch, capsys):
     env_file = tmp_path / "eight.env"
     env_file.write_text((ROOT / ".env.example").read_text())
     monkeypatch.setattr(stack, "ENV_FILE", env_file)
@@ -68,7 +68,7 @@ def test_eight_gpu_host_with_default_env_keeps_the_two_gpu_layout_and_proposes_o
            "VLLM_PARALLEL=data" in out
 
 
-def test_four_gpu_host_tensor_parallel_vllm_and_two_ddp_trainers(tmp_path, monkeypatch):
+def test_four_gpu_host_tensor_parallel_vllm_and_two_ddp_trainers_test_double_for_gpu_host(tmp_path, monkeypatch):
     services = resolved(tmp_path, monkeypatch, "\nVLLM_GPU=0,1\nTRAINER_GPU=2-3\n", host_with(4))
     vllm, trainer = services["vllm"], services["trainer"]
     assert devices(vllm) == [{"driver": "nvidia", "device_ids": ["0", "1"], "capabilities": ["gpu"]}]
@@ -80,7 +80,7 @@ def test_four_gpu_host_tensor_parallel_vllm_and_two_ddp_trainers(tmp_path, monke
         assert side["environment"]["NCCL_P2P_DISABLE"] == "0" and side["environment"]["NCCL_SHM_DISABLE"] == "0"
 
 
-def test_eight_gpu_host_data_parallel_vllm_and_four_fsdp_trainers(tmp_path, monkeypatch):
+def test_eight_gpu_host_data_parallel_vllm_and_four_fsdp_trainers_test_double_for_gpu_host(tmp_path, monkeypatch):
     lines = "\nVLLM_GPU=0-3\nTRAINER_GPU=4-7\nVLLM_PARALLEL=data\nTRAINER_SHARDING=fsdp\n"
     services = resolved(tmp_path, monkeypatch, lines, host_with(8))
     vllm, trainer = services["vllm"], services["trainer"]
@@ -91,7 +91,7 @@ def test_eight_gpu_host_data_parallel_vllm_and_four_fsdp_trainers(tmp_path, monk
     assert env["VLLM_WORLD_SIZE"] == "4" and env["TRAINER_PROCESSES"] == "4" and env["TRAINER_SHARDING"] == "fsdp"
 
 
-def test_two_and_one_gpu_defaults_are_unchanged(tmp_path, monkeypatch):
+def test_two_and_one_gpu_defaults_are_unchanged_test_double_for_gpu_host(tmp_path, monkeypatch):
     two = resolved(tmp_path, monkeypatch, "", host_with(2))
     assert devices(two["vllm"])[0]["device_ids"] == ["0"] and devices(two["trainer"])[0]["device_ids"] == ["1"]
     assert flag(two["vllm"], "tensor-parallel-size") == "1" and flag(two["vllm"], "data-parallel-size") == "1"
