@@ -163,7 +163,7 @@ def test_two_trainer_processes_train_once_per_step_and_resume_after_a_kill(proje
     one process per GPU). Both open their own env sessions, rank 0 alone logs and checkpoints, and a
     SIGKILL mid-run is resumed by both from the one checkpoint."""
     two = {"TRAINER_PROCESSES": "2"}  # what a user writes in .env
-    max_steps, run = 10, "two-ranks"
+    max_steps, run = 24, "two-ranks"  # room to catch it mid-run, however fast the machine
     name = f"{project.stack.project}-ranks"
     project.compose("run", "-d", "--name", name, "trainer-cpu", "python", "-m", "trainer.launch",
                     "--max-steps", str(max_steps), "--resume", "fresh", "--save-steps", "2", "--run-name", run, env=two)
