@@ -248,16 +248,11 @@ def probe(runner: Runner = run, env: dict[str, str] | None = None) -> DockerGpus
     return probe_docker_gpus(runner, probe_image(runner, env.get("VLLM_IMAGE") or DEFAULT_VLLM_IMAGE))
 
 
-def main() -> int:
+def print_report(found: DockerGpus, env: dict[str, str]) -> bool:
+    """Print one ok/FAIL row per GPU check for GPUs already detected; True when all pass."""
     sys.path.insert(0, str(ROOT))
     from trainer.train_mode import resolve_train_mode
 
-    env = load_env()
-    found = probe(env=env)
-    if found is None:
-        print(f"  ok   GPU checks: {NO_GPU} (no nvidia-smi, no /dev/nvidiactl); the CPU profile runs, "
-              "GPU checks skipped")
-        return 0
     mode = (env.get("TRAIN_MODE") or "auto").lower()
     if mode == "auto":
         mode = resolve_train_mode("auto", found.count)[0]
@@ -265,7 +260,17 @@ def main() -> int:
     rows = diagnose(found.gpus, found.method, env, mode, image, cuda_of_image(image))
     for ok, name, msg in rows:
         print(f"  {'ok  ' if ok else 'FAIL'} {name}: {msg}")
-    return 0 if all(ok for ok, _, _ in rows) else 1
+    return all(ok for ok, _, _ in rows)
+
+
+def main() -> int:
+    env = load_env()
+    found = probe(env=env)
+    if found is None:
+        print(f"  ok   GPU checks: {NO_GPU} (no nvidia-smi, no /dev/nvidiactl); the CPU profile runs, "
+              "GPU checks skipped")
+        return 0
+    return 0 if print_report(found, env) else 1
 
 
 if __name__ == "__main__":

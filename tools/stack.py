@@ -740,9 +740,8 @@ def cmd_doctor() -> int:
     report(".env values", validate_run_config(env, mode))
     report("HF token file", check_token_file(env), "readable by the containers' user")
     report("DASHBOARD_PORT", check_port(env, "DASHBOARD_PORT"), f"{env.get('DASHBOARD_PORT', '6006')} free")
-    if mode in ("gpu", "colocate") or gpus.count:
-        rc = subprocess.call([sys.executable, str(ROOT / "tools" / "gpu_doctor.py")], cwd=ROOT)
-        ok = ok and rc == 0
+    if mode in ("gpu", "colocate") or gpus.count:  # the GPUs detected above, not a second probe
+        ok = gpu_doctor.print_report(gpus, env) and ok
     print("all good" if ok else "doctor found problems: fix the FAIL lines above")
     return 0 if ok else 1
 
