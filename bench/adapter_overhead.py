@@ -70,7 +70,7 @@ def main() -> None:
         rows = {"hand-written EchoTool": registry.get("echo").make_dataset(args.rollouts, 0),
                 "zero-code (learned)": learned.make_dataset(args.rollouts, 0)}
         stats = {label: RolloutStats() for label in classes}
-        pools = {label: [bind("echo", cls, url, stats[label], [url])() for _ in range(args.rollouts)]
+        pools = {label: [bind("echo", cls, url, stats[label])() for _ in range(args.rollouts)]
                  for label, cls in classes.items()}
         per_step: dict[str, list[float]] = {label: [] for label in classes}
         for step in range(args.steps + 5):  # the first 5 warm up both and are dropped

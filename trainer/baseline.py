@@ -37,13 +37,12 @@ def play(tool, row: dict, choose, max_turns: int) -> dict:
 
 def run_env(name: str, cfg: RunConfig, episodes: int, max_turns: int, seed: int) -> dict[str, dict]:
     from envs import registry
-    from trainer.envs_binding import bind
-
+    from trainer.envs_binding import bind, resolve_replicas
     from trainer.preflight import probe_server
 
     spec = registry.resolve(name, cfg.env_url(name), **cfg.generic_env_options())
     cls = bind(name, spec.tool_class, cfg.env_url(name))  # same class, replicas and counters as training
-    for url in cls.replica_urls:  # fail fast: the session client would retry a dead server for a while
+    for url in resolve_replicas(cfg.env_url(name)):  # fail fast: the session client would retry a dead server for a while
         healthy, detail, _, _ = probe_server(url)
         if not healthy:
             raise RuntimeError(f"{url} {detail}")

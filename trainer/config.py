@@ -65,6 +65,11 @@ class RunConfig(BaseSettings):
         None, description="Override env server URLs, e.g. `echo=http://env-echo:8000,wordle=http://host:9000`; "
         "default `http://env-<name>:8000`."
     )
+    env_fleet: Literal["compose", "swarm"] = Field(
+        "compose", description="Where the env servers run: `compose` = replicas on this host; `swarm` = a Docker "
+        "Swarm fleet across machines (`make fleet-up`, README \"Across machines\"): the trainer joins its overlay "
+        "network and spreads sessions over its tasks."
+    )
     model_name: str | None = Field(
         None, description=f"Model to train (hub id or local path). Empty: `{CPU_DEFAULT_MODEL}` on CPU, "
         f"`{GPU_DEFAULT_MODEL}` on GPU."
@@ -226,7 +231,10 @@ class RunConfig(BaseSettings):
         return out
 
     def env_url(self, name: str) -> str:
-        return self.env_url_overrides.get(name, f"http://env-{name}:8000")
+        """ENV_URLS' URL, else the env service's: its Swarm tasks (`tasks.` names only the fleet's, never a Compose
+        replica left running on this host), or its Compose replicas."""
+        host = f"tasks.env-{name}" if self.env_fleet == "swarm" else f"env-{name}"
+        return self.env_url_overrides.get(name, f"http://{host}:8000")
 
     def generic_env_options(self) -> dict[str, Any]:
         """How envs learned from their server are prompted and scored (envs.generic.GenericSpec's options)."""

@@ -146,12 +146,17 @@ def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 2
 
     for name in cfg.env_names:
         url = cfg.env_url(name)
-        where = "ENV_URLS" if name in cfg.env_url_overrides else f"the env-{name} service"
+        where = ("`make logs` for ENV_URLS" if name in cfg.env_url_overrides else
+                 f"`make fleet-logs` for the fleet's env-{name}" if cfg.env_fleet == "swarm" else
+                 f"`make logs` for the env-{name} service")
         try:
             replicas = resolve_replicas(url)
         except BindingError as exc:
             if name in cfg.env_url_overrides:
                 fix = "fix ENV_URLS, or start that server where the trainer can reach it"
+            elif cfg.env_fleet == "swarm":
+                fix = (f"deploy the fleet (`make fleet-up` on a swarm manager; ENV_NAME must include {name}) and run the "
+                       "trainer through `make train`, which joins it to the fleet's network")
             else:
                 fix = f"start the env-{name} service (`make up`; COMPOSE_PROFILES must include {name})"
             errors.append(f"env {name}: {exc} at {url}: {fix}")
@@ -170,7 +175,7 @@ def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 2
             time.sleep(1.0)
         bad = [f"{rep} ({results[rep][1]})" for rep in pending]
         if bad:
-            errors.append(f"env {name}: not healthy: {', '.join(bad)}: check `make logs` for {where}; "
+            errors.append(f"env {name}: not healthy: {', '.join(bad)}: check {where}; "
                           f"the trainer needs every replica of it")
             continue
         try:
@@ -185,36 +190,41 @@ def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 2
             errors.append(f"env {name}: {exc}")
             continue
         needed = sessions_needed(cfg, name, env_rows=rows, num_processes=num_processes)
-        per_replica = math.ceil(needed / len(replicas))
+        per_replica = math.ceil(needed / len(replicas))  # the session clients spread them evenly
         caps = [results[r][2] for r in replicas]
         actives = [results[r][3] or 0 for r in replicas]
         batch = (f"PER_DEVICE_TRAIN_BATCH_SIZE {cfg.per_device_train_batch_size} x STEPS_PER_GENERATION "
                  f"{cfg.effective_steps_per_generation}")
-        opens = (f"< {per_replica} sessions this trainer opens per replica ({needed} in all = {batch}"
+        opens = (f"< {needed} sessions this trainer opens ({batch}"
                  + (f" x {num_processes} trainer processes" if num_processes > 1 else "")
-                 + (", worst-case share of a multi-env batch" if len(cfg.env_names) > 1 else "")
-                 + f", over {len(replicas)} replica{'s' if len(replicas) > 1 else ''})")
+                 + (", worst-case share of a multi-env batch" if len(cfg.env_names) > 1 else "") + ")")
+        var = f"ENV_{name.upper()}_REPLICAS"
+        fleet = cfg.env_fleet == "swarm"
+        scale = f"scale the fleet ({var}, then `make fleet-up`)" if fleet else f"add replicas ({var})"
+        what = f"{len(replicas)} fleet task(s)" if fleet else f"{len(replicas)} replica(s)"
         if all(c is not None for c in caps):
-            free = min(c - a for c, a in zip(caps, actives))
-            source = "reported by the server" + (f", {max(actives)} already in use" if any(actives) else "")
-            fix = (f"raise MAX_CONCURRENT_ENVS to >= {per_replica}, add replicas (ENV_{name.upper()}_REPLICAS), "
-                   "or lower the batch (edit .env)")
-        else:  # the server does not say (upstream create_app): count what each replica accepts
+            free = [c - a for c, a in zip(caps, actives)]
+            source = "reported by the servers" + (f", {sum(actives)} already in use" if any(actives) else "")
+            fix = f"raise MAX_CONCURRENT_ENVS to >= {per_replica}, {scale}, or lower the batch (edit .env)"
+        else:  # the server does not say (upstream create_app): count what each replica accepts, up to its share
             probed = [probe_capacity(r, per_replica) for r in replicas]
-            free = min(n for n, _ in probed)
+            free = [n for n, _ in probed]
             problems = [f"{r}: {p}" for r, (_, p) in zip(replicas, probed) if p]
             source = "probed: the server does not report it" + (f"; {'; '.join(problems)}" if problems else "")
-            fix = (f"set ENV_{name.upper()}_REPLICAS={math.ceil(needed / max(free, 1))} (this image holds {free} "
-                   f"session(s) per container), or lower the batch (edit .env)" if free else
-                   f"check `make logs` for env-{name}: it accepted no session")
-        report.sessions[name], report.capacity[name] = needed, free
-        if free < per_replica:
-            errors.append(f"env {name}{image_hint(name)}: capacity {free} sessions per replica ({source}) {opens}: "
-                          f"{fix}")
+            held = max(free)
+            fix = (f"set {var}={math.ceil(needed / held)}{' and run `make fleet-up`' if fleet else ''} (this image "
+                   f"holds {held} session(s) per container), or lower the batch (edit .env)" if held else
+                   f"check {'`make fleet-logs`' if fleet else '`make logs`'} for env-{name}: it accepted no session")
+        total = sum(free)
+        spread = "" if len(set(free)) <= 1 else f" ({', '.join(map(str, free))})"
+        report.sessions[name], report.capacity[name] = needed, total
+        if total < needed:
+            errors.append(f"env {name}{image_hint(name)}: capacity {total} sessions over {what}{spread} ({source}) "
+                          f"{opens}: {fix}")
         else:
-            report.ok.append(f"env {name}: {len(replicas)} replica(s) healthy; capacity {free}/replica ({source}) "
-                             f">= {per_replica} sessions/replica ({needed} in all"
-                             + (f", {num_processes} trainer processes" if num_processes > 1 else "") + ")")
+            report.ok.append(f"env {name}: {what} healthy; capacity {total} sessions in all{spread} ({source}) "
+                             f">= {needed} this trainer opens"
+                             + (f" ({num_processes} trainer processes)" if num_processes > 1 else ""))
             if getattr(spec, "interface", None) is not None:
                 tools = ", ".join(f"{t.name}({', '.join(p.name for p in t.params)})" for t in spec.interface.tools)
                 report.ok.append(f"env {name}: learned from the server ({spec.interface.kind} env): tools {tools}")

@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     grpo_args = cfg.to_grpo_config(mode)
     model, tokenizer = load_model_and_tokenizer(cfg, mode)
     dataset = build_dataset(cfg, report.specs)
-    factories = build_factories(cfg, report.specs, STATS, replicas=report.replicas)
+    factories = build_factories(cfg, report.specs, STATS)
     control = make_control_callback()
     signal.signal(signal.SIGTERM, control.request_stop)  # docker stop / compose down
     signal.signal(signal.SIGINT, control.request_stop)  # Ctrl-C in `make train`
@@ -259,9 +259,8 @@ def main(argv: list[str] | None = None) -> int:
     bound = factories if isinstance(factories, dict) else {cfg.env_names[0]: factories}
     who = f"rank {dist.rank()}: " if dist.world_size() > 1 else ""  # every process opens its own sessions
     for name, cls in bound.items():  # TRL's pool: one instance (= one env session) per rollout slot
-        spread = ", ".join(f"{url}: {n}" for url, n in cls.sessions_per_replica.items())
-        print(f"[train] {who}env {name}: {sum(cls.sessions_per_replica.values())} sessions over "
-              f"{len(cls.sessions_per_replica)} replica(s) ({spread})", flush=True)
+        if cls.replica_set is not None:  # per replica / fleet task: open at the end, opened since the start
+            print(f"[train] {who}env {name}: {cls.replica_set.describe()}", flush=True)
     if control.stop_requested:
         log(f"stopped at step {step}; checkpoint saved in {cfg.run_dir}; run again to resume")
         return 143

@@ -4,6 +4,8 @@ TRL builds one tool-class instance per rollout (hundreds per process) and calls 
 One thread-per-connection client would mean hundreds of threads; instead every connection lives on
 ONE background asyncio loop per process, which also answers keepalive pings while the trainer is busy.
 Speaks the same frames as openenv's `EnvClient`: {"type": "reset"|"step"|"close", "data": {...}}.
+A session given a service name connects to one of its replicas (envs.core.replicas: least-loaded,
+re-resolved when replicas die or are added), chosen again whenever it (re)connects.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from typing import Any, Optional
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 from websockets.protocol import State
+
+from envs.core.replicas import ReplicaSet
 
 _loop: Optional[asyncio.AbstractEventLoop] = None
 _loop_lock = threading.Lock()
@@ -67,6 +71,8 @@ class SessionClient:
     ) -> None:
         self.base_url = base_url
         self.url = ws_url(base_url)
+        self._replicas = ReplicaSet.for_url(base_url)  # None: connect to base_url itself (TLS)
+        self._replica: Optional[str] = None  # the replica this session is counted on
         self.connect_timeout_s = connect_timeout_s
         self.message_timeout_s = message_timeout_s
         self.ping_interval_s = ping_interval_s
@@ -80,22 +86,39 @@ class SessionClient:
         """Start an episode, reconnecting first if the old session is gone (reaped, server restart).
 
         Waits, with backoff, up to capacity_wait_s for a free slot and up to reconnect_wait_s for a
-        server that is down (crashed and being restarted by Compose), then raises.
+        server that is down (crashed and being restarted by Compose or Swarm), then raises. A full or
+        dead replica is left for another live one first.
         """
         start = time.monotonic()
         delay = 0.25
+        full: set[str] = set()
         while True:
             try:
+                self._choose_replica(avoid=full)
                 return self._run(self._reset(data))
             except EnvServerError as e:
                 # A slot may free soon (a dropped client, a reaped session): wait a little, then say so.
                 if e.code != "CAPACITY_REACHED" or time.monotonic() + delay > start + self.capacity_wait_s:
                     raise
+                if self._replica:
+                    full.add(self._replica)
             except (ConnectionError, ConnectionClosed):
+                if self._replicas is not None and self._replica is not None:
+                    self._replicas.refused(self._replica)
                 if time.monotonic() + delay > start + self.reconnect_wait_s:
                     raise
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+    def _choose_replica(self, avoid: set[str]) -> None:
+        """Before a reset: keep a live session unless a much less loaded replica is there; else pick one."""
+        if self._replicas is None:
+            return
+        if self.connected and self._replica is not None and not self._replicas.should_move(self._replica):
+            return
+        self.close()  # an episode boundary: nothing is lost by a fresh session elsewhere
+        self._replica = self._replicas.acquire(avoid)
+        self.url = ws_url(self._replica)
 
     def step(self, action: dict) -> dict:
         if not self.connected:
@@ -113,6 +136,9 @@ class SessionClient:
             except Exception:
                 pass
             self._ws = None
+        if self._replicas is not None and self._replica is not None:
+            self._replicas.release(self._replica)
+            self._replica = None
 
     @property
     def connected(self) -> bool:

@@ -60,7 +60,7 @@ def test_two_envs_named_only_in_the_env_file_train_with_tool_calls_and_rewards(t
     assert "[preflight] ok: env notebook: learned from the server (mcp env): tools write_note(text, tag), " \
            "count_notes(min_length)" in out, out[-8000:]
     assert "[preflight] ok: env guess: learned from the server (action env): tools guess_action(number)" in out
-    assert "[preflight] ok: env guess: 4 replica(s) healthy; capacity 1/replica (probed" in out
+    assert "[preflight] ok: env guess: 4 replica(s) healthy; capacity 4 sessions in all (probed" in out
     assert "demo conversations from the real tool classes of notebook, guess" in out  # the warm-start
     rows = [json.loads(line) for line in stack.read(f"/outputs/{RUN}/metrics.jsonl").splitlines()
             if line.startswith("{")]  # tools/stack.py says what it does on stdout too
@@ -79,8 +79,8 @@ def test_too_few_replicas_of_a_one_session_image_stop_preflight_with_the_variabl
     res = stack.stack("train", env={"ENV_GUESS_REPLICAS": "1", "RUN_NAME": "too-few-replicas"})
     out = res.stdout + res.stderr
     assert res.returncode == 3, out[-4000:]
-    assert ("env guess (image grpo-fixture/guess:local): capacity 1 sessions per replica (probed: the server does "
-            "not report it) < 4 sessions this trainer opens per replica") in out
+    assert ("env guess (image grpo-fixture/guess:local): capacity 1 sessions over 1 replica(s) (probed: the server "
+            "does not report it) < 4 sessions this trainer opens (PER_DEVICE_TRAIN_BATCH_SIZE 4") in out
     assert "set ENV_GUESS_REPLICAS=4 (this image holds 1 session(s) per container)" in out
 
 

@@ -8,6 +8,7 @@ import json
 import pytest
 from transformers.utils import get_json_schema
 
+from envs.core.replicas import ReplicaSet
 from trainer.envs_binding import (
     ENV_ROW_COLUMN,
     BindingError,
@@ -62,16 +63,14 @@ def test_resolve_replicas_unknown_host():
         resolve_replicas("http://env-nope.invalid:8000")
 
 
-def test_round_robin_over_replicas():
-    reps = ["http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000"]
-    cls = bind("fake", FakeTool, "http://unused:1", RolloutStats(), replicas=reps)
-    urls = [cls().base_url for _ in range(7)]
-    assert urls == reps * 2 + reps[:1]
-    assert cls.replica_urls == tuple(reps)
+def test_instances_get_the_service_url_and_share_its_replica_set():
+    cls = bind("fake", FakeTool, "http://env-fake:8000", RolloutStats())
+    assert [cls().base_url for _ in range(3)] == ["http://env-fake:8000"] * 3  # the session client picks replicas
+    assert cls.replica_set is ReplicaSet.for_url("http://env-fake:8000")  # the one its session clients use
 
 
 def test_tools_and_schemas_are_what_trl_would_see_unbound():
-    cls = bind("fake", FakeTool, "http://x:1", RolloutStats(), replicas=["http://10.0.0.1:1"])
+    cls = bind("fake", FakeTool, "http://x:1", RolloutStats())
     assert cls.__name__ == "FakeTool"  # TRL names the reward column after it
     # TRL's discovery: public functions of the class minus reset/get_reward
     trl_names = [n for n, _ in inspect.getmembers(cls, predicate=inspect.isfunction)
@@ -83,7 +82,7 @@ def test_tools_and_schemas_are_what_trl_would_see_unbound():
 
 def test_episode_accounting_and_env_row_decoding():
     stats = RolloutStats()
-    cls = bind("fake", FakeTool, "http://x:1", stats, replicas=["http://10.0.0.1:1"])
+    cls = bind("fake", FakeTool, "http://x:1", stats)
     inst = cls()
     row = encode_row({"prompt": [{"role": "user", "content": "hi"}], "target": "a", "level": 3})
     assert set(row) == {"prompt", ENV_ROW_COLUMN} and json.loads(row[ENV_ROW_COLUMN]) == {"target": "a", "level": 3}
@@ -107,8 +106,7 @@ def test_bound_echo_tool_plays_a_real_episode(echo_server):
 
     spec = registry.get("echo")
     stats = RolloutStats()
-    # two "replicas" that are the same server: instances alternate, both work
-    cls = bind("echo", spec.tool_class, echo_server.url, stats, replicas=[echo_server.url, echo_server.url])
+    cls = bind("echo", spec.tool_class, echo_server.url, stats)
     a, b = cls(), cls()
     row = encode_row(spec.make_dataset(1, 0)[0])
     target = json.loads(row[ENV_ROW_COLUMN])["target"]

@@ -202,8 +202,8 @@ def test_sessions_spread_over_replicas(project):
     res = project.train("--max-steps", "1", "--resume", "fresh", "--run-name", "replicas", env=two)
     assert "[preflight] ok: env echo: 2 replica(s) healthy" in res.stdout, res.stdout[-3000:]
     [line] = [x for x in res.stdout.splitlines() if "sessions over 2 replica(s)" in x]
-    counts = [int(n) for n in re.findall(r"http://[0-9.]+:8000: (\d+)", line)]
-    assert counts == [4, 4], line  # 8 rollouts (PER_DEVICE_TRAIN_BATCH_SIZE) round-robin over 2 replicas
+    counts = [int(n) for n in re.findall(r"env-echo-\d \([0-9.]+\): (\d+) open", line)]
+    assert counts == [4, 4], line  # 8 rollouts (PER_DEVICE_TRAIN_BATCH_SIZE), least-loaded over 2 replicas
 
 
 def test_dashboard_shows_the_reward_chart(project):

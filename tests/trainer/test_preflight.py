@@ -79,7 +79,7 @@ def test_capacity_below_sessions_names_both_numbers(env_server_factory):
     errors = preflight.check_env_servers(cfg, PreflightReport(), wait_s=0)
     assert len(errors) == 1
     msg = errors[0]
-    assert "capacity 4 sessions per replica (reported by the server) < 8 sessions this trainer opens" in msg
+    assert "capacity 4 sessions over 1 replica(s) (reported by the servers) < 8 sessions this trainer opens" in msg
     assert "PER_DEVICE_TRAIN_BATCH_SIZE 8 x STEPS_PER_GENERATION 1" in msg
     assert "raise MAX_CONCURRENT_ENVS to >= 8" in msg and "ENV_ECHO_REPLICAS" in msg
 
@@ -111,7 +111,7 @@ def test_server_without_capacity_report_is_probed_and_a_dead_ws_is_named():
     try:
         url = f"http://127.0.0.1:{httpd.server_port}"
         errors = preflight.check_env_servers(cfg_for(env_urls=f"echo={url}"), PreflightReport(), wait_s=0)
-        assert "env echo: capacity 0 sessions per replica (probed: the server does not report it; " \
+        assert "env echo: capacity 0 sessions over 1 replica(s) (probed: the server does not report it; " \
                f"{url}: opening session 1:" in errors[0]
         assert "check `make logs` for env-echo: it accepted no session" in errors[0]
     finally:
