@@ -11,7 +11,8 @@ PYTEST_ARGS ?=
 # Build one of compose.yaml's build-only image services (profile `build`), quietly.
 BUILD_IMAGE := $(STACK) compose --progress quiet --profile build build
 
-.PHONY: help up train down logs ps config build test clean doctor report baseline dashboard nccl-check gpu-smoke soak bench
+.PHONY: help up train down logs ps config build test clean doctor report baseline dashboard nccl-check gpu-smoke soak bench \
+	fleet-up fleet-ps fleet-logs fleet-down bench-fleet
 
 help: ## List every target with one line each
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -39,6 +40,18 @@ ps: $(VENV)/.host-ok ## Show the stack's containers and their health
 
 config: $(VENV)/.host-ok ## Print the whole resolved stack (compose.yaml + the services generated from .env)
 	@$(STACK) compose config
+
+fleet-up: $(VENV)/.host-ok ## Swarm manager: deploy/update the env servers of .env as a fleet across the swarm's nodes (README "Across machines")
+	@$(STACK) fleet up
+
+fleet-ps: $(VENV)/.host-ok ## The fleet's services and tasks: node, state, errors
+	@$(STACK) fleet ps
+
+fleet-logs: $(VENV)/.host-ok ## The last log lines of every fleet service
+	@$(STACK) fleet logs
+
+fleet-down: $(VENV)/.host-ok ## Remove the fleet: services, tasks and its network
+	@$(STACK) fleet down
 
 build: $(VENV)/.host-ok ## Build the images this mode needs
 	@$(STACK) build
@@ -73,6 +86,10 @@ bench: $(VENV)/.test-ok ## Env-server figures next to their goals: Wordle, echo 
 	@$(BUILD_IMAGE) env-server-image
 	@$(VENV)/bin/python bench/env_figures.py $(ARGS)
 	@$(VENV)/bin/python bench/adapter_overhead.py
+
+bench-fleet: $(VENV)/.test-ok ## Fleet figures on this machine's swarm: 4,096 sessions on 16 tasks; steps/s on 1, 2, 4 tasks
+	@$(BUILD_IMAGE) env-server-image
+	@$(VENV)/bin/python bench/fleet_figures.py $(ARGS)
 
 $(VENV)/.test-ok: $(VENV)/.host-ok pyproject.toml
 	@$(STACK) setup

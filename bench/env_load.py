@@ -171,7 +171,9 @@ def _client_main(args: dict, n: int, seed: int, conn) -> None:
     asyncio.run(run_client(args, n, seed, conn))
 
 
-def run_load(url: str, pid: int | None, a: argparse.Namespace, label: str) -> dict:
+def run_load(url: str, pid: int | None, a: argparse.Namespace, label: str, replicas: list[str] | None = None) -> dict:
+    """`replicas`: several servers of one env (a fleet's tasks): client process i loads replicas[i % len]."""
+    replicas = replicas or [url]
     args = {"url": url, "env": a.env, "steps": a.steps, "one_episode": a.one_episode, "think_s": a.think_ms / 1000,
             "in_turn": a.in_turn}
     procs = 1 if a.in_turn else max(1, min(a.procs, a.sessions))
@@ -182,7 +184,8 @@ def run_load(url: str, pid: int | None, a: argparse.Namespace, label: str) -> di
     t0 = time.perf_counter()
     for i, n in enumerate(shares):
         parent, child = ctx.Pipe()
-        p = ctx.Process(target=_client_main, args=(args, n, a.seed * 1000 + i, child), daemon=True)
+        p = ctx.Process(target=_client_main, args=({**args, "url": replicas[i % len(replicas)]}, n, a.seed * 1000 + i,
+                                                   child), daemon=True)
         p.start()
         pipes.append(parent)
         workers.append(p)
@@ -258,11 +261,19 @@ def main() -> None:
     p.add_argument("--in-turn", action="store_true",
                    help="sessions step one after another (TRL's tool loop over a batch), not all at once")
     p.add_argument("--procs", type=int, default=2, help="client processes")
+    p.add_argument("--fleet", action="store_true",
+                   help="--url names a fleet service: spread the sessions over every address it resolves to")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="also write the results here")
     a = p.parse_args()
 
-    results = [run_load(a.url, server_pid(a.container, a.pid), a, "target")]
+    replicas = None
+    if a.fleet:  # every task behind the name, as the trainer's session clients spread over them
+        from envs.core.replicas import resolve
+
+        replicas = resolve(a.url)
+        a.procs = max(a.procs, len(replicas))
+    results = [run_load(a.url, server_pid(a.container, a.pid), a, "target", replicas)]
     show(results[0])
     if a.baseline:
         results.append(run_load(a.baseline, server_pid(a.baseline_container, a.baseline_pid), a, "baseline"))

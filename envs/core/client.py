@@ -114,8 +114,11 @@ class SessionClient:
         """Before a reset: keep a live session unless a much less loaded replica is there; else pick one."""
         if self._replicas is None:
             return
-        if self.connected and self._replica is not None and not self._replicas.should_move(self._replica):
-            return
+        if self._replica is not None:
+            if self.connected and not self._replicas.should_move(self._replica):
+                return
+            if not self.connected:
+                self._replicas.lost()
         self.close()  # an episode boundary: nothing is lost by a fresh session elsewhere
         self._replica = self._replicas.acquire(avoid)
         self.url = ws_url(self._replica)

@@ -123,6 +123,12 @@ class ReplicaSet:
                 self._replicas[url].refused_at = self._clock()
             self._resolved_at = float("-inf")
 
+    def lost(self) -> None:
+        """A session's connection dropped (its replica died, or reaped an idle session): resolve again before
+        the next choice, so a dead task's address is not tried (Docker's DNS drops it at once)."""
+        with self._lock:
+            self._resolved_at = float("-inf")
+
     def should_move(self, url: str) -> bool:
         """True when a live replica holds 2 or more fewer of this process's sessions than `url` (a task just
         added, or one that replaced a dead task), or `url` is no longer live: worth a fresh session at an
@@ -145,9 +151,12 @@ class ReplicaSet:
                     for r in self._replicas.values() if r.opened}
 
     def describe(self) -> str:
+        """`8 sessions over 4 replica(s) (name (address): 2 open, 3 opened, ...)`; a replica that is gone shows 0 open."""
         snap = self.snapshot()
         spread = ", ".join(f"{name}: {now} open, {opened} opened" for name, (now, opened) in snap.items())
-        return f"{sum(now for now, _ in snap.values())} sessions over {len(snap)} replica(s) ({spread})"
+        with self._lock:
+            live = len(self._live)
+        return f"{sum(now for now, _ in snap.values())} sessions over {live} replica(s) ({spread})"
 
     # -- internals -------------------------------------------------------------------------------
     def _live_locked(self) -> list[str]:

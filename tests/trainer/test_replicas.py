@@ -66,6 +66,9 @@ def test_resolves_again_only_when_stale_or_after_a_failure():
     rs.refused(A)
     rs.acquire()
     assert dns.queries == 3
+    rs.lost()  # a session's connection dropped
+    rs.acquire()
+    assert dns.queries == 4
 
 
 def test_a_refused_replica_is_skipped_for_a_while_unless_it_is_the_only_one():

@@ -1,0 +1,305 @@
+"""Env-server fleets on Docker Swarm: `make fleet-up`, `fleet-ps`, `fleet-logs`, `fleet-down` (README "Across machines").
+
+The env servers .env names (ENV_NAME, ENV_<NAME>_IMAGE, ENV_<NAME>_REPLICAS, MAX_CONCURRENT_ENVS, ENV_MEM_LIMIT, ...)
+become one Swarm stack, FLEET_STACK. Each service is the Compose stack's own env service as `docker compose config`
+resolves it (same image, environment, health check, limits), reshaped for Swarm:
+  * endpoint_mode dnsrr: `tasks.env-<name>` lists every healthy task and the trainer spreads its sessions over
+    them (the service's virtual IP needs IPVS, which not every host has);
+  * replicas spread over nodes, and kept off nodes labelled grpo.role=gpu (the GPU host);
+  * restarted on any exit; rolling updates start a new task before stopping an old one, one at a time, so the
+    capacity the trainer needs never drops; a failed update rolls back;
+  * memory and pids limits, read-only root with a tmpfs /tmp, no capabilities, the image's non-root user;
+  * one encrypted, attachable overlay network named FLEET_STACK, which the trainer (under Compose) joins.
+vLLM never joins it: its unauthenticated dev routes stay on the GPU host's private network.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import stack
+from stack import ROOT, StackError, run, say
+
+WAIT_S = 300  # for every task of a deploy to be running and healthy (an image pull on a new node included)
+GPU_HOST_LABEL = "grpo.role"  # `docker node update --label-add grpo.role=gpu <gpu host>`: no env task lands there
+
+
+# ------------------------------------------------------------------ the swarm
+def swarm_problem() -> str | None:
+    """None on a swarm manager; else one line saying what to run."""
+    r = run(["docker", "info", "--format", "{{json .Swarm}}"])
+    if r.returncode != 0:
+        return stack.check_docker()
+    swarm = json.loads(r.stdout or "{}")
+    state = swarm.get("LocalNodeState")
+    if state != "active":
+        return (f"this Docker engine is not in a swarm (state: {state or 'inactive'}): run `docker swarm init` on the "
+                "first machine, `docker swarm join --token ...` on the others (README \"Across machines\")")
+    if not swarm.get("ControlAvailable"):
+        return ("this node is a swarm worker: run `make fleet-up` / `fleet-down` on a manager (`docker node ls` there "
+                "lists them); `make train` here joins the fleet's network without managing it")
+    return None
+
+
+@contextlib.contextmanager
+def local_swarm():
+    """A one-node swarm for tests and benchmarks: this engine's, or one initialised now and left on exit."""
+    state = json.loads(run(["docker", "info", "--format", "{{json .Swarm}}"]).stdout or "{}")
+    created = state.get("LocalNodeState") != "active"
+    if created and run(["docker", "swarm", "init"]).returncode != 0:  # several addresses: the default route's
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect(("192.0.2.254", 9))  # sends nothing: picks the route's source address
+            address = s.getsockname()[0]
+        r = run(["docker", "swarm", "init", "--advertise-addr", address])
+        if r.returncode != 0:
+            raise StackError(f"`docker swarm init` failed: {r.stderr.strip()}")
+    problem = swarm_problem()
+    if problem:
+        raise StackError(problem)
+    try:
+        yield created
+    finally:
+        if created:
+            run(["docker", "swarm", "leave", "--force"], timeout=120)
+
+
+def require_manager() -> None:
+    problem = swarm_problem()
+    if problem:
+        raise StackError(problem)
+
+
+def stack_name(env: dict[str, str]) -> str:
+    return env.get("FLEET_STACK") or "grpo-fleet"
+
+
+def fleet_envs(env: dict[str, str]) -> list[str]:
+    """The envs the fleet serves: ENV_NAME's, but those ENV_URLS points elsewhere."""
+    urls = stack.external_env_urls(env)
+    return [n for n in stack.env_names(env) if n not in urls]
+
+
+# ------------------------------------------------------------------ the stack file
+def compose_services(env: dict[str, str]) -> dict[str, dict]:
+    """The Compose stack's env services for .env, resolved by `docker compose config` (interpolated, extended)."""
+    names = fleet_envs(env)
+    cenv = stack.compose_env({**env, "ENV_FLEET": "compose"}, "cpu", layout=None)
+    cenv["COMPOSE_PROFILES"] = ",".join(names)
+    cmd, cmd_env = stack.compose_command(cenv, "config", "--format", "json", *[f"env-{n}" for n in names])
+    r = subprocess.run(cmd, cwd=ROOT, env=cmd_env, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise StackError(f"`docker compose config` failed: {r.stderr.strip()[-400:]}")
+    return json.loads(r.stdout)["services"]
+
+
+def size_bytes(text: str) -> int:
+    m = re.fullmatch(r"(\d+)([kmg]?)b?", str(text).strip().lower())
+    if not m:
+        raise StackError(f"cannot read the size {text!r}; write it as e.g. 4g or 512m in .env")
+    return int(m[1]) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m[2]]
+
+
+def swarm_service(svc: dict) -> dict:
+    """One Compose env service as a Swarm service (module docstring: what changes and why)."""
+    tmpfs = []
+    for entry in svc.get("tmpfs") or []:
+        target, _, opts = entry.partition(":")
+        size = dict(o.split("=", 1) for o in opts.split(",") if "=" in o).get("size")
+        tmpfs.append({"type": "tmpfs", "target": target, **({"tmpfs": {"size": size_bytes(size)}} if size else {})})
+    limits: dict = {}
+    if svc.get("mem_limit"):
+        limits["memory"] = str(size_bytes(svc["mem_limit"]))  # the stack file wants a string
+    if svc.get("pids_limit"):
+        limits["pids"] = int(svc["pids_limit"])
+    out = {
+        "image": svc["image"],
+        "environment": svc.get("environment") or {},
+        "healthcheck": svc["healthcheck"],
+        "read_only": bool(svc.get("read_only")),
+        "cap_drop": svc.get("cap_drop") or [],
+        "volumes": tmpfs,
+        "networks": ["fleet"],
+        "stop_grace_period": "20s",
+        "deploy": {
+            "mode": "replicated",
+            "replicas": int((svc.get("deploy") or {}).get("replicas") or 1),
+            "endpoint_mode": "dnsrr",
+            "placement": {"preferences": [{"spread": "node.id"}],
+                          "constraints": [f"node.labels.{GPU_HOST_LABEL} != gpu"]},
+            "restart_policy": {"condition": "any", "delay": "2s"},
+            "update_config": {"parallelism": 1, "order": "start-first", "failure_action": "rollback",
+                              "monitor": "30s"},
+            "rollback_config": {"parallelism": 1, "order": "start-first"},
+            "resources": {"limits": limits},
+        },
+    }
+    for key in ("user", "command", "entrypoint"):  # as Compose runs it; none of ours sets them
+        if svc.get(key):
+            out[key] = svc[key]
+    return out
+
+
+def stack_file(env: dict[str, str]) -> dict:
+    services = compose_services(env)
+    return {
+        "services": {name: swarm_service(svc) for name, svc in services.items()},
+        "networks": {"fleet": {"name": stack_name(env), "driver": "overlay", "attachable": True,
+                               "driver_opts": {"encrypted": ""}}},  # IPsec between nodes
+    }
+
+
+def stack_path(env: dict[str, str]) -> Path:
+    return ROOT / ".stack" / f"fleet.{stack_name(env)}.yaml"
+
+
+def write_stack_file(env: dict[str, str]) -> Path:
+    path = stack_path(env)
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(f"# Generated by tools/fleet.py from {stack.ENV_FILE.name}; do not edit. Deploy: make fleet-up\n"
+                    + stack._yaml(stack_file(env)))
+    return path
+
+
+# ------------------------------------------------------------------ state
+def services(name: str) -> dict[str, dict]:
+    """Service name -> `docker service ls` row, for the stack's services."""
+    r = run(["docker", "service", "ls", "--filter", f"label=com.docker.stack.namespace={name}", "--format", "json"])
+    rows = [json.loads(line) for line in r.stdout.splitlines() if line.strip().startswith("{")]
+    return {row["Name"]: row for row in rows}
+
+
+def tasks(service: str) -> list[dict]:
+    r = run(["docker", "service", "ps", service, "--filter", "desired-state=running", "--format", "json"])
+    return [json.loads(line) for line in r.stdout.splitlines() if line.strip().startswith("{")]
+
+
+def converged(service: str) -> tuple[bool, str]:
+    """(every desired task running and healthy, and no update in flight; `docker service ls`'s REPLICAS)."""
+    r = run(["docker", "service", "inspect", service, "--format",
+             "{{json .Spec.Mode.Replicated.Replicas}} {{json .UpdateStatus}}"])
+    if r.returncode != 0:
+        return False, "not found"
+    want_text, _, update_text = r.stdout.strip().partition(" ")
+    update = json.loads(update_text or "null") or {}
+    if update.get("State") in ("updating", "rollback_started", "paused", "rollback_paused"):
+        return False, f"update {update['State']}"
+    states = [t.get("CurrentState", "") for t in tasks(service)]
+    running = sum(s.startswith("Running") for s in states)  # Swarm keeps a task `Starting` until it is healthy
+    want = int(want_text or 0)
+    return running == want and len(states) == want, f"{running}/{want} running and healthy"
+
+
+def wait_converged(name: str, expected: list[str], timeout_s: float = WAIT_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = {s: converged(s) for s in expected}
+        if all(ok for ok, _ in status.values()):
+            return
+        if time.monotonic() > deadline:
+            detail = "; ".join(f"{s}: {why}" for s, (ok, why) in status.items() if not ok)
+            errors = [f"{t['Name']} {t['CurrentState']} {t.get('Error', '')}".strip() for s in expected for t in
+                      tasks(s) if not t.get("CurrentState", "").startswith("Running")]
+            raise StackError(f"the fleet did not converge in {timeout_s:.0f} s ({detail})"
+                             + (f"; tasks: {', '.join(errors[:6])}" if errors else "")
+                             + ". `make fleet-ps` and `make fleet-logs` show why; an image missing on a node is "
+                             "the usual cause (README \"Across machines\")")
+        time.sleep(2)
+
+
+# ------------------------------------------------------------------ commands
+def local_only(image: str) -> bool:
+    r = run(["docker", "image", "inspect", image, "--format", "{{json .RepoDigests}}"])
+    return r.returncode == 0 and json.loads(r.stdout or "[]") == []
+
+
+def cmd_up(env: dict[str, str]) -> int:
+    require_manager()
+    name = stack_name(env)
+    stack.check_custom_images(env)
+    if any((env.get(f"ENV_{n.upper()}_IMAGE") or stack.LOCAL_ENV_IMAGE) == stack.LOCAL_ENV_IMAGE
+           for n in fleet_envs(env)):
+        cenv = stack.compose_env({**env, "ENV_FLEET": "compose"}, "cpu", layout=None)
+        if stack.compose(cenv, "--progress", "quiet", "build", "env-server-image", extra_profiles=("build",)) != 0:
+            raise StackError("building the env-server image failed (see above)")
+    path = write_stack_file(env)
+    spec = stack_file(env)
+    images = sorted({svc["image"] for svc in spec["services"].values()})
+    local = [i for i in images if local_only(i)]
+    nodes = len([line for line in run(["docker", "node", "ls", "-q"]).stdout.split() if line])
+    if local and nodes > 1:
+        say(f"note: {', '.join(local)} exist only on this machine; a node without them cannot run their tasks: push "
+            "them to a registry every node can pull from, or `docker save` | `docker load` them on each node")
+    # --resolve-image never: a local-only image has no registry digest to pin (and CI has no registry).
+    r = subprocess.run(["docker", "stack", "deploy", "--prune", "--detach=true", "--resolve-image",
+                        "never" if local else "always", "-c", str(path), name],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise StackError(f"`docker stack deploy` failed: {r.stderr.strip()[-600:]}")
+    expected = [f"{name}_{svc}" for svc in spec["services"]]
+    say(f"fleet {name}: deployed {', '.join(expected)} ({path.relative_to(ROOT)}); waiting until every task is healthy")
+    wait_converged(name, expected)
+    print_ps(name)
+    return 0
+
+
+def print_ps(name: str) -> None:
+    rows = services(name)
+    if not rows:
+        say(f"fleet {name}: no services (`make fleet-up` deploys them)")
+        return
+    for service, row in sorted(rows.items()):
+        say(f"{service}: {row.get('Replicas')} tasks, image {row.get('Image')}")
+        for t in sorted(tasks(service), key=lambda t: t["Name"]):
+            say(f"  {t['Name']:<28} node {t['Node']:<20} {t['CurrentState']}"
+                + (f"  {t['Error']}" if t.get("Error") else ""))
+
+
+def cmd_ps(env: dict[str, str]) -> int:
+    require_manager()
+    print_ps(stack_name(env))
+    return 0
+
+
+def cmd_logs(env: dict[str, str]) -> int:
+    require_manager()
+    for service in sorted(services(stack_name(env))):
+        say(f"--- {service}")
+        subprocess.call(["docker", "service", "logs", "--tail", "100", "--timestamps", service])
+    return 0
+
+
+def cmd_down(env: dict[str, str], timeout_s: float = 120) -> int:
+    """Remove the stack and wait until its containers and network are gone (`docker stack rm` returns at once)."""
+    require_manager()
+    name = stack_name(env)
+    r = run(["docker", "stack", "rm", name], timeout=60)
+    if r.returncode != 0 and "Nothing found in stack" not in r.stderr + r.stdout:
+        raise StackError(f"`docker stack rm {name}` failed: {r.stderr.strip()}")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = run(["docker", "ps", "-aq", "--filter", f"label=com.docker.stack.namespace={name}"]).stdout.split()
+        network = run(["docker", "network", "inspect", name]).returncode == 0
+        if not left and not network:
+            say(f"fleet {name}: removed (services, tasks and the {name} network)")
+            return 0
+        if time.monotonic() > deadline:
+            what = (f"{len(left)} container(s)" if left else "") + (" and " if left and network else "") + \
+                   (f"the {name} network (a container outside the stack still uses it? `docker network inspect "
+                    f"{name}`)" if network else "")
+            raise StackError(f"fleet {name}: still there after {timeout_s:.0f} s: {what}")
+        time.sleep(1)
+
+
+def main(argv: list[str]) -> int:
+    env = stack.load_env()
+    commands = {"up": cmd_up, "ps": cmd_ps, "logs": cmd_logs, "down": cmd_down}
+    if not argv or argv[0] not in commands:
+        print(__doc__)
+        return 2
+    return commands[argv[0]](env)
