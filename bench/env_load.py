@@ -263,6 +263,7 @@ def main() -> None:
     p.add_argument("--procs", type=int, default=2, help="client processes")
     p.add_argument("--fleet", action="store_true",
                    help="--url names a fleet service: spread the sessions over every address it resolves to")
+    p.add_argument("--fleet-size", type=int, default=1, help="with --fleet: wait until the name resolves to this many")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="also write the results here")
     a = p.parse_args()
@@ -271,7 +272,11 @@ def main() -> None:
     if a.fleet:  # every task behind the name, as the trainer's session clients spread over them
         from envs.core.replicas import resolve
 
-        replicas = resolve(a.url)
+        deadline = time.monotonic() + 120
+        while len(replicas := resolve(a.url)) < a.fleet_size and time.monotonic() < deadline:
+            time.sleep(1)  # Docker's DNS lists a task once it is healthy
+        if len(replicas) < a.fleet_size:
+            raise SystemExit(f"{a.url} resolves to {len(replicas)} addresses, not the {a.fleet_size} expected")
         a.procs = max(a.procs, len(replicas))
     results = [run_load(a.url, server_pid(a.container, a.pid), a, "target", replicas)]
     show(results[0])

@@ -5,8 +5,8 @@ Deploys echo fleets with tools/fleet.py (the `make fleet-up` path, from an env f
 bench/env_load.py from a container on the fleet's overlay network, spreading sessions over the tasks that
 `tasks.env-echo` resolves to, as the trainer does:
 
-  capacity    16 tasks x 256 sessions = 4,096 sessions connect, reset and step   goal: 0 errors
   throughput  the same closed-loop load on 1, 2 and 4 tasks                     printed: steps/s, ratio to 1 task
+  capacity    16 tasks x 256 sessions = 4,096 sessions connect, reset and step   goal: 0 errors
 
 On one machine the tasks share its cores with the load generator, so the throughput ratio says what
 one host gains from more tasks (little, on 2 cores); across machines each task brings its own cores.
@@ -41,13 +41,13 @@ def deploy(env_file: Path, tasks: int, capacity: int) -> None:
         raise SystemExit(f"fleet up ({tasks} tasks) failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
 
 
-def load(sessions: int, steps: int, procs: int, label: str) -> dict:
+def load(tasks: int, sessions: int, steps: int, procs: int, label: str) -> dict:
     """bench/env_load.py in a container on the fleet's network (the host cannot route to overlay addresses)."""
     with tempfile.TemporaryDirectory() as out:
         os.chmod(out, 0o777)  # the image's uid 10001 writes the figures here
         cmd = ["docker", "run", "--rm", "--network", STACK, "-v", f"{ROOT}:/src:ro", "-v", f"{out}:/out", "-w", "/src",
                "-e", "PYTHONDONTWRITEBYTECODE=1", "--entrypoint", "python", IMAGE, "bench/env_load.py", "--env", "echo",
-               "--url", "http://tasks.env-echo:8000", "--fleet", "--sessions", str(sessions), "--steps", str(steps),
+               "--url", "http://tasks.env-echo:8000", "--fleet", "--fleet-size", str(tasks), "--sessions", str(sessions), "--steps", str(steps),
                "--procs", str(procs), "--json", "/out/figures.json"]
         res = subprocess.run(cmd, capture_output=True, text=True)
         if res.returncode != 0:
@@ -73,23 +73,25 @@ def main() -> int:
         env_file = Path(tmp) / "bench-fleet.env"
         print(f"[bench] swarm: {'initialised for this run' if created else 'this engine is a manager already'}")
         try:
+            # Growing fleets only: a task being stopped by a scale-down would still hold sessions for a moment.
+            base = None
+            for n in [int(x) for x in a.throughput_tasks.split(",")]:
+                deploy(env_file, n, a.throughput_sessions)
+                r = load(n, a.throughput_sessions, a.throughput_steps, a.procs, f"{n} task(s)")
+                base = base or r["steps_per_s"]
+                lines.append(f"throughput {n:>2} task(s): {r['steps_per_s']:>7.0f} steps/s ({r['steps_per_s'] / base:.2f}x "
+                             f"1 task), p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, errors {r['errors']}"
+                             f"  ({a.throughput_sessions} sessions, closed loop)")
             sessions = a.tasks * a.sessions_per_task
             deploy(env_file, a.tasks, a.sessions_per_task)
-            r = load(sessions, a.capacity_steps, max(a.procs, a.tasks), f"capacity {a.tasks} x {a.sessions_per_task}")
+            r = load(a.tasks, sessions, a.capacity_steps, max(a.procs, a.tasks),
+                     f"capacity {a.tasks} x {a.sessions_per_task}")
             ok = r["sessions"] == sessions and r["errors"] == 0
             lines.append(f"capacity   {r['sessions']:>5} of {sessions} sessions held by {a.tasks} tasks, set-up "
                          f"{r['setup_s']:.1f} s, {r['steps']} steps, errors {r['errors']}   goal: {sessions} with 0 "
                          f"errors -> {'met' if ok else 'MISSED'}")
             for e in r["error_samples"]:
                 lines.append(f"           error: {e}")
-            base = None
-            for n in [int(x) for x in a.throughput_tasks.split(",")]:
-                deploy(env_file, n, a.throughput_sessions)
-                r = load(a.throughput_sessions, a.throughput_steps, a.procs, f"{n} task(s)")
-                base = base or r["steps_per_s"]
-                lines.append(f"throughput {n:>2} task(s): {r['steps_per_s']:>7.0f} steps/s ({r['steps_per_s'] / base:.2f}x "
-                             f"1 task), p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, errors {r['errors']}"
-                             f"  ({a.throughput_sessions} sessions, closed loop)")
         finally:
             subprocess.run([sys.executable, "tools/stack.py", "fleet", "down"], cwd=ROOT, capture_output=True,
                            env=dict(os.environ, STACK_ENV_FILE=str(env_file)))

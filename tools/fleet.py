@@ -20,11 +20,13 @@ import json
 import re
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
-import stack
-from stack import ROOT, StackError, run, say
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import stack  # noqa: E402  (tools/stack.py: .env, compose calls)
+from stack import ROOT, StackError, run, say  # noqa: E402
 
 WAIT_S = 300  # for every task of a deploy to be running and healthy (an image pull on a new node included)
 GPU_HOST_LABEL = "grpo.role"  # `docker node update --label-add grpo.role=gpu <gpu host>`: no env task lands there
@@ -233,8 +235,8 @@ def cmd_up(env: dict[str, str]) -> int:
     local = [i for i in images if local_only(i)]
     nodes = len([line for line in run(["docker", "node", "ls", "-q"]).stdout.split() if line])
     if local and nodes > 1:
-        say(f"note: {', '.join(local)} exist only on this machine; a node without them cannot run their tasks: push "
-            "them to a registry every node can pull from, or `docker save` | `docker load` them on each node")
+        say(f"note: image(s) only on this machine: {', '.join(local)}; a node without them cannot run their tasks: "
+            "push them to a registry every node can pull from, or `docker save` | `docker load` them on each node")
     # --resolve-image never: a local-only image has no registry digest to pin (and CI has no registry).
     r = subprocess.run(["docker", "stack", "deploy", "--prune", "--detach=true", "--resolve-image",
                         "never" if local else "always", "-c", str(path), name],

@@ -1,0 +1,101 @@
+"""Two swarm nodes on one machine: this engine (manager) and a second Docker engine in a container (worker).
+
+What it shows, on a real two-node swarm: `fleet up` spreads an env's tasks over the nodes, and a node
+labelled grpo.role=gpu (the GPU host) gets none of them.
+What it cannot show here: traffic to the tasks on the nested node. It joins and runs healthy tasks, but
+the overlay's VXLAN packets that reach it are never answered: on this host it cannot be `--privileged`
+(the engine lacks CAP_SYS_RESOURCE, and --privileged asks for every capability), and without that it
+cannot set up its overlay bridge ("/sys/class/net/br0/bridge/default_pvid: permission denied" in its
+log). Sessions over the overlay are what tests/stack/test_fleet_swarm.py trains across, on one node.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections import Counter
+
+import pytest
+
+from tests.helpers import ROOT, EnvFileStack, build_images
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow]
+
+NODE_IMAGE = "grpo-fixture/swarm-node:local"
+# Every capability this host's engine may hand out (all but CAP_SYS_RESOURCE), unconfined, cgroups writable.
+NESTED_ENGINE = ["--cap-add", "ALL", "--cap-drop", "SYS_RESOURCE", "--security-opt", "seccomp=unconfined",
+                 "--security-opt", "apparmor=unconfined", "--security-opt", "systempaths=unconfined",
+                 "--device-cgroup-rule", "a *:* rwm", "-v", "/sys/fs/cgroup:/sys/fs/cgroup:rw"]
+
+
+def cli(*args: str, check: bool = True, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
+    res = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, **kw)
+    if check and res.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args)} -> {res.returncode}: {res.stderr[-2000:]}")
+    return res
+
+
+def wait_for(what: str, condition, timeout_s: float = 300):
+    deadline = time.monotonic() + timeout_s
+    while not (result := condition()):
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:.0f} s"
+        time.sleep(1)
+    return result
+
+
+@pytest.fixture(scope="module")
+def two_nodes(docker, tmp_path_factory):
+    from tools.fleet import local_swarm
+
+    build_images("env-server")
+    cli("build", "-q", "-t", NODE_IMAGE, str(ROOT / "tests/fixtures/swarm-node"))
+    with local_swarm():
+        stack = EnvFileStack(tmp_path_factory.mktemp("two-nodes"), {
+            "ENV_NAME": "echo", "ENV_FLEET": "swarm", "ENV_ECHO_REPLICAS": "4", "MAX_CONCURRENT_ENVS": "16",
+            "ENV_MEM_LIMIT": "512m"})
+        stack.name = f"{stack.project}-fleet"
+        stack.env_file.write_text(stack.env_file.read_text() + f"FLEET_STACK={stack.name}\n")
+        node = f"{stack.project}-node"
+        manager = json.loads(cli("info", "--format", "{{json .Swarm}}").stdout)
+        cli("run", "-d", "--name", node, "--hostname", node, *NESTED_ENGINE, "-v", f"{node}:/var/lib/docker",
+            NODE_IMAGE)
+        try:
+            wait_for("the nested engine answers", lambda: cli("exec", node, "docker", "info", check=False).returncode == 0)
+            token = cli("swarm", "join-token", "-q", "worker").stdout.strip()
+            cli("exec", node, "docker", "swarm", "join", "--token", token, f"{manager['NodeAddr']}:2377")
+            wait_for("the worker is Ready", lambda: f"{node} Ready" in cli("node", "ls", "--format",
+                                                                        "{{.Hostname}} {{.Status}}").stdout)
+            save = subprocess.Popen(["docker", "save", "grpo-stack/env-server:local"], stdout=subprocess.PIPE)
+            cli("exec", "-i", node, "docker", "load", stdin=save.stdout)  # no registry: the image goes over by hand
+            assert save.wait() == 0
+            yield stack, manager["NodeID"], node
+        finally:
+            stack.stack("fleet", "down")
+            cli("node", "update", "--label-rm", "grpo.role", manager["NodeID"], check=False)
+            cli("exec", node, "docker", "swarm", "leave", "--force", check=False)
+            cli("rm", "-f", node, check=False)
+            cli("node", "rm", "--force", node, check=False)
+            cli("volume", "rm", node, check=False)
+
+
+def placement(stack) -> Counter:
+    out = cli("service", "ps", f"{stack.name}_env-echo", "--filter", "desired-state=running", "--format",
+              "{{.Node}} {{.CurrentState}}").stdout
+    return Counter(line.split()[0] for line in out.splitlines() if " Running" in line)
+
+
+def test_tasks_spread_over_both_nodes_and_keep_off_the_labelled_gpu_host(two_nodes):
+    stack, manager_id, node = two_nodes
+    manager = cli("node", "inspect", manager_id, "--format", "{{.Description.Hostname}}").stdout.strip()
+    up = stack.stack("fleet", "up")
+    assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+    assert "image(s) only on this machine: grpo-stack/env-server:local" in up.stdout  # the warning a user gets
+    assert placement(stack) == {manager: 2, node: 2}
+
+    cli("node", "update", "--label-add", "grpo.role=gpu", manager_id)  # README "Across machines", step 2
+    # Swarm moves tasks off a node that no longer meets their constraints
+    wait_for("every task on the worker", lambda: placement(stack) == {node: 4})
+    again = stack.stack("fleet", "up")  # converged: 4 healthy tasks, all on the worker
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert placement(stack) == {node: 4}
