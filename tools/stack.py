@@ -565,6 +565,8 @@ def long_running_services(env: dict[str, str], mode: str) -> list[str]:
 
 def cmd_up(cenv: dict[str, str], mode: str) -> None:
     env = load_env()
+    if fleet_mode(env):
+        fleet_role(env)  # no swarm: say so before any build
     cmd_build(cenv, mode)
     if fleet_mode(env):
         fleet_up(env)
@@ -587,20 +589,29 @@ def cmd_up(cenv: dict[str, str], mode: str) -> None:
                          "`make doctor` checks the usual causes")
 
 
-def fleet_up(env: dict[str, str]) -> None:
-    """ENV_FLEET=swarm: on a manager, deploy or update the fleet (a no-op when .env did not change); on a
-    worker, check that the fleet's network is there to join."""
+def fleet_role(env: dict[str, str]) -> str:
+    """ENV_FLEET=swarm: `manager` (this node deploys the fleet) or `worker` (it joins the fleet's network as it
+    is); anything else stops with what to run."""
     import fleet
 
     problem = fleet.swarm_problem()
     if problem is None:
-        fleet.cmd_up(env)
-        return
+        return "manager"
     name = fleet.stack_name(env)
     if "swarm worker" in problem and run(["docker", "network", "inspect", name]).returncode == 0:
-        say(f"fleet {name}: this node is a worker; joining the fleet's network as it is (a manager runs make fleet-up)")
-        return
+        return "worker"
     raise StackError(f"ENV_FLEET=swarm: {problem}")
+
+
+def fleet_up(env: dict[str, str]) -> None:
+    """ENV_FLEET=swarm: on a manager, deploy or update the fleet (a no-op when .env did not change)."""
+    import fleet
+
+    if fleet_role(env) == "manager":
+        fleet.cmd_up(env)
+    else:
+        say(f"fleet {fleet.stack_name(env)}: this node is a worker; joining the fleet's network as it is (a manager "
+            "runs make fleet-up)")
 
 
 def dashboard_wanted(env: dict[str, str]) -> bool:

@@ -135,3 +135,56 @@ def test_env_file_values_are_typed_with_one_line_per_bad_value(tmp_path):
     assert r.returncode == 2
     assert "DASHBOARD: Input should be a valid boolean" in r.stderr and "(got 'maybe'); edit .env" in r.stderr
     assert "DASHBOARD_PORT: Input should be a valid integer" in r.stderr and "(got 'abc')" in r.stderr
+
+
+def test_fleet_mode_starts_no_env_service_and_joins_the_trainers_not_vllm_to_the_fleet_network(tmp_path):
+    r = stack(tmp_path, "compose", "config", "--format", "json",
+              env_lines="TRAIN_MODE=cpu\nENV_NAME=echo,connect4\nENV_CONNECT4_IMAGE=example/connect4:1\n"
+                        "ENV_FLEET=swarm\nFLEET_STACK=team-fleet")
+    assert r.returncode == 0, r.stderr
+    config = json.loads(r.stdout[r.stdout.index("{"):])
+    assert not [s for s in config["services"] if s.startswith("env-")]  # the fleet serves them
+    assert config["networks"]["fleet"]["name"] == "team-fleet" and config["networks"]["fleet"]["external"]
+    for job in ("trainer-cpu", "model-init"):
+        assert set(config["services"][job]["networks"]) == {"agentnet", "fleet"}
+    assert config["services"]["trainer-cpu"]["environment"]["ENV_FLEET"] == "swarm"
+    assert config["services"]["trainer-cpu"]["environment"]["ENV_CONNECT4_IMAGE"] == "example/connect4:1"
+    sys.path.insert(0, str(ROOT / "tools"))
+    import stack as stack_module
+
+    attached = stack_module.fleet_attachments({"ENV_NAME": "echo", "ENV_FLEET": "swarm"})
+    assert "vllm" not in attached and set(attached) == {"trainer", "trainer-cpu", "model-init"}
+
+
+def test_fleet_commands_off_a_swarm_manager_say_what_to_run(monkeypatch):
+    sys.path.insert(0, str(ROOT / "tools"))
+    import fleet
+
+    answers = {
+        '{"LocalNodeState":"inactive","ControlAvailable":false}': "this Docker engine is not in a swarm (state: "
+                                                                  "inactive): run `docker swarm init`",
+        '{"LocalNodeState":"active","ControlAvailable":false}': "this node is a swarm worker: run `make fleet-up`",
+    }
+    for info, message in answers.items():
+        monkeypatch.setattr(fleet, "run", lambda cmd, timeout=20, info=info: subprocess.CompletedProcess(cmd, 0, info, ""))
+        assert message in fleet.swarm_problem()
+    monkeypatch.setattr(fleet, "run", lambda cmd, timeout=20: subprocess.CompletedProcess(
+        cmd, 0, '{"LocalNodeState":"active","ControlAvailable":true}', ""))
+    assert fleet.swarm_problem() is None
+
+
+def test_a_compose_env_service_becomes_a_swarm_service_with_the_same_values():
+    sys.path.insert(0, str(ROOT / "tools"))
+    import fleet
+
+    compose_service = {"image": "example/env:1", "environment": {"MAX_CONCURRENT_ENVS": "64"},
+                       "healthcheck": {"test": ["CMD", "true"]}, "read_only": True, "cap_drop": ["ALL"],
+                       "tmpfs": ["/tmp:size=64m"], "mem_limit": "4294967296", "pids_limit": 512,
+                       "deploy": {"replicas": 5}, "ports": [{"target": 8000}], "restart": "unless-stopped"}
+    svc = fleet.swarm_service(compose_service)
+    assert svc["deploy"]["replicas"] == 5 and svc["deploy"]["endpoint_mode"] == "dnsrr"
+    assert svc["deploy"]["resources"]["limits"] == {"memory": "4294967296", "pids": 512}
+    assert svc["volumes"] == [{"type": "tmpfs", "target": "/tmp", "tmpfs": {"size": 64 << 20}}]
+    assert "ports" not in svc  # reached over the overlay only
+    assert svc["deploy"]["update_config"]["order"] == "start-first"
+    assert fleet.size_bytes("4g") == 4 << 30
