@@ -173,7 +173,7 @@ def test_two_trainer_processes_train_once_per_step_and_resume_after_a_kill(proje
     assert killed_after is not None and killed_after < max_steps, first.stdout[-3000:] + first.stderr[-3000:]
     assert "[launch] 2 trainer processes (ddp, gloo) through accelerate" in first.stdout
     # rank 0 counted the sessions of both processes against the server's capacity
-    assert "sessions/replica (16 in all, 2 trainer processes)" in first.stdout
+    assert ">= 16 this trainer opens (2 trainer processes)" in first.stdout
     # the killed ranks' 16 sessions end with their sockets; the resume needs all 16 slots again
     health = f"{service_url(project.stack, 'env-echo')}/health"
     deadline = time.monotonic() + 120
