@@ -33,20 +33,25 @@ GPU_HOST_LABEL = "grpo.role"  # `docker node update --label-add grpo.role=gpu <g
 
 
 # ------------------------------------------------------------------ the swarm
-def swarm_problem() -> str | None:
-    """None on a swarm manager; else one line saying what to run."""
+def swarm_role() -> tuple[str | None, str | None]:
+    """(`manager` | `worker` | None, what to run when this node cannot manage the fleet)."""
     r = run(["docker", "info", "--format", "{{json .Swarm}}"])
     if r.returncode != 0:
-        return stack.check_docker()
+        return None, stack.check_docker()
     swarm = json.loads(r.stdout or "{}")
     state = swarm.get("LocalNodeState")
     if state != "active":
-        return (f"this Docker engine is not in a swarm (state: {state or 'inactive'}): run `docker swarm init` on the "
-                "first machine, `docker swarm join --token ...` on the others (README \"Across machines\")")
+        return None, (f"this Docker engine is not in a swarm (state: {state or 'inactive'}): run `docker swarm init` on "
+                      "the first machine, `docker swarm join --token ...` on the others (README \"Across machines\")")
     if not swarm.get("ControlAvailable"):
-        return ("this node is a swarm worker: run `make fleet-up` / `fleet-down` on a manager (`docker node ls` there "
-                "lists them); `make train` here joins the fleet's network without managing it")
-    return None
+        return "worker", ("this node is a swarm worker: run `make fleet-up` / `fleet-down` on a manager (`docker node "
+                          "ls` there lists them); `make train` here joins the fleet's network without managing it")
+    return "manager", None
+
+
+def swarm_problem() -> str | None:
+    """None on a swarm manager; else one line saying what to run."""
+    return swarm_role()[1]
 
 
 @contextlib.contextmanager

@@ -295,7 +295,9 @@ def compose_files(env: dict[str, str], mode: str = "cpu", cdi: bool = False,
             "TRAINER_GPU, NCCL_FAST_PATH); do not edit.\n")
     spec: dict = {"services": services}
     if fleet_mode(env):  # the swarm stack's network (tools/fleet.py), made by `make fleet-up`
-        spec["networks"] = {"fleet": {"external": True, "name": env.get("FLEET_STACK") or "grpo-fleet"}}
+        import fleet
+
+        spec["networks"] = {"fleet": {"external": True, "name": fleet.stack_name(env)}}
     generated.write_text(text + _yaml(spec))
     return [ROOT / "compose.yaml", generated]
 
@@ -594,12 +596,11 @@ def fleet_role(env: dict[str, str]) -> str:
     is); anything else stops with what to run."""
     import fleet
 
-    problem = fleet.swarm_problem()
-    if problem is None:
-        return "manager"
-    name = fleet.stack_name(env)
-    if "swarm worker" in problem and run(["docker", "network", "inspect", name]).returncode == 0:
-        return "worker"
+    role, problem = fleet.swarm_role()
+    if role == "manager":
+        return role
+    if role == "worker" and run(["docker", "network", "inspect", fleet.stack_name(env)]).returncode == 0:
+        return role
     raise StackError(f"ENV_FLEET=swarm: {problem}")
 
 
