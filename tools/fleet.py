@@ -253,6 +253,12 @@ def cmd_up(env: dict[str, str]) -> int:
     expected = [f"{name}_{svc}" for svc in spec["services"]]
     say(f"fleet {name}: deployed {', '.join(expected)} ({path.relative_to(ROOT)}); waiting until every task is healthy")
     wait_converged(name, expected)
+    for service in expected:  # start-first + rollback: a bad update leaves the old tasks serving; say so
+        r = run(["docker", "service", "inspect", service, "--format", "{{json .UpdateStatus}}"])
+        status = json.loads(r.stdout or "null") or {}
+        if status.get("State") == "rollback_completed":
+            say(f"note: {service}'s last update was rolled back ({status.get('Message', '')}); it runs the previous "
+                "spec. `make fleet-logs` shows why the new tasks failed")
     print_ps(name)
     return 0
 
