@@ -12,8 +12,9 @@ Idempotent: a complete model (marker file written last) for the same envs' tools
     template, so TRL recognizes it and attaches its tool-call parser);
  3. a Qwen3 with hidden 128, 2 layers, 4 heads / 2 KV heads, head_dim 32, tied embeddings;
  4. a short supervised pass, loss on assistant tokens only, on TRL's *training* chat template (the
-    one GRPO renders prompts with). Kept short on purpose: the model learns the call format but
-    copies the target word imperfectly, so GRPO groups get different rewards (non-zero advantage).
+    one GRPO renders prompts with), in two phases: every demo calls the tool (the call format and the
+    copy are learned), then a shorter one where most demos answer without it. The model then calls the
+    tool only sometimes, so GRPO groups get different rewards and the reward has room to rise.
 """
 
 from __future__ import annotations
@@ -28,12 +29,19 @@ import sys
 import threading
 import time
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download anything here
 
 MARKER = "tiny_model.json"
-RECIPE_VERSION = 1
+RECIPE_VERSION = 2  # 2: words are pre-tokenized, and the warm-start ends on demos that skip the tool
+# The warm-start's second phase: MIXED_EPOCHS on demos of which only TOOL_SHARE call the tool (the others answer at
+# once). The model keeps the call format and the copy it learned in the first phase, but calls the tool only about
+# a third of the time: the choice GRPO then learns, since an episode without the call earns 0 (README "CPU profile:
+# what the learning curve shows").
+TOOL_SHARE = 0.4
+MIXED_EPOCHS = 2
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 ADDED = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>", "<think>", "</think>"]
 
@@ -84,6 +92,15 @@ def tools_fingerprint(specs: dict) -> str:
     return BUILTIN_FINGERPRINT if parts == ["echo"] else hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
+@dataclass
+class Demo:
+    """One warm-start conversation; `expert_call` is the env's first demo call ({"name", "arguments"})."""
+    messages: list[dict]
+    prompt: list[dict]
+    tools: list
+    expert_call: dict | None
+
+
 # ---------------------------------------------------------------------------- in-process env server
 @contextmanager
 def local_env_server(env_name: str):
@@ -120,9 +137,12 @@ def tool_functions(instance) -> list:
     return [getattr(instance, name) for name in tool_method_names(type(instance))]
 
 
-def build_conversations(name: str, spec, url: str, n: int, seed: int) -> list[tuple[list[dict], list]]:
-    """Demo episodes: prompt -> assistant tool call(s) -> real tool result(s) -> short final answer,
-    each with the tool functions it was rendered with."""
+def build_conversations(name: str, spec, url: str, n: int, seed: int,
+                        tool_share: float = 1.0) -> list[Demo]:
+    """Demo episodes: prompt -> assistant tool call(s) -> real tool result(s) -> short final answer, each with
+    the tool functions it was rendered with. A share `1 - tool_share` of them answer at once, without a call:
+    the warm-started model then sometimes skips the tool, and GRPO has that choice to learn (its reward is 0)."""
+    rng = random.Random(seed)
     rows = spec.make_dataset(n, seed)
     rows = [rows[i % len(rows)] for i in range(n)]  # a prompts file may hold fewer rows
     convs = []
@@ -134,7 +154,9 @@ def build_conversations(name: str, spec, url: str, n: int, seed: int) -> list[tu
             obs = tool.reset(**{k: v for k, v in row.items() if k != "prompt"})
             if isinstance(obs, str):  # TRL appends a reset() string to the last user message
                 messages[-1]["content"] = messages[-1]["content"] + obs
-            for tool_name, args in spec.demo_calls(row):
+            prompt = [dict(m) for m in messages]
+            expert = list(spec.demo_calls(row))
+            for tool_name, args in (expert if rng.random() < tool_share else []):
                 try:
                     result = getattr(tool, tool_name)(**args)
                     content = result if isinstance(result, str) else json.dumps(result)
@@ -144,7 +166,8 @@ def build_conversations(name: str, spec, url: str, n: int, seed: int) -> list[tu
                     {"type": "function", "function": {"name": tool_name, "arguments": args}}]})
                 messages.append({"role": "tool", "name": tool_name, "content": content})
             messages.append({"role": "assistant", "content": "Done."})
-            convs.append((messages, tools))
+            first = {"name": expert[0][0], "arguments": expert[0][1]} if expert else None
+            convs.append(Demo(messages, prompt, tools, first))
     finally:
         close = getattr(getattr(tool, "_client", None), "close", None)
         if callable(close):
@@ -152,7 +175,7 @@ def build_conversations(name: str, spec, url: str, n: int, seed: int) -> list[tu
     return convs
 
 
-def all_conversations(specs: dict, cfg, n: int, seed: int) -> list[tuple[list[dict], list]]:
+def all_conversations(specs: dict, cfg, n: int, seed: int, tool_share: float = 1.0) -> list[Demo]:
     """`n` conversations split over the warm-start envs; built-ins against an in-process server."""
     from envs import registry
 
@@ -161,9 +184,9 @@ def all_conversations(specs: dict, cfg, n: int, seed: int) -> list[tuple[list[di
     for i, (name, spec) in enumerate(specs.items()):
         if registry.is_builtin(name):
             with local_env_server(name) as url:
-                convs += build_conversations(name, spec, url, per_env, seed + i)
+                convs += build_conversations(name, spec, url, per_env, seed + i, tool_share)
         else:
-            convs += build_conversations(name, spec, cfg.env_url(name), per_env, seed + i)
+            convs += build_conversations(name, spec, cfg.env_url(name), per_env, seed + i, tool_share)
     return convs
 
 
@@ -174,10 +197,15 @@ def make_tokenizer(corpus: list[str], vocab_size: int):
     from trl.chat_template_utils import qwen3_chat_template
 
     tok = Tokenizer(models.BPE())
-    # No whitespace splitting: merges may span words, so the (constant) tool-schema system prompt becomes a few
-    # dozen tokens instead of ~250 and the warm-start is ~4x cheaper. Special/added tokens still split first, so
+    # Words are pre-tokenized (a merge never spans a space), as in real tokenizers. Without it, merges spanned words
+    # and the word after "say the word:" was its own token for some words but a shared " " + word for others; the
+    # 2-layer model then read "the token after the colon", always " " for those, and could never learn to echo them
+    # (p(word) identical for 4 of 6 prompts, before and after GRPO). Special/added tokens still split first, so
     # TRL's prefix checks and tool-suffix slicing see stable boundaries.
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(" ", behavior="merged_with_next"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
@@ -206,10 +234,10 @@ def make_model(tokenizer, seed: int):
     return model
 
 
-def encode(tokenizer, convs, chat_template):
+def encode(tokenizer, convs: list[Demo], chat_template):
     examples = []
-    for messages, tools in convs:
-        enc = tokenizer.apply_chat_template(messages, tools=tools, chat_template=chat_template, tokenize=True,
+    for demo in convs:
+        enc = tokenizer.apply_chat_template(demo.messages, tools=demo.tools, chat_template=chat_template, tokenize=True,
                                             return_dict=True, return_assistant_tokens_mask=True)
         ids, mask = enc["input_ids"], enc["assistant_masks"]
         examples.append((list(ids), list(mask)))
@@ -254,38 +282,29 @@ def warm_start(model, examples, pad_id: int, epochs: int, lr: float, batch_size:
     return losses
 
 
-def sample_check(model, tokenizer, convs, chat_template, template_kwargs: dict, n: int = 16, seed: int = 0) -> dict:
-    """Sample first turns like GRPO will (temperature 1): how often is a well-formed tool call emitted?"""
+def sample_check(model, tokenizer, convs: list[Demo], template_kwargs: dict, n: int = 16, seed: int = 0) -> dict:
+    """Sample first turns like GRPO will (temperature 1): how often is a tool call made, and the expert's exactly?"""
     import torch
-    from trl.chat_template_utils import add_response_schema, parse_response
 
-    add_response_schema(tokenizer)
+    from trainer.first_turn import first_calls, score
+
     torch.manual_seed(seed)
-    calls = correct = 0
-    for messages, tools in convs[:: max(1, len(convs) // n)][:n]:  # spread over the envs
-        prompt = [messages[0]]
-        ids = tokenizer.apply_chat_template(prompt, tools=tools, chat_template=chat_template, add_generation_prompt=True,
-                                            tokenize=True, return_dict=True, **template_kwargs)["input_ids"]
-        out = model.generate(torch.tensor([ids]), max_new_tokens=48, do_sample=True, temperature=1.0, top_k=0,
-                             top_p=1.0)  # TRL's sampling defaults
-        parsed = parse_response(tokenizer, out[0][len(ids):].tolist(), prefix=ids, tools=tools)  # TRL's, with fallback
-        tool_calls = parsed.get("tool_calls") or []
-        if tool_calls:
-            calls += 1
-            want = messages[1]["tool_calls"][0]["function"]
-            got = tool_calls[0]["function"]
-            correct += int(got.get("name") == want["name"] and got.get("arguments") == want["arguments"])
-    del tokenizer.response_template
-    return {"sampled": n, "tool_calls": calls, "exact_calls": correct}
+    picked = convs[:: max(1, len(convs) // n)][:n]  # spread over the envs
+    calls = first_calls(model, tokenizer, [(d.prompt, d.tools) for d in picked], template_kwargs, greedy=False)
+    rates = score(calls, [d.expert_call for d in picked])
+    return {"sampled": len(picked), "tool_calls": round(rates["tool_call_rate"] * len(picked)),
+            "exact_calls": round(rates["exact_rate"] * len(picked))}
 
 
-def build(out: Path, specs: dict, cfg, examples: int, epochs: int, lr: float, seed: int, vocab_size: int) -> dict:
+def build(out: Path, specs: dict, cfg, examples: int, epochs: int, lr: float, seed: int, vocab_size: int,
+          tool_share: float = 1.0) -> dict:
     import torch
     from trl.chat_template_utils import get_training_chat_template
 
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     t0 = time.monotonic()
     convs = all_conversations(specs, cfg, examples, seed)
+    mixed = all_conversations(specs, cfg, examples, seed + 1, tool_share) if tool_share < 1 else []
     log(f"{len(convs)} demo conversations from the real tool classes of {', '.join(specs)} "
         f"({time.monotonic() - t0:.1f}s)")
 
@@ -294,8 +313,8 @@ def build(out: Path, specs: dict, cfg, examples: int, epochs: int, lr: float, se
 
     probe = make_tokenizer(["hello"], 300)
     training_template = get_training_chat_template(probe)
-    corpus = [probe.apply_chat_template(m, tools=tools, chat_template=training_template, tokenize=False)
-              for m, tools in convs]
+    corpus = [probe.apply_chat_template(d.messages, tools=d.tools, chat_template=training_template, tokenize=False)
+              for d in convs]
     tokenizer = make_tokenizer(corpus, vocab_size)
     assert tokenizer.chat_template == qwen3_chat_template
     assert get_training_chat_template(tokenizer) == training_template
@@ -308,10 +327,13 @@ def build(out: Path, specs: dict, cfg, examples: int, epochs: int, lr: float, se
     log(f"model: Qwen3 {n_params / 1e6:.2f}M parameters")
     t1 = time.monotonic()
     losses = warm_start(model, data, tokenizer.pad_token_id, epochs, lr, batch_size=16, seed=seed)
+    if mixed:
+        losses += warm_start(model, encode(tokenizer, mixed, training_template), tokenizer.pad_token_id,
+                             MIXED_EPOCHS, lr, batch_size=16, seed=seed + 1)
     train_s = time.monotonic() - t1
-    check = sample_check(model, tokenizer, convs, training_template, cfg.chat_template_kwargs(), seed=seed)
+    check = sample_check(model, tokenizer, convs, cfg.chat_template_kwargs(), seed=seed)
     log(f"sampled {check['sampled']} first turns at temperature 1: {check['tool_calls']} tool calls, "
-        f"{check['exact_calls']} exactly right (some misses leave GRPO something to learn)")
+        f"{check['exact_calls']} exactly right (calling is left to GRPO to learn)")
 
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -319,7 +341,7 @@ def build(out: Path, specs: dict, cfg, examples: int, epochs: int, lr: float, se
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     meta = {"recipe_version": RECIPE_VERSION, "envs": list(specs), "tools_fingerprint": tools_fingerprint(specs),
-            "examples": examples, "epochs": epochs,
+            "examples": examples, "epochs": epochs, "tool_share": tool_share,
             "parameters": n_params, "final_loss": losses[-1], "warm_start_s": round(train_s, 1),
             "sample_check": check, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     (tmp / MARKER).write_text(json.dumps(meta, indent=2))  # written last: marks the model complete
@@ -339,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--vocab-size", type=int, default=1024)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--tool-share", type=float, default=TOOL_SHARE,
+                   help=f"share of the second phase's demos that call the tool (default {TOOL_SHARE}; 1: no second phase)")
     p.add_argument("--force", action="store_true", help="rebuild even if a complete model is there")
     args = p.parse_args(argv)
     out = Path(args.out)
@@ -364,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         log(f"cannot write to {out.parent} ({exc.strerror}): mount a writable volume there (compose: models:/models)")
         return 1
-    build(out, specs, cfg, args.examples, args.epochs, args.lr, args.seed, args.vocab_size)
+    build(out, specs, cfg, args.examples, args.epochs, args.lr, args.seed, args.vocab_size, args.tool_share)
     return 0
 
 

@@ -61,14 +61,15 @@ def test_lengths_that_do_not_fit_vllms_max_model_len_stop_preflight_with_both_nu
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     specs = {"echo": registry.get("echo")}
-    cfg = cfg_for(tiny_model_dir, echo_server.url, "--vllm-max-model-len", "64", "--max-completion-length", "32")
-    prompt, env = preflight.longest_prompt(cfg, tokenizer, specs)
-    assert env == "echo" and 32 < prompt < 64  # the tiny tokenizer's prompt: fits alone, not with the budget
+    prompt, env = preflight.longest_prompt(cfg_for(tiny_model_dir, echo_server.url), tokenizer, specs)
+    limit = prompt + 16  # the tiny tokenizer's prompt fits alone, not with a 32-token budget
+    cfg = cfg_for(tiny_model_dir, echo_server.url, "--vllm-max-model-len", str(limit), "--max-completion-length", "32")
+    assert env == "echo" and preflight.longest_prompt(cfg, tokenizer, specs) == (prompt, env)
     errors, fits = preflight.check_lengths(cfg, "gpu", tokenizer, specs)
     assert fits == "" and len(errors) == 1
     assert (f"longest prompt {prompt} tokens (env echo, rendered with its tools) + MAX_COMPLETION_LENGTH 32 = "
-            f"{prompt + 32} > VLLM_MAX_MODEL_LEN 64") in errors[0]
-    assert f"lower MAX_COMPLETION_LENGTH to <= {64 - prompt}" in errors[0]
+            f"{prompt + 32} > VLLM_MAX_MODEL_LEN {limit}") in errors[0]
+    assert f"lower MAX_COMPLETION_LENGTH to <= {limit - prompt}" in errors[0]
     ok = cfg_for(tiny_model_dir, echo_server.url, "--vllm-max-model-len", "4096")
     assert preflight.check_lengths(ok, "gpu", tokenizer, specs) == ([], f"lengths: longest prompt {prompt} tokens "
                                                                     "(env echo, rendered with its tools) + "
