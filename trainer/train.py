@@ -240,8 +240,13 @@ def main(argv: list[str] | None = None) -> int:
 
     transformers.utils.logging.disable_progress_bar()  # no "Writing model shards" bars in docker logs
     trainer_cls = make_trainer_class()
+    from trainer.rewards import stop_token_ids, unfinished_penalty
+
+    reward_funcs = ([unfinished_penalty(cfg.unfinished_penalty, stop_token_ids(model, tokenizer))]
+                    if cfg.unfinished_penalty else None)  # the env's own reward comes from its tool class
     trainer = trainer_cls(
         model=model,
+        reward_funcs=reward_funcs,
         args=grpo_args,
         train_dataset=dataset,
         processing_class=tokenizer,

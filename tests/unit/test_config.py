@@ -142,7 +142,7 @@ def test_auto_mode_on_a_machine_without_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cfg = load(monkeypatch, TRAIN_MODE="auto")
     assert cfg.resolved_train_mode() == "cpu"
-    assert cfg.resolved_learning_rate() == 5e-4  # the tiny model's default
+    assert cfg.resolved_learning_rate() == 2e-4  # the tiny model's default
     assert load(monkeypatch, TRAIN_MODE="gpu").resolved_learning_rate() == 1e-5
     assert load(monkeypatch, LEARNING_RATE="0.002").resolved_learning_rate("gpu") == 0.002
 
