@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 BUILD_IMAGE := $(STACK) compose --progress quiet --profile build build
 
 .PHONY: help up train down logs ps config build test clean doctor report baseline dashboard nccl-check gpu-smoke soak bench \
-	fleet-up fleet-ps fleet-logs fleet-down bench-fleet
+	fleet-up fleet-ps fleet-logs fleet-down bench-fleet bench-learning
 
 help: ## List every target with one line each
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -86,6 +86,9 @@ bench: $(VENV)/.test-ok ## Env-server figures next to their goals: Wordle, echo 
 	@$(BUILD_IMAGE) env-server-image
 	@$(VENV)/bin/python bench/env_figures.py $(ARGS)
 	@$(VENV)/bin/python bench/adapter_overhead.py
+
+bench-learning: $(VENV)/.test-ok ## The CPU profile's learning curve on echo (seeds 42 and 7) next to its goals (a few minutes)
+	@$(VENV)/bin/python bench/learning_curve.py $(ARGS)
 
 bench-fleet: $(VENV)/.test-ok ## Fleet figures on this machine's swarm: 4,096 sessions on 16 tasks; steps/s on 1, 2, 4 tasks
 	@$(BUILD_IMAGE) env-server-image
