@@ -28,8 +28,7 @@ GOALS = {"gain_30": 0.2, "exact_100": 0.8, "clipped": 0.1}
 
 
 def train(model: Path, url: str, out: Path, run: str, steps: int, seed: int) -> list[dict]:
-    """One run through trainer.train in a child process; its step records. Exact echoes are the episodes whose
-    echo reward is 1.0 (envs.echo.task.FULL), counted from the env reward and the partial ones."""
+    """One run through trainer.train in a child process; its step records."""
     argv = ["--train-mode", "cpu", "--model-name", str(model), "--output-dir", str(out), "--env-name", "echo",
             "--env-urls", f"echo={url}", "--run-name", run, "--max-steps", str(steps), "--seed", str(seed),
             "--save-steps", "10000", "--resume", "fresh"]

@@ -137,12 +137,9 @@ def tool_functions(instance) -> list:
     return [getattr(instance, name) for name in tool_method_names(type(instance))]
 
 
-def build_conversations(name: str, spec, url: str, n: int, seed: int,
-                        tool_share: float = 1.0) -> list[Demo]:
-    """Demo episodes: prompt -> assistant tool call(s) -> real tool result(s) -> short final answer, each with
-    the tool functions it was rendered with. A share `1 - tool_share` of them answer at once, without a call:
-    the warm-started model then sometimes skips the tool, and GRPO has that choice to learn (its reward is 0)."""
-    rng = random.Random(seed)
+def build_conversations(name: str, spec, url: str, n: int, seed: int) -> list[Demo]:
+    """Demo episodes: prompt -> assistant tool call(s) -> real tool result(s) -> short final answer,
+    each with the tool functions it was rendered with."""
     rows = spec.make_dataset(n, seed)
     rows = [rows[i % len(rows)] for i in range(n)]  # a prompts file may hold fewer rows
     convs = []
@@ -156,7 +153,7 @@ def build_conversations(name: str, spec, url: str, n: int, seed: int,
                 messages[-1]["content"] = messages[-1]["content"] + obs
             prompt = [dict(m) for m in messages]
             expert = list(spec.demo_calls(row))
-            for tool_name, args in (expert if rng.random() < tool_share else []):
+            for tool_name, args in expert:
                 try:
                     result = getattr(tool, tool_name)(**args)
                     content = result if isinstance(result, str) else json.dumps(result)
@@ -175,7 +172,7 @@ def build_conversations(name: str, spec, url: str, n: int, seed: int,
     return convs
 
 
-def all_conversations(specs: dict, cfg, n: int, seed: int, tool_share: float = 1.0) -> list[Demo]:
+def all_conversations(specs: dict, cfg, n: int, seed: int) -> list[Demo]:
     """`n` conversations split over the warm-start envs; built-ins against an in-process server."""
     from envs import registry
 
@@ -184,10 +181,19 @@ def all_conversations(specs: dict, cfg, n: int, seed: int, tool_share: float = 1
     for i, (name, spec) in enumerate(specs.items()):
         if registry.is_builtin(name):
             with local_env_server(name) as url:
-                convs += build_conversations(name, spec, url, per_env, seed + i, tool_share)
+                convs += build_conversations(name, spec, url, per_env, seed + i)
         else:
-            convs += build_conversations(name, spec, cfg.env_url(name), per_env, seed + i, tool_share)
+            convs += build_conversations(name, spec, cfg.env_url(name), per_env, seed + i)
     return convs
+
+
+def without_calls(convs: list[Demo], tool_share: float, seed: int) -> list[Demo]:
+    """The same demos, a share `1 - tool_share` of them answering at once with no call: a model trained on them
+    sometimes skips the tool, and GRPO has that choice to learn (an episode without the call earns 0)."""
+    rng = random.Random(seed)
+    return [d if rng.random() < tool_share else
+            Demo([*d.prompt, {"role": "assistant", "content": "Done."}], d.prompt, d.tools, d.expert_call)
+            for d in convs]
 
 
 # ---------------------------------------------------------------------------- tokenizer + model
@@ -304,7 +310,7 @@ def build(out: Path, specs: dict, cfg, examples: int, epochs: int, lr: float, se
     torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
     t0 = time.monotonic()
     convs = all_conversations(specs, cfg, examples, seed)
-    mixed = all_conversations(specs, cfg, examples, seed + 1, tool_share) if tool_share < 1 else []
+    mixed = without_calls(convs, tool_share, seed + 1) if tool_share < 1 else []
     log(f"{len(convs)} demo conversations from the real tool classes of {', '.join(specs)} "
         f"({time.monotonic() - t0:.1f}s)")
 

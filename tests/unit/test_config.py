@@ -62,6 +62,7 @@ def test_cli_overrides_env(monkeypatch):
         ({"RUN_NAME": "../etc"}, "RUN_NAME: '../etc' is not a folder name"),
         ({"VLLM_SERVER_URL": "vllm:8000"}, "VLLM_SERVER_URL: 'vllm:8000' is not a URL"),
         ({"VLLM_GPU_MEMORY_UTILIZATION": "1.5"}, "VLLM_GPU_MEMORY_UTILIZATION: Input should be less than or equal to 1"),
+        ({"UNFINISHED_PENALTY": "-1"}, "UNFINISHED_PENALTY: Input should be greater than or equal to 0 (got '-1'"),
     ],
 )
 def test_bad_values_give_one_clear_line(monkeypatch, env, expected):
