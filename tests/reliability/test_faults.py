@@ -31,6 +31,10 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow]
 RUN = "envcrash"
 MAX_STEPS = int(os.environ.get("FAULT_MAX_STEPS", "16"))
 CRASH_AFTER_STEP = 3
+# A rollout that answers without the tool keeps its session at "reset" too (the tiny model skips the tool in
+# some rollouts), so only a whole generation batch awaiting its first step says every rollout is still in its
+# first turn: the default PER_DEVICE_TRAIN_BATCH_SIZE x STEPS_PER_GENERATION (8 x 1).
+IN_FLIGHT = 8
 
 
 class Project:
@@ -90,10 +94,11 @@ def freeze_with_episodes_in_flight(project: "Project", trainer: str, attempts: i
 
     No window to hit: the trainer is frozen first, then the server is asked. `episodes_awaiting_step`
     counts sessions whose last frame was a reset, i.e. rollouts whose first turn is being generated.
-    TRL sends a batch's tool calls one at a time and waits for each reply, so at most one frame of the
-    frozen trainer can still be on its way: with 2 or more such sessions, at least one episode is
-    certain to send its tool call only after the trainer is thawed. Otherwise thaw, wait until the
-    server sees new resets, and look again.
+    A rollout that answered without a call stays there too, so the whole batch (IN_FLIGHT) must be: then
+    no rollout of the batch has reached its tool round yet. TRL sends a batch's tool calls one at a time
+    and waits for each reply, so at most one frame of the frozen trainer can still be on its way, and
+    every other rollout that calls does so only after the trainer is thawed. Otherwise thaw, wait until
+    the server sees new resets, and look again.
     """
     url = f"http://{project.compose('port', 'env-echo', '8000').stdout.strip()}"
     seen = []
@@ -101,7 +106,7 @@ def freeze_with_episodes_in_flight(project: "Project", trainer: str, attempts: i
         subprocess.run(["docker", "pause", trainer], check=True, capture_output=True)
         now = health(url)
         seen.append(now.get("episodes_awaiting_step"))
-        if (now.get("episodes_awaiting_step") or 0) >= 2:
+        if (now.get("episodes_awaiting_step") or 0) >= IN_FLIGHT:
             return now
         subprocess.run(["docker", "unpause", trainer], check=True, capture_output=True)
         if not inspect(trainer)["State"]["Running"]:
@@ -109,7 +114,7 @@ def freeze_with_episodes_in_flight(project: "Project", trainer: str, attempts: i
         started = now.get("episodes_started")
         while inspect(trainer)["State"]["Running"]:  # until the next batch of rollouts resets
             later = health(url)
-            if later.get("episodes_started") != started and (later.get("episodes_awaiting_step") or 0) >= 2:
+            if later.get("episodes_started") != started and (later.get("episodes_awaiting_step") or 0) >= IN_FLIGHT:
                 break
             time.sleep(0.01)
     logs = subprocess.run(["docker", "logs", "--tail", "30", trainer], capture_output=True, text=True)
