@@ -105,6 +105,14 @@ class RunConfig(BaseSettings):
     max_tool_calling_iterations: int | None = Field(
         4, ge=1, description="Tool calls allowed per episode (empty: unlimited)."
     )
+    tool_timeout_s: float | None = Field(
+        None, gt=0, le=86400, description="A tool call that runs longer fails: the model sees the error, and the "
+        "rollout's env session is closed (a fresh one opens at its next reset). Empty: no limit of our own."
+    )
+    tool_concurrency: int | None = Field(
+        None, ge=1, description="Most tool calls in flight at once per trainer process. Empty: a whole round, every "
+        "rollout that called a tool (one rollout's calls always run in the model's order)."
+    )
     temperature: float = Field(1.0, gt=0, le=5, description="Sampling temperature for rollouts.")
     unfinished_penalty: float = Field(
         1.0, ge=0, le=100, description="Reward taken from an episode cut at MAX_COMPLETION_LENGTH before the model "

@@ -5,7 +5,10 @@ every instance (one env-server session each) for the whole run. We:
   * give each instance the env service's URL: its session client spreads the sessions over the
     service's replicas or fleet tasks, least-loaded first, and re-resolves them as they change
     (envs.core.replicas; `replica_set` is that process-wide set, for the run's log);
-  * count tool calls / failures per episode and the seconds spent in env calls (trainer.metrics);
+  * count tool calls / failures per episode and the seconds spent in reset/reward calls (trainer.metrics;
+    tool calls run concurrently, so trainer.rollout_loop times each round's wall clock instead);
+  * close the session when the rollout loop gives up on a call (TOOL_TIMEOUT_S): the rest of that
+    episode's calls fail at once, and a late reply cannot reach the next episode;
   * decode the dataset's `env_row` column (the env's own row fields, JSON, so rows of different envs
     share one Arrow schema) back into `reset(**row)` kwargs.
 """
@@ -59,6 +62,8 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS)
     def __init__(self) -> None:
         self._episode_calls = 0
         self._episode_failures = 0
+        self._episode = 0  # which episode a (possibly late) tool call belongs to
+        self._abandoned = False
         with stats.timer("env"):
             tool_class.__init__(self, url)
 
@@ -68,8 +73,18 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS)
             row.update(json.loads(encoded))
         self._episode_calls = 0
         self._episode_failures = 0
+        self._episode += 1
+        self._abandoned = False
         with stats.timer("env"):
             return tool_class.reset(self, **row)
+
+    def _abandon_session(self) -> None:
+        """A call outran TOOL_TIMEOUT_S (trainer.rollout_loop): it failed, and the session closes."""
+        self._abandoned = True
+        self._episode_failures += 1
+        client = getattr(self, "_client", None)  # every tool class in envs/ keeps its SessionClient there
+        if client is not None and callable(getattr(client, "close", None)):
+            client.close()
 
     def get_reward(self) -> float:
         with stats.timer("env"):
@@ -83,35 +98,51 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS)
         "env_name": env_name, "replica_set": ReplicaSet.for_url(url),
     }
     for name in tool_method_names(tool_class):
-        namespace[name] = _instrumented(getattr(tool_class, name), stats)
+        namespace[name] = _instrumented(getattr(tool_class, name))
     # Same class name as the env's tool class: TRL logs its reward as rewards/<ClassName>/mean.
     return type(tool_class.__name__, (tool_class,), namespace)
 
 
-def _instrumented(method, stats: RolloutStats):
+def _instrumented(method):
     # functools.wraps keeps __name__, __doc__, annotations and __wrapped__, so TRL builds the same tool schema.
     if inspect.iscoroutinefunction(method):
         @functools.wraps(method)
         async def async_wrapper(self, *args, **kwargs):
-            self._episode_calls += 1
-            with stats.timer("env"):
-                try:
-                    return await method(self, *args, **kwargs)
-                except Exception:
-                    self._episode_failures += 1
-                    raise
+            episode = _start_call(self)
+            try:
+                return await method(self, *args, **kwargs)
+            except Exception:
+                _count_failure(self, episode)
+                raise
         return async_wrapper
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
-        self._episode_calls += 1
-        with stats.timer("env"):
-            try:
-                return method(self, *args, **kwargs)
-            except Exception:
-                self._episode_failures += 1
-                raise
+        episode = _start_call(self)
+        try:
+            return method(self, *args, **kwargs)
+        except Exception:
+            _count_failure(self, episode)
+            raise
     return wrapper
+
+
+SESSION_CLOSED = ("The env session was closed after a tool call timed out; this episode cannot continue. "
+                  "Stop calling tools and give your final answer.")
+
+
+def _start_call(env) -> int:
+    env._episode_calls += 1
+    if env._abandoned:
+        env._episode_failures += 1
+        raise RuntimeError(SESSION_CLOSED)
+    return env._episode
+
+
+def _count_failure(env, episode: int) -> None:
+    # A call the loop gave up on was counted then; one that fails after the next reset is not that episode's.
+    if env._episode == episode and not env._abandoned:
+        env._episode_failures += 1
 
 
 def build_factories(cfg, specs: dict[str, Any], stats: RolloutStats = STATS):

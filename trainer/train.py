@@ -104,9 +104,11 @@ def make_trainer_class():
 
     from trainer import stages
     from trainer.metrics import STATS
+    from trainer.rollout_loop import make_rollout_loop_class
 
-    class InstrumentedGRPOTrainer(GRPOTrainer):
-        """GRPOTrainer + timers for the step-time split (generation vs the rest of rollout scoring)."""
+    class InstrumentedGRPOTrainer(make_rollout_loop_class(GRPOTrainer)):
+        """GRPOTrainer with the stack's rollout loop (concurrent tool rounds, processes in step) and timers for
+        the step-time split (generation vs the rest of rollout scoring)."""
 
         def _generate_single_turn(self, *args, **kwargs):
             start = time.perf_counter()
@@ -253,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
         environment_factory=factories,
         callbacks=[MetricsCallback(cfg.run_dir, STATS, resume_step=resume_step, mode=mode), control],
     )
+    trainer.configure_tools(cfg.tool_timeout_s, cfg.tool_concurrency)
     trainer.remove_callback(PrinterCallback)  # MetricsCallback prints one readable line per step instead
     if mode != "cpu":
         from trainer import gpu

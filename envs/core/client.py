@@ -208,7 +208,8 @@ class SessionClient:
             await self._close()  # a late reply would pair with the next request: drop the socket
             raise TimeoutError(f"No reply from {self.url} within {self.message_timeout_s:g} s") from None
         except ConnectionClosed:
-            self._ws = None
+            if self._ws is ws:  # not a session opened since (a call abandoned on timeout fails late)
+                self._ws = None
             raise
         reply = json.loads(raw)
         if reply.get("type") == "error":

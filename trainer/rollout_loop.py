@@ -1,0 +1,257 @@
+"""The stack's rollout loop: TRL 1.16's `GRPOTrainer._tool_call_loop`, with two changes.
+
+1. **A round's tool calls run at once.** TRL calls the rollouts' tools one rollout after another, so
+   a round cost the sum of the batch's tool latencies. Here every rollout that called a tool runs at
+   the same time (each owns its env session), at most TOOL_CONCURRENCY at once; one rollout's calls of
+   a turn stay in the model's order, because a session is stateful. A call past TOOL_TIMEOUT_S fails
+   (the model reads why) and its session is closed.
+2. **Every trainer process stays in step.** Generation is a collective in vLLM server mode
+   (`gather_object`, then each rank keeps the slice `process_index * len(prompts)`) and in colocate
+   with tensor parallelism (`all_gather_object` in the TP group); under FSDP or ZeRO-3, `generate`
+   gathers parameters. So each round the processes agree whether anyone still generates and send the
+   same number of prompts: the most any of them has, the others padded with their first prompt (its
+   completion is thrown away).
+
+Everything else is TRL's: the messages and their order, tool masks, logprobs, call and failure
+counts, the overlong rollback and the iteration limit. tests/trainer/test_rollout_loop.py checks the
+result against TRL's own loop token for token, and pins the TRL source this copy follows.
+Text only: a vision-language model (tool images) keeps TRL's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+# The TRL release this loop was copied from; tests/trainer/test_rollout_loop.py pins its source.
+TRL_VERSION = "1.16.0"
+
+TIMEOUT_ERROR = ("Tool {name} timed out after {seconds:g} s and the env session was closed. "
+                 "Stop calling tools and give your final answer.")
+NOT_RUN_ERROR = "Not run: an earlier call in this turn timed out and the env session was closed."
+
+
+@dataclass
+class CallResult:
+    name: str
+    value: Any  # what the tool returned, or {"error": message}
+    failed: bool = False
+    deferred: bool = False  # an async tool: TRL lists these after the turn's other results
+    timed_out: bool = False
+
+
+@dataclass
+class RolloutCalls:
+    """One rollout's tool calls of this turn, the tools it may call, and what to do when one hangs."""
+
+    calls: list[dict]
+    sync_tools: dict[str, Callable]
+    async_tools: dict[str, Callable]
+    on_timeout: Callable[[], None] = lambda: None
+
+
+@dataclass
+class ToolRunner:
+    """Runs one round: rollouts concurrently, each rollout's calls in order."""
+
+    timeout_s: float | None = None
+    concurrency: int | None = None  # None: the whole round
+    async_loop: asyncio.AbstractEventLoop | None = None  # where TRL runs async tools (its daemon loop)
+    peak_in_flight: int = field(default=0, init=False)  # most calls running at once so far (tests, bench)
+    _in_flight: int = field(default=0, init=False, repr=False)
+
+    def run(self, rollouts: list[RolloutCalls]) -> list[list[CallResult]]:
+        if not rollouts:
+            return []
+        width = min(self.concurrency or len(rollouts), len(rollouts))
+        pool = ThreadPoolExecutor(max_workers=width, thread_name_prefix="tool-call")
+        try:
+            return asyncio.run(self._run_round(rollouts, pool, width))
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)  # a timed-out call may still run: its session is closed
+
+    async def _run_round(self, rollouts, pool, width) -> list[list[CallResult]]:
+        slots = asyncio.Semaphore(width)
+        self._in_flight = 0
+        return list(await asyncio.gather(*(self._run_rollout(r, pool, slots) for r in rollouts)))
+
+    async def _run_rollout(self, rollout: RolloutCalls, pool, slots) -> list[CallResult]:
+        results: list[CallResult] = []
+        abandoned = False
+        for call in rollout.calls:
+            if call.get("type") != "function":
+                name = call.get("name", "unknown")
+                results.append(CallResult(name, {"error": f"Unsupported tool call type: {call.get('type')}"}, True))
+                continue
+            name = call["function"]["name"]
+            if abandoned:
+                results.append(CallResult(name, {"error": NOT_RUN_ERROR}, True))
+                continue
+            async with slots:
+                self._in_flight += 1
+                self.peak_in_flight = max(self.peak_in_flight, self._in_flight)
+                try:
+                    result = await self._call(rollout, name, call["function"].get("arguments"), pool)
+                finally:
+                    self._in_flight -= 1
+            if result.timed_out:
+                abandoned = True
+                await asyncio.to_thread(rollout.on_timeout)
+            results.append(result)
+        return results
+
+    async def _call(self, rollout: RolloutCalls, name: str, arguments: Any, pool) -> CallResult:
+        deferred = False
+        try:  # as in TRL: an unknown tool, or arguments an async tool cannot bind, fail in the turn's order
+            if name in rollout.sync_tools:
+                tool = rollout.sync_tools[name]
+                waiter = asyncio.get_running_loop().run_in_executor(pool, lambda: tool(**arguments))
+            elif name in rollout.async_tools:
+                coroutine = rollout.async_tools[name](**arguments)
+                waiter = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coroutine, self.async_loop))
+                deferred = True
+            else:
+                raise ValueError(f"Tool {name} not found.")
+        except Exception as e:
+            return CallResult(name, {"error": str(e)}, failed=True)
+        try:
+            value = await asyncio.wait_for(waiter, self.timeout_s)
+        except TimeoutError:
+            error = TIMEOUT_ERROR.format(name=name, seconds=self.timeout_s)
+            return CallResult(name, {"error": error}, failed=True, deferred=deferred, timed_out=True)
+        except Exception as e:
+            return CallResult(name, {"error": str(e)}, failed=True, deferred=deferred)
+        return CallResult(name, value, deferred=deferred)
+
+
+def tool_messages(results: list[CallResult]) -> list[dict]:
+    """The turn's tool messages in TRL's order: sync results as they ran, then async ones."""
+    ordered = [r for r in results if not r.deferred] + [r for r in results if r.deferred]
+    return [{"role": "tool", "name": r.name, "content": r.value if isinstance(r.value, list) else str(r.value)}
+            for r in ordered]
+
+
+def make_rollout_loop_class(base: type) -> type:
+    """`base` (a GRPOTrainer class) with the loop above in place of TRL's `_tool_call_loop`."""
+    import torch
+    from trl.chat_template_utils import parse_response
+
+    from trainer.metrics import STATS
+
+    class RolloutLoopTrainer(base):
+        tool_runner: ToolRunner | None = None  # set by configure_tools; defaults on first use
+
+        def configure_tools(self, timeout_s: float | None, concurrency: int | None) -> None:
+            self.tool_runner = ToolRunner(timeout_s, concurrency, getattr(self, "async_loop", None))
+
+        def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, logprobs, images,
+                            multimodal_fields):
+            if self._is_vlm or images is not None or multimodal_fields:
+                return super()._tool_call_loop(prompts, prompt_ids, completion_ids, completions, logprobs, images,
+                                               multimodal_fields)
+            if self.tool_runner is None:
+                self.configure_tools(None, None)
+            tool_calls = [completion[0].get("tool_calls") for completion in completions]
+            calling = [i for i, calls in enumerate(tool_calls) if calls]  # rollouts whose last turn called tools
+            tool_calls = {i: tool_calls[i] for i in calling}
+            tool_mask = [[1] * len(ids) for ids in completion_ids]  # 0 for tool result tokens, 1 elsewhere
+            tool_images = [[] for _ in completion_ids]
+            tool_call_count = tool_failure_count = 0
+            max_model_len = self._context_limit()
+            iteration = 0
+            while iteration < self.max_tool_calling_iterations:
+                # 1. Run the round's calls; their results become tool messages (rolled back below if overlong).
+                completions_before = {i: len(completions[i]) for i in calling}
+                prompts_before = {i: len(prompts[i]) for i in calling}
+                for i in calling:
+                    prompts[i].append(completions[i][-1])  # the assistant turn that made the calls
+                start = time.perf_counter()
+                results = self.tool_runner.run([self._rollout_calls(i, tool_calls[i]) for i in calling])
+                STATS.add_time("env", time.perf_counter() - start)  # wall time of the round, not the sum of calls
+                for i, turn in zip(calling, results, strict=True):
+                    tool_call_count += len(turn)
+                    tool_failure_count += sum(r.failed for r in turn)
+                    for message in tool_messages(turn):
+                        prompts[i].append(message)
+                        completions[i].append(message)
+
+                # 2. prompt + completion so far + the template's tool block: the next turn's input, no re-tokenizing.
+                next_ids = {i: prompt_ids[i] + completion_ids[i]
+                            + self._get_tool_suffix_ids(trailing_tool_messages(completions[i])) for i in calling}
+
+                # 3. Results that would overrun the completion budget or the context are dropped with their turn.
+                overlong = {i for i in calling if len(next_ids[i]) - len(prompt_ids[i]) > self.max_completion_length
+                            or len(next_ids[i]) >= max_model_len}
+                for i in overlong:
+                    del completions[i][completions_before[i]:]
+                    del prompts[i][prompts_before[i]:]
+                calling = [i for i in calling if i not in overlong]
+
+                # 4. One generation for every process, with the same number of prompts on each.
+                width = self._agree_on_width(len(calling))
+                if width == 0:
+                    break
+                batch = [next_ids[i] for i in calling] + [prompt_ids[0]] * (width - len(calling))
+                post_ids, post_logprobs = self._generate_single_turn(batch, None, {}, num_generations=1,
+                                                                     has_tool_images=False)
+                post_ids = post_ids[:len(calling)]
+                post_logprobs = post_logprobs[:len(calling)] if post_logprobs is not None else None
+
+                # 5. Truncate to the budget; extend masks, logprobs and ids; parse the new turns.
+                for k, i in enumerate(calling):
+                    excess = len(next_ids[i]) - len(prompt_ids[i]) + len(post_ids[k]) - self.max_completion_length
+                    if excess > 0:
+                        post_ids[k] = post_ids[k][:len(post_ids[k]) - excess]
+                        if logprobs is not None:
+                            post_logprobs[k] = post_logprobs[k][:len(post_ids[k])]
+                    tool_length = len(next_ids[i]) - len(prompt_ids[i]) - len(completion_ids[i])
+                    tool_mask[i] += [0] * tool_length + [1] * len(post_ids[k])
+                    if logprobs is not None:
+                        logprobs[i] += [0.0] * tool_length + post_logprobs[k]
+                    completion_ids[i] = next_ids[i][len(prompt_ids[i]):] + post_ids[k]
+                turns = {}
+                for k, i in enumerate(calling):
+                    tools = (self._env_tools[self._batch_environments[i]] if self.environment_factories is not None
+                             else self.tools)
+                    turns[i] = parse_response(self._tokenizer, post_ids[k], prefix=next_ids[i], tools=tools) \
+                        if post_ids[k] else {}
+                    if turns[i]:  # {} when the budget left no room for the turn
+                        completions[i].append(turns[i])
+                tool_calls = {i: turns[i].get("tool_calls") for i in calling if turns[i].get("tool_calls")}
+                calling = list(tool_calls)
+                iteration += 1
+            return tool_mask, completions, completion_ids, logprobs, tool_call_count, tool_failure_count, tool_images
+
+        def _rollout_calls(self, i: int, calls: list[dict]) -> RolloutCalls:
+            env = self.environments[i] if self.environments else None
+            abandon = getattr(env, "_abandon_session", None)
+            return RolloutCalls(calls, self._sync_tool_dicts[i], self._async_tool_dicts[i],
+                                abandon if callable(abandon) else (lambda: None))
+
+        def _context_limit(self) -> int:
+            """As TRL: vLLM's max_model_len in colocate mode, else the model's max_position_embeddings."""
+            if self.use_vllm and self.vllm_mode == "colocate":
+                return self.vllm_generation.llm.llm_engine.model_config.max_model_len
+            config = self.model.config.text_config if self._is_vlm else self.model.config
+            return config.max_position_embeddings
+
+        def _agree_on_width(self, count: int) -> int:
+            """The most prompts any process generates for this round (0: every process is done)."""
+            if self.accelerator.num_processes == 1:
+                return count
+            counts = self.accelerator.gather(torch.tensor([count], device=self.accelerator.device))
+            return int(counts.max().item())
+
+    return RolloutLoopTrainer
+
+
+def trailing_tool_messages(messages: list[dict]) -> list[dict]:
+    tail = []
+    for message in reversed(messages):
+        if message["role"] != "tool":
+            break
+        tail.insert(0, message)
+    return tail
