@@ -11,13 +11,16 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+FIXTURE_ENVS = ROOT / "tests" / "fixtures" / "envs"
 sys.path.insert(0, str(ROOT))
 
 BUILD_SERVICES = {
@@ -128,3 +131,29 @@ class EnvFileStack:
 
     def down(self) -> None:
         self.stack("compose", "--profile", "*", "down", "--volumes", "--remove-orphans")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_fixture(name: str, port: int, **env: str) -> subprocess.Popen:
+    """Serve tests/fixtures/envs/<name> with uvicorn on 127.0.0.1:port; return once /health answers."""
+    import requests
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "app:app", "--host", "127.0.0.1", "--port", str(port), "--log-level",
+         "warning"], cwd=FIXTURE_ENVS / name, env=dict(os.environ, **env), stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            requests.get(f"http://127.0.0.1:{port}/health", timeout=2)
+            return proc
+        except requests.RequestException:
+            if time.monotonic() > deadline or proc.poll() is not None:
+                proc.kill()
+                raise AssertionError(f"fixture {name} did not start") from None
+            time.sleep(0.2)

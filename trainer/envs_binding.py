@@ -93,7 +93,7 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS)
         return reward
 
     namespace: dict[str, Any] = {
-        "__init__": __init__, "reset": reset, "get_reward": get_reward,
+        "__init__": __init__, "reset": reset, "get_reward": get_reward, "_abandon_session": _abandon_session,
         "__module__": tool_class.__module__, "__doc__": tool_class.__doc__,
         "env_name": env_name, "replica_set": ReplicaSet.for_url(url),
     }

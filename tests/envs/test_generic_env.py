@@ -8,45 +8,15 @@ container tests (test_generic_containers.py) train on them through `.env` only.
 from __future__ import annotations
 
 import json
-import os
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 import requests
 from transformers.utils import get_json_schema
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, free_port, start_fixture
 from trainer.envs_binding import tool_method_names
-
-FIXTURES = ROOT / "tests" / "fixtures" / "envs"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_fixture(name: str, port: int, **env: str) -> subprocess.Popen:
-    """Serve tests/fixtures/envs/<name> with uvicorn on 127.0.0.1:port; return once /health answers."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app:app", "--host", "127.0.0.1", "--port", str(port), "--log-level",
-         "warning"], cwd=FIXTURES / name, env=dict(os.environ, **env), stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
-    while True:
-        try:
-            requests.get(f"http://127.0.0.1:{port}/health", timeout=2)
-            return proc
-        except requests.RequestException:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                proc.kill()
-                raise AssertionError(f"fixture {name} did not start") from None
-            time.sleep(0.2)
-
 
 @pytest.fixture(scope="module")
 def servers():
