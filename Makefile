@@ -82,10 +82,11 @@ gpu-smoke: $(VENV)/.host-ok ## GPU hosts, first thing: 3 steps on the default mo
 soak: $(VENV)/.test-ok ## Long soak of the env servers at full capacity (minutes; SOAK_MINUTES=10)
 	@SOAK_MINUTES=$${SOAK_MINUTES:-10} $(VENV)/bin/python -m pytest -q tests/reliability -k soak $(PYTEST_ARGS)
 
-bench: $(VENV)/.test-ok ## Env-server figures next to their goals: Wordle, echo vs stock OpenEnv, Catch, zero-code adapter (a few minutes)
+bench: $(VENV)/.test-ok ## Env-server figures next to their goals: Wordle, echo vs stock OpenEnv, Catch, zero-code adapter, tool rounds vs TRL's loop (a few minutes)
 	@$(BUILD_IMAGE) env-server-image
 	@$(VENV)/bin/python bench/env_figures.py $(ARGS)
 	@$(VENV)/bin/python bench/adapter_overhead.py
+	@$(VENV)/bin/python bench/tool_rounds.py
 
 bench-learning: $(VENV)/.test-ok ## The CPU profile's learning curve on echo (seeds 42 and 7) next to its goals (a few minutes)
 	@$(VENV)/bin/python bench/learning_curve.py $(ARGS)

@@ -9,12 +9,11 @@ rollout calls `meet` once, then answers.
 
 from __future__ import annotations
 
-import json
-
 import pytest
 import requests
 
 from tests.helpers import free_port, start_fixture
+from tests.trainer.scripted import make_trainer, run_batch, script
 
 BATCH = 8
 
@@ -38,66 +37,13 @@ def stats(url: str) -> dict:
     return requests.get(url + "/fixture/stats", timeout=10).json()
 
 
-def make_trainer(url, tiny_model_dir, tmp_path, *extra):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from trainer import preflight
-    from trainer.config import RunConfig
-    from trainer.envs_binding import build_factories
-    from trainer.train import build_dataset, make_trainer_class
-
-    cfg = RunConfig.load(["--train-mode", "cpu", "--model-name", str(tiny_model_dir), "--output-dir", str(tmp_path),
-                          "--env-name", "rendezvous", "--env-urls", f"rendezvous={url}", "--num-generations", "2",
-                          "--per-device-train-batch-size", str(BATCH), "--max-completion-length", "128",
-                          "--dataset-size", "8", *extra])
-    specs = preflight.resolve_envs(cfg).specs
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    trainer = make_trainer_class()(
-        model=AutoModelForCausalLM.from_pretrained(tiny_model_dir), args=cfg.to_grpo_config("cpu"),
-        train_dataset=build_dataset(cfg, specs), processing_class=tokenizer,
-        environment_factory=build_factories(cfg, specs))
-    trainer.configure_tools(cfg.tool_timeout_s, cfg.tool_concurrency)
-    return trainer, tokenizer
-
-
-def script(trainer, tokenizer, texts: list[str]):
-    """First turn: rollout k calls meet(texts[k]); every later turn answers."""
-
-    def turn(text: str) -> list[int]:
-        return tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
-
-    def generate(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        if len(prompt_ids) == BATCH and "<tool_response>" not in tokenizer.decode(prompt_ids[0]):
-            return [turn('<tool_call>\n' + json.dumps({"name": "meet", "arguments": {"text": t}}) + '\n</tool_call>')
-                    for t in texts], None
-        return [turn("Done.") for _ in prompt_ids], None
-
-    trainer._generate_single_turn = generate
-
-
-def run_batch(trainer) -> tuple:
-    """One generation batch through TRL's scoring path; returns what the loop returned."""
-    returned = []
-    original = trainer._tool_call_loop
-
-    def recording(*args):
-        returned.append(original(*args))
-        return returned[-1]
-
-    trainer._tool_call_loop = recording
-    row = dict(trainer.train_dataset[0])
-    trainer._generate_and_score_completions([row] * BATCH)
-    trainer._tool_call_loop = original
-    return returned[0]
-
-
 def tool_results(completions) -> list[str]:
     return [next(m["content"] for m in c if m["role"] == "tool") for c in completions]
 
 
 def test_the_whole_round_is_inside_the_env_at_once(rendezvous, tiny_model_dir, tmp_path):
     url = rendezvous(ROUND_SIZE=str(BATCH))
-    trainer, tokenizer = make_trainer(url, tiny_model_dir, tmp_path)
+    trainer, tokenizer = make_trainer(url, tiny_model_dir, tmp_path, BATCH)
     script(trainer, tokenizer, [f"r{k}" for k in range(BATCH)])
     _, completions, _, _, calls, failures, _ = run_batch(trainer)
     assert stats(url)["peak"] == BATCH and stats(url)["calls"] == BATCH
@@ -107,7 +53,7 @@ def test_the_whole_round_is_inside_the_env_at_once(rendezvous, tiny_model_dir, t
 
 def test_tool_concurrency_bounds_the_calls_in_flight(rendezvous, tiny_model_dir, tmp_path):
     url = rendezvous(ROUND_SIZE="2")
-    trainer, tokenizer = make_trainer(url, tiny_model_dir, tmp_path, "--tool-concurrency", "2")
+    trainer, tokenizer = make_trainer(url, tiny_model_dir, tmp_path, BATCH, "--tool-concurrency", "2")
     script(trainer, tokenizer, [f"r{k}" for k in range(BATCH)])
     _, completions, _, _, calls, failures, _ = run_batch(trainer)
     assert stats(url)["peak"] == 2 and stats(url)["calls"] == BATCH
@@ -120,7 +66,7 @@ def test_a_call_past_the_timeout_fails_and_its_session_is_replaced(rendezvous, t
     from trainer.rollout_loop import TIMEOUT_ERROR
 
     url = rendezvous(HOLD_S="600")  # "hang" holds its call for 10 minutes
-    trainer, tokenizer = make_trainer(url, tiny_model_dir, tmp_path, "--tool-timeout-s", "2")
+    trainer, tokenizer = make_trainer(url, tiny_model_dir, tmp_path, BATCH, "--tool-timeout-s", "2")
     script(trainer, tokenizer, ["hang"] + ["ok"] * (BATCH - 1))
     STATS.drain()
     _, completions, _, _, calls, failures, _ = run_batch(trainer)
