@@ -117,14 +117,15 @@ class ToolRunner:
                 raise ValueError(f"Tool {name} not found.")
         except Exception as e:
             return CallResult(name, {"error": str(e)}, failed=True)
-        try:
-            value = await asyncio.wait_for(waiter, self.timeout_s)
-        except TimeoutError:
+        done, _ = await asyncio.wait({waiter}, timeout=self.timeout_s)  # a tool's own TimeoutError is its failure
+        if not done:
+            waiter.cancel()  # an async tool's coroutine stops; a sync tool's thread runs on, its session closed
             error = TIMEOUT_ERROR.format(name=name, seconds=self.timeout_s)
             return CallResult(name, {"error": error}, failed=True, deferred=deferred, timed_out=True)
+        try:
+            return CallResult(name, waiter.result(), deferred=deferred)
         except Exception as e:
             return CallResult(name, {"error": str(e)}, failed=True, deferred=deferred)
-        return CallResult(name, value, deferred=deferred)
 
 
 def tool_messages(results: list[CallResult]) -> list[dict]:
