@@ -63,12 +63,12 @@ report: $(VENV)/.host-ok ## Plot reward and tool-call curves of a run to reports
 	@mkdir -p reports && chmod 777 reports
 	@$(BUILD_IMAGE) trainer-cpu-image  # GPU hosts do not build it otherwise
 	@$(STACK) compose run --rm --no-deps -v "$(CURDIR)/reports:/reports" trainer-cpu \
-		python -m trainer.report --outputs /outputs $(if $(RUN),--run $(RUN)) --out-dir /reports
+		python3 -m trainer.report --outputs /outputs $(if $(RUN),--run $(RUN)) --out-dir /reports
 
 baseline: $(VENV)/.host-ok ## Play each env with a random/scripted policy; print mean reward and episode length
 	@$(STACK) up
 	@$(BUILD_IMAGE) trainer-cpu-image  # GPU hosts do not build it otherwise
-	@$(STACK) compose run --rm --no-deps trainer-cpu python -m trainer.baseline
+	@$(STACK) compose run --rm --no-deps trainer-cpu python3 -m trainer.baseline
 
 dashboard: $(VENV)/.host-ok ## Start TensorBoard on 127.0.0.1:$DASHBOARD_PORT (opt-in)
 	@$(STACK) dashboard

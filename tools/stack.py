@@ -37,7 +37,9 @@ from trainer.train_mode import MODES, TrainModeError, resolve_train_mode  # noqa
 ENV_FILE = Path(os.environ.get("STACK_ENV_FILE") or ROOT / ".env")
 ENV_EXAMPLE = ROOT / ".env.example"
 WHEELS = ROOT / ".wheels"
-MIN_COMPOSE = (2, 24)
+MIN_COMPOSE = (2, 24, 4)  # `!override` in the generated compose file (profiles and `required: false` are older)
+# Commands run in the trainer images: vLLM's runtime image (the GPU trainer's base) installs `python3` only.
+TRAINER_PYTHON = ("python3",)
 LOCAL_ENV_IMAGE = "grpo-stack/env-server:local"
 
 
@@ -328,9 +330,14 @@ def check_compose() -> str | None:
     r = run(["docker", "compose", "version", "--short"])
     if r.returncode != 0:
         return "Docker Compose v2 plugin missing: install docker-compose-plugin, or run `bash .ci/provision`"
-    m = re.match(r"v?(\d+)\.(\d+)", r.stdout.strip())
-    if not m or (int(m[1]), int(m[2])) < MIN_COMPOSE:
-        return f"Compose {r.stdout.strip()} is too old: need >= {MIN_COMPOSE[0]}.{MIN_COMPOSE[1]} (profiles, required: false)"
+    return compose_too_old(r.stdout.strip())
+
+
+def compose_too_old(version: str) -> str | None:
+    m = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", version)
+    if not m or (int(m[1]), int(m[2]), int(m[3] or 0)) < MIN_COMPOSE:
+        need = ".".join(map(str, MIN_COMPOSE))
+        return f"Compose {version} is too old: need >= {need} (`!override` in the generated compose file)"
     return None
 
 
@@ -373,7 +380,7 @@ def compose_env(env: dict[str, str], mode: str, gpus: gpu_doctor.DockerGpus | No
                 layout: gpu_layout.Plan | None = None) -> dict[str, str]:
     names = env_names(env)
     cdi = bool(gpus and gpus.cdi)
-    layout = layout if layout is not None else gpu_plan(env, mode)
+    layout = layout if layout is not None else gpu_plan(env, mode, gpus)
     out = dict(os.environ)
     out["TRAIN_MODE"] = mode
     out["COMPOSE_PROFILES"] = ",".join([mode] if fleet_mode(env) else [mode, *names])  # a fleet serves the envs
@@ -461,12 +468,12 @@ def cmd_prepare() -> tuple[dict[str, str], str]:
     if problem:
         raise StackError(problem)
     say(why)
-    trainer_gpu = env.get("TRAINER_GPU") or "0"
-    if mode == "colocate" and gpus.count == 1 and trainer_gpu != "0":
-        # .env.example's TRAINER_GPU=1 is for the two-GPU split; with one GPU it is device 0.
-        env = {**env, "TRAINER_GPU": "0"}
-        say(f"colocate: TRAINER_GPU={trainer_gpu} does not exist here; using GPU 0")
-    layout = gpu_plan(env, mode)
+    if mode == "colocate":
+        trainer_gpu, note = gpu_layout.colocate_trainer_gpu(env.get("TRAINER_GPU"), gpus.count)
+        if note:
+            env = {**env, "TRAINER_GPU": trainer_gpu}
+            say(note)
+    layout = gpu_plan(env, mode, gpus)
     if layout is not None:
         say(layout.describe())
         used = len(set(layout.vllm) | set(layout.trainer))
@@ -480,12 +487,12 @@ def cmd_prepare() -> tuple[dict[str, str], str]:
     return cenv, mode
 
 
-def gpu_plan(env: dict[str, str], mode: str) -> gpu_layout.Plan | None:
+def gpu_plan(env: dict[str, str], mode: str, gpus: gpu_doctor.DockerGpus | None = None) -> gpu_layout.Plan | None:
     """The GPU layout of a gpu/colocate run (None on CPU); a bad GPU list stops with its fix."""
     if mode == "cpu":
         return None
     try:
-        return gpu_layout.plan(env, mode)
+        return gpu_layout.plan(env, mode, {g.uuid: int(g.index) for g in (gpus.gpus if gpus else [])})
     except gpu_layout.LayoutError as exc:
         raise StackError(str(exc)) from None
 
@@ -642,7 +649,7 @@ def cmd_train(cenv: dict[str, str], mode: str, args: list[str]) -> int:
             return rc
         deps = ["--no-deps"]  # env servers are up and healthy (above), the model is made
     say(f"training with `{service}` (mode {mode}); outputs go to the `outputs` volume")
-    rc = compose(cenv, "run", "--rm", *deps, service, *(["python", "-m", "trainer.launch", *args] if args else []))
+    rc = compose(cenv, "run", "--rm", *deps, service, *([*TRAINER_PYTHON, "-m", "trainer.launch", *args] if args else []))
     where = "the CPU profile (tiny local model, no vLLM)" if mode == "cpu" else f"mode {mode}"
     if rc == 0:
         say(f"training finished on {where}; `make report` plots it, `make dashboard` shows it live")
@@ -663,7 +670,7 @@ def cmd_sync_check(cenv: dict[str, str], mode: str) -> int:
     if not any(s.get("Health") == "healthy" for s in states):
         raise StackError("the vllm service is not running and healthy: start the stack first (`make up`), then "
                          "run `make nccl-check FULL=1` again")
-    return compose(cenv, "run", "--rm", "--no-deps", "trainer", "python3", "-m", "trainer.gpu.sync_check")
+    return compose(cenv, "run", "--rm", "--no-deps", "trainer", *TRAINER_PYTHON, "-m", "trainer.gpu.sync_check")
 
 
 # ------------------------------------------------------------------ smoke run
@@ -750,7 +757,7 @@ def cmd_smoke(cenv: dict[str, str], mode: str, require_gpu: bool) -> int:
         if rc != 0:
             say(f"the CPU profile's model-init job failed (exit {rc}); the messages above say why")
             return rc
-    args = ["python", "-m", "trainer.launch", "--max-steps", str(SMOKE_STEPS), "--run-name", f"smoke-{mode}",
+    args = [*TRAINER_PYTHON, "-m", "trainer.launch", "--max-steps", str(SMOKE_STEPS), "--run-name", f"smoke-{mode}",
             "--resume", "fresh"]
     say(f"stage: {SMOKE_STEPS} training steps with `{service}` (mode {mode}), run smoke-{mode}")
     rc, text = run_logged(compose_command(cenv, "run", "--rm", "-T", "--no-deps", service, *args)[0], cenv)

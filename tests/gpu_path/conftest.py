@@ -3,6 +3,7 @@ with the GPU `vllm` service's exact command line (only the model differs: a tiny
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 import time
@@ -24,10 +25,10 @@ def gpu_config() -> dict:
     return compose_config("gpu", "echo")
 
 
+@functools.lru_cache(maxsize=1)
 def ensure_vllm_cpu_image() -> None:
-    """Build grpo-stack/vllm-cpu:0.31.0 through compose when it is missing (first build: minutes)."""
-    if subprocess.run(["docker", "image", "inspect", VLLM_CPU_IMAGE], capture_output=True).returncode == 0:
-        return
+    """Build grpo-stack/vllm-cpu:0.31.0 through compose, once per session: the first build takes minutes, later
+    ones reuse Docker's layer cache (seconds) and pick up a changed Dockerfile."""
     from tools.stack import setup
 
     setup()  # copies the machine's CPU torch wheel into .wheels/

@@ -37,6 +37,39 @@ def test_twin_runs_the_gpu_vllm_services_exact_flags(vllm_cpu, gpu_config):
     assert image == VLLM_CPU_IMAGE
 
 
+# What commands run in vLLM-based images (the vllm service, the GPU trainer built on it) depend on, as vLLM
+# 0.31.0's docker/Dockerfile sets it up (runtime stage: `update-alternatives --install /usr/bin/python3 ...`,
+# pip from get-pip.py, ENTRYPOINT `vllm serve`): the twin must agree on each.
+REAL_IMAGE_FACTS = {
+    "command -v python || echo none": "none",  # no `python`: a command written `python -m ...` fails
+    "python3 -c 'import vllm; print(vllm.__version__)'": "0.31.0",
+    "python3 -m pip --version >/dev/null && echo pip": "pip",  # pip through the interpreter
+}
+
+
+def test_twin_has_the_real_images_interpreters(docker):
+    from tests.gpu_path.conftest import ensure_vllm_cpu_image
+
+    ensure_vllm_cpu_image()
+    for command, expected in REAL_IMAGE_FACTS.items():
+        out = subprocess.run(["docker", "run", "--rm", "--entrypoint", "sh", VLLM_CPU_IMAGE, "-c", command],
+                             capture_output=True, text=True)
+        assert out.stdout.strip().splitlines()[-1:] == [expected], (command, out.stdout, out.stderr[-1000:])
+
+
+def test_commands_for_vllm_based_images_say_python3():
+    """Every command the host runs in the trainer images (the GPU one is built on vLLM's) starts with python3."""
+    import re
+
+    from tools.stack import TRAINER_PYTHON
+
+    assert TRAINER_PYTHON == ("python3",)
+    compose = (ROOT / "compose.yaml").read_text()
+    assert not re.search(r'\["python",', compose), "compose.yaml runs `python` in an image"
+    for path in ("tools/stack.py", "Makefile"):
+        assert not re.search(r'(?<![\w/.])python -m trainer', (ROOT / path).read_text()), path
+
+
 def test_health_and_served_model_through_trl_vllmclient(vllm_cpu, trl_client_cls):
     client = trl_client_cls(base_url=vllm_cpu.url, connection_timeout=30)
     assert client.model == "/models/tiny-qwen3"

@@ -188,3 +188,11 @@ def test_a_compose_env_service_becomes_a_swarm_service_with_the_same_values():
     assert "ports" not in svc  # reached over the overlay only
     assert svc["deploy"]["update_config"]["order"] == "start-first"
     assert fleet.size_bytes("4g") == 4 << 30
+
+
+def test_compose_before_2_24_4_is_refused_for_override_tags():
+    from tools.stack import compose_too_old
+
+    assert "need >= 2.24.4" in compose_too_old("2.24.3") and "`!override`" in compose_too_old("v2.24.0")
+    assert compose_too_old("2.24.4") is None and compose_too_old("v2.40.3") is None
+    assert compose_too_old("garbage") is not None
