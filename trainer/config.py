@@ -10,6 +10,7 @@ Light on purpose: only pydantic / pydantic-settings / stdlib and `envs.registry`
 
 from __future__ import annotations
 
+import functools
 import re
 import sys
 from typing import Any, Literal
@@ -24,6 +25,21 @@ GPU_DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 # random kick per step (and 2e-3 erased tool calling in one step); 2e-4 learns the echo task in ~20 steps, stably.
 CPU_DEFAULT_LR = 2e-4
 GPU_DEFAULT_LR = 1e-5
+
+
+def is_hub_id(name: str) -> bool:
+    return not name.startswith(("/", ".")) and name.count("/") == 1
+
+
+@functools.lru_cache(maxsize=None)
+def local_snapshot(repo_id: str, revision: str) -> str | None:
+    """The cached snapshot folder of repo_id at revision (a commit needs no refs/), or None when not cached."""
+    try:
+        from huggingface_hub import snapshot_download
+
+        return snapshot_download(repo_id, revision=revision, local_files_only=True)
+    except Exception:  # not downloaded (yet): loaders go by name and revision
+        return None
 
 
 class ConfigError(ValueError):
@@ -301,11 +317,19 @@ class RunConfig(BaseSettings):
             return self.model_name
         return CPU_DEFAULT_MODEL if (mode or self.resolved_train_mode()) == "cpu" else GPU_DEFAULT_MODEL
 
-    def model_load_kwargs(self, mode: str | None = None) -> dict[str, Any]:
-        """from_pretrained kwargs for the model: its pinned revision (hub models only, not local folders)."""
+    def model_path(self, mode: str | None = None) -> str:
+        """What every trainer-side load reads: a hub model pinned to MODEL_REVISION as its snapshot folder in the
+        local cache, once model-download has put it there. A download at a commit writes no `refs/main`, so a load
+        by name without a revision (TRL colocate's `LLM(model=model.name_or_path)`, trainer.gpu.sync_check) would
+        look up `main` under HF_HUB_OFFLINE=1 and fail; a folder needs no lookup."""
         name = self.resolved_model_name(mode)
-        hub = not name.startswith(("/", ".")) and name.count("/") == 1
-        return {"revision": self.model_revision} if self.model_revision and hub else {}
+        if self.model_revision and is_hub_id(name):
+            return local_snapshot(name, self.model_revision) or name
+        return name
+
+    def model_load_kwargs(self, mode: str | None = None) -> dict[str, Any]:
+        """from_pretrained kwargs for model_path(): the pinned revision while it is still a hub id (not cached yet)."""
+        return {"revision": self.model_revision} if self.model_revision and is_hub_id(self.model_path(mode)) else {}
 
     def chat_template_kwargs(self) -> dict[str, Any]:
         """What TRL passes to apply_chat_template for every prompt it generates from and trains on."""

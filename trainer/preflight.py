@@ -319,7 +319,8 @@ def check_lengths(cfg: RunConfig, mode: str, tokenizer, specs: dict) -> tuple[li
         from transformers import AutoConfig
 
         name = cfg.resolved_model_name(mode)
-        limit = getattr(AutoConfig.from_pretrained(name, **cfg.model_load_kwargs(mode)), "max_position_embeddings", 0)
+        config = AutoConfig.from_pretrained(cfg.model_path(mode), **cfg.model_load_kwargs(mode))
+        limit = getattr(config, "max_position_embeddings", 0)
         what, fix = f"the model's max_position_embeddings ({name})", "use a model with a longer context"
         if not limit:
             return [], ""
@@ -338,7 +339,7 @@ def load_tokenizer(cfg: RunConfig, mode: str):
 
     name = cfg.resolved_model_name(mode)
     try:
-        return AutoTokenizer.from_pretrained(name, **cfg.model_load_kwargs(mode)), None
+        return AutoTokenizer.from_pretrained(cfg.model_path(mode), **cfg.model_load_kwargs(mode)), None
     except Exception as exc:  # noqa: BLE001 - OSError / ValueError / hub errors: all mean "not here"
         if mode == "cpu":
             fix = ("the CPU profile's init job makes it: `docker compose --profile cpu run --rm model-init` "

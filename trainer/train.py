@@ -159,9 +159,13 @@ def make_control_callback():
                 "(run again to resume" + ("; Ctrl-C again to stop without saving)" if signum == signal.SIGINT else ")"))
 
         def on_step_end(self, args, state, control, **kwargs):
+            from trainer import dist
+
             if state.global_step >= state.max_steps:
                 control.should_save = True
-            if self.stop_requested:
+            # Each process gets the signal on its own, maybe a step apart: all stop after the same step, or the
+            # ones still training would wait in a collective for the others until the launcher kills them.
+            if dist.any_rank(self.stop_requested, args.device):
                 control.should_save = True
                 control.should_training_stop = True
             return control
@@ -173,7 +177,7 @@ def load_model_and_tokenizer(cfg: RunConfig, mode: str):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    name = cfg.resolved_model_name(mode)
+    name = cfg.model_path(mode)
     tokenizer = AutoTokenizer.from_pretrained(name, **cfg.model_load_kwargs(mode))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token

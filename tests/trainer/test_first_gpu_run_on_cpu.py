@@ -118,3 +118,52 @@ def test_stage_lines_are_printed_once_and_parsed_back(capsys, monkeypatch):
 def test_enable_thinking_reads_the_env_file_values(monkeypatch, env_value, expected):
     monkeypatch.setenv("ENABLE_THINKING", env_value)
     assert RunConfig.load([]).enable_thinking is expected
+
+
+def commit_download_cache(cache, model_dir, repo_id: str, commit: str):
+    """A hub cache exactly as `snapshot_download(repo_id, revision=<commit>)` leaves it: files in blobs/ named by
+    their hash, snapshots/<commit>/ linking to them, and no refs/ (only a branch or tag download writes refs)."""
+    import hashlib
+    import os
+
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for path in sorted(model_dir.iterdir()):
+        data = path.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        os.symlink(os.path.relpath(blob, snapshot), snapshot / path.name)
+    return snapshot
+
+
+def test_a_pinned_revision_loads_offline_from_a_commit_download(tiny_model_dir, tmp_path, monkeypatch):
+    import huggingface_hub.constants as hub_constants
+    from huggingface_hub import try_to_load_from_cache
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from trainer import config
+
+    commit = "c1899de289a04d12100db370d81485cdf75e47ca"
+    snapshot = commit_download_cache(tmp_path / "hub", tiny_model_dir, "Qwen/Qwen3-0.6B", commit)
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(hub_constants, "HF_HUB_OFFLINE", True)
+    config.local_snapshot.cache_clear()
+    # The blocker: a load by name and no revision looks up refs/main, which a commit download never writes.
+    assert not (snapshot.parents[1] / "refs").exists()
+    assert try_to_load_from_cache("Qwen/Qwen3-0.6B", "config.json", cache_dir=str(tmp_path / "hub")) is None
+
+    monkeypatch.setenv("MODEL_REVISION", commit)
+    cfg = RunConfig.load(["--model-name", "Qwen/Qwen3-0.6B", "--train-mode", "gpu"])
+    assert cfg.model_path("gpu") == str(snapshot) and cfg.model_load_kwargs("gpu") == {}
+    model = AutoModelForCausalLM.from_pretrained(cfg.model_path("gpu"))
+    assert model.name_or_path == str(snapshot)  # what TRL colocate hands to vLLM's LLM(model=...)
+    assert AutoTokenizer.from_pretrained(cfg.model_path("gpu")).eos_token == "<|im_end|>"
+
+    # Not downloaded yet (another revision): by name, with the revision, as before.
+    config.local_snapshot.cache_clear()
+    monkeypatch.setenv("MODEL_REVISION", "0" * 40)
+    other = RunConfig.load(["--model-name", "Qwen/Qwen3-0.6B", "--train-mode", "gpu"])
+    assert other.model_path("gpu") == "Qwen/Qwen3-0.6B" and other.model_load_kwargs("gpu") == {"revision": "0" * 40}
+    config.local_snapshot.cache_clear()
