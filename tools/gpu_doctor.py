@@ -117,11 +117,10 @@ def diagnose(gpus: list[Gpu], method: str | None, env: dict[str, str], mode: str
     by_id = {g.index: g for g in gpus} | {g.uuid: g for g in gpus}
     wanted = {"VLLM_GPU": env.get("VLLM_GPU") or "0", "TRAINER_GPU": env.get("TRAINER_GPU") or "1"}
     if mode == "colocate":
-        wanted = {"TRAINER_GPU": env.get("TRAINER_GPU") or "0"}
-        if wanted["TRAINER_GPU"] not in ids and "0" in ids and n == 1:
-            rows.append((False, "TRAINER_GPU", f"TRAINER_GPU={wanted['TRAINER_GPU']} does not exist; with one GPU "
-                         "set TRAINER_GPU=0 in .env"))
-            wanted = {}
+        trainer_gpu, note = gpu_layout.colocate_trainer_gpu(env.get("TRAINER_GPU"), n)
+        wanted = {"TRAINER_GPU": trainer_gpu}
+        if note:
+            rows.append((True, "TRAINER_GPU", note))
     lists: dict[str, list[str]] = {}
     for var, value in wanted.items():
         try:
@@ -206,7 +205,11 @@ def probe_docker_gpus(runner: Runner = run, image: str | None = None) -> DockerG
     attempts = [("--gpus all", ["--gpus", "all"]), ("CDI", ["--device", "nvidia.com/gpu=all"])]
     errors = []
     for method, flags in attempts:
-        r = runner(["docker", "run", "--rm", *flags, "--entrypoint", smi[0], image, *smi[1:]])
+        # NVIDIA_DISABLE_REQUIRE: a CUDA base image (the vLLM image is one) sets NVIDIA_REQUIRE_CUDA, and on a driver
+        # too old for it the container would not start: the GPUs would go uncounted (a CPU fallback) instead of
+        # reaching check_driver, which names the driver to install.
+        r = runner(["docker", "run", "--rm", *flags, "-e", "NVIDIA_DISABLE_REQUIRE=1", "--entrypoint", smi[0], image,
+                    *smi[1:]])
         gpus = parse_gpu_csv(r.stdout) if r.returncode == 0 else []
         if gpus:
             name = ("the nvidia runtime (`--gpus`)" if runtime else "the NVIDIA container hook (`--gpus`, no nvidia "

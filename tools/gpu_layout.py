@@ -78,13 +78,22 @@ class Placement:
     ipc: str | None = None  # None: Docker's default (private)
 
 
-def _pci_order(ids: list[str]) -> list[str]:
-    """Host ids in the order CUDA numbers them inside the container with CUDA_DEVICE_ORDER=PCI_BUS_ID
-    (nvidia-smi's indices are PCI bus order too)."""
-    return sorted(ids, key=lambda i: (0, int(i)) if i.isdigit() else (1, i))
+def _pci_order(ids: list[str], pci_index: dict[str, int] | None = None) -> list[str]:
+    """Host ids in the order CUDA numbers them inside the container with CUDA_DEVICE_ORDER=PCI_BUS_ID.
+    nvidia-smi's indices are PCI bus order, so a UUID takes its GPU's index (`pci_index`, from the detected
+    GPUs); a UUID not among them keeps its place after the known ones (alphabetical order means nothing)."""
+    known = pci_index or {}
+
+    def key(gpu: str) -> tuple[int, int]:
+        if gpu.isdigit():
+            return (0, int(gpu))
+        return (0, known[gpu]) if gpu in known else (1, 0)
+
+    return sorted(ids, key=key)  # stable: unknown UUIDs stay in the order given
 
 
-def placements(vllm_gpus: list[str], trainer_gpus: list[str], fast_path: bool) -> dict[str, Placement]:
+def placements(vllm_gpus: list[str], trainer_gpus: list[str], fast_path: bool,
+               pci_index: dict[str, int] | None = None) -> dict[str, Placement]:
     """{"vllm": ..., "trainer": ...} for TRAIN_MODE=gpu. A side with several GPUs may use NCCL's P2P/SHM
     among its own GPUs (one container is one host to NCCL); the fast path also makes both sides one host."""
     if not fast_path or set(vllm_gpus) & set(trainer_gpus):
@@ -93,7 +102,7 @@ def placements(vllm_gpus: list[str], trainer_gpus: list[str], fast_path: bool) -
             env = {"NCCL_P2P_DISABLE": "0", "NCCL_SHM_DISABLE": "0"} if len(own) > 1 else {}
             out[role] = Placement(list(own), env)
         return out
-    both = _pci_order([*vllm_gpus, *trainer_gpus])
+    both = _pci_order([*vllm_gpus, *trainer_gpus], pci_index)
     out = {}
     for role, own in (("vllm", vllm_gpus), ("trainer", trainer_gpus)):
         local = [str(both.index(g)) for g in own] + [str(both.index(g)) for g in both if g not in own]
@@ -131,6 +140,7 @@ class Plan:
     tensor_parallel: int = 1
     data_parallel: int = 1
     fast_path: bool = False
+    pci_index: dict[str, int] = field(default_factory=dict)  # GPU UUID -> nvidia-smi index (PCI bus order)
 
     @property
     def vllm_world_size(self) -> int:
@@ -139,7 +149,7 @@ class Plan:
 
     def placements(self) -> dict[str, Placement]:
         if self.mode == "gpu":
-            return placements(self.vllm, self.trainer, self.fast_path)
+            return placements(self.vllm, self.trainer, self.fast_path, self.pci_index)
         env = {"NCCL_P2P_DISABLE": "0", "NCCL_SHM_DISABLE": "0"} if len(self.trainer) > 1 else {}
         return {"trainer": Placement(list(self.trainer), env)}
 
@@ -159,8 +169,18 @@ class Plan:
                 f"({len(self.trainer)} process(es))")
 
 
-def plan(env: dict[str, str], mode: str) -> Plan:
-    """VLLM_GPU, TRAINER_GPU, VLLM_PARALLEL and NCCL_FAST_PATH from .env, checked, for a GPU mode."""
+def colocate_trainer_gpu(trainer_gpu: str | None, gpu_count: int) -> tuple[str, str | None]:
+    """TRAINER_GPU for colocate, and a note when it was changed: .env.example's TRAINER_GPU=1 is for the two-GPU
+    split, and on a one-GPU host it means that GPU, device 0 (`make train` and `make doctor` agree on it)."""
+    value = trainer_gpu or "0"
+    if gpu_count == 1 and value != "0":
+        return "0", f"colocate: TRAINER_GPU={value} does not exist here; using GPU 0"
+    return value, None
+
+
+def plan(env: dict[str, str], mode: str, pci_index: dict[str, int] | None = None) -> Plan:
+    """VLLM_GPU, TRAINER_GPU, VLLM_PARALLEL and NCCL_FAST_PATH from .env, checked, for a GPU mode.
+    `pci_index`: the detected GPUs' UUID -> index, to order GPUs named by UUID."""
     trainer = parse_gpu_ids(env.get("TRAINER_GPU") or ("0" if mode == "colocate" else "1"), "TRAINER_GPU")
     if mode == "colocate":
         return Plan(mode, [], trainer)
@@ -170,4 +190,4 @@ def plan(env: dict[str, str], mode: str) -> Plan:
         raise LayoutError(f"VLLM_GPU={env.get('VLLM_GPU')} and TRAINER_GPU={env.get('TRAINER_GPU')} share GPU "
                           f"{','.join(shared)}: give each side its own GPUs, or use TRAIN_MODE=colocate (edit .env)")
     tp, dp = vllm_parallel_sizes(len(vllm), (env.get("VLLM_PARALLEL") or "tensor").strip().lower())
-    return Plan(mode, vllm, trainer, tp, dp, truthy(env.get("NCCL_FAST_PATH")))
+    return Plan(mode, vllm, trainer, tp, dp, truthy(env.get("NCCL_FAST_PATH")), dict(pci_index or {}))

@@ -90,6 +90,22 @@ def test_make_train_stops_on_a_driver_too_old_for_the_vllm_image_test_double_for
     assert gpu_doctor.cuda_of_image("vllm/vllm-openai:v0.31.0", SETUPS["CDI only"]) == "13.0"  # known before a pull
 
 
+def test_an_old_driver_is_counted_and_named_not_mistaken_for_no_gpu_test_double_for_gpu_host():
+    """A CUDA 13 image on driver 550: with its NVIDIA_REQUIRE_CUDA checked, the container would not start
+    ('requirement error: unsatisfied condition: cuda>=13.0'), so the probe skips that check."""
+    recorded = recorded_host(INFO_WITH_RUNTIME, (0, SMI_550), (125, NO_CDI))
+
+    def runner(cmd):
+        if cmd[:2] == ["docker", "run"] and "NVIDIA_DISABLE_REQUIRE=1" not in cmd:
+            return subprocess.CompletedProcess(cmd, 125, "", "nvidia-container-cli: requirement error: "
+                                               "unsatisfied condition: cuda>=13.0, please update your driver")
+        return recorded(cmd)
+
+    found = gpu_doctor.probe_docker_gpus(runner, image="vllm/vllm-openai:v0.31.0")
+    assert found.count == 2 and found.gpus[0].driver == "550.127.05"
+    assert stack.resolve_mode({"TRAIN_MODE": "auto"}, found)[0] == "gpu"  # then check_driver says what to install
+
+
 def test_readme_states_the_minimum_driver_of_each_known_vllm_image():
     readme = (ROOT / "README.md").read_text()
     for image, cuda in gpu_doctor.KNOWN_IMAGE_CUDA.items():

@@ -102,6 +102,34 @@ def test_trainer_address_is_never_loopback_and_the_error_names_the_fix():
         nccl.resolve_host_ip(peer_host=None, hostname="localhost")
 
 
+def local_ipv4_interfaces() -> dict[str, str]:
+    """name -> IPv4 address of this machine's non-loopback interfaces (SIOCGIFADDR, as `ip -4 addr` reads them)."""
+    import fcntl
+    import struct
+
+    found = {}
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                ip = socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))[20:24])
+            except OSError:
+                continue
+        if not ip.startswith("127."):
+            found[name] = ip
+    return found
+
+
+def test_rendezvous_address_and_interface_are_derived_when_compose_passes_them_empty():
+    interfaces = local_ipv4_interfaces()
+    assert interfaces, "no IPv4 interface besides loopback on this machine"
+    name, ip = sorted(interfaces.items(), key=lambda kv: kv[0] == "eth0")[0]  # not eth0 when there is another
+    env = {"VLLM_HOST_IP": ""}  # what Compose passes for a variable .env leaves out
+    assert nccl.prepare_rendezvous(f"http://{ip}:8000", env) == ip  # the route towards vLLM's address
+    assert env["VLLM_HOST_IP"] == ip and env["NCCL_SOCKET_IFNAME"] == name and env["NCCL_IB_DISABLE"] == "1"
+    mine = {"VLLM_HOST_IP": "10.9.8.7", "NCCL_SOCKET_IFNAME": "ens5"}  # the user's own values win
+    assert nccl.prepare_rendezvous("http://vllm:8000", mine) == "10.9.8.7" and mine["NCCL_SOCKET_IFNAME"] == "ens5"
+
+
 def test_trainer_address_is_the_route_towards_the_vllm_host(monkeypatch):
     calls = {}
 
@@ -201,6 +229,21 @@ def test_a_weight_sync_past_the_timeout_fails_with_a_diagnosis_test_double_for_n
     with pytest.raises(watchdog.WeightSyncTimeout, match="weight sync did not finish in 0s|weight sync"):
         trainer.vllm_generation.sync_weights()
     assert logged == []
+
+
+def test_the_smokes_first_weight_sync_stage_is_the_first_push_after_a_step(monkeypatch, capsys):
+    from trainer import stages
+
+    monkeypatch.setattr(stages, "_seen", set())
+    trainer, logged = fake_trainer(seconds=0.0), []
+    trainer.state = SimpleNamespace(global_step=0)
+    trl_hooks.instrument_weight_sync(trainer, logged.append, timeout_s=10)
+    trainer.vllm_generation.sync_weights()  # TRL's push before step 1: the weights it loaded with
+    assert "first_weight_sync" not in stages.parse(capsys.readouterr().out)
+    trainer.state.global_step = 1
+    trainer.vllm_generation.sync_weights()
+    assert "trained weights" in stages.parse(capsys.readouterr().out)["first_weight_sync"]["detail"]
+    assert len(logged) == 2  # both are timed and logged all the same
 
 
 def test_trainers_without_vllm_are_left_alone():

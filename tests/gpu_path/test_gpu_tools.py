@@ -72,6 +72,10 @@ def test_one_gpu_host_is_told_to_use_colocate_test_double_for_gpu_host():
     colocate = rows_by_name(gpu_doctor.diagnose(gpus, "CDI", {"TRAINER_GPU": "0"}, "colocate", "img", None))
     assert all(ok for ok, _ in colocate.values())
     assert "colocate" in colocate["GPU count"][1]
+    # .env.example's TRAINER_GPU=1 on this one-GPU host: `make train` uses GPU 0, and the doctor agrees.
+    example = rows_by_name(gpu_doctor.diagnose(gpus, "CDI", {"TRAINER_GPU": "1"}, "colocate", "img", None))
+    assert all(ok for ok, _ in example.values()), example
+    assert "using GPU 0" in example["TRAINER_GPU"][1] or "TRAINER_GPU=0" in example["TRAINER_GPU"][1]
 
 
 def test_missing_runtime_and_same_gpu_twice_are_reported_test_double_for_gpu_host():

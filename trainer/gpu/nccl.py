@@ -90,6 +90,42 @@ def resolve_host_ip(peer_host: str | None = None, hostname: str | None = None) -
     )
 
 
+def interface_of(ip: str) -> str | None:
+    """The network interface that holds IPv4 address `ip` (Linux SIOCGIFADDR), or None."""
+    import fcntl
+    import struct
+
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
+            except OSError:  # no IPv4 address on this one
+                continue
+        if socket.inet_ntoa(packed[20:24]) == ip:
+            return name
+    return None
+
+
+def prepare_rendezvous(vllm_url: str, environ: dict[str, str] | None = None) -> str:
+    """Where this trainer listens for the NCCL rendezvous, set once for TRL and NCCL to read; returns the address.
+
+    VLLM_HOST_IP: the user's, else the address vLLM reaches this container at (Compose passes the variable
+    empty when .env leaves it out, and an empty value counts as unset). NCCL_SOCKET_IFNAME: the user's, else
+    the interface carrying that address; a fixed eth0 can be another network's (ENV_FLEET=swarm puts the
+    trainer on the fleet's overlay as well). Then the other NCCL defaults (nccl_env)."""
+    from urllib.parse import urlparse
+
+    environ = os.environ if environ is None else environ
+    host_ip = environ.get("VLLM_HOST_IP") or resolve_host_ip(urlparse(vllm_url).hostname)
+    environ["VLLM_HOST_IP"] = host_ip
+    if not environ.get("NCCL_SOCKET_IFNAME"):
+        ifname = interface_of(host_ip)
+        if ifname:
+            environ["NCCL_SOCKET_IFNAME"] = ifname
+    apply_nccl_env(environ)
+    return host_ip
+
+
 def check_group_port(host_ip: str, port: int) -> str | None:
     """None when rank 0 can listen on (host_ip, port), else the problem with its fix."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -5,12 +5,11 @@ from __future__ import annotations
 import logging
 import os
 from typing import Any
-from urllib.parse import urlparse
 
 from trainer import stages
 from trainer.config import default
 from trainer.gpu.grpo_kwargs import resolve_mode
-from trainer.gpu.nccl import NCCL_BRIDGE_DEFAULTS, apply_nccl_env, check_group_port, resolve_host_ip
+from trainer.gpu.nccl import NCCL_BRIDGE_DEFAULTS, check_group_port, prepare_rendezvous
 from trainer.gpu.server import (
     VLLMPreflightError,
     check_vllm_server,
@@ -68,14 +67,11 @@ def preflight_vllm(cfg: Any) -> dict[str, Any]:
     if rep.server_has_cuda is False:
         problems.append(explain_init_failure(None, "", rep))
 
-    apply_nccl_env()
-    host_ip = os.environ.get("VLLM_HOST_IP") or ""
-    if not host_ip:
-        try:
-            host_ip = resolve_host_ip(urlparse(url).hostname)
-            os.environ["VLLM_HOST_IP"] = host_ip
-        except VLLMPreflightError as exc:
-            problems.append(str(exc))
+    host_ip = ""
+    try:
+        host_ip = prepare_rendezvous(url)
+    except VLLMPreflightError as exc:
+        problems.append(str(exc))
     if host_ip:
         port_problem = check_group_port(host_ip, int(cfg.vllm_group_port))
         if port_problem:

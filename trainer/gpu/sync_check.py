@@ -14,14 +14,12 @@ do; exit 0 all passed, 1 a stage failed.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from typing import Callable
-from urllib.parse import urlparse
 
 from trainer.config import ConfigError, RunConfig
-from trainer.gpu.nccl import apply_nccl_env, resolve_host_ip
+from trainer.gpu.nccl import prepare_rendezvous
 from trainer.gpu.server import VLLMPreflightError, check_vllm_server, explain_init_failure, version_skew
 from trainer.gpu.watchdog import rendezvous_diagnosis, watchdog
 
@@ -95,9 +93,7 @@ def run(url: str, model_name: str, group_port: int, server_timeout_s: float, syn
     def rendezvous() -> str:
         from trl.generation.vllm_client import VLLMClient
 
-        apply_nccl_env()
-        host_ip = os.environ.get("VLLM_HOST_IP") or resolve_host_ip(urlparse(url).hostname)
-        os.environ.setdefault("VLLM_HOST_IP", host_ip)
+        host_ip = prepare_rendezvous(url)
         client = VLLMClient(base_url=url, group_port=group_port, connection_timeout=server_timeout_s)
         with watchdog(sync_timeout_s, lambda s: rendezvous_diagnosis(host_ip, group_port, s)):
             try:
@@ -165,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"config error:\n{exc}", file=sys.stderr)
         return 2
-    return run(args.url or cfg.vllm_server_url, args.model or cfg.resolved_model_name("gpu"), cfg.vllm_group_port,
+    return run(args.url or cfg.vllm_server_url, args.model or cfg.model_path("gpu"), cfg.vllm_group_port,
                cfg.vllm_server_timeout_s, cfg.weight_sync_timeout_s)
 
 

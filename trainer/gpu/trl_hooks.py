@@ -98,7 +98,11 @@ def instrument_weight_sync(trainer: Any, log_fn: Callable[[float], None],
         if isinstance(metrics, dict) and "train" in metrics:
             metrics["train"]["weight_sync/seconds"].append(seconds)
         logger.info("weight sync %.2fs", seconds)
-        stages.mark("first_weight_sync", seconds, "server mode: NCCL broadcast" if server else "colocate: in-process")
+        # TRL also syncs before the first step (its last-loaded step starts at -1): unchanged weights. The smoke's
+        # stage is the first push of weights an optimizer step changed.
+        if getattr(getattr(trainer, "state", None), "global_step", 0) >= 1:
+            stages.mark("first_weight_sync", seconds, "server mode: NCCL broadcast of trained weights" if server
+                        else "colocate: in-process load of trained weights")
         return result
 
     sync_weights._grpo_timed = True  # type: ignore[attr-defined]
