@@ -38,3 +38,15 @@ def from_main(value: Any) -> Any:
     box = [value if is_main() else None]
     torch_dist.broadcast_object_list(box, src=0)
     return box[0]
+
+
+def any_rank(flag: bool, device) -> bool:
+    """True on every process when `flag` is true on any (one collective; every process must call it)."""
+    if world_size() == 1:
+        return flag
+    import torch
+    import torch.distributed as torch_dist
+
+    box = torch.tensor([1 if flag else 0], device=device)
+    torch_dist.all_reduce(box, op=torch_dist.ReduceOp.MAX)
+    return bool(box.item())

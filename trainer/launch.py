@@ -15,6 +15,9 @@ import sys
 from trainer.config import ConfigError, RunConfig
 
 RENDEZVOUS_PORT = 29500  # torch.distributed among the trainer's own processes (inside its container)
+# On SIGTERM the launcher (torchrun underneath) SIGKILLs its workers after TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s by
+# default); the workers need up to compose.yaml's stop_grace_period (90 s) to finish the step and save.
+WORKER_STOP_GRACE_S = 85
 
 SHARDING_FLAGS: dict[str, list[str]] = {
     "ddp": ["--multi_gpu"],  # torchrun underneath; on the CPU profile HF's Trainer picks gloo (use_cpu)
@@ -78,6 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         return train(argv)
     print(f"[launch] {n} trainer processes ({cfg.trainer_sharding}, {'gloo' if mode == 'cpu' else 'nccl'}) through "
           "accelerate; each opens its own env sessions, rank 0 logs and checkpoints", flush=True)
+    os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(WORKER_STOP_GRACE_S))
     os.execv(cmd[0], cmd)  # the launcher becomes this container's process: signals reach every rank
     return 0  # pragma: no cover
 

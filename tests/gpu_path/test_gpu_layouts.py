@@ -133,3 +133,30 @@ def test_zero3_without_deepspeed_in_the_image_says_what_to_use_instead(monkeypat
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(LaunchError, match="use TRAINER_SHARDING=fsdp"):
         launch_argv(4, "gpu", "zero3", [])
+
+
+def test_gpus_named_by_uuid_are_ordered_by_their_pci_index_not_alphabetically():
+    vllm, trainer = "GPU-f0000000-0000-0000-0000-000000000000", "GPU-a0000000-0000-0000-0000-000000000000"
+    layout = gpu_layout.placements([vllm], [trainer], fast_path=True, pci_index={vllm: 0, trainer: 1})
+    assert layout["trainer"].devices == [vllm, trainer]  # PCI order: CUDA_VISIBLE_DEVICES indexes into it
+    assert layout["trainer"].env["CUDA_VISIBLE_DEVICES"] == "1,0" and layout["vllm"].env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    unknown = gpu_layout.placements([vllm], [trainer], fast_path=True)["vllm"].devices
+    assert unknown == [vllm, trainer]  # unknown UUIDs keep the order given
+
+
+def test_the_launcher_gives_its_workers_composes_stop_grace_period_to_save(monkeypatch):
+    """torchrun SIGKILLs its workers TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s by default) after a SIGTERM; Compose
+    waits stop_grace_period. The launcher must wait almost as long, or a stop loses the checkpoint."""
+    import os
+
+    import yaml
+
+    from trainer import launch
+
+    grace = yaml.safe_load((ROOT / "compose.yaml").read_text())["x-trainer-common"]["stop_grace_period"]
+    assert grace.endswith("s") and 30 < launch.WORKER_STOP_GRACE_S < int(grace[:-1])
+    execs = []
+    monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
+    monkeypatch.setattr(launch.os, "execv", lambda path, argv: execs.append(argv))
+    launch.main(["--train-mode", "cpu", "--trainer-processes", "2", "--max-steps", "1"])
+    assert execs and os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == str(launch.WORKER_STOP_GRACE_S)
