@@ -36,6 +36,7 @@ class PreflightReport:
     capacity: dict[str, int] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     ok: list[str] = field(default_factory=list)
+    server_max_model_len: int | None = None  # server mode: what the vLLM server reports (it refuses beyond it)
 
 
 def log(msg: str) -> None:
@@ -308,19 +309,26 @@ def longest_prompt(cfg: RunConfig, tokenizer, specs: dict) -> tuple[int, str]:
     return longest, where
 
 
-def check_lengths(cfg: RunConfig, mode: str, tokenizer, specs: dict) -> tuple[list[str], str]:
-    """Longest prompt + MAX_COMPLETION_LENGTH must fit where generation happens: vLLM's --max-model-len
-    (it rejects longer requests; TRL only checks the model's own limit), or the model's limit on CPU."""
+def check_lengths(cfg: RunConfig, mode: str, tokenizer, specs: dict,
+                  server_max_model_len: int | None = None) -> tuple[list[str], str]:
+    """The first turn: longest prompt + MAX_COMPLETION_LENGTH must fit where generation happens. vLLM refuses a
+    request whose prompt + max_tokens exceeds its max_model_len, and TRL asks for max_tokens=MAX_COMPLETION_LENGTH
+    every turn; TRL itself only checks the model's own limit. The server's limit is the one it reports (server
+    mode), else VLLM_MAX_MODEL_LEN, else the model's on CPU. Turns after a tool call: trainer.rollout_loop ends an
+    episode whose next input would not fit (server mode: prompt so far + MAX_COMPLETION_LENGTH > max_model_len)."""
     if not specs:
         return [], ""
-    if mode in ("gpu", "colocate") and cfg.vllm_max_model_len:
-        limit, what, fix = cfg.vllm_max_model_len, "VLLM_MAX_MODEL_LEN", "raise VLLM_MAX_MODEL_LEN (GPU memory permitting)"
+    fix = "raise VLLM_MAX_MODEL_LEN (GPU memory permitting)"
+    if mode == "gpu" and server_max_model_len:
+        limit, what = server_max_model_len, "the vLLM server's max_model_len"
+    elif mode in ("gpu", "colocate") and cfg.vllm_max_model_len:
+        limit, what = cfg.vllm_max_model_len, "VLLM_MAX_MODEL_LEN"
     else:
         from transformers import AutoConfig
 
         name = cfg.resolved_model_name(mode)
         config = AutoConfig.from_pretrained(cfg.model_path(mode), **cfg.model_load_kwargs(mode))
-        limit = getattr(config, "max_position_embeddings", 0)
+        limit = getattr(config, "max_position_embeddings", 0) or 0
         what, fix = f"the model's max_position_embeddings ({name})", "use a model with a longer context"
         if not limit:
             return [], ""
@@ -359,23 +367,25 @@ def run_all(cfg: RunConfig, mode: str, wait_s: float = 20.0, tokenizer=None, num
         tokenizer, err = load_tokenizer(cfg, mode)
         if err:
             errors.append(err)
+    if mode in ("gpu", "colocate"):  # never imported on CPU: trainer.gpu's checks import torch.cuda / vllm
+        try:
+            from trainer import gpu
+
+            info = gpu.preflight_vllm(cfg)
+            if mode == "gpu" and isinstance(info, dict) and info.get("max_model_len"):
+                report.server_max_model_len = int(info["max_model_len"])
+            report.ok.append(f"vLLM server {cfg.vllm_server_url}: healthy, dev mode on, weight transfer configured"
+                             if mode == "gpu" else "vLLM colocated: CUDA and vllm importable")
+        except Exception as exc:  # noqa: BLE001 - trainer.gpu raises with its own diagnosis
+            errors.append(f"vLLM: {exc}")
     if tokenizer is not None:
         tmpl_errors = check_chat_template(tokenizer, cfg.resolved_model_name(mode))
         errors += tmpl_errors
         if not tmpl_errors:
             report.ok.append("chat template: TRL can parse and train tool calls with it")
-            length_errors, fits = check_lengths(cfg, mode, tokenizer, report.specs)
+            length_errors, fits = check_lengths(cfg, mode, tokenizer, report.specs, report.server_max_model_len)
             errors += length_errors
             report.ok += [fits] if fits else []
-    if mode in ("gpu", "colocate"):  # never imported on CPU: trainer.gpu's checks import torch.cuda / vllm
-        try:
-            from trainer import gpu
-
-            gpu.preflight_vllm(cfg)
-            report.ok.append(f"vLLM server {cfg.vllm_server_url}: healthy, dev mode on, weight transfer configured"
-                             if mode == "gpu" else "vLLM colocated: CUDA and vllm importable")
-        except Exception as exc:  # noqa: BLE001 - trainer.gpu raises with its own diagnosis
-            errors.append(f"vLLM: {exc}")
     for line in report.ok:
         log(f"ok: {line}")
     for line in report.warnings:

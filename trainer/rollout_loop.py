@@ -12,6 +12,12 @@
    same number of prompts: the most any of them has, the others padded with their first prompt (its
    completion is thrown away).
 
+3. **In vLLM server mode, an episode ends where vLLM would refuse its next turn.** TRL resends the
+   episode so far with max_tokens=max_completion_length each turn, and vLLM refuses a prompt longer
+   than its max_model_len minus that; TRL checks the model's max_position_embeddings instead, so a run
+   failed mid-way. Here the tool results that would push the input past it are rolled back, as TRL
+   does at its own limits.
+
 Everything else is TRL's: the messages and their order, tool masks, logprobs, call and failure
 counts, the overlong rollback and the iteration limit. tests/trainer/test_rollout_loop.py checks the
 result against TRL's own loop token for token, and pins the TRL source this copy follows.
@@ -143,10 +149,13 @@ def make_rollout_loop_class(base: type) -> type:
     from trainer.metrics import STATS
 
     class RolloutLoopTrainer(base):
-        tool_runner: ToolRunner | None = None  # set by configure_tools; defaults on first use
+        tool_runner: ToolRunner | None = None  # set by configure_rollouts; defaults on first use
+        server_max_model_len: int | None = None  # vLLM server mode: the max_model_len the server reports
 
-        def configure_tools(self, timeout_s: float | None, concurrency: int | None) -> None:
+        def configure_rollouts(self, timeout_s: float | None, concurrency: int | None,
+                               server_max_model_len: int | None = None) -> None:
             self.tool_runner = ToolRunner(timeout_s, concurrency, getattr(self, "async_loop", None))
+            self.server_max_model_len = server_max_model_len
 
         def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, logprobs, images,
                             multimodal_fields):
@@ -154,14 +163,13 @@ def make_rollout_loop_class(base: type) -> type:
                 return super()._tool_call_loop(prompts, prompt_ids, completion_ids, completions, logprobs, images,
                                                multimodal_fields)
             if self.tool_runner is None:
-                self.configure_tools(None, None)
+                self.configure_rollouts(None, None)
             tool_calls = [completion[0].get("tool_calls") for completion in completions]
             calling = [i for i, calls in enumerate(tool_calls) if calls]  # rollouts whose last turn called tools
             tool_calls = {i: tool_calls[i] for i in calling}
             tool_mask = [[1] * len(ids) for ids in completion_ids]  # 0 for tool result tokens, 1 elsewhere
             tool_images = [[] for _ in completion_ids]
             tool_call_count = tool_failure_count = 0
-            max_model_len = self._context_limit()
             iteration = 0
             while iteration < self.max_tool_calling_iterations:
                 # 1. Run the round's calls; their results become tool messages (rolled back below if overlong).
@@ -185,7 +193,7 @@ def make_rollout_loop_class(base: type) -> type:
 
                 # 3. Results that would overrun the completion budget or the context are dropped with their turn.
                 overlong = {i for i in calling if len(next_ids[i]) - len(prompt_ids[i]) > self.max_completion_length
-                            or len(next_ids[i]) >= max_model_len}
+                            or not self._input_fits(len(next_ids[i]))}
                 for i in overlong:
                     del completions[i][completions_before[i]:]
                     del prompts[i][prompts_before[i]:]
@@ -232,12 +240,17 @@ def make_rollout_loop_class(base: type) -> type:
             return RolloutCalls(calls, self._sync_tool_dicts[i], self._async_tool_dicts[i],
                                 abandon if callable(abandon) else (lambda: None))
 
-        def _context_limit(self) -> int:
-            """As TRL: vLLM's max_model_len in colocate mode, else the model's max_position_embeddings."""
+        def _input_fits(self, length: int) -> bool:
+            """Whether the next turn can be generated from an input of `length` tokens. Server mode: vLLM's own
+            check (server_fits), which TRL's loop does not make, so an episode ends where vLLM would refuse the
+            request mid-run. Otherwise TRL's: below vLLM's max_model_len in colocate mode, else below the model's
+            max_position_embeddings."""
+            if self.use_vllm and self.vllm_mode == "server" and self.server_max_model_len:
+                return server_fits(length, self.max_completion_length, self.server_max_model_len)
             if self.use_vllm and self.vllm_mode == "colocate":
-                return self.vllm_generation.llm.llm_engine.model_config.max_model_len
+                return length < self.vllm_generation.llm.llm_engine.model_config.max_model_len
             config = self.model.config.text_config if self._is_vlm else self.model.config
-            return config.max_position_embeddings
+            return length < config.max_position_embeddings
 
         def _agree_on_width(self, count: int) -> int:
             """The most prompts any process generates for this round (0: every process is done)."""
@@ -247,6 +260,12 @@ def make_rollout_loop_class(base: type) -> type:
             return int(counts.max().item())
 
     return RolloutLoopTrainer
+
+
+def server_fits(prompt_tokens: int, max_tokens: int, max_model_len: int) -> bool:
+    """vLLM 0.31's check on a request: it refuses (HTTP 400) a prompt longer than max_model_len - max_tokens.
+    TRL asks for max_tokens = max_completion_length on every turn, tool rounds included."""
+    return prompt_tokens + max_tokens <= max_model_len
 
 
 def trailing_tool_messages(messages: list[dict]) -> list[dict]:

@@ -227,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
         return stop
     if not dist.is_main():  # rank 0 checked servers, capacity for every process and the template
         report = preflight.resolve_envs(cfg)
+    server_max_model_len = dist.from_main(report.server_max_model_len if dist.is_main() else None)
 
     import torch  # noqa: F401  (heavy imports only after the cheap checks passed)
 
@@ -259,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         environment_factory=factories,
         callbacks=[MetricsCallback(cfg.run_dir, STATS, resume_step=resume_step, mode=mode), control],
     )
-    trainer.configure_tools(cfg.tool_timeout_s, cfg.tool_concurrency)
+    trainer.configure_rollouts(cfg.tool_timeout_s, cfg.tool_concurrency, server_max_model_len)
     trainer.remove_callback(PrinterCallback)  # MetricsCallback prints one readable line per step instead
     if mode != "cpu":
         from trainer import gpu

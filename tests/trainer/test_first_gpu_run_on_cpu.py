@@ -75,6 +75,9 @@ def test_lengths_that_do_not_fit_vllms_max_model_len_stop_preflight_with_both_nu
                                                                     "(env echo, rendered with its tools) + "
                                                                     "MAX_COMPLETION_LENGTH 256 = "
                                                                     f"{prompt + 256} <= VLLM_MAX_MODEL_LEN 4096")
+    # Server mode: what the server reports wins (VLLM_MAX_MODEL_LEN may be unset, the service's default applies)
+    errors, _ = preflight.check_lengths(ok, "gpu", tokenizer, specs, server_max_model_len=limit)
+    assert f"> the vLLM server's max_model_len {limit}" in errors[0]
     # CPU generation is bounded by the model itself (TRL checks the same limit)
     errors, fits = preflight.check_lengths(cfg, "cpu", tokenizer, specs)
     assert not errors and "max_position_embeddings" in fits

@@ -226,3 +226,20 @@ def test_trl_calls_the_loop_with_the_pinned_signature():
     assert re.search(r"self\._tool_call_loop\(\s*prompts, prompt_ids, completion_ids, completions, logprobs, images, "
                      r"multimodal_fields\s*\)", source), "GRPOTrainer._generate calls _tool_call_loop differently"
     assert "tool_failure_count,\n                tool_images,\n            ) = self._tool_call_loop(" in source
+
+
+def test_in_server_mode_an_episode_ends_where_vllm_would_refuse_its_next_turn():
+    """TRL checks a post-tool input against the model's max_position_embeddings in server mode; vLLM refuses it
+    once input + max_tokens passes its max_model_len (tests/gpu_path/test_vllm_cpu_twin.py shows the boundary)."""
+    from types import SimpleNamespace
+
+    from trl import GRPOTrainer
+
+    from trainer.rollout_loop import make_rollout_loop_class
+
+    fits = make_rollout_loop_class(GRPOTrainer)._input_fits
+    server = SimpleNamespace(use_vllm=True, vllm_mode="server", server_max_model_len=4096, max_completion_length=256,
+                             _is_vlm=False, model=SimpleNamespace(config=SimpleNamespace(max_position_embeddings=40960)))
+    assert fits(server, 4096 - 256) and not fits(server, 4096 - 256 + 1)
+    unknown = SimpleNamespace(**{**vars(server), "server_max_model_len": None})  # not reported: TRL's rule
+    assert fits(unknown, 40959) and not fits(unknown, 40960)

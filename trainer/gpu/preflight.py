@@ -85,7 +85,8 @@ def preflight_vllm(cfg: Any) -> dict[str, Any]:
         logger.warning(w)
     return {
         "mode": "gpu", "url": url, "model": rep.model, "world_size": rep.world_size,
-        "vllm_version": rep.vllm_version, "host_ip": host_ip, "group_port": int(cfg.vllm_group_port),
+        "vllm_version": rep.vllm_version, "max_model_len": rep.max_model_len, "host_ip": host_ip,
+        "group_port": int(cfg.vllm_group_port),
         "nccl": {k: os.environ.get(k) for k in NCCL_BRIDGE_DEFAULTS}, "warnings": rep.warnings,
         "waited_s": round(rep.waited_s, 1),
     }
