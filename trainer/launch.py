@@ -21,9 +21,10 @@ WORKER_STOP_GRACE_S = 85
 
 SHARDING_FLAGS: dict[str, list[str]] = {
     "ddp": ["--multi_gpu"],  # torchrun underneath; on the CPU profile HF's Trainer picks gloo (use_cpu)
-    "fsdp": ["--use_fsdp", "--fsdp_version", "1", "--fsdp_sharding_strategy", "FULL_SHARD",
-             "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP", "--fsdp_state_dict_type", "FULL_STATE_DICT",
-             "--fsdp_sync_module_states", "true", "--fsdp_use_orig_params", "true"],
+    # FSDP2 (`fully_shard`, in place): TRL 1.16 gathers each parameter with full_tensor(). Its FSDP1 walk misses the
+    # root's own parameters (embeddings, final norm) and runs before the root's lazy init.
+    "fsdp": ["--use_fsdp", "--fsdp_version", "2", "--fsdp_reshard_after_forward", "true",
+             "--fsdp_auto_wrap_policy", "TRANSFORMER_BASED_WRAP", "--fsdp_state_dict_type", "FULL_STATE_DICT"],
     "zero3": ["--use_deepspeed", "--zero_stage", "3", "--zero3_init_flag", "true", "--zero3_save_16bit_model", "true"],
 }
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.gpu_path.conftest import devices, resolved
-from tests.helpers import ROOT
+from tests.helpers import ROOT, free_port
 from trainer.config import RunConfig
 from trainer.launch import LaunchError, launch_argv, process_count
 
@@ -107,7 +107,7 @@ def test_launcher_runs_one_process_in_place_and_several_through_accelerate():
     assert argv[1:3] == ["-m", "accelerate.commands.launch"] and "--multi_gpu" in argv
     assert argv[argv.index("--num_processes") + 1] == "2" and argv[-4:] == ["-m", "trainer.train", "--max-steps", "2"]
     fsdp = launch_argv(4, "gpu", "fsdp", [])
-    assert "--use_fsdp" in fsdp and fsdp[fsdp.index("--fsdp_sharding_strategy") + 1] == "FULL_SHARD"
+    assert "--use_fsdp" in fsdp and fsdp[fsdp.index("--fsdp_version") + 1] == "2"
     with pytest.raises(LaunchError, match="the CPU profile runs ddp"):
         launch_argv(2, "cpu", "fsdp", [])
     assert process_count(cfg, "cpu", 0) == 1
@@ -160,3 +160,26 @@ def test_the_launcher_gives_its_workers_composes_stop_grace_period_to_save(monke
     monkeypatch.setattr(launch.os, "execv", lambda path, argv: execs.append(argv))
     launch.main(["--train-mode", "cpu", "--trainer-processes", "2", "--max-steps", "1"])
     assert execs and os.environ["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] == str(launch.WORKER_STOP_GRACE_S)
+
+
+def test_fsdp_is_fsdp2_and_every_parameter_reaches_the_weight_sync_full_size(tiny_model_dir):
+    """TRAINER_SHARDING=fsdp is FSDP2: TRL 1.16's FSDP1 walk ran before the root unit's lazy init, missed the
+    parameters the root owns (embeddings, final norm) and kept views of re-sharded tensors. On 2 CPU processes
+    (gloo): the model sharded as FSDP2 shards it, TRL's own sync sends every parameter once, at its full shape
+    (test double for the NCCL broadcast: a recording client)."""
+    import json
+    import subprocess
+
+    from trainer.launch import SHARDING_FLAGS
+
+    flags = SHARDING_FLAGS["fsdp"]
+    assert flags[flags.index("--fsdp_version") + 1] == "2"
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                          str(free_port()), str(ROOT / "tests" / "gpu_path" / "fsdp2_weight_sync.py"), str(tiny_model_dir)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["sharded"] > 0  # the parameters really were split between the two processes
+    assert dict(result["sent"]) == result["full"] and len(result["sent"]) == len(result["full"])
+    assert {"model.embed_tokens.weight", "model.norm.weight"} <= set(dict(result["sent"]))  # the root's own
+    assert dict(result["metadata"]) == result["full"]
