@@ -35,7 +35,10 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never download anything here
 
 MARKER = "tiny_model.json"
-RECIPE_VERSION = 2  # 2: words are pre-tokenized, and the warm-start ends on demos that skip the tool
+RECIPE_VERSION = 3  # 2: words are pre-tokenized, and the warm-start ends on demos that skip the tool; 3: a 4096 window
+# The GPU service's default --max-model-len: the vllm-cpu twin serving this model then covers its whole window (a
+# longer window than the model's positions crashes vLLM's engine on the first long prompt).
+CONTEXT_WINDOW = 4096
 # The warm-start's second phase: MIXED_EPOCHS on demos of which only TOOL_SHARE call the tool (the others answer at
 # once). The model keeps the call format and the copy it learned in the first phase, but calls the tool only about
 # a third of the time: the choice GRPO then learns, since an episode without the call earns 0 (README "CPU profile:
@@ -218,7 +221,7 @@ def make_tokenizer(corpus: list[str], vocab_size: int):
     tok.train_from_iterator(corpus, trainer)
     tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   unk_token=None, bos_token=None, model_max_length=2048)
+                                   unk_token=None, bos_token=None, model_max_length=CONTEXT_WINDOW)
     fast.chat_template = qwen3_chat_template  # exactly TRL's copy: it recognizes it and adds its parser
     return fast
 
@@ -230,7 +233,7 @@ def make_model(tokenizer, seed: int):
     torch.manual_seed(seed)
     config = Qwen3Config(
         vocab_size=len(tokenizer), hidden_size=128, intermediate_size=384, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=2048,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, max_position_embeddings=CONTEXT_WINDOW,
         tie_word_embeddings=True, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
         bos_token_id=None,
     )
