@@ -14,6 +14,7 @@ it cannot express raises `UnsupportedSchema` naming the tool and the field.
 
 from __future__ import annotations
 
+import keyword
 import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
@@ -22,7 +23,12 @@ import requests
 
 # Fields every OpenEnv `Action` carries that are not the env's own (set by the framework, not the policy).
 FRAMEWORK_ACTION_FIELDS = ("metadata",)
-RESERVED_TOOL_NAMES = ("reset", "get_reward")
+# Names a learned tool must not take: the env class's own methods (TRL calls reset/get_reward) and the attributes
+# trainer.envs_binding gives every bound class; a tool by one of these names would replace it.
+RESERVED_TOOL_NAMES = ("reset", "get_reward", "env_name", "replica_set")
+# What an env server may make us parse (a third-party image): bounded, so a hostile /schema cannot stall preflight.
+MAX_SCHEMA_NODES = 20_000  # after $refs are inlined
+MAX_DESCRIPTION_CHARS = 1_000
 ARG_SECTIONS = ("args", "arguments", "attributes", "parameters", "params")
 SECTION_HEADERS = (*ARG_SECTIONS, "returns", "return", "raises", "yields", "examples", "example", "note", "notes")
 
@@ -67,7 +73,7 @@ def split_docstring(text: str) -> tuple[str, dict[str, str]]:
     summary: list[str] = []
     entries: dict[str, str] = {}
     section = current = entry_indent = None
-    for raw in (text or "").splitlines():
+    for raw in str(text or "")[:20 * MAX_DESCRIPTION_CHARS].splitlines():
         line, indent = raw.strip(), len(raw) - len(raw.lstrip())
         if line.endswith(":") and line[:-1].strip().lower() in SECTION_HEADERS:
             section, current, entry_indent = line[:-1].strip().lower(), None, None
@@ -75,7 +81,7 @@ def split_docstring(text: str) -> tuple[str, dict[str, str]]:
         if section is None:
             summary.append(line)
         elif section in ARG_SECTIONS and line:
-            m = re.match(r"^(\w+)\s*(?:\([^)]*\))?\s*:\s*(.*)$", line)
+            m = ENTRY.match(line)
             if m and (entry_indent is None or indent <= entry_indent):
                 entry_indent = indent if entry_indent is None else entry_indent
                 current = m.group(1)
@@ -85,27 +91,46 @@ def split_docstring(text: str) -> tuple[str, dict[str, str]]:
     return one_line(" ".join(summary)), {k: one_line(v) for k, v in entries.items()}
 
 
-def one_line(text: str) -> str:
-    return " ".join(str(text).split())
+# `name (type): text`. Possessive quantifiers: `a` + 100,000 spaces + `b` fails in linear time (it was quadratic).
+ENTRY = re.compile(r"^(\w++)\s*+(?:\([^)]*+\))?\s*+:\s*+(.*)$")
+
+
+def one_line(text: str, limit: int = MAX_DESCRIPTION_CHARS) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit - 1] + "…"
 
 
 # ------------------------------------------------------------------------------------ JSON schema -> hint
 JSON_SCALARS = {"string": str, "integer": int, "number": float, "boolean": bool}
 
 
-def resolve_refs(schema: Any, defs: dict, depth: int = 0) -> Any:
-    """Inline `$ref: #/$defs/X` (pydantic puts nested models and enums there)."""
-    if depth > 20:
-        return schema
-    if isinstance(schema, dict):
-        if "$ref" in schema:
-            target = defs.get(schema["$ref"].rsplit("/", 1)[-1], {})
-            merged = {**target, **{k: v for k, v in schema.items() if k != "$ref"}}
-            return resolve_refs(merged, defs, depth + 1)
-        return {k: resolve_refs(v, defs, depth + 1) for k, v in schema.items() if k != "$defs"}
-    if isinstance(schema, list):
-        return [resolve_refs(v, defs, depth + 1) for v in schema]
-    return schema
+def resolve_refs(schema: Any, defs: dict) -> Any:
+    """Inline `$ref: #/$defs/X` (pydantic puts nested models and enums there). A type that contains itself
+    cannot become a tool argument, and inlining may multiply a schema's size: a $ref cycle, or more than
+    MAX_SCHEMA_NODES nodes once inlined, raise UnsupportedSchema (one line) instead of taking minutes and GBs."""
+    budget = [MAX_SCHEMA_NODES]
+    defs = defs if isinstance(defs, dict) else {}
+
+    def walk(node: Any, path: tuple[str, ...]) -> Any:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise UnsupportedSchema(f"schema has more than {MAX_SCHEMA_NODES} nodes once its $refs are inlined")
+        if isinstance(node, dict):
+            if "$ref" in node:
+                name = str(node["$ref"]).rsplit("/", 1)[-1]
+                if name in path:
+                    raise UnsupportedSchema(f"$ref cycle {' -> '.join((*path, name))}: a type that contains itself "
+                                            "is not expressible as a TRL tool argument")
+                target = defs.get(name, {})
+                merged = {**(target if isinstance(target, dict) else {}),
+                          **{k: v for k, v in node.items() if k != "$ref"}}
+                return walk(merged, (*path, name))
+            return {k: walk(v, path) for k, v in node.items() if k != "$defs"}
+        if isinstance(node, list):
+            return [walk(v, path) for v in node]
+        return node
+
+    return walk(schema, ())
 
 
 def type_hint(schema: dict, where: str) -> Any:
@@ -159,19 +184,36 @@ def type_word(schema: dict) -> str:
 
 def params_from_schema(schema: dict, where: str, doc_fields: dict[str, str],
                        skip: tuple[str, ...] = ()) -> tuple[Param, ...]:
+    if not isinstance(schema or {}, dict):
+        raise UnsupportedSchema(f"{where}: its schema is not a JSON object")
     schema = resolve_refs(schema or {}, (schema or {}).get("$defs", {}))
-    required = set(schema.get("required") or ())
+    properties = schema.get("properties") or {}
+    if not isinstance(properties, dict):
+        raise UnsupportedSchema(f"{where}: `properties` is not a JSON object")
+    required = set(r for r in (schema.get("required") or ()) if isinstance(r, str))
     params = []
-    for name, prop in (schema.get("properties") or {}).items():
+    for name, prop in properties.items():
         if name in skip:
             continue
-        if not name.isidentifier():
-            raise UnsupportedSchema(f"{where} field {name!r}: not a Python identifier, so TRL cannot pass it")
-        hint = type_hint(prop, f"{where} field {name!r}")
-        description = one_line(prop.get("description") or doc_fields.get(name)
-                               or f"{prop.get('title') or name} ({type_word(prop)})")
+        check_identifier(name, f"{where} field")
+        try:
+            hint = type_hint(prop, f"{where} field {name!r}")
+            description = one_line(prop.get("description") or doc_fields.get(name)
+                                   or f"{prop.get('title') or name} ({type_word(prop)})")
+        except UnsupportedSchema:
+            raise
+        except (AttributeError, TypeError, KeyError, ValueError) as exc:  # a malformed schema: one line, not a trace
+            raise UnsupportedSchema(f"{where} field {name!r}: malformed schema ({type(exc).__name__})") from None
         params.append(Param(name, hint, description, name in required, prop))
     return tuple(params)
+
+
+def check_identifier(name: Any, what: str) -> None:
+    """A name that becomes a Python parameter or method: an identifier, not a keyword, not `self`, no `_` start."""
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or name == "self" \
+            or name.startswith("_"):
+        raise UnsupportedSchema(f"{what} {name!r}: not usable as a Python name (an identifier that is not a keyword, "
+                                "`self` or private), so TRL cannot pass it")
 
 
 # ------------------------------------------------------------------------------------ discovery
@@ -225,12 +267,18 @@ def list_tools(base_url: str, timeout_s: float) -> list[dict]:
 def mcp_tools(payloads: list[dict]) -> list[ToolSpec]:
     if not payloads:
         raise UnsupportedSchema("the MCP env lists no tools: nothing for the model to call")
-    specs = []
+    specs, seen = [], set()
     for payload in payloads:
-        name = str(payload.get("name", ""))
+        if not isinstance(payload, dict):
+            raise UnsupportedSchema(f"the MCP tool list holds {type(payload).__name__}, not tool objects")
+        name = payload.get("name", "")
+        check_identifier(name, "tool")  # repr() in the message: a newline or escape code is shown, not printed
         where = f"tool {name!r}"
-        if not name or name.startswith("_") or name in RESERVED_TOOL_NAMES:
+        if name in RESERVED_TOOL_NAMES:
             raise UnsupportedSchema(f"{where}: a TRL tool cannot be named {name!r} (reserved for the env class)")
+        if name in seen:
+            raise UnsupportedSchema(f"{where}: listed twice; a TRL tool name must be unique")
+        seen.add(name)
         summary, doc_fields = split_docstring(payload.get("description") or "")
         schema = payload.get("input_schema") or payload.get("inputSchema") or {}
         params = params_from_schema(schema, where, doc_fields)
@@ -239,9 +287,11 @@ def mcp_tools(payloads: list[dict]) -> list[ToolSpec]:
 
 
 def action_tool_name(title: str) -> str:
-    snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", title or "Action").lower()
+    """The action's class name in snake case; a title that would be a reserved or keyword name gets `_action`."""
+    snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", str(title or "Action")[:100]).lower()
     snake = re.sub(r"[^a-z0-9_]+", "_", snake).strip("_") or "action"
-    return snake if snake[0].isalpha() else f"act_{snake}"
+    snake = snake if snake[0].isalpha() else f"act_{snake}"
+    return f"{snake}_action" if snake in RESERVED_TOOL_NAMES or keyword.iskeyword(snake) or snake == "self" else snake
 
 
 def action_tool(action: dict) -> ToolSpec:
