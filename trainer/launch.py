@@ -34,7 +34,7 @@ class LaunchError(RuntimeError):
 
 
 def process_count(cfg: RunConfig, mode: str, visible_gpus: int) -> int:
-    if mode == "cpu":
+    if cfg.trainer_on_cpu(mode):
         return cfg.trainer_processes or 1
     n = cfg.trainer_processes or max(visible_gpus, 1)
     if n > visible_gpus:
@@ -66,13 +66,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     mode = cfg.resolved_train_mode()
     visible = 0
-    if mode != "cpu":
+    if not cfg.trainer_on_cpu(mode):
         import torch
 
         visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     try:
         n = process_count(cfg, mode, visible)
-        cmd = launch_argv(n, mode, cfg.trainer_sharding, argv)
+        cmd = launch_argv(n, "cpu" if cfg.trainer_on_cpu(mode) else mode, cfg.trainer_sharding, argv)
     except LaunchError as exc:
         print(f"[launch] {exc}", file=sys.stderr, flush=True)
         return 2
@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         from trainer.train import main as train
 
         return train(argv)
-    print(f"[launch] {n} trainer processes ({cfg.trainer_sharding}, {'gloo' if mode == 'cpu' else 'nccl'}) through "
+    backend = "gloo" if cfg.trainer_on_cpu(mode) else "nccl"
+    print(f"[launch] {n} trainer processes ({cfg.trainer_sharding}, {backend}) through "
           "accelerate; each opens its own env sessions, rank 0 logs and checkpoints", flush=True)
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(WORKER_STOP_GRACE_S))
     os.execv(cmd[0], cmd)  # the launcher becomes this container's process: signals reach every rank

@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from trainer import dist, preflight
 
-    dist.init(mode)
+    dist.init(cfg.trainer_on_cpu(mode))
     verdict = None  # (exit code to stop with, or None to train; checkpoint; step): decided once, by rank 0
     if dist.is_main():
         resume_ckpt, resume_step = prepare_run_dir(cfg)

@@ -39,6 +39,32 @@ def ensure_vllm_cpu_image() -> None:
                    cwd=ROOT, env=env, check=True)
 
 
+TRAINER_STANDIN_IMAGE = "grpo-stack/trainer:gpu-standin-test"
+
+
+@functools.lru_cache(maxsize=1)
+def ensure_trainer_standin_image() -> subprocess.CompletedProcess:
+    """services/trainer/Dockerfile built on the twin (stand-in for vllm/vllm-openai), with this checkout's code;
+    once per session, from Docker's layer cache after the first build."""
+    import tempfile
+    import textwrap
+
+    ensure_vllm_cpu_image()
+    with tempfile.TemporaryDirectory() as tmp:
+        compose = Path(tmp) / "compose.yaml"
+        compose.write_text(textwrap.dedent(f"""
+            name: grpo-test-standin
+            services:
+              trainer-gpu-standin:
+                image: {TRAINER_STANDIN_IMAGE}
+                build:
+                  context: {ROOT}
+                  dockerfile: services/trainer/Dockerfile
+                  args: {{VLLM_IMAGE: "{VLLM_CPU_IMAGE}"}}
+        """))
+        return subprocess.run(["docker", "compose", "-f", str(compose), "build"], capture_output=True, text=True)
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
     from tests.gpu_path.tiny_model import make_tiny_model
@@ -56,8 +82,10 @@ class Twin:
             subprocess.run(["docker", "logs", self.name], capture_output=True, text=True).stderr
 
 
-def start_twin(gpu_config: dict, model_dir: Path, env_overrides: dict[str, str] | None = None) -> Twin:
-    """docker run the twin with services.vllm's command (model swapped) and its dev-mode setting."""
+def start_twin(gpu_config: dict, model_dir: Path, env_overrides: dict[str, str] | None = None,
+               docker_args: tuple[str, ...] = ()) -> Twin:
+    """docker run the twin with services.vllm's command (model swapped) and its dev-mode setting;
+    `docker_args`: more `docker run` flags (a network, a mount)."""
     import requests
 
     vllm = gpu_config["services"]["vllm"]
@@ -68,7 +96,7 @@ def start_twin(gpu_config: dict, model_dir: Path, env_overrides: dict[str, str] 
     cmd = ["docker", "run", "-d", "--name", name, "--label", "grpo-test=1",
            # loopback only: the dev routes are unauthenticated
            "-p", "127.0.0.1::8000", "--shm-size", "1g",
-           "-v", f"{model_dir}:/models/tiny-qwen3:ro"]
+           "-v", f"{model_dir}:/models/tiny-qwen3:ro", *docker_args]
     for k, v in env.items():
         cmd += ["-e", f"{k}={v}"]
     command = ["/models/tiny-qwen3", *flags]

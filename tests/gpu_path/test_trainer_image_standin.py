@@ -11,12 +11,11 @@ import textwrap
 
 import pytest
 
-from tests.gpu_path.conftest import VLLM_CPU_IMAGE, ensure_vllm_cpu_image
-from tests.helpers import ROOT
+from tests.gpu_path.conftest import TRAINER_STANDIN_IMAGE, ensure_trainer_standin_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
 
-IMAGE = "grpo-stack/trainer:gpu-standin-test"
+IMAGE = TRAINER_STANDIN_IMAGE
 
 CHECK = textwrap.dedent("""
     import importlib.metadata as md, json
@@ -32,20 +31,8 @@ CHECK = textwrap.dedent("""
 """)
 
 
-def test_trainer_gpu_dockerfile_on_the_cpu_twin_base__stand_in_for_vllm_openai(docker, tmp_path):
-    ensure_vllm_cpu_image()
-    compose = tmp_path / "compose.yaml"
-    compose.write_text(textwrap.dedent(f"""
-        name: grpo-test-standin
-        services:
-          trainer-gpu-standin:
-            image: {IMAGE}
-            build:
-              context: {ROOT}
-              dockerfile: services/trainer/Dockerfile
-              args: {{VLLM_IMAGE: "{VLLM_CPU_IMAGE}"}}
-    """))
-    build = subprocess.run(["docker", "compose", "-f", str(compose), "build"], capture_output=True, text=True)
+def test_trainer_gpu_dockerfile_on_the_cpu_twin_base__stand_in_for_vllm_openai(docker):
+    build = ensure_trainer_standin_image()
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     out = subprocess.run(["docker", "run", "--rm", IMAGE, "python3", "-c", CHECK], capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -54,6 +54,10 @@ def grpo_vllm_kwargs(cfg: Any) -> dict[str, Any]:
 def describe_mode(cfg: Any) -> str:
     """One line for `make train`'s log: which generation path this run uses."""
     mode = resolve_mode(cfg)
+    if mode == "gpu" and getattr(cfg, "weight_transfer", "nccl") == "reload":
+        return (f"TRAIN_MODE=gpu: generating through the vLLM server at {cfg.vllm_server_url}, trainer on CPU, weights "
+                f"pushed by a reload from {cfg.weight_reload_dir} (WEIGHT_TRANSFER=reload: server mode rehearsed "
+                "without GPUs)")
     if mode == "gpu":
         return (f"TRAIN_MODE=gpu: generating through the vLLM server at {cfg.vllm_server_url}, "
                 f"weights synced over NCCL (trainer listens on port {cfg.vllm_group_port})")

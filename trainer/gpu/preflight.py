@@ -17,7 +17,7 @@ from trainer.gpu.server import (
     version_skew,
     world_size_mismatch,
 )
-from trainer.gpu.trl_hooks import guard_weight_transfer_init
+from trainer.gpu.trl_hooks import guard_weight_transfer_init, use_weight_reload
 
 logger = logging.getLogger("trainer.gpu")
 
@@ -38,7 +38,8 @@ def preflight_vllm(cfg: Any) -> dict[str, Any]:
     problems: list[str] = []
     import torch
 
-    if not torch.cuda.is_available():
+    reload = mode == "gpu" and getattr(cfg, "weight_transfer", "nccl") == "reload"  # the CPU rehearsal: no GPU
+    if not reload and not torch.cuda.is_available():
         problems.append(
             f"TRAIN_MODE={mode} needs a CUDA GPU in the trainer container, and torch sees none; give the "
             "trainer service a GPU (NVIDIA runtime, TRAINER_GPU in .env; `make doctor`) or use TRAIN_MODE=cpu"
@@ -64,6 +65,14 @@ def preflight_vllm(cfg: Any) -> dict[str, Any]:
     stages.mark("vllm_healthy", rep.waited_s, f"{url} serves {rep.model} (world size {rep.world_size})")
     problems += version_skew(rep, local_vllm, torch.__version__)
     problems += world_size_mismatch(rep, int(getattr(cfg, "vllm_world_size", None) or default("vllm_world_size")))
+    if reload:
+        if problems:
+            raise VLLMPreflightError("\n".join(problems))
+        use_weight_reload(str(cfg.weight_reload_dir), float(getattr(cfg, "weight_sync_timeout_s", None)
+                                                              or default("weight_sync_timeout_s")))
+        return {"mode": "gpu", "url": url, "model": rep.model, "world_size": rep.world_size,
+                "vllm_version": rep.vllm_version, "max_model_len": rep.max_model_len,
+                "weight_transfer": f"reload from {cfg.weight_reload_dir}", "warnings": rep.warnings}
     if rep.server_has_cuda is False:
         problems.append(explain_init_failure(None, "", rep))
 

@@ -1,5 +1,6 @@
-"""The two places the trainer wraps TRL: the NCCL rendezvous inside GRPOTrainer.__init__ (a watchdog
-and a clear error) and every weight sync (timed, logged, watched)."""
+"""Where the trainer wraps TRL: the NCCL rendezvous inside GRPOTrainer.__init__ (a watchdog and a clear
+error), every weight sync (timed, logged, watched), and, for server mode's CPU rehearsal, the weight push by
+reload from a shared folder instead of NCCL."""
 
 from __future__ import annotations
 
@@ -108,3 +109,45 @@ def instrument_weight_sync(trainer: Any, log_fn: Callable[[float], None],
     sync_weights._grpo_timed = True  # type: ignore[attr-defined]
     gen.sync_weights = sync_weights
     return True
+
+
+def use_weight_reload(folder: str, timeout_s: float) -> None:
+    """WEIGHT_TRANSFER=reload, server mode rehearsed on CPU (no NCCL without GPUs). TRL's VLLMClient keeps its
+    generation and every other route; its weight push becomes: write the weights TRL streams to
+    `folder`/model.safetensors (a folder the vLLM server mounts at the same path), then ask the server to reload
+    them (vLLM's dev route /collective_rpc -> worker.reload_weights(weights_path=folder)). The server's model
+    really changes; only the transport differs from the GPU path. Call before GRPOTrainer is built. Idempotent."""
+    from pathlib import Path
+
+    import requests
+    from trl.generation import vllm_client as trl_vllm_client
+
+    cls = trl_vllm_client.VLLMClient
+    if getattr(cls.update_named_params, "_grpo_reload", False):
+        return
+    target = Path(folder)
+
+    def init_communicator(self, *args, **kwargs):
+        print(f"[weight-sync] WEIGHT_TRANSFER=reload: no NCCL group; each sync writes {target}/model.safetensors "
+              "and has vLLM reload it", flush=True)
+        stages.mark("rendezvous", 0.0, f"weight transfer by reload from {target} (CPU rehearsal, no NCCL)")
+
+    def update_named_params(self, metadata, named_params):
+        from safetensors.torch import save_file
+
+        tensors = {name: tensor.detach().to("cpu").contiguous().clone() for name, tensor in named_params}
+        target.mkdir(parents=True, exist_ok=True)
+        partial = target / "model.safetensors.partial"  # vLLM reads *.safetensors: never a half-written one
+        save_file(tensors, str(partial))
+        os.replace(partial, target / "model.safetensors")
+        r = requests.post(f"{self.base_url}/collective_rpc", timeout=timeout_s,
+                          json={"method": "reload_weights", "kwargs": {"weights_path": str(target)}})
+        if r.status_code != 200:
+            raise WeightTransferInitError(f"vLLM could not reload the weights from {target} (HTTP {r.status_code}: "
+                                          f"{r.text[:300]}); it must mount that folder at the same path")
+        print(f"[weight-sync] vLLM reloaded {len(tensors)} tensors from {target}", flush=True)
+
+    update_named_params._grpo_reload = True  # type: ignore[attr-defined]
+    cls.init_communicator = init_communicator
+    cls.update_named_params = update_named_params
+    cls.close_communicator = lambda self: None
