@@ -1,4 +1,4 @@
-"""The stack's rollout loop: TRL 1.16's `GRPOTrainer._tool_call_loop`, with two changes.
+"""The stack's rollout loop: TRL 1.16's `GRPOTrainer._tool_call_loop`, with three changes.
 
 1. **A round's tool calls run at once.** TRL calls the rollouts' tools one rollout after another, so
    a round cost the sum of the batch's tool latencies. Here every rollout that called a tool runs at
@@ -11,7 +11,6 @@
    gathers parameters. So each round the processes agree whether anyone still generates and send the
    same number of prompts: the most any of them has, the others padded with their first prompt (its
    completion is thrown away).
-
 3. **In vLLM server mode, an episode ends where vLLM would refuse its next turn.** TRL resends the
    episode so far with max_tokens=max_completion_length each turn, and vLLM refuses a prompt longer
    than its max_model_len minus that; TRL checks the model's max_position_embeddings instead, so a run
