@@ -11,8 +11,8 @@ rounds (0 to 3), so the two ranks differ in rounds and in tool-calling rollouts 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
-import sys
 
 from tests.helpers import ROOT, free_port
 
@@ -31,8 +31,6 @@ def test_two_ranks_server_mode_double_stay_in_step_and_keep_their_own_samples(ec
     at = argv.index("trainer.train") - 1  # "-m trainer.train" -> the script that wraps it
     argv[at:at + 2] = [str(ROOT / "tests" / "trainer" / "server_mode_ranks.py")]
     env = {"RANK_LOG_DIR": str(tmp_path), "TRL_EXPERIMENTAL_SILENCE": "1", "PYTHONPATH": str(ROOT)}
-    import os
-
     res = subprocess.run(argv, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
 

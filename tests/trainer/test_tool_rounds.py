@@ -66,12 +66,12 @@ def test_a_call_past_the_timeout_fails_and_its_session_is_replaced(rendezvous, t
     from trainer.rollout_loop import TIMEOUT_ERROR
 
     url = rendezvous(HOLD_S="600")  # "hang" holds its call for 10 minutes
-    trainer, tokenizer = make_trainer(url, tiny_model_dir, tmp_path, BATCH, "--tool-timeout-s", "2")
+    trainer, tokenizer = make_trainer(url, tiny_model_dir, tmp_path, BATCH, "--tool-timeout-s", "10")
     script(trainer, tokenizer, ["hang"] + ["ok"] * (BATCH - 1))
     STATS.drain()
     _, completions, _, _, calls, failures, _ = run_batch(trainer)
     results = tool_results(completions)
-    assert results[0] == str({"error": TIMEOUT_ERROR.format(name="meet", seconds=2)})
+    assert results[0] == str({"error": TIMEOUT_ERROR.format(name="meet", seconds=10)})
     assert results[1:] == ["met ok"] * (BATCH - 1)  # the others were not held up by it
     assert (calls, failures) == (BATCH, 1)
     hung_env = trainer.environments[0]

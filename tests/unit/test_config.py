@@ -63,6 +63,10 @@ def test_cli_overrides_env(monkeypatch):
         ({"VLLM_SERVER_URL": "vllm:8000"}, "VLLM_SERVER_URL: 'vllm:8000' is not a URL"),
         ({"VLLM_GPU_MEMORY_UTILIZATION": "1.5"}, "VLLM_GPU_MEMORY_UTILIZATION: Input should be less than or equal to 1"),
         ({"UNFINISHED_PENALTY": "-1"}, "UNFINISHED_PENALTY: Input should be greater than or equal to 0 (got '-1'"),
+        ({"TOOL_TIMEOUT_S": "0"}, "TOOL_TIMEOUT_S: Input should be greater than 0 (got '0'"),
+        ({"TOOL_CONCURRENCY": "0"}, "TOOL_CONCURRENCY: Input should be greater than or equal to 1 (got '0'"),
+        ({"TEMPERATURE": "3"}, "TEMPERATURE: Input should be less than or equal to 2 (got '3'"),
+        ({"WEIGHT_TRANSFER": "rsync"}, "WEIGHT_TRANSFER: Input should be 'nccl' or 'reload' (got 'rsync'"),
     ],
 )
 def test_bad_values_give_one_clear_line(monkeypatch, env, expected):

@@ -33,13 +33,13 @@ def test_a_hung_call_times_out_the_rest_of_its_turn_is_not_run_and_others_finish
     release = threading.Event()
     abandoned = []
     tools = {"hang": lambda: release.wait(600) and "late", "ok": lambda: "fine"}
-    runner = ToolRunner(timeout_s=0.5)
+    runner = ToolRunner(timeout_s=3)  # the hung call never ends by itself; the others take milliseconds
     try:
         hung, other = runner.run([RolloutCalls([call("hang"), call("ok")], tools, {}, lambda: abandoned.append("hung")),
                                   RolloutCalls([call("ok")], tools, {})])
     finally:
         release.set()
-    assert hung[0].timed_out and hung[0].value == {"error": TIMEOUT_ERROR.format(name="hang", seconds=0.5)}
+    assert hung[0].timed_out and hung[0].value == {"error": TIMEOUT_ERROR.format(name="hang", seconds=3)}
     assert hung[1].value == {"error": NOT_RUN_ERROR} and hung[1].failed
     assert [r.value for r in other] == ["fine"] and abandoned == ["hung"]
 
