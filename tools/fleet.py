@@ -221,7 +221,7 @@ def wait_converged(name: str, expected: list[str], timeout_s: float = WAIT_S) ->
 
 # ------------------------------------------------------------------ commands
 def local_only(image: str) -> bool:
-    r = run(["docker", "image", "inspect", image, "--format", "{{json .RepoDigests}}"])
+    r = run(["docker", "image", "inspect", "--format", "{{json .RepoDigests}}", "--", image])
     return r.returncode == 0 and json.loads(r.stdout or "[]") == []
 
 

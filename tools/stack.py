@@ -244,11 +244,12 @@ def fleet_mode(env: dict[str, str]) -> bool:
 
 def fleet_attachments(env: dict[str, str]) -> dict[str, dict]:
     """ENV_FLEET=swarm: no env service here; the trainers and the init job (it plays the envs for the CPU
-    warm start) also join the fleet's overlay network. vLLM does not: its dev routes stay off it."""
+    warm start) also join the fleet's overlay network (added to the networks compose.yaml gives them).
+    vLLM does not: its dev routes stay off it."""
     images = {f"ENV_{n.upper()}_IMAGE": f"${{ENV_{n.upper()}_IMAGE:-}}" for n in custom_envs(env)}
 
     def attach() -> dict:  # a fresh dict per service: YAML would write a shared one as an anchor
-        return {"networks": {"agentnet": {}, "fleet": {}}, **({"environment": dict(images)} if images else {})}
+        return {"networks": {"fleet": {}}, **({"environment": dict(images)} if images else {})}
 
     return {service: attach() for service in ("trainer", "trainer-cpu", "model-init")}
 
@@ -422,8 +423,13 @@ def _ours_on_port(port: int) -> bool:
 
 
 def check_token_file(env: dict[str, str]) -> str | None:
+    """The token file: readable by the containers' uid (Compose keeps the host file's mode), inside a directory
+    only its owner can enter (so the file's o+r shows it to nobody else on the host)."""
     path = Path(env.get("HF_TOKEN_FILE") or ".secrets/hf_token")
     path = path if path.is_absolute() else ROOT / path
+    if path.parent.exists() and path.parent.stat().st_mode & 0o077:
+        return (f"{path.parent} is open to other users of this host (mode {path.parent.stat().st_mode & 0o777:o}): "
+                f"they can read the Hugging Face token in it; `chmod 700 {path.parent}`")
     if path.exists() and not path.stat().st_mode & 0o004:
         return (f"{path} is not readable by the containers' uid 10001 (Compose keeps the host file's mode): "
                 f"`chmod 644 {path}` and keep its directory private (`chmod 700 {path.parent}`)")
@@ -511,15 +517,22 @@ def compose(cenv: dict[str, str], *args: str, extra_profiles: tuple[str, ...] = 
     return subprocess.call(cmd, cwd=ROOT, env=env)
 
 
+# Docker's reference grammar, loosely: a name starting with `-` would read as an option, spaces as more arguments.
+IMAGE_REFERENCE = re.compile(r"[a-z0-9][a-z0-9._/:-]*(@sha256:[0-9a-f]{64})?", re.I)
+
+
 def check_custom_images(env: dict[str, str]) -> None:
     """Each ENV_<NAME>_IMAGE is on this machine, or pulled now; else one line saying what to do."""
     for n in custom_envs(env):
         var = f"ENV_{n.upper()}_IMAGE"
         image = env[var]
-        if run(["docker", "image", "inspect", image]).returncode == 0:
+        if not IMAGE_REFERENCE.fullmatch(image):
+            raise StackError(f"{var}={image!r} is not an image name (e.g. ghcr.io/org/env:1.0, or a digest "
+                             f"name@sha256:...); fix {var} in .env")
+        if run(["docker", "image", "inspect", "--", image]).returncode == 0:
             continue
         say(f"pulling {image} ({var})")
-        r = run(["docker", "pull", image], timeout=1800)
+        r = run(["docker", "pull", "--", image], timeout=1800)  # `--`: a name starting with - is no option
         if r.returncode != 0:
             why = (r.stderr.strip().splitlines() or ["?"])[-1]
             raise StackError(f"{var}={image}: not on this machine and `docker pull` failed ({why}); build or load "

@@ -174,3 +174,13 @@ def test_vllm_dev_routes_stay_on_the_private_network(full):
     assert vllm["environment"].get("VLLM_SERVER_DEV_MODE") == "1"  # why the rule above matters
     assert set(vllm["networks"]) == {"agentnet"}
     assert not full["networks"]["agentnet"].get("external"), "agentnet must be private to the project"
+
+
+def test_env_images_never_share_a_network_with_vllm(full, every):
+    """An env image is code the user did not write: it must not reach vLLM's weight routes (SECURITY.md)."""
+    for cfg in (full, every):
+        vllm_nets = {n for name in ("vllm", "vllm-cpu") if name in cfg["services"]
+                     for n in cfg["services"][name]["networks"]}
+        for name, svc in cfg["services"].items():
+            if name.startswith("env-") or name == "model-init":
+                assert not set(svc.get("networks", {})) & vllm_nets, (name, svc.get("networks"))

@@ -66,11 +66,14 @@ def _seconds(duration: str) -> float:
     return total
 
 
-def test_one_shared_network(gpu, cpu):
+def test_two_private_networks_and_only_the_trainers_on_both(gpu, cpu):
     for cfg in (gpu, cpu):
-        nets = {n for s in cfg["services"].values() for n in s.get("networks", {})}
-        assert nets == {"agentnet"}, nets
-        assert len(cfg["networks"]) == 1
+        assert set(cfg["networks"]) == {"agentnet", "envnet"}
+        both = {name for name, s in cfg["services"].items() if {"agentnet", "envnet"} <= set(s.get("networks", {}))}
+        assert both == {"trainer", "trainer-cpu"} & set(cfg["services"]), both
+        for name, s in cfg["services"].items():
+            if name.startswith("env-"):
+                assert set(s["networks"]) == {"envnet"}, name
 
 
 def test_vllm_runs_trl_server_mode_flags(gpu):

@@ -145,8 +145,8 @@ def test_fleet_mode_starts_no_env_service_and_joins_the_trainers_not_vllm_to_the
     config = json.loads(r.stdout[r.stdout.index("{"):])
     assert not [s for s in config["services"] if s.startswith("env-")]  # the fleet serves them
     assert config["networks"]["fleet"]["name"] == "team-fleet" and config["networks"]["fleet"]["external"]
-    for job in ("trainer-cpu", "model-init"):
-        assert set(config["services"][job]["networks"]) == {"agentnet", "fleet"}
+    assert set(config["services"]["trainer-cpu"]["networks"]) == {"agentnet", "envnet", "fleet"}
+    assert set(config["services"]["model-init"]["networks"]) == {"envnet", "fleet"}
     assert config["services"]["trainer-cpu"]["environment"]["ENV_FLEET"] == "swarm"
     assert config["services"]["trainer-cpu"]["environment"]["ENV_CONNECT4_IMAGE"] == "example/connect4:1"
     sys.path.insert(0, str(ROOT / "tools"))
