@@ -60,9 +60,11 @@ doctor: $(VENV)/.host-ok ## Check Docker, Compose, NVIDIA runtime and GPUs, port
 	@$(STACK) doctor
 
 report: $(VENV)/.host-ok ## Plot reward and tool-call curves of a run to reports/<run>.png (RUN=name, default latest)
-	@mkdir -p reports && chmod 777 reports
+	@mkdir -p reports
 	@$(BUILD_IMAGE) trainer-cpu-image  # GPU hosts do not build it otherwise
-	@$(STACK) compose run --rm --no-deps -v "$(CURDIR)/reports:/reports" trainer-cpu \
+	@# as your own uid, so reports/ needs no opening to others (the outputs volume is world-readable)
+	@$(STACK) compose run --rm --no-deps --user "$$(id -u):$$(id -g)" -e MPLCONFIGDIR=/tmp \
+		-v "$(CURDIR)/reports:/reports" trainer-cpu \
 		python3 -m trainer.report --outputs /outputs $(if $(RUN),--run $(RUN)) --out-dir /reports
 
 baseline: $(VENV)/.host-ok ## Play each env with a random/scripted policy; print mean reward and episode length

@@ -191,7 +191,7 @@ def nvidia_host() -> bool:
 def probe_image(runner: Runner = run, vllm_image: str | None = None) -> str:
     """A local image to run nvidia-smi in (the hook / CDI inject it); pulled fallback when none is here."""
     for image in (vllm_image, *PROBE_IMAGES):
-        if image and runner(["docker", "image", "inspect", image]).returncode == 0:
+        if image and runner(["docker", "image", "inspect", "--", image]).returncode == 0:
             return image
     return PROBE_FALLBACK_IMAGE
 
@@ -208,7 +208,7 @@ def probe_docker_gpus(runner: Runner = run, image: str | None = None) -> DockerG
         # NVIDIA_DISABLE_REQUIRE: a CUDA base image (the vLLM image is one) sets NVIDIA_REQUIRE_CUDA, and on a driver
         # too old for it the container would not start: the GPUs would go uncounted (a CPU fallback) instead of
         # reaching check_driver, which names the driver to install.
-        r = runner(["docker", "run", "--rm", *flags, "-e", "NVIDIA_DISABLE_REQUIRE=1", "--entrypoint", smi[0], image,
+        r = runner(["docker", "run", "--rm", *flags, "-e", "NVIDIA_DISABLE_REQUIRE=1", "--entrypoint", smi[0], "--", image,
                     *smi[1:]])
         gpus = parse_gpu_csv(r.stdout) if r.returncode == 0 else []
         if gpus:
@@ -235,7 +235,7 @@ def load_env() -> dict[str, str]:
 
 def cuda_of_image(image: str, runner: Runner = run) -> str | None:
     """The image's CUDA: from the image when it is on this machine, else from the known tags."""
-    insp = runner(["docker", "image", "inspect", image, "--format", "{{json .Config.Env}}"])
+    insp = runner(["docker", "image", "inspect", "--format", "{{json .Config.Env}}", "--", image])
     if insp.returncode == 0 and insp.stdout.strip():
         found = image_cuda_version(json.loads(insp.stdout))
         if found:

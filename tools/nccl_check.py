@@ -106,7 +106,7 @@ def docker_run_argv(role: str, image: str, placement: gpu_layout.Placement, netw
         argv += ["--ipc", placement.ipc]
     for k, v in sorted(env.items()):
         argv += ["-e", f"{k}={v}"]
-    return [*argv, image, "-c", SCRIPT, role, master, str(port), str(mib), str(iters), str(world)]
+    return [*argv, "--", image, "-c", SCRIPT, role, master, str(port), str(mib), str(iters), str(world)]
 
 
 def parse_events(log: str) -> list[dict]:
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     world = 1 + plan.vllm_world_size  # the weight sync's group: the trainer's rank 0 + every vLLM worker
     for image in (vllm_image, TRAINER_IMAGE):
-        if run(["docker", "image", "inspect", image]).returncode != 0:
+        if run(["docker", "image", "inspect", "--", image]).returncode != 0:
             print(f"nccl-check: image {image} is missing: run `make build` (and pull {vllm_image}) first")
             return 2
     network, temp_net = COMPOSE_NETWORK, False

@@ -1,8 +1,8 @@
 """Security by default, checked on built images and running containers.
 
 - our images run as a non-root uid (image USER and what `id -u` says inside);
-- HF_TOKEN reaches the trainer only as a Compose secret file: never in `docker inspect`'s
-  environment, never in its logs, and still readable by the container's non-root user;
+- HF_TOKEN reaches model-download only, as a Compose secret file readable by its non-root user; the trainer
+  never gets it (no secret file, nothing in `docker inspect`'s environment or its logs);
 - env servers take no filesystem path from clients: path-like values in reset kwargs, actions and
   HTTP routes read nothing (a canary file's content never comes back) and write nothing.
 """
@@ -81,20 +81,26 @@ def test_hf_token_never_in_trainer_environment_or_logs(docker, tmp_path):
         assert not [e for e in state["Config"]["Env"] if e.split("=")[0] in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")]
         assert token not in logs.stdout + logs.stderr, "the token was printed to the container log"
         assert image in state["Config"]["Image"]
-        check = read_secret_in_container(base)
+        assert not [m for m in state["Mounts"] if m["Destination"].startswith("/run/secrets")], state["Mounts"]
+        check = read_secret_in_container(base, tmp_path)
         assert token not in check.stdout + check.stderr
         assert check.returncode == 0 and f"len {len(token)}" in check.stdout, check.stderr[-600:]
-        report(f"security: dummy HF token absent from docker inspect env and {len(logs.stdout + logs.stderr)} "
-               f"bytes of trainer logs; secret file readable in-container ({check.stdout.strip()})")
+        report(f"security: dummy HF token absent from the trainer (no secret mounted, not in docker inspect env, not "
+               f"in {len(logs.stdout + logs.stderr)} bytes of logs); model-download reads it ({check.stdout.strip()})")
     finally:
         subprocess.run(["docker", "rm", "-f", name], capture_output=True)
         subprocess.run([*base, "down", "--volumes", "--remove-orphans"], cwd=ROOT, capture_output=True)
 
 
-def read_secret_in_container(base: list[str]) -> subprocess.CompletedProcess:
-    """The secret is delivered as a file, and the image's non-root user can read it (length only)."""
+def read_secret_in_container(base: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    """model-download as compose.yaml defines it (its secret, its uid), the one service given the token: the secret is
+    a file its non-root user can read (length only). Stand-in: the CPU trainer image instead of the GPU one (both run
+    as uid 10001; the GPU image is not built on CPU machines)."""
+    override = tmp_path / "model-download-on-cpu-image.yaml"
+    override.write_text('services:\n  model-download:\n    image: grpo-stack/trainer:cpu\n')
     return subprocess.run(
-        [*base, "run", "--rm", "--no-deps", "trainer-cpu", "python", "-c",
+        [*base, "-f", str(ROOT / "compose.yaml"), "-f", str(override), "run", "--rm", "--no-deps", "--entrypoint",
+         "python3", "model-download", "-c",
          "import os; p='/run/secrets/hf_token'; print('uid', os.getuid(), 'len', len(open(p).read().strip()))"],
         cwd=ROOT, capture_output=True, text=True)
 
@@ -112,7 +118,7 @@ def test_token_file_made_by_setup_is_readable_by_the_container_user(docker, tmp_
         f.write("hf_" + "x" * 34 + "\n")
     base = ["docker", "compose", "--env-file", str(env_file), "-p", project]
     try:
-        check = read_secret_in_container(base)
+        check = read_secret_in_container(base, tmp_path)
     finally:
         subprocess.run([*base, "down", "--volumes", "--remove-orphans"], cwd=ROOT, capture_output=True)
     assert check.returncode == 0 and "len 37" in check.stdout, check.stderr[-400:]

@@ -121,9 +121,10 @@ def test_cpu_smoke_tools_called_and_rewarded(project, tmp_path):
     assert "model.safetensors" in project.ls(f"/outputs/{RUN}/checkpoint-6")
     assert any(n.startswith("events.out.tfevents") for n in project.ls(f"/outputs/{RUN}/tensorboard"))
 
-    # make report: PNG of reward/tool curves, written as uid 10001 into a host folder
-    tmp_path.chmod(0o777)
-    rep = project.compose("run", "--rm", "--no-deps", "-v", f"{tmp_path}:/reports", "trainer-cpu",
+    # make report: PNG of reward/tool curves, written as the host user into a folder only it can write (Makefile)
+    tmp_path.chmod(0o755)
+    rep = project.compose("run", "--rm", "--no-deps", "--user", f"{os.getuid()}:{os.getgid()}", "-e", "MPLCONFIGDIR=/tmp",
+                          "-v", f"{tmp_path}:/reports", "trainer-cpu",
                           "python", "-m", "trainer.report", "--outputs", "/outputs", "--run", RUN, "--out-dir", "/reports")
     png = tmp_path / f"{RUN}.png"
     assert png.read_bytes()[:4] == b"\x89PNG", rep.stdout
