@@ -14,8 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import requests
-
+from envs.core import probe
 from trainer.config import ConfigError, RunConfig
 from trainer.envs_binding import BindingError, resolve_replicas
 
@@ -61,62 +60,25 @@ def sessions_needed(cfg: RunConfig, env_name: str, env_rows: int | None = None, 
     return gen_batch * num_processes
 
 
-def _json(resp: requests.Response) -> dict[str, Any]:
+def probe_server(url: str) -> tuple[bool, str, int | None, int | None]:
+    """(healthy, detail, reported capacity, reported active sessions) for one replica; bounded (envs.core.probe)."""
     try:
-        body = resp.json()
-        return body if isinstance(body, dict) else {}
-    except ValueError:
-        return {}
-
-
-def probe_server(url: str, timeout_s: float = 5.0) -> tuple[bool, str, int | None, int | None]:
-    """(healthy, detail, reported capacity, reported active sessions) for one replica."""
-    try:
-        resp = requests.get(f"{url}/health", timeout=timeout_s)
-    except requests.RequestException as exc:
-        return False, f"no answer ({type(exc).__name__})", None, None
-    body = _json(resp)
-    if resp.status_code != 200 or str(body.get("status", "healthy")).lower() not in ("healthy", "ok"):
-        return False, f"/health answered {resp.status_code} {str(body)[:120]}", None, None
+        status, body = probe.get_json(f"{url}/health", probe.HEALTH_DEADLINE_S, probe.MAX_HEALTH_BYTES)
+    except probe.ProbeError as exc:
+        return False, str(exc).removeprefix(f"{url}/health: "), None, None
+    body = body if isinstance(body, dict) else {}
+    if status != 200 or str(body.get("status", "healthy")).lower() not in ("healthy", "ok"):
+        return False, f"/health answered {status} {str(body)[:120]}", None, None
     cap = next((body[k] for k in CAPACITY_KEYS if isinstance(body.get(k), int)), None)
     active = next((body[k] for k in ACTIVE_KEYS if isinstance(body.get(k), int)), None)
     return True, "healthy", cap, active
 
 
-def probe_capacity(url: str, want: int, timeout_s: float = 30.0) -> tuple[int, str | None]:
-    """Sessions one replica accepts, counted up to `want` by opening them (then all closed again).
-
-    For servers whose /health does not report capacity (upstream `create_app` defaults to ONE session
-    per server). Each session is asked for its state: a live one answers; a refused one gets
-    CAPACITY_REACHED or is closed (OpenEnv refuses right after the handshake). No timing involved.
-    Returns (accepted, None), or (accepted so far, what stopped the count).
-    """
-    import contextlib
-    import json
-
-    from websockets.exceptions import ConnectionClosed
-    from websockets.sync.client import connect
-
-    from envs.core.client import ws_url
-
-    accepted = 0
-    with contextlib.ExitStack() as sessions:  # every probe session is closed on the way out
-        while accepted < want:
-            try:
-                ws = sessions.enter_context(connect(ws_url(url), open_timeout=timeout_s, proxy=None))
-            except Exception as exc:  # noqa: BLE001 - any failure to connect ends the count
-                return accepted, f"opening session {accepted + 1}: {type(exc).__name__}: {exc}"
-            try:
-                ws.send('{"type": "state"}')
-                reply = json.loads(ws.recv(timeout=timeout_s))
-            except ConnectionClosed:  # closed instead of answering: refused
-                return accepted, None
-            except Exception as exc:  # noqa: BLE001 - no answer at all: say so
-                return accepted, f"session {accepted + 1} got no reply ({type(exc).__name__})"
-            if isinstance(reply, dict) and (reply.get("data") or {}).get("code") == "CAPACITY_REACHED":
-                return accepted, None
-            accepted += 1
-    return accepted, None
+def probe_capacity(url: str, want: int) -> tuple[int, str | None]:
+    """Sessions one replica accepts, counted up to `want` by opening them (then all closed again), for servers
+    whose /health does not report capacity (upstream `create_app` defaults to ONE session per server). Bounded
+    in time as a whole; returns (accepted, None), or (accepted so far, what stopped the count)."""
+    return probe.count_sessions(url, want)
 
 
 def image_hint(name: str) -> str:

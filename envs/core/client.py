@@ -11,6 +11,7 @@ re-resolved when replicas die or are added), chosen again whenever it (re)connec
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import threading
 import time
@@ -149,8 +150,17 @@ class SessionClient:
 
     # -- async internals (run on the shared loop) --------------------------------------------------
     def _run(self, coro: Any) -> Any:
-        future = asyncio.run_coroutine_threadsafe(coro, _background_loop())
-        return future.result(timeout=self.connect_timeout_s + self.message_timeout_s + 5)
+        """Run `coro` on the shared loop and wait for it. Past the deadline it is cancelled and the session closed,
+        so a reset that answers late cannot take a server slot nobody uses (the caller got a TimeoutError)."""
+        loop = _background_loop()
+        future = asyncio.run_coroutine_threadsafe(coro, loop)
+        deadline_s = 2 * (self.connect_timeout_s + self.message_timeout_s) + 5  # a reset may reconnect once
+        try:
+            return future.result(timeout=deadline_s)
+        except concurrent.futures.TimeoutError:
+            future.cancel()  # runs before the close below: the loop takes callbacks in order
+            asyncio.run_coroutine_threadsafe(self._close(), loop)
+            raise TimeoutError(f"{self.url}: no answer within {deadline_s:g} s; the session was closed") from None
 
     async def _connect(self) -> None:
         if self._ws is not None:

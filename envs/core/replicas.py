@@ -81,7 +81,8 @@ class ReplicaSet:
         self.url = url
         self._resolver, self._namer, self._refresh_s, self._clock = resolver, namer, refresh_s, clock
         self._log = log or (lambda msg: print(f"[envs] {msg}", flush=True))
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the counts; never held across a DNS lookup
+        self._resolving = threading.Lock()  # one lookup at a time
         self._replicas: dict[str, Replica] = {}  # every replica a session ever used, live or not
         self._live: list[str] = []
         self._resolved_at = float("-inf")
@@ -100,8 +101,8 @@ class ReplicaSet:
     def acquire(self, avoid: set[str] | frozenset[str] = frozenset()) -> str:
         """The least-loaded live replica (not in `avoid`, not recently refused, if any other is live),
         counted as holding one more session. Raises ResolveError when the name resolves to nothing."""
+        live = self._live_now()
         with self._lock:
-            live = self._live_locked()
             now = self._clock()
             fresh = [u for u in live if now - self._replicas[u].refused_at >= QUARANTINE_S]
             choices = [u for u in fresh if u not in avoid] or fresh or live
@@ -133,11 +134,11 @@ class ReplicaSet:
         """True when a live replica holds 2 or more fewer of this process's sessions than `url` (a task just
         added, or one that replaced a dead task), or `url` is no longer live: worth a fresh session at an
         episode boundary."""
+        try:
+            live = self._live_now()
+        except ResolveError:
+            return False  # keep what works; a failed connection will resolve again
         with self._lock:
-            try:
-                live = self._live_locked()
-            except ResolveError:
-                return False  # keep what works; a failed connection will resolve again
             if url not in live:
                 return True
             least = min(self._replicas[u].sessions for u in live)
@@ -159,24 +160,43 @@ class ReplicaSet:
         return f"{sum(now for now, _ in snap.values())} sessions over {live} replica(s) ({spread})"
 
     # -- internals -------------------------------------------------------------------------------
-    def _live_locked(self) -> list[str]:
-        now = self._clock()
-        if now - self._resolved_at < self._refresh_s and self._live:
-            return self._live
+    def _live_now(self) -> list[str]:
+        """The live replicas, resolved again (DNS, reverse DNS for names) when the answer is stale, outside the
+        counts' lock: rollout threads never queue behind a slow resolver. While one thread resolves, the others
+        use the last answer; only with no answer yet do they wait for the lookup."""
+        with self._lock:
+            if self._fresh_locked():
+                return self._live
+            last = self._live
+        if not self._resolving.acquire(blocking=not last):
+            return last
         try:
-            live = self._resolver(self.url)
-        except ResolveError:
-            self._live, self._resolved_at = [], now
-            raise
-        for url in live:
-            if url not in self._replicas:
-                self._replicas[url] = Replica(url, self._namer(url))
-        if self._live and live != self._live:
-            added = [self._replicas[u].name for u in live if u not in self._live]
-            gone = [self._replicas[u].name for u in self._live if u not in live]
-            self._log(f"{self.url}: {len(live)} replica(s) now"
-                      + (f"; added {', '.join(added)}" if added else "") + (f"; gone {', '.join(gone)}" if gone else ""))
-        self._live, self._resolved_at = live, now
-        if not live:
-            raise ResolveError(f"{self.url}: no replica answers")
-        return live
+            with self._lock:  # resolved by another thread while this one waited
+                if self._fresh_locked():
+                    return self._live
+            try:
+                live = self._resolver(self.url)
+            except ResolveError:
+                with self._lock:
+                    self._live, self._resolved_at = [], self._clock()
+                raise
+            with self._lock:
+                new = [u for u in live if u not in self._replicas]
+            names = {u: self._namer(u) for u in new}
+            with self._lock:
+                for url in new:
+                    self._replicas.setdefault(url, Replica(url, names[url]))
+                if self._live and live != self._live:
+                    added = [self._replicas[u].name for u in live if u not in self._live]
+                    gone = [self._replicas[u].name for u in self._live if u not in live]
+                    self._log(f"{self.url}: {len(live)} replica(s) now" + (f"; added {', '.join(added)}" if added else "")
+                              + (f"; gone {', '.join(gone)}" if gone else ""))
+                self._live, self._resolved_at = live, self._clock()
+            if not live:
+                raise ResolveError(f"{self.url}: no replica answers")
+            return live
+        finally:
+            self._resolving.release()
+
+    def _fresh_locked(self) -> bool:
+        return bool(self._live) and self._clock() - self._resolved_at < self._refresh_s

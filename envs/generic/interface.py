@@ -19,7 +19,6 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
-import requests
 
 # Fields every OpenEnv `Action` carries that are not the env's own (set by the framework, not the policy).
 FRAMEWORK_ACTION_FIELDS = ("metadata",)
@@ -29,6 +28,7 @@ RESERVED_TOOL_NAMES = ("reset", "get_reward", "env_name", "replica_set")
 # What an env server may make us parse (a third-party image): bounded, so a hostile /schema cannot stall preflight.
 MAX_SCHEMA_NODES = 20_000  # after $refs are inlined
 MAX_DESCRIPTION_CHARS = 1_000
+MAX_TOOL_PARAMS = 64  # every argument is written into every prompt; past this the model could not use the tool
 ARG_SECTIONS = ("args", "arguments", "attributes", "parameters", "params")
 SECTION_HEADERS = (*ARG_SECTIONS, "returns", "return", "raises", "yields", "examples", "example", "note", "notes")
 
@@ -186,6 +186,11 @@ def params_from_schema(schema: dict, where: str, doc_fields: dict[str, str],
                        skip: tuple[str, ...] = ()) -> tuple[Param, ...]:
     if not isinstance(schema or {}, dict):
         raise UnsupportedSchema(f"{where}: its schema is not a JSON object")
+    props = (schema or {}).get("properties")
+    fields = [k for k in props if k not in skip] if isinstance(props, dict) else []
+    if len(fields) > MAX_TOOL_PARAMS:  # before inlining: it names the real problem
+        raise UnsupportedSchema(f"{where}: {len(fields):,} fields, more than the {MAX_TOOL_PARAMS} a tool can take "
+                                "(each is written into every prompt); write a tool class for this env (README)")
     schema = resolve_refs(schema or {}, (schema or {}).get("$defs", {}))
     properties = schema.get("properties") or {}
     if not isinstance(properties, dict):
@@ -217,18 +222,17 @@ def check_identifier(name: Any, what: str) -> None:
 
 
 # ------------------------------------------------------------------------------------ discovery
-def get_schema(base_url: str, timeout_s: float = 10.0) -> dict:
+def get_schema(base_url: str) -> dict:
+    """GET /schema in bounded time and size (envs.core.probe): the server may be an image nobody here wrote."""
+    from envs.core import probe
+
     url = f"{base_url.rstrip('/')}/schema"
     try:
-        resp = requests.get(url, timeout=timeout_s)
-    except requests.RequestException as exc:
-        raise InterfaceError(f"no answer from {url} ({type(exc).__name__})") from None
-    try:
-        body = resp.json()
-    except ValueError:
-        body = None
-    if resp.status_code != 200 or not isinstance(body, dict) or not isinstance(body.get("action"), dict):
-        raise InterfaceError(f"{url} answered {resp.status_code} without an action schema: not an OpenEnv server "
+        status, body = probe.get_json(url, probe.SCHEMA_DEADLINE_S, probe.MAX_SCHEMA_BYTES)
+    except probe.ProbeError as exc:
+        raise InterfaceError(str(exc)) from None
+    if status != 200 or not isinstance(body, dict) or not isinstance(body.get("action"), dict):
+        raise InterfaceError(f"{url} answered {status} without an action schema: not an OpenEnv server "
                              "(OpenEnv's create_app serves /schema and /ws)")
     return body
 
@@ -238,7 +242,7 @@ def is_mcp(action_schema: dict) -> bool:
     return "tool_name" in props and "arguments" in props
 
 
-def discover(base_url: str, timeout_s: float = 30.0) -> EnvInterface:
+def discover(base_url: str, timeout_s: float = 10.0) -> EnvInterface:
     schema = get_schema(base_url)
     action = schema["action"]
     if is_mcp(action):
@@ -250,7 +254,7 @@ def list_tools(base_url: str, timeout_s: float) -> list[dict]:
     from envs.core.client import EnvServerError, SessionClient
 
     client = SessionClient(base_url, connect_timeout_s=timeout_s, message_timeout_s=timeout_s,
-                           capacity_wait_s=timeout_s, reconnect_wait_s=0)
+                           capacity_wait_s=timeout_s, reconnect_wait_s=0, ping_interval_s=None)
     try:
         client.reset()  # opens the session; list_tools needs no reset, but some envs only answer after one
         reply = client.step({"type": "list_tools"})

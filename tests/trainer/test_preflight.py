@@ -69,7 +69,7 @@ def test_env_server_down():
     port = free_port()  # nothing listens there
     cfg = cfg_for(env_urls=f"echo=http://127.0.0.1:{port}")
     errors = preflight.check_env_servers(cfg, PreflightReport(), wait_s=0)
-    assert f"env echo: not healthy: http://127.0.0.1:{port} (no answer (ConnectionError))" in errors[0]
+    assert f"env echo: not healthy: http://127.0.0.1:{port} (no answer (ConnectError))" in errors[0]
     assert "make logs" in errors[0]
 
 

@@ -1,0 +1,146 @@
+"""Bounded probes of an env server, which may be an image nobody here wrote.
+
+Every probe has a total deadline (not a per-read timeout: a server trickling one byte a second resets those
+forever), a cap on what it reads, and closes its WebSocket sessions all at once with a short close timeout (a
+server that ignores close frames costs about a second in all, not seconds per session). Like the session client,
+probes never go through HTTP(S)_PROXY: env servers sit on the stack's private network. Each failure is a
+ProbeError whose message is one line saying what hung or what was too big.
+
+Runs on the session client's background loop, so it works from any thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import json
+from typing import Any, Awaitable, TypeVar
+
+HEALTH_DEADLINE_S = 5.0
+SCHEMA_DEADLINE_S = 15.0
+MAX_HEALTH_BYTES = 64 << 10
+MAX_SCHEMA_BYTES = 4 << 20  # a 10,000-field action schema is ~1 MB
+CLOSE_TIMEOUT_S = 1.0
+# Counting sessions: a base allowance plus a little per session (opening one is milliseconds on a live server).
+CAPACITY_DEADLINE_S = 30.0
+CAPACITY_DEADLINE_PER_SESSION_S = 0.25
+
+T = TypeVar("T")
+
+
+class ProbeError(RuntimeError):
+    """One line: the URL and what went wrong (no answer in time, too big, not JSON)."""
+
+
+def run_bounded(coro: Awaitable[T], deadline_s: float, what: str) -> T:
+    """Run `coro` on the shared loop; past `deadline_s` it is cancelled (its sockets closed) and ProbeError raised."""
+    from envs.core.client import _background_loop
+
+    async def bounded() -> T:
+        try:
+            return await asyncio.wait_for(coro, deadline_s)
+        except asyncio.TimeoutError:
+            raise ProbeError(f"{what}: no complete answer within {deadline_s:g} s") from None
+
+    future = asyncio.run_coroutine_threadsafe(bounded(), _background_loop())
+    try:
+        return future.result(timeout=deadline_s + 4 * CLOSE_TIMEOUT_S + 5)
+    except concurrent.futures.TimeoutError:  # the loop itself is stuck: never wait on it longer
+        future.cancel()
+        raise ProbeError(f"{what}: no complete answer within {deadline_s:g} s") from None
+
+
+# ------------------------------------------------------------------------------------------ HTTP
+async def _get(url: str, max_bytes: int) -> tuple[int, bytes]:
+    import httpx
+
+    async with httpx.AsyncClient(trust_env=False, timeout=None, follow_redirects=False) as client:
+        async with client.stream("GET", url) as resp:
+            declared = resp.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > max_bytes:
+                raise ProbeError(f"{url}: answer of {int(declared):,} bytes, more than the {max_bytes:,} read")
+            body = bytearray()
+            async for chunk in resp.aiter_bytes():
+                body += chunk
+                if len(body) > max_bytes:
+                    raise ProbeError(f"{url}: answer longer than the {max_bytes:,} bytes read")
+            return resp.status_code, bytes(body)
+
+
+def get_json(url: str, deadline_s: float, max_bytes: int) -> tuple[int, Any]:
+    """(status, parsed JSON body or None when it is not JSON). ProbeError: no answer in time, too big, unreachable."""
+    import httpx
+
+    try:
+        status, body = run_bounded(_get(url, max_bytes), deadline_s, url)
+    except httpx.HTTPError as exc:
+        raise ProbeError(f"{url}: no answer ({type(exc).__name__})") from None
+    try:
+        return status, json.loads(body)
+    except ValueError:
+        return status, None
+
+
+# ------------------------------------------------------------------------------------- WebSocket
+def capacity_deadline_s(want: int) -> float:
+    return CAPACITY_DEADLINE_S + CAPACITY_DEADLINE_PER_SESSION_S * want
+
+
+async def _count_sessions(url: str, want: int, counted: list[int]) -> str | None:
+    """Open sessions one by one until `want`, a refusal or a failure; each is asked for its state (a live one answers,
+    a refused one gets CAPACITY_REACHED or is closed: OpenEnv refuses right after the handshake). All are closed at
+    once on the way out, cancelled or not."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    from envs.core.client import ws_url
+
+    opened = []
+    try:
+        while counted[0] < want:
+            try:
+                ws = await connect(ws_url(url), proxy=None, close_timeout=CLOSE_TIMEOUT_S, max_size=1 << 20,
+                                   ping_interval=None, open_timeout=None)
+            except Exception as exc:  # noqa: BLE001 - any failure to connect ends the count
+                return f"opening session {counted[0] + 1}: {type(exc).__name__}: {str(exc)[:200]}"
+            opened.append(ws)
+            try:
+                await ws.send('{"type": "state"}')
+                reply = json.loads(await ws.recv())
+            except ConnectionClosed:  # closed instead of answering: refused
+                return None
+            except ValueError:
+                return f"session {counted[0] + 1} answered something that is not JSON"
+            if isinstance(reply, dict) and ((reply.get("data") or {}).get("code") == "CAPACITY_REACHED"):
+                return None
+            counted[0] += 1
+        return None
+    finally:
+        await _close_all(opened)
+
+
+async def _close_all(sessions: list) -> None:
+    """Close every session together; one that ignores the close frame is dropped after CLOSE_TIMEOUT_S."""
+    if not sessions:
+        return
+    closing = [asyncio.ensure_future(ws.close()) for ws in sessions]
+    _, late = await asyncio.wait(closing, timeout=3 * CLOSE_TIMEOUT_S)
+    for task in late:
+        task.cancel()
+    for ws in sessions:
+        if ws.transport is not None and not ws.transport.is_closing():
+            ws.transport.abort()
+
+
+def count_sessions(url: str, want: int, deadline_s: float | None = None) -> tuple[int, str | None]:
+    """Sessions one replica accepts, counted up to `want` by opening them (then all closed again).
+
+    Returns (accepted, None), or (accepted so far, one line saying what stopped the count)."""
+    deadline_s = capacity_deadline_s(want) if deadline_s is None else deadline_s
+    counted = [0]
+    try:
+        problem = run_bounded(_count_sessions(url, want, counted), deadline_s, f"{url} /ws")
+    except ProbeError:
+        return counted[0], (f"counting sessions stopped after {deadline_s:g} s at {counted[0]} accepted (the server "
+                            "answers too slowly or not at all)")
+    return counted[0], problem
