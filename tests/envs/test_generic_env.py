@@ -189,20 +189,53 @@ def test_prompts_file_rows_and_bad_files(tmp_path):
 
 
 # ---------------------------------------------------------------------------- capacity
-def test_capacity_is_probed_when_health_does_not_report_it(servers):
+def open_connections_to(url: str) -> list:
+    """This process's TCP connections to `url`'s port that are still open."""
+    import psutil
+
+    port = int(url.rsplit(":", 1)[1])
+    return [c for c in psutil.Process().net_connections(kind="tcp")
+            if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED]
+
+
+def test_capacity_is_probed_when_health_does_not_report_it():
+    """Each probe gets a server of its own with every slot free: a stock server frees a closed session's slot
+    after the socket is gone, when it gets to it, and says so nowhere but in accepting a session again, so
+    a probe right after another one (or after another test's session) could find slots not yet freed."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from trainer.preflight import probe_capacity
 
-    assert requests.get(servers["guess"] + "/health", timeout=5).json() == {"status": "healthy"}  # says nothing
-    assert probe_capacity(servers["guess"], 4) == (1, None)  # stock create_app: one session per server
-    assert probe_capacity(servers["notebook"], 8) == (3, None)  # MAX_CONCURRENT_ENVS=3 for this one
-    assert probe_capacity(servers["notebook"], 2) == (2, None)  # counts only as far as needed
-    # the probe's sessions are closed again: a client gets the one slot at once
-    tool = spec(servers, "guess").tool_class(servers["guess"])
-    tool._client.capacity_wait_s = 0
+    wanted = {"guess": ("guess", {}), "notebook": ("notebook", {"MAX_CONCURRENT_ENVS": "3"}),
+              "notebook2": ("notebook", {"MAX_CONCURRENT_ENVS": "3"})}
+    ports = {key: free_port() for key in wanted}
+    urls = {key: f"http://127.0.0.1:{port}" for key, port in ports.items()}
+    with ThreadPoolExecutor(len(wanted)) as pool:  # started side by side: each returns once /health answers
+        started = [pool.submit(start_fixture, name, ports[key], **extra) for key, (name, extra) in wanted.items()]
+    procs = [f.result() for f in started if f.exception() is None]
     try:
-        assert "hint:" in tool.reset(reset_kwargs={"seed": 0})
+        for f in started:
+            f.result()  # a fixture that did not start fails here, the others are stopped below
+        assert requests.get(urls["guess"] + "/health", timeout=5).json() == {"status": "healthy"}  # says nothing
+        assert probe_capacity(urls["guess"], 4) == (1, None)  # stock create_app: one session per server
+        assert probe_capacity(urls["notebook"], 8) == (3, None)  # MAX_CONCURRENT_ENVS=3 for this one
+        assert probe_capacity(urls["notebook2"], 2) == (2, None)  # counts only as far as needed
+        # the probe's sessions are closed again: none of its sockets is left open (close() returns once the
+        # TCP connection is gone) ...
+        for url in urls.values():
+            assert open_connections_to(url) == []
+        # ... so the server frees the slot, and a client gets it: the client waits (with backoff) until the
+        # server accepts it, the moment the slot is free; a slot the probe kept would fail this after 2 min.
+        tool = spec(urls, "guess").tool_class(urls["guess"])
+        tool._client.capacity_wait_s = 120
+        try:
+            assert "hint:" in tool.reset(reset_kwargs={"seed": 0})
+        finally:
+            tool._client.close()
     finally:
-        tool._client.close()
+        for p in procs:
+            p.kill()
+            p.wait()
 
 
 def test_synthetic_demo_calls_fit_the_declared_schemas(servers):
