@@ -101,12 +101,14 @@ def test_vllm_port_is_not_published(gpu):
     assert not gpu["services"]["vllm"].get("ports")
 
 
-def test_hf_token_is_a_secret_not_an_environment_variable(gpu, cpu):
+def test_hf_token_is_a_secret_of_model_download_only_never_an_environment_variable(gpu, cpu):
+    assert "hf_token" in gpu["secrets"]
     for cfg in (gpu, cpu):
-        assert "hf_token" in cfg["secrets"]
         for name, svc in cfg["services"].items():
             assert "HF_TOKEN" not in (svc.get("environment") or {}), name
-    assert [s["source"] for s in gpu["services"]["trainer"]["secrets"]] == ["hf_token"]
+        holders = {name for name, svc in cfg["services"].items() if svc.get("secrets")}
+        assert holders <= {"model-download"}, holders  # the one service that downloads
+    assert [s["source"] for s in gpu["services"]["model-download"]["secrets"]] == ["hf_token"]
 
 
 def test_cpu_stack_has_no_vllm_and_trains_on_the_local_tiny_model(cpu):
