@@ -14,7 +14,6 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable
 
-NAMES = ("echo", "wordle", "catch")
 # Any env's name: the compose service is env-<name>, its image variable ENV_<NAME>_IMAGE.
 NAME_PATTERN = r"[a-z][a-z0-9_]{0,30}"
 
@@ -84,13 +83,19 @@ _SPECS = {
         episode_budget_tokens=768,
     ),
 }
+NAMES = tuple(_SPECS)  # the built-in envs: a new one is its folder plus its line above, nothing else
+
+
+def names() -> tuple[str, ...]:
+    """The built-in envs now (read at call time, so a spec added after import counts too)."""
+    return tuple(_SPECS)
 
 
 def get(name: str) -> EnvSpec:
     """The spec for `name`; a ValueError naming the valid choices otherwise."""
     key = (name or "").strip().lower()
     if key not in _SPECS:
-        raise ValueError(f"Unknown environment {name!r}; valid choices: {', '.join(NAMES)}.")
+        raise ValueError(f"Unknown environment {name!r}; valid choices: {', '.join(names())}.")
     return _SPECS[key]
 
 

@@ -49,7 +49,7 @@ class ConfigError(ValueError):
 def known_envs() -> tuple[str, ...]:
     from envs import registry  # light by contract (no heavy deps)
 
-    return tuple(registry.NAMES)
+    return registry.names()
 
 
 def env_name_pattern() -> str:
@@ -292,6 +292,23 @@ class RunConfig(BaseSettings):
     def generation_batch_size(self) -> int:
         """Completions per generation batch per process (TRL: per_device_train_batch_size x steps_per_generation)."""
         return self.per_device_train_batch_size * self.effective_steps_per_generation
+
+    def sessions_needed(self, env_name: str, env_rows: int | None = None, num_processes: int = 1) -> int:
+        """Sessions TRL 1.16 opens on one env, as its environment pool grows (preflight checks them against the
+        servers; the host sizes ENV_<NAME>_REPLICAS=auto by them).
+
+        Per process the pool of an env grows to the most rollouts of that env in one generation batch
+        (per_device_train_batch_size x steps_per_generation completions) and is never shrunk or closed.
+        Single env: the whole generation batch. Multi-env: a batch holds gen_batch / num_generations
+        prompts, each repeated num_generations times; at worst all of them are this env's (capped by how
+        many distinct rows the env has: `env_rows`, else DATASET_SIZE).
+        """
+        gen_batch = self.generation_batch_size
+        if len(self.env_names) > 1:
+            prompts_per_batch = gen_batch // self.num_generations
+            rows = env_rows if env_rows is not None else self.dataset_size
+            gen_batch = self.num_generations * min(prompts_per_batch, rows)
+        return gen_batch * num_processes
 
     @property
     def resolved_run_name(self) -> str:

@@ -13,7 +13,7 @@ from typing import Any, Mapping, Optional
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from envs.registry import NAMES
+from envs import registry
 
 # The trainer's default generation batch per replica is far below this; one place for the number.
 DEFAULT_MAX_CONCURRENT_ENVS = 256
@@ -24,7 +24,7 @@ class ServerSettings(BaseSettings):
 
     model_config = SettingsConfigDict(case_sensitive=False, env_ignore_empty=True, extra="ignore", frozen=True)
 
-    env_name: str = Field(description=f"the env this server plays: {', '.join(NAMES)}")
+    env_name: str = Field(description="the env this server plays: a built-in one (envs.registry)")
     max_concurrent_envs: int = Field(DEFAULT_MAX_CONCURRENT_ENVS, ge=1,
                                      description="sessions one server holds; the next /ws gets CAPACITY_REACHED")
     session_timeout_s: Optional[float] = Field(600.0, description="idle sessions are closed after this; 0 turns it off")
@@ -43,8 +43,8 @@ class ServerSettings(BaseSettings):
     @classmethod
     def _known(cls, value: str) -> str:
         name = value.strip().lower()
-        if name not in NAMES:
-            raise ValueError(f"unknown environment {value!r}; choose one of {', '.join(NAMES)}")
+        if not registry.is_builtin(name):
+            raise ValueError(f"unknown environment {value!r}; choose one of {', '.join(registry.names())}")
         return name
 
     @field_validator("session_timeout_s")
