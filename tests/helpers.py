@@ -157,3 +157,15 @@ def start_fixture(name: str, port: int, **env: str) -> subprocess.Popen:
                 proc.kill()
                 raise AssertionError(f"fixture {name} did not start") from None
             time.sleep(0.2)
+
+
+def make_tiny_model(out: Path) -> Path:
+    """The CPU profile's own tiny model (`python -m trainer.tiny_model`, what its model-init job runs) at `out`, reused
+    when already there; world-readable, since the vllm-cpu container (uid 10001) mounts it read-only."""
+    out = Path(out)
+    if not ((out / "config.json").exists() and (out / "tokenizer.json").exists()):
+        subprocess.run([sys.executable, "-m", "trainer.tiny_model", "--out", str(out)], cwd=ROOT, check=True)
+    out.chmod(0o755)
+    for p in out.rglob("*"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    return out

@@ -67,7 +67,7 @@ def ensure_trainer_standin_image() -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory) -> Path:
-    from tests.gpu_path.tiny_model import make_tiny_model
+    from tests.helpers import make_tiny_model
 
     out = tmp_path_factory.mktemp("vllm-cpu-model") / "tiny-qwen3"
     return make_tiny_model(out)

@@ -104,7 +104,7 @@ def probe(container: str, *targets: str) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from tests.gpu_path.tiny_model import make_tiny_model
+    from tests.helpers import make_tiny_model
 
     build = ensure_trainer_standin_image()
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
