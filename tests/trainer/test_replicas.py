@@ -8,6 +8,7 @@ the same on a real swarm.
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 
 import pytest
@@ -146,6 +147,25 @@ def play(client) -> None:
     client.step({"type": "call_tool", "tool_name": "echo_message", "arguments": {"message": "hi"}})
 
 
+def until(check, what: str, guard_s: float = 120) -> None:
+    """Wait for an event the system shows (`check()` true); the deadline only stops a hang."""
+    deadline = time.monotonic() + guard_s
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not seen in {guard_s:.0f} s"
+        time.sleep(0.05)
+
+
+def active(servers) -> list[int]:
+    return [s.health()["active_sessions"] for s in servers]
+
+
+def until_active(servers, want: list[int]) -> None:
+    """Until the servers report these open sessions: a session a client closed is freed when the server has
+    processed the close, after close() returns."""
+    seen = []
+    until(lambda: seen.append(active(servers)) or seen[-1] == want, f"active sessions {want} (last seen {seen[-1:]})")
+
+
 def test_sessions_spread_follow_a_dead_server_and_use_a_new_one(service):
     from envs.core.client import EnvServerError, SessionClient
 
@@ -153,24 +173,29 @@ def test_sessions_spread_follow_a_dead_server_and_use_a_new_one(service):
     clients = [SessionClient(url, reconnect_wait_s=60) for _ in range(6)]
     for c in clients:
         play(c)
-    active = [s.health()["active_sessions"] for s in servers]
-    assert active == [3, 3, 0]
+    assert active(servers) == [3, 3, 0]  # a session is open once its reset is answered
+    on_dead = [c for c in clients if c._replica == servers[0].url]
+    assert len(on_dead) == 3
 
     servers[0].stop()  # a task dies: Docker's DNS stops listing it, and lists the replacement Swarm started
     dns.answer = [servers[1].url, servers[2].url]
-    lost = 0
+    # the clients learn it when their own connection's close is processed (on their background loop):
+    # wait for that, not for the time it usually takes
+    until(lambda: not any(c.connected for c in on_dead), "the dead server's sessions seen closed")
+    lost = []
     for c in clients:
         try:
             c.step({"type": "call_tool", "tool_name": "echo_message", "arguments": {"message": "x"}})
         except EnvServerError as e:
             assert e.code == "SESSION_LOST"
-            lost += 1
-    assert lost == 3  # the dead server's episodes end; the others go on
+            lost.append(c)
+    assert lost == on_dead  # the dead server's episodes end; the others go on
     for c in clients:  # the next episode of every session runs on a live server
         play(c)
-    assert [s.health()["active_sessions"] for s in servers[1:]] == [3, 3]
+    # a session that moved at its episode boundary closed its old one: freed once that server processed it
+    until_active(servers[1:], [3, 3])
 
     for c in clients:
         c.close()
-    assert [s.health()["active_sessions"] for s in servers[1:]] == [0, 0]
+    until_active(servers[1:], [0, 0])
     assert sum(now for now, _ in rs.snapshot().values()) == 0
