@@ -19,7 +19,14 @@ from tests.helpers import ROOT, build_images, compose_stack, service_url
 pytestmark = pytest.mark.docker
 
 CAP = 4
-TIMEOUT_S = 6  # SESSION_TIMEOUT_S; the stock reaper checks every max(T/4, 5) s
+# SESSION_TIMEOUT_S of the shared servers: far longer than any of these tests, however slow this machine,
+# so what frees a slot here is a close or a dropped client, never the idle reaper (a short timeout reaped
+# sessions that tests still held, and freed a dropped client's slots even where drops went unnoticed).
+TIMEOUT_S = 3600
+# The reaping test's own server: an idle session goes 6 to 11 s after its last frame (the stock reaper
+# checks every max(T/4, 5) s); the test waits for the reaper's frame, not for that time.
+REAP_TIMEOUT_S = 6
+GUARD_S = 120  # deadlines that only stop a hang: every wait below ends on what the server reports
 
 
 @pytest.fixture(scope="module")
@@ -28,6 +35,14 @@ def urls(docker, tmp_path_factory):
     overrides = {"MAX_CONCURRENT_ENVS": str(CAP), "ENV_SESSION_TIMEOUT_S": str(TIMEOUT_S)}
     with compose_stack(tmp_path_factory.mktemp("envs"), ["echo", "wordle", "catch"], overrides=overrides) as stack:
         yield {n: service_url(stack, f"env-{n}") for n in ("echo", "wordle", "catch")}
+
+
+@pytest.fixture
+def reaping_url(docker, tmp_path):
+    build_images("env-server")
+    overrides = {"MAX_CONCURRENT_ENVS": str(CAP), "ENV_SESSION_TIMEOUT_S": str(REAP_TIMEOUT_S)}
+    with compose_stack(tmp_path, ["echo"], services=["env-echo"], overrides=overrides) as stack:
+        yield service_url(stack, "env-echo")
 
 
 def ws_url(url: str) -> str:
@@ -43,13 +58,17 @@ def capacity(url: str) -> dict:
     return requests.get(url + "/capacity", timeout=5).json()
 
 
-def wait_for_active(url: str, n: int, timeout: float = 30.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        cap = capacity(url)
-        if cap["active_sessions"] == n or time.monotonic() > deadline:
-            return cap
-        time.sleep(0.5)
+def wait_for_capacity(url: str, done, what: str) -> dict:
+    """Poll /capacity until `done(it)`: the server reports the slots freed, the sessions reaped, ..."""
+    deadline = time.monotonic() + GUARD_S
+    while not done(cap := capacity(url)):
+        assert time.monotonic() < deadline, f"{what}: not reported in {GUARD_S} s, last {cap}"
+        time.sleep(0.1)
+    return cap
+
+
+def wait_for_active(url: str, n: int) -> dict:
+    return wait_for_capacity(url, lambda cap: cap["active_sessions"] == n, f"{n} active sessions")
 
 
 # ---------------------------------------------------------------- full episodes
@@ -133,14 +152,14 @@ def test_capacity_error_then_a_slot_frees(urls):
         assert err["type"] == "error" and err["data"]["code"] == "CAPACITY_REACHED"
         assert f"{CAP}/{CAP}" in err["data"]["message"] and "MAX_CONCURRENT_ENVS" in err["data"]["message"]
         await held.pop().close()
-        wait_for_active(url, CAP - 1, 10)
+        wait_for_active(url, CAP - 1)  # the close is processed after close() returns
         late = await connect(ws_url(url), proxy=None)
         assert (await rpc(late, {"type": "reset", "data": {}}))["type"] == "observation"
         for ws in held + [late]:
             await ws.close()
 
     asyncio.run(go())
-    assert wait_for_active(url, 0, 10)["active_sessions"] == 0
+    assert wait_for_active(url, 0)["active_sessions"] == 0
 
 
 def test_health_counts_episodes_awaiting_their_first_step(urls):
@@ -166,10 +185,7 @@ def test_health_counts_episodes_awaiting_their_first_step(urls):
 
     before, both, one = asyncio.run(play())
     assert (both - before, one - before) == (2, 1)
-    deadline = time.monotonic() + 60
-    while capacity(url)["episodes_awaiting_step"] != before:
-        assert time.monotonic() < deadline, capacity(url)
-        time.sleep(0.1)
+    wait_for_capacity(url, lambda cap: cap["episodes_awaiting_step"] == before, "the closed sessions uncounted")
 
 
 def test_dropped_clients_free_their_slots(urls):
@@ -194,29 +210,35 @@ def test_dropped_clients_free_their_slots(urls):
         os.kill(proc.pid, signal.SIGKILL)  # no close frame, no goodbye
     finally:
         proc.wait(10)
-    assert wait_for_active(url, 0, 20)["available_slots"] == CAP
+    # freed when the server notices the dead sockets; the reaper would take an hour (TIMEOUT_S)
+    assert wait_for_active(url, 0)["available_slots"] == CAP
 
 
-def test_idle_session_is_reaped_and_tool_reconnects(urls):
+def test_idle_session_is_reaped_and_tool_reconnects(reaping_url):
     from websockets.asyncio.client import connect
 
     from envs.echo.tool import EchoTool
 
-    url = urls["echo"]
+    url = reaping_url
     tool = EchoTool(url)
     tool.reset(target="apple")
 
     async def idle():
         ws = await connect(ws_url(url), proxy=None)
-        await rpc(ws, {"type": "reset", "data": {}})
-        frame = json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT_S + 15))
+        await ws.send(json.dumps({"type": "reset", "data": {}}))
+        # then nothing: the reset's observation, then the reaper's frame (only that one, had this machine
+        # taken longer than the timeout to get the reset in)
+        while (frame := json.loads(await asyncio.wait_for(ws.recv(), GUARD_S)))["type"] == "observation":
+            pass
         assert frame["data"]["code"] == "SESSION_EXPIRED" and "SESSION_TIMEOUT_S" in frame["data"]["message"]
-        await asyncio.wait_for(ws.wait_closed(), 5)
+        await asyncio.wait_for(ws.wait_closed(), GUARD_S)
         assert ws.close_code == 4408
 
     asyncio.run(idle())
-    assert wait_for_active(url, 0, 10)["active_sessions"] == 0  # the tool's session was reaped too
-    assert capacity(url)["reaped_sessions"] >= 2
+    # the tool's session, idle for longer, was reaped too
+    cap = wait_for_capacity(url, lambda cap: cap["active_sessions"] == 0 and cap["reaped_sessions"] >= 2,
+                            "both idle sessions reaped")
+    assert cap["reaped_sessions"] == 2
     tool.reset(target="apple")  # reconnects by itself
     assert tool.echo_message("apple") == "apple" and tool.get_reward() == 1.0
     tool._client.close()
