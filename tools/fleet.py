@@ -225,7 +225,9 @@ def local_only(image: str) -> bool:
     return r.returncode == 0 and json.loads(r.stdout or "[]") == []
 
 
-def cmd_up(env: dict[str, str]) -> int:
+def cmd_up(env: dict[str, str], mode: str | None = None, processes: int | None = None) -> int:
+    """Deploy or update the fleet; ENV_<NAME>_REPLICAS=auto sized for `processes` trainer processes (default:
+    TRAINER_PROCESSES, else 1)."""
     require_manager()
     name = stack_name(env)
     if not stack.fleet_mode(env):
@@ -237,6 +239,8 @@ def cmd_up(env: dict[str, str]) -> int:
         cenv = stack.compose_env({**env, "ENV_FLEET": "compose"}, "cpu", layout=None)
         if stack.compose(cenv, "--progress", "quiet", "build", "env-server-image", extra_profiles=("build",)) != 0:
             raise StackError("building the env-server image failed (see above)")
+    processes = processes or int(env.get("TRAINER_PROCESSES") or 1)
+    env = {**env, **stack.resolve_auto_replicas(env, mode or env.get("TRAIN_MODE") or "auto", processes)}
     path, spec = write_stack_file(env)
     images = sorted({svc["image"] for svc in spec["services"].values()})
     local = [i for i in images if local_only(i)]

@@ -32,6 +32,7 @@ sys.modules.setdefault("stack", sys.modules[__name__])  # run as a script: tools
 
 import gpu_doctor  # noqa: E402  (tools/: how Docker hands out GPUs, driver vs image)
 import gpu_layout  # noqa: E402  (tools/: which GPUs each container gets, NCCL's fast path)
+import env_replicas  # noqa: E402  (tools/: ENV_<NAME>_REPLICAS=auto, measured)
 from trainer.train_mode import MODES, TrainModeError, resolve_train_mode  # noqa: E402  (stdlib only)
 # STACK_ENV_FILE lets tests (and users with several setups) point at another env file.
 ENV_FILE = Path(os.environ.get("STACK_ENV_FILE") or ROOT / ".env")
@@ -95,7 +96,9 @@ class StackEnv(BaseSettings):
     @classmethod
     def load(cls, path: Path) -> "StackEnv":
         values = parse_env_file(path)
-        for key in [*values, *cls.model_fields]:
+        # As in Compose, a process variable wins over the file: for the file's keys, the typed ones, and every ENV_*
+        # one (an ENV_<NAME>_IMAGE or _REPLICAS may be set only in the environment).
+        for key in {*values, *cls.model_fields, *(k for k in os.environ if k.startswith("ENV_"))}:
             if key in os.environ and key != "values":
                 values[key] = os.environ[key]
         typed = {k: v for k, v in values.items() if k in cls.model_fields and v != ""}
@@ -139,7 +142,7 @@ def env_names(env: dict[str, str]) -> list[str]:
 
     names = [n.strip().lower() for n in env.get("ENV_NAME", "echo").split(",") if n.strip()]
     if not names:
-        raise StackError("ENV_NAME is empty; set it in .env to one of: " + ", ".join(registry.NAMES)
+        raise StackError("ENV_NAME is empty; set it in .env to one of: " + ", ".join(registry.names())
                          + ", or any OpenEnv env with its image in ENV_<NAME>_IMAGE")
     urls = external_env_urls(env)
     for n in names:
@@ -151,7 +154,7 @@ def env_names(env: dict[str, str]) -> list[str]:
                              "with a letter; edit .env")
         if not registry.is_builtin(n) and not env.get(f"ENV_{n.upper()}_IMAGE") and n not in urls:
             raise StackError(
-                f"ENV_NAME: {n!r} is not built in ({', '.join(registry.NAMES)}): to train on any OpenEnv image, "
+                f"ENV_NAME: {n!r} is not built in ({', '.join(registry.names())}): to train on any OpenEnv image, "
                 f"set ENV_{n.upper()}_IMAGE=<image> in .env (or point ENV_URLS at a running server: "
                 f"{n}=http://host:8000); or fix the name in .env"
             )
@@ -392,7 +395,89 @@ def compose_env(env: dict[str, str], mode: str, gpus: gpu_doctor.DockerGpus | No
         out["GPU_DEVICE_DRIVER"], out["GPU_DEVICE_PREFIX"] = "cdi", gpu_layout.CDI_PREFIX
     if glob.glob(str(WHEELS / "torch-*.whl")):
         out["TORCH_INDEX_URL"] = ""  # the local wheel is enough; don't wait on an index
+    out.update(replica_counts(env))
     return out
+
+
+# ------------------------------------------------------------------ ENV_<NAME>_REPLICAS=auto
+CAPACITY_CACHE = ROOT / ".stack" / "capacity.json"  # per image: any env file may reuse a measurement
+
+
+def last_counts_file() -> Path:
+    """.stack/replicas.json: the counts `make up` resolved for .env (another env file gets its own)."""
+    suffix = "" if ENV_FILE == ROOT / ".env" else f".{ENV_FILE.stem}"
+    return ROOT / ".stack" / f"replicas{suffix}.json"
+
+
+def builtin_served_here(env: dict[str, str]) -> list[str]:
+    from envs import registry
+
+    urls = external_env_urls(env)
+    return [n for n in env_names(env) if registry.is_builtin(n) and n not in urls]
+
+
+def auto_replica_envs(env: dict[str, str]) -> list[str]:
+    try:
+        return env_replicas.auto_envs(env, custom_envs(env), builtin_served_here(env))
+    except env_replicas.ReplicasError as exc:
+        raise StackError(str(exc)) from None
+
+
+def replica_counts(env: dict[str, str]) -> dict[str, str]:
+    """What Compose interpolates as ENV_<NAME>_REPLICAS for each env served here: a number as given (in .env, or
+    resolved by resolve_auto_replicas), else (`auto`) the count `make up` last resolved, else 1, so `make ps`,
+    `make logs`, ... read a valid file without measuring."""
+    auto = set(auto_replica_envs(env))
+    try:
+        last = json.loads(last_counts_file().read_text())
+    except (OSError, ValueError):
+        last = {}
+    out = {}
+    for name in [*custom_envs(env), *builtin_served_here(env)]:
+        var = env_replicas.replicas_var(name)
+        value = (env.get(var) or "").strip()
+        if value.isdigit():
+            out[var] = value
+        elif name in auto:
+            out[var] = str(last.get(var, 1))
+    return out
+
+
+def resolve_auto_replicas(env: dict[str, str], mode: str, processes: int) -> dict[str, str]:
+    """{ENV_<NAME>_REPLICAS: count} for the run's auto envs, measuring an image not measured yet (tools/env_replicas.py);
+    one line per env says what it found and how many containers run."""
+    names = auto_replica_envs(env)
+    if not names:
+        return {}
+    cfg = run_config(env, mode)
+    cache = env_replicas.load_cache(CAPACITY_CACHE)
+    counts = {}
+    try:
+        most = env_replicas.cap(env)
+        for name in names:
+            image = env.get(f"ENV_{name.upper()}_IMAGE") or LOCAL_ENV_IMAGE
+            image_id = run(["docker", "image", "inspect", "--format", "{{.Id}}", "--", image]).stdout.strip()
+            needed = cfg.sessions_needed(name, num_processes=processes)
+            key = f"{name}|{env_replicas.cache_key(image_id, env)}"
+            measured = cache.get(key)
+            if measured is None or not measured.covers(needed):
+                builtin = name if name in builtin_served_here(env) else None
+                try:
+                    measured = env_replicas.measure(image, needed, env, run, say, builtin_env=builtin)
+                except env_replicas.ReplicasError as exc:  # the service's own start and checks say what is wrong
+                    say(f"env {name}: not measured ({exc}); starting 1 container")
+                    counts[env_replicas.replicas_var(name)] = "1"
+                    continue
+                cache[key] = measured
+                env_replicas.save_cache(CAPACITY_CACHE, cache)
+            count, line = env_replicas.replicas_for(name, needed, measured, most)
+            say(line)
+            counts[env_replicas.replicas_var(name)] = str(count)
+    except env_replicas.ReplicasError as exc:
+        raise StackError(str(exc)) from None
+    last_counts_file().parent.mkdir(exist_ok=True)
+    last_counts_file().write_text(json.dumps(counts))
+    return counts
 
 
 def port_free(port: int, host: str = "127.0.0.1") -> bool:
@@ -436,19 +521,22 @@ def check_token_file(env: dict[str, str]) -> str | None:
     return None
 
 
-def validate_run_config(env: dict[str, str], mode: str) -> str | None:
-    """Validate .env against the trainer's typed config, when pydantic-settings is importable."""
-    try:
-        from trainer.config import RunConfig  # noqa: F401  (light imports only)
-    except ImportError:
-        return None
-    from pydantic import ValidationError
+def run_config(env: dict[str, str], mode: str):
+    """The trainer's typed config (trainer.config.RunConfig, light imports only) from .env's values."""
+    from trainer.config import RunConfig
 
     keys = set(parse_env_file(ENV_EXAMPLE))
     values = {k: v for k, v in env.items() if k in keys and v != ""}
     values["TRAIN_MODE"] = mode
+    return RunConfig(**{k.lower(): v for k, v in values.items() if k.lower() in RunConfig.model_fields})
+
+
+def validate_run_config(env: dict[str, str], mode: str) -> str | None:
+    """Validate .env against the trainer's typed config."""
+    from pydantic import ValidationError
+
     try:
-        RunConfig.from_env_dict(values) if hasattr(RunConfig, "from_env_dict") else RunConfig(**{k.lower(): v for k, v in values.items() if k.lower() in RunConfig.model_fields})
+        run_config(env, mode)
     except ValidationError as e:
         lines = [f"{'.'.join(map(str, err['loc'])).upper()}: {err['msg']}" for err in e.errors()]
         return "invalid .env values: " + "; ".join(lines) + " (edit .env)"
@@ -590,8 +678,9 @@ def cmd_up(cenv: dict[str, str], mode: str) -> None:
     if fleet_mode(env):
         fleet_role(env)  # no swarm: say so before any build
     cmd_build(cenv, mode)
+    processes = int(cenv.get("TRAINER_PROCESSES") or env.get("TRAINER_PROCESSES") or 1)  # each opens its sessions
     if fleet_mode(env):
-        fleet_up(env)
+        fleet_up(env, mode, processes)
     services = long_running_services(env, mode)
     if dashboard_wanted(env):
         problem = check_port(env, "DASHBOARD_PORT")
@@ -601,6 +690,7 @@ def cmd_up(cenv: dict[str, str], mode: str) -> None:
         cenv = {**cenv, "COMPOSE_PROFILES": cenv["COMPOSE_PROFILES"] + ",dashboard"}
     if not fleet_mode(env):
         check_custom_images(env)
+        cenv.update(resolve_auto_replicas(env, mode, processes))  # in place: later compose calls keep the scale
     if not services:
         return
     say("starting " + ", ".join(services) + " and waiting until healthy")
@@ -624,12 +714,12 @@ def fleet_role(env: dict[str, str]) -> str:
     raise StackError(f"ENV_FLEET=swarm: {problem}")
 
 
-def fleet_up(env: dict[str, str]) -> None:
+def fleet_up(env: dict[str, str], mode: str, processes: int) -> None:
     """ENV_FLEET=swarm: on a manager, deploy or update the fleet (a no-op when .env did not change)."""
     import fleet
 
     if fleet_role(env) == "manager":
-        fleet.cmd_up(env)
+        fleet.cmd_up(env, mode, processes)
     else:
         say(f"fleet {fleet.stack_name(env)}: this node is a worker; joining the fleet's network as it is (a manager "
             "runs make fleet-up)")

@@ -44,20 +44,8 @@ def log(msg: str) -> None:
 
 # ---------------------------------------------------------------------------- sessions / capacity
 def sessions_needed(cfg: RunConfig, env_name: str, env_rows: int | None = None, num_processes: int = 1) -> int:
-    """Sessions TRL 1.16 opens on one env, as its environment pool grows.
-
-    Per process the pool of an env grows to the most rollouts of that env in one generation batch
-    (per_device_train_batch_size x steps_per_generation completions) and is never shrunk or closed.
-    Single env: the whole generation batch. Multi-env: a batch holds gen_batch / num_generations
-    prompts, each repeated num_generations times; at worst all of them are this env's (capped by how
-    many distinct rows the env has).
-    """
-    gen_batch = cfg.generation_batch_size
-    if len(cfg.env_names) > 1:
-        prompts_per_batch = gen_batch // cfg.num_generations
-        rows = env_rows if env_rows is not None else cfg.dataset_size
-        gen_batch = cfg.num_generations * min(prompts_per_batch, rows)
-    return gen_batch * num_processes
+    """Sessions TRL opens on one env (RunConfig.sessions_needed: the rule the host's auto replicas use too)."""
+    return cfg.sessions_needed(env_name, env_rows, num_processes)
 
 
 def probe_server(url: str) -> tuple[bool, str, int | None, int | None]:
@@ -176,7 +164,8 @@ def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 2
             source = "probed: the server does not report it" + (f"; {'; '.join(problems)}" if problems else "")
             held = max(free)
             fix = (f"set {var}={math.ceil(needed / held)}{' and run `make fleet-up`' if fleet else ''} (this image "
-                   f"holds {held} session(s) per container), or lower the batch (edit .env)" if held else
+                   f"holds {held} session(s) per container) or {var}=auto (sized for you), or lower the batch (edit .env)"
+                   if held else
                    f"check {'`make fleet-logs`' if fleet else '`make logs`'} for env-{name}: it accepted no session")
         total = sum(free)
         spread = "" if len(set(free)) <= 1 else f" ({', '.join(map(str, free))})"

@@ -5,7 +5,9 @@ driven only through an env file and `tools/stack.py train` (what `make train` ru
   * notebook (MCP tools) + guess (typed action, ONE session per container) in one CPU run: the trainer
     learns both interfaces from the servers, the tiny model is warm-started on their tools, tool
     calls and per-env rewards land in metrics.jsonl;
-  * guess with too few replicas: preflight probes its capacity and says which variable to raise;
+  * guess (one session per container) needs no replica count: ENV_GUESS_REPLICAS=auto, the default, measures
+    one container and runs as many as the run opens sessions;
+  * guess with too few replicas set by hand: preflight probes its capacity and says which variable to raise;
   * an image that is no OpenEnv server: one line naming the image.
 """
 
@@ -42,7 +44,7 @@ def trained(images, tmp_path_factory):
     """One CPU run on notebook + guess, named only in the env file."""
     stack = EnvFileStack(tmp_path_factory.mktemp("zero-code"), {
         "TRAIN_MODE": "cpu", "ENV_NAME": "notebook,guess", "RUN_NAME": RUN, "MAX_STEPS": "3",
-        "ENV_NOTEBOOK_IMAGE": images["notebook"], "ENV_GUESS_IMAGE": images["guess"], "ENV_GUESS_REPLICAS": "4",
+        "ENV_NOTEBOOK_IMAGE": images["notebook"], "ENV_GUESS_IMAGE": images["guess"],  # no ENV_*_REPLICAS: auto
         # 4 rollouts per generation batch: at worst all 4 on guess, 1 per replica
         "PER_DEVICE_TRAIN_BATCH_SIZE": "4", "NUM_GENERATIONS": "2",
     })
@@ -60,6 +62,9 @@ def test_two_envs_named_only_in_the_env_file_train_with_tool_calls_and_rewards(t
     assert "[preflight] ok: env notebook: learned from the server (mcp env): tools write_note(text, tag), " \
            "count_notes(min_length)" in out, out[-8000:]
     assert "[preflight] ok: env guess: learned from the server (action env): tools guess_action(number)" in out
+    assert ("env guess: 1 session(s) per container (counted); running 4 container(s) for the 4 sessions this run opens "
+            "(ENV_GUESS_REPLICAS=auto, at most ENV_REPLICAS_MAX=16)") in out, out[-8000:]
+    assert "env notebook: 4+ session(s) per container (counted); running 1 container(s)" in out
     assert "[preflight] ok: env guess: 4 replica(s) healthy; capacity 4 sessions in all (probed" in out
     assert "demo conversations from the real tool classes of notebook, guess" in out  # the warm-start
     rows = [json.loads(line) for line in stack.read(f"/outputs/{RUN}/metrics.jsonl").splitlines()
