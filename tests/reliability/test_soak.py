@@ -4,9 +4,10 @@ N = the server's capacity (MAX_CONCURRENT_ENVS, 32 here) clients play short epis
 SOAK_MINUTES (CI: 1; `make soak`: 10). Every DROP_EVERY_S seconds a tenth of them vanish without a
 WebSocket close: half abort the TCP connection (a killed process), half go silent with the socket
 left open (a frozen process: no frames, no pong); each is replaced by a fresh client, which must
-wait for a slot (CAPACITY_REACHED) until the server notices. At the end all N slots must be free
-again (all N sessions connect and the (N+1)-th is refused), and the container's memory at full load
-must be flat between the start and the end of the soak.
+wait for a slot (CAPACITY_REACHED) until the server notices. At the end the server must report every
+slot free (/health, waited for: the reaper or the keepalive ping finds the silent ones, however long
+that takes here), and then all N sessions connect and the (N+1)-th is refused; the container's memory
+at full load (from the first sample with every slot in use) must be flat to the end of the soak.
 
 SOAK_ENVS picks the env servers (default echo; e.g. SOAK_ENVS=echo,wordle,catch).
 """
@@ -27,7 +28,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake
 
-from tests.reliability.common import CAPACITY, SESSION_TIMEOUT_S, VALID_ACTIONS, report
+from tests.reliability.common import CAPACITY, VALID_ACTIONS, report
 
 pytestmark = pytest.mark.docker
 
@@ -37,9 +38,10 @@ DROP_EVERY_S = float(os.environ.get("SOAK_DROP_EVERY_S", "10"))
 STEP_PAUSE_S = float(os.environ.get("SOAK_STEP_PAUSE_S", "0.05"))  # per client; keeps 2 shared cores usable
 MEM_TOLERANCE = float(os.environ.get("SOAK_MEM_TOLERANCE", "0.15"))  # relative
 MEM_SLACK_MIB = float(os.environ.get("SOAK_MEM_SLACK_MIB", "24"))  # absolute
-# A silent client is found by the idle reaper (SESSION_TIMEOUT_S, checked every timeout/4 >= 5 s)
-# or by the server's keepalive ping, whichever comes first.
-RECOVERY_S = SESSION_TIMEOUT_S + max(SESSION_TIMEOUT_S / 4, 5) + 20
+# A silent client is found by the idle reaper (SESSION_TIMEOUT_S, checked every timeout/4 >= 5 s) or by the
+# server's keepalive ping, whichever comes first; the test waits until the server reports every slot free
+# (/health active_sessions), however long that takes here. This deadline only stops a hang (a leaked slot).
+RECOVERY_GUARD_S = 600
 
 
 # ------------------------------------------------------------------ memory sampling
@@ -62,6 +64,8 @@ def memory_mib(stack, env: str) -> dict:
 
 
 class MemorySampler(threading.Thread):
+    """Memory every `every_s`, each sample with the sessions the server reported open just before it."""
+
     def __init__(self, stack, env: str, every_s: float = 5.0) -> None:
         super().__init__(daemon=True)
         self.stack, self.env, self.every_s = stack, env, every_s
@@ -72,7 +76,8 @@ class MemorySampler(threading.Thread):
         t0 = time.monotonic()
         while not self.stop.is_set():
             try:
-                self.samples.append((time.monotonic() - t0, memory_mib(self.stack, self.env)))
+                active = self.stack.health(self.env).get("active_sessions")
+                self.samples.append((time.monotonic() - t0, {**memory_mib(self.stack, self.env), "active": active}))
             except Exception:
                 pass
             self.stop.wait(self.every_s)
@@ -180,21 +185,27 @@ async def soak(url: str, env: str, minutes: float) -> Stats:
     return stats
 
 
-async def capacity_is_back(url: str, deadline: float) -> tuple[float, int]:
-    """Wait until all CAPACITY sessions open and the next one is refused; return (seconds, tries)."""
-    t0, tries = time.monotonic(), 0
-    while True:
-        tries += 1
-        socks, replies = await open_sessions(url, CAPACITY + 1)
-        ok = sum(r["type"] == "observation" for r in replies)
-        refused = [r for r in replies if r["type"] == "error" and r["data"].get("code") == "CAPACITY_REACHED"]
-        await asyncio.gather(*(ws.close() for ws in socks), return_exceptions=True)
-        if ok == CAPACITY and len(refused) == 1:
-            return time.monotonic() - t0, tries
-        assert ok <= CAPACITY, f"{ok} sessions open at once with MAX_CONCURRENT_ENVS={CAPACITY}: over-commit"
-        if time.monotonic() > deadline:
-            raise AssertionError(f"only {ok}/{CAPACITY} slots free {RECOVERY_S:.0f}s after the soak: slots leaked")
-        await asyncio.sleep(2)
+def until_no_session_open(stack, env: str, what: str) -> float:
+    """Until the server reports no session open (/health active_sessions): every close processed, every
+    dropped client noticed (an aborted socket at once, a silent one by the reaper or the keepalive ping).
+    Returns the seconds it took; RECOVERY_GUARD_S only stops a hang."""
+    t0 = time.monotonic()
+    assert "active_sessions" in stack.health(env), "the soak waits on /health active_sessions (envs.serve reports it)"
+    while (active := stack.health(env)["active_sessions"]) != 0:
+        assert time.monotonic() < t0 + RECOVERY_GUARD_S, f"{active} sessions still open {RECOVERY_GUARD_S} s {what}"
+        time.sleep(0.5)
+    return time.monotonic() - t0
+
+
+async def capacity_is_back(url: str) -> None:
+    """With every slot free: all CAPACITY sessions open at once, and the next one is refused."""
+    socks, replies = await open_sessions(url, CAPACITY + 1)
+    await asyncio.gather(*(ws.close() for ws in socks), return_exceptions=True)
+    ok = sum(r["type"] == "observation" for r in replies)
+    refused = [r for r in replies if r["type"] == "error" and r["data"].get("code") == "CAPACITY_REACHED"]
+    assert ok <= CAPACITY, f"{ok} sessions open at once with MAX_CONCURRENT_ENVS={CAPACITY}: over-commit"
+    assert ok == CAPACITY and len(refused) == 1, (
+        f"{ok}/{CAPACITY} sessions opened and {len(refused)} refused with every slot reported free: slots leaked")
 
 
 @pytest.mark.parametrize("env", SOAK_ENVS)
@@ -202,6 +213,8 @@ def test_soak_full_capacity_with_dropped_clients(env_stack, env):
     if env not in env_stack.urls:
         pytest.skip(f"no {env} server")
     url = env_stack.ws(env)
+    # the sessions of the tests before this one are freed once the server has processed their closes
+    until_no_session_open(env_stack, env, "before the soak")
     before = env_stack.health(env)
     assert before.get("available_slots", CAPACITY) == CAPACITY, f"slots in use before the soak: {before}"
 
@@ -216,13 +229,15 @@ def test_soak_full_capacity_with_dropped_clients(env_stack, env):
     if sampler:
         sampler.stop.set()
         sampler.join()
-    recovery_s, tries = asyncio.run(capacity_is_back(url, time.monotonic() + RECOVERY_S))
+    recovery_s = until_no_session_open(env_stack, env, "after the soak")
+    asyncio.run(capacity_is_back(url))
+    until_no_session_open(env_stack, env, "after the capacity check")  # the next test finds every slot free
     after = env_stack.health(env)
 
     line = (f"soak {env}: {CAPACITY} sessions at full capacity for {soak_s / 60:.1f} min: {stats.episodes} episodes, "
             f"{stats.steps} steps, {stats.connects} connects, {stats.aborted} aborted + {stats.silent} silent drops, "
             f"{stats.refused} CAPACITY_REACHED retries, {stats.errors} errors; all {CAPACITY} slots free again "
-            f"{recovery_s:.0f}s after the end ({tries} checks); reaped by server: {after.get('reaped_sessions')}")
+            f"{recovery_s:.0f}s after the end; reaped by server: {after.get('reaped_sessions')}")
     report(line)
     assert not stats.problems, stats.problems[:5]
     assert stats.aborted + stats.silent >= max(1, CAPACITY // 10), "no client dropped: the soak tested nothing"
@@ -231,8 +246,10 @@ def test_soak_full_capacity_with_dropped_clients(env_stack, env):
     if sampler:
         samples = sampler.samples
         assert len(samples) >= 4, samples
-        # Full load starts once every client has a session: skip the first 15 s (warm-up).
-        load = [m for t, m in samples if t >= min(15, soak_s / 4)]
+        # Full load starts once every client has a session: from the first sample taken with every slot open.
+        full = [i for i, (_, m) in enumerate(samples) if m["active"] == CAPACITY]
+        assert full, f"the server never reported all {CAPACITY} slots in use: {[m['active'] for _, m in samples]}"
+        load = [m for _, m in samples[full[0]:]]
         head, tail = load[: max(1, len(load) // 3)], load[-max(1, len(load) // 3):]
         start_mib = statistics.median(m["rss"] for m in head)
         end_mib = statistics.median(m["rss"] for m in tail)
