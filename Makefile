@@ -6,7 +6,7 @@ PYTHON ?= python3
 VENV := .venv
 # A small host venv: pydantic-settings for validating .env with the trainer's own config class.
 HOST_PY := $(VENV)/bin/python
-STACK := $(HOST_PY) tools/stack.py
+STACK := $(HOST_PY) -m tools
 PYTEST_ARGS ?=
 # Build one of compose.yaml's build-only image services (profile `build`), quietly.
 BUILD_IMAGE := $(STACK) compose --progress quiet --profile build build
@@ -76,7 +76,7 @@ dashboard: $(VENV)/.host-ok ## Start TensorBoard on 127.0.0.1:$DASHBOARD_PORT (o
 	@$(STACK) dashboard
 
 nccl-check: $(VENV)/.host-ok ## GPU hosts: NCCL broadcast as the weight sync does; FULL=1: TRL's rendezvous + weight push + generation against the running vllm
-	@$(HOST_PY) tools/nccl_check.py $(if $(FULL),--full) $(ARGS)
+	@$(STACK) nccl-check $(if $(FULL),--full) $(ARGS)
 
 gpu-smoke: $(VENV)/.host-ok ## GPU hosts, first thing: 3 steps on the default model, pass/FAIL with timings per stage (README "First run on a GPU host")
 	@$(STACK) smoke --gpu

@@ -24,9 +24,9 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
+sys.path.insert(0, str(ROOT))
 
-import fleet  # noqa: E402  (tools/fleet.py)
+from tools import fleet
 
 STACK = "grpo-bench-fleet"
 IMAGE = "grpo-stack/env-server:local"
@@ -35,7 +35,7 @@ IMAGE = "grpo-stack/env-server:local"
 def deploy(env_file: Path, tasks: int, capacity: int) -> None:
     env_file.write_text(f"ENV_NAME=echo\nENV_FLEET=swarm\nFLEET_STACK={STACK}\nENV_ECHO_REPLICAS={tasks}\n"
                         f"MAX_CONCURRENT_ENVS={capacity}\nENV_MEM_LIMIT=1g\n")
-    res = subprocess.run([sys.executable, "tools/stack.py", "fleet", "up"], cwd=ROOT, capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", "tools", "fleet", "up"], cwd=ROOT, capture_output=True, text=True,
                          env=dict(os.environ, STACK_ENV_FILE=str(env_file)))
     if res.returncode != 0:
         raise SystemExit(f"fleet up ({tasks} tasks) failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
@@ -93,7 +93,7 @@ def main() -> int:
             for e in r["error_samples"]:
                 lines.append(f"           error: {e}")
         finally:
-            subprocess.run([sys.executable, "tools/stack.py", "fleet", "down"], cwd=ROOT, capture_output=True,
+            subprocess.run([sys.executable, "-m", "tools", "fleet", "down"], cwd=ROOT, capture_output=True,
                            env=dict(os.environ, STACK_ENV_FILE=str(env_file)))
     cores = os.cpu_count()
     print(f"[bench] fleet figures (one machine, {cores} cores, load generator on the same cores):")

@@ -113,7 +113,7 @@ def compose_config(*profiles: str, env_file: str = ".env.example") -> dict:
 
 
 class EnvFileStack:
-    """A stack driven like a user drives it: an env file and tools/stack.py (STACK_ENV_FILE points at it)."""
+    """A stack driven like a user drives it: an env file and `python -m tools` (STACK_ENV_FILE points at it)."""
 
     def __init__(self, tmp_path, overrides: dict[str, str]) -> None:
         self.project = f"grpo-test-{uuid.uuid4().hex[:8]}"
@@ -122,7 +122,7 @@ class EnvFileStack:
     def stack(self, *args: str, env: dict[str, str] | None = None, timeout: float = 1200) -> subprocess.CompletedProcess:
         run_env = {k: v for k, v in os.environ.items() if k not in ("TRAIN_MODE", "ENV_NAME", "COMPOSE_PROFILES")}
         run_env.update(STACK_ENV_FILE=str(self.env_file), **(env or {}))
-        return subprocess.run([sys.executable, "tools/stack.py", *args], cwd=ROOT, env=run_env, capture_output=True,
+        return subprocess.run([sys.executable, "-m", "tools", *args], cwd=ROOT, env=run_env, capture_output=True,
                               text=True, timeout=timeout)
 
     def read(self, path: str) -> str:

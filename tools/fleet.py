@@ -20,13 +20,11 @@ import json
 import re
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import stack  # noqa: E402  (tools/stack.py: .env, compose calls)
-from stack import ROOT, StackError, run, say  # noqa: E402
+from tools import stack
+from tools.stack import ROOT, StackError, run, say
 
 WAIT_S = 300  # for every task of a deploy to be running and healthy (an image pull on a new node included)
 GPU_HOST_LABEL = "grpo.role"  # `docker node update --label-add grpo.role=gpu <gpu host>`: no env task lands there
@@ -82,8 +80,7 @@ def require_manager() -> None:
         raise StackError(problem)
 
 
-def stack_name(env: dict[str, str]) -> str:
-    return env.get("FLEET_STACK") or "grpo-fleet"
+stack_name = stack.fleet_stack_name
 
 
 def fleet_envs(env: dict[str, str]) -> list[str]:

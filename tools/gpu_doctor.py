@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import gpu_layout  # noqa: E402  (tools/: GPU lists in .env)
+from tools import gpu_layout
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_GPU = "no NVIDIA GPU here"
@@ -253,7 +252,6 @@ def probe(runner: Runner = run, env: dict[str, str] | None = None) -> DockerGpus
 
 def print_report(found: DockerGpus, env: dict[str, str]) -> bool:
     """Print one ok/FAIL row per GPU check for GPUs already detected; True when all pass."""
-    sys.path.insert(0, str(ROOT))
     from trainer.train_mode import resolve_train_mode
 
     mode = (env.get("TRAIN_MODE") or "auto").lower()

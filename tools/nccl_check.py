@@ -29,9 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tools"))
-import gpu_layout  # noqa: E402
-from gpu_doctor import NO_GPU, load_env, probe  # noqa: E402
+from tools import gpu_layout
+from tools.gpu_doctor import NO_GPU, load_env, probe
 
 TRAINER_IMAGE = "grpo-stack/trainer:gpu"
 COMPOSE_NETWORK = "grpo-stack_agentnet"
@@ -235,14 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mib", type=int, default=256, help="buffer size per broadcast (MiB)")
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--timeout", type=float, default=180.0, help="seconds before declaring a hang")
-    p.add_argument("--full", action="store_true", help="TRL's rendezvous + a real weight push + a generation, "
-                   "in the trainer service against the running vllm service")
-    args = p.parse_args(argv)
-
-    if args.full:
-        import stack
-
-        return stack.main(["sync-check"])
+    args = p.parse_args(argv)  # --full (TRL's rendezvous + weight push in the trainer service): `python -m tools
+    # nccl-check --full`, which runs the sync-check command instead of this one
     found = probe()
     if found is None:
         print(f"nccl-check: {NO_GPU}. This check needs a host with 2 NVIDIA GPUs and the NVIDIA container "

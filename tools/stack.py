@@ -1,11 +1,9 @@
-"""Host-side controller the Makefile calls: set-up files, pick the mode, run docker compose.
+"""The stack as .env describes it: settings, envs by kind, the generated compose file, host checks, compose calls.
 
-Usage: python tools/stack.py {setup|mode|profiles|build|up|train [ARGS]|smoke [--gpu]|compose ARGS...|doctor|
-                             fleet {up|ps|logs|down}}
-
-It only decides *what* runs (profiles, mode); Compose does the running. `.env` is read once into
-`StackEnv` (pydantic-settings, python-dotenv's parser: the small host venv `make` creates has both);
-`doctor` also validates the training knobs with the trainer's own typed config, trainer.config.RunConfig.
+It only decides *what* runs (profiles, mode, services, replica counts); Compose does the running, and the commands
+in tools/cli.py drive both. `.env` is read once into `StackEnv` (pydantic-settings, python-dotenv's parser: the
+small host venv `make` creates has both); the training knobs are validated with the trainer's own typed config,
+trainer.config.RunConfig.
 """
 
 from __future__ import annotations
@@ -19,7 +17,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -27,13 +24,9 @@ from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT), str(ROOT / "tools")]
-sys.modules.setdefault("stack", sys.modules[__name__])  # run as a script: tools/fleet.py's `import stack` is this module
 
-import gpu_doctor  # noqa: E402  (tools/: how Docker hands out GPUs, driver vs image)
-import gpu_layout  # noqa: E402  (tools/: which GPUs each container gets, NCCL's fast path)
-import env_replicas  # noqa: E402  (tools/: ENV_<NAME>_REPLICAS=auto, measured)
-from trainer.train_mode import MODES, TrainModeError, resolve_train_mode  # noqa: E402  (stdlib only)
+from tools import env_replicas, gpu_doctor, gpu_layout
+from trainer.train_mode import MODES, TrainModeError, resolve_train_mode  # stdlib only
 # STACK_ENV_FILE lets tests (and users with several setups) point at another env file.
 ENV_FILE = Path(os.environ.get("STACK_ENV_FILE") or ROOT / ".env")
 ENV_EXAMPLE = ROOT / ".env.example"
@@ -245,6 +238,11 @@ def fleet_mode(env: dict[str, str]) -> bool:
     return (env.get("ENV_FLEET") or "compose") == "swarm"
 
 
+def fleet_stack_name(env: dict[str, str]) -> str:
+    """The fleet's Swarm stack, and its overlay network's name (tools/fleet.py deploys it)."""
+    return env.get("FLEET_STACK") or "grpo-fleet"
+
+
 def fleet_attachments(env: dict[str, str]) -> dict[str, dict]:
     """ENV_FLEET=swarm: no env service here; the trainers and the init job (it plays the envs for the CPU
     warm start) also join the fleet's overlay network (added to the networks compose.yaml gives them).
@@ -301,9 +299,7 @@ def compose_files(env: dict[str, str], mode: str = "cpu", cdi: bool = False,
             "TRAINER_GPU, NCCL_FAST_PATH); do not edit.\n")
     spec: dict = {"services": services}
     if fleet_mode(env):  # the swarm stack's network (tools/fleet.py), made by `make fleet-up`
-        import fleet
-
-        spec["networks"] = {"fleet": {"external": True, "name": fleet.stack_name(env)}}
+        spec["networks"] = {"fleet": {"external": True, "name": fleet_stack_name(env)}}
     generated.write_text(text + _yaml(spec))
     return [ROOT / "compose.yaml", generated]
 
@@ -545,42 +541,6 @@ def validate_run_config(env: dict[str, str], mode: str) -> str | None:
     return None
 
 
-# ------------------------------------------------------------------ commands
-def cmd_prepare() -> tuple[dict[str, str], str]:
-    """Everything `make up/train` needs before Compose runs; returns (compose env, mode)."""
-    setup()
-    for problem in (check_docker(), check_compose()):
-        if problem:
-            raise StackError(problem)
-    env = load_env()
-    gpus = detect_gpus() if (env.get("TRAIN_MODE") or "auto").lower() != "cpu" else None
-    mode, why = resolve_mode(env, gpus)
-    if mode != "cpu":
-        check_gpu_driver(env, gpus)
-    env_names(env)
-    problem = validate_run_config(env, mode)
-    if problem:
-        raise StackError(problem)
-    say(why)
-    if mode == "colocate":
-        trainer_gpu, note = gpu_layout.colocate_trainer_gpu(env.get("TRAINER_GPU"), gpus.count)
-        if note:
-            env = {**env, "TRAINER_GPU": trainer_gpu}
-            say(note)
-    layout = gpu_plan(env, mode, gpus)
-    if layout is not None:
-        say(layout.describe())
-        used = len(set(layout.vllm) | set(layout.trainer))
-        proposal = gpu_layout.propose_split(gpus.count) if used < gpus.count else None
-        if proposal:
-            say(f"this host has {gpus.count} GPUs and the run uses {used}; to use all of them set "
-                f"VLLM_GPU={proposal[0]} TRAINER_GPU={proposal[1]} VLLM_PARALLEL=data in .env (README \"Every GPU of "
-                "a host\")")
-    cenv = compose_env(env, mode, gpus, layout)
-    cenv["TRAINER_GPU"] = env.get("TRAINER_GPU") or cenv.get("TRAINER_GPU", "")
-    return cenv, mode
-
-
 def gpu_plan(env: dict[str, str], mode: str, gpus: gpu_doctor.DockerGpus | None = None) -> gpu_layout.Plan | None:
     """The GPU layout of a gpu/colocate run (None on CPU); a bad GPU list stops with its fix."""
     if mode == "cpu":
@@ -653,311 +613,3 @@ def images_to_build(env: dict[str, str], mode: str) -> list[str]:
     return wanted
 
 
-def cmd_build(cenv: dict[str, str], mode: str) -> None:
-    env = load_env()
-    services = images_to_build(env, mode)
-    say("building images: " + ", ".join(services) + " (cached after the first time)")
-    if compose(cenv, "build", *services, extra_profiles=("build", "build-gpu")) != 0:
-        raise StackError("image build failed (see the output above); `make doctor` checks the usual causes")
-    if mode != "cpu":  # VLLM_IMAGE is here now: its own CUDA_VERSION against the driver
-        check_gpu_driver(env, detect_gpus())
-
-
-def long_running_services(env: dict[str, str], mode: str) -> list[str]:
-    from envs import registry
-
-    custom = custom_envs(env)  # an env only in ENV_URLS runs elsewhere: no service here
-    services = [] if fleet_mode(env) else [f"env-{n}" for n in env_names(env) if registry.is_builtin(n) or n in custom]
-    if mode == "gpu":
-        services.append("vllm")
-    return services
-
-
-def cmd_up(cenv: dict[str, str], mode: str) -> None:
-    env = load_env()
-    if fleet_mode(env):
-        fleet_role(env)  # no swarm: say so before any build
-    cmd_build(cenv, mode)
-    processes = int(cenv.get("TRAINER_PROCESSES") or env.get("TRAINER_PROCESSES") or 1)  # each opens its sessions
-    if fleet_mode(env):
-        fleet_up(env, mode, processes)
-    services = long_running_services(env, mode)
-    if dashboard_wanted(env):
-        problem = check_port(env, "DASHBOARD_PORT")
-        if problem:
-            raise StackError(problem)
-        services.append("dashboard")
-        cenv = {**cenv, "COMPOSE_PROFILES": cenv["COMPOSE_PROFILES"] + ",dashboard"}
-    if not fleet_mode(env):
-        check_custom_images(env)
-        cenv.update(resolve_auto_replicas(env, mode, processes))  # in place: later compose calls keep the scale
-    if not services:
-        return
-    say("starting " + ", ".join(services) + " and waiting until healthy")
-    if compose(cenv, "up", "-d", "--wait", *services) != 0:
-        custom = unhealthy_custom_envs(cenv, env)
-        raise StackError("; ".join(custom) if custom else
-                         "some services did not become healthy: `make ps` and `make logs` show why; "
-                         "`make doctor` checks the usual causes")
-
-
-def fleet_role(env: dict[str, str]) -> str:
-    """ENV_FLEET=swarm: `manager` (this node deploys the fleet) or `worker` (it joins the fleet's network as it
-    is); anything else stops with what to run."""
-    import fleet
-
-    role, problem = fleet.swarm_role()
-    if role == "manager":
-        return role
-    if role == "worker" and run(["docker", "network", "inspect", fleet.stack_name(env)]).returncode == 0:
-        return role
-    raise StackError(f"ENV_FLEET=swarm: {problem}")
-
-
-def fleet_up(env: dict[str, str], mode: str, processes: int) -> None:
-    """ENV_FLEET=swarm: on a manager, deploy or update the fleet (a no-op when .env did not change)."""
-    import fleet
-
-    if fleet_role(env) == "manager":
-        fleet.cmd_up(env, mode, processes)
-    else:
-        say(f"fleet {fleet.stack_name(env)}: this node is a worker; joining the fleet's network as it is (a manager "
-            "runs make fleet-up)")
-
-
-def dashboard_wanted(env: dict[str, str]) -> bool:
-    return (env.get("DASHBOARD") or "0").strip().lower() in ("1", "true", "yes", "on")
-
-
-def cmd_dashboard(cenv: dict[str, str], mode: str) -> None:
-    env = load_env()
-    problem = check_port(env, "DASHBOARD_PORT")
-    if problem:
-        raise StackError(problem)
-    if mode != "cpu":  # the dashboard runs on the CPU trainer image
-        compose(cenv, "build", "trainer-cpu-image", extra_profiles=("build",))
-    if compose(cenv, "up", "-d", "dashboard", extra_profiles=("dashboard",)) != 0:
-        raise StackError("the dashboard did not start: `make logs` shows why")
-    say(f"dashboard: http://127.0.0.1:{env.get('DASHBOARD_PORT') or 6006}")
-
-
-def cmd_train(cenv: dict[str, str], mode: str, args: list[str]) -> int:
-    cmd_up(cenv, mode)
-    service = "trainer-cpu" if mode == "cpu" else "trainer"
-    deps: list[str] = []
-    if mode == "cpu":  # the init job in the foreground, so its messages (e.g. an env's bad schema) are seen
-        rc = compose(cenv, "run", "--rm", "model-init")
-        if rc != 0:
-            say(f"the CPU profile's model-init job failed (exit {rc}); the messages above say why")
-            return rc
-        deps = ["--no-deps"]  # env servers are up and healthy (above), the model is made
-    say(f"training with `{service}` (mode {mode}); outputs go to the `outputs` volume")
-    rc = compose(cenv, "run", "--rm", *deps, service, *([*TRAINER_PYTHON, "-m", "trainer.launch", *args] if args else []))
-    where = "the CPU profile (tiny local model, no vLLM)" if mode == "cpu" else f"mode {mode}"
-    if rc == 0:
-        say(f"training finished on {where}; `make report` plots it, `make dashboard` shows it live")
-    else:
-        say(f"training on {where} stopped with exit code {rc}; the messages above say why. "
-            "`make train` again resumes from the last checkpoint")
-    return rc
-
-
-def cmd_sync_check(cenv: dict[str, str], mode: str) -> int:
-    """`make nccl-check FULL=1`: trainer.gpu.sync_check in the trainer service, against the running vllm."""
-    if mode != "gpu":
-        raise StackError(f"nccl-check --full pushes weights into the vllm service, which runs with TRAIN_MODE=gpu "
-                         f"(this host resolves to {mode}: {detect_gpus().detail}); set TRAIN_MODE=gpu on a 2-GPU host")
-    cmd, env = compose_command(cenv, "ps", "--format", "json", "vllm")
-    r = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    states = [json.loads(line) for line in r.stdout.splitlines() if line.strip().startswith("{")]
-    if not any(s.get("Health") == "healthy" for s in states):
-        raise StackError("the vllm service is not running and healthy: start the stack first (`make up`), then "
-                         "run `make nccl-check FULL=1` again")
-    return compose(cenv, "run", "--rm", "--no-deps", "trainer", *TRAINER_PYTHON, "-m", "trainer.gpu.sync_check")
-
-
-# ------------------------------------------------------------------ smoke run
-SMOKE_STEPS = 3
-# (stage, what it proves, what a failure usually means); README "First run on a GPU host" has the same list.
-SMOKE_STAGES = {
-    "model_download": ("model download", "MODEL_NAME at MODEL_REVISION fetched, chat template checked",
-                       "MODEL_NAME / MODEL_REVISION / HF token (a gated model), or the chat template TRL cannot train"),
-    "vllm_healthy": ("vLLM healthy", "the vllm service serves the model with dev mode + NCCL weight transfer",
-                     "`make logs`: out of GPU memory (VLLM_GPU_MEMORY_UTILIZATION, VLLM_MAX_MODEL_LEN), driver"),
-    "rendezvous": ("rendezvous", "trainer (rank 0) and the vLLM workers formed the NCCL group",
-                   "network between the containers, VLLM_HOST_IP, NCCL_SOCKET_IFNAME; run `make nccl-check`"),
-    "first_generation": ("first generation", "rollouts generated, tool calls sent to the env servers",
-                         "env servers (capacity, health) or generation; the trainer log says which"),
-    "first_optimizer_step": ("first optimizer step", "loss, backward and AdamW step on the trainer's device",
-                             "trainer GPU memory (PER_DEVICE_TRAIN_BATCH_SIZE, MAX_COMPLETION_LENGTH)"),
-    "first_weight_sync": ("first weight sync", "new weights pushed into vLLM (seconds)",
-                          "NCCL transport; `make nccl-check FULL=1` repeats it with timings"),
-    "tool_calls": ("tool calls per episode", "the model calls the env's tools (> 0)",
-                   "0: the model never calls a tool (chat template, ENABLE_THINKING, MAX_COMPLETION_LENGTH)"),
-}
-SMOKE_STAGES_BY_MODE = {
-    "gpu": ["model_download", "vllm_healthy", "rendezvous", "first_generation", "first_optimizer_step",
-            "first_weight_sync", "tool_calls"],
-    "colocate": ["model_download", "first_generation", "first_optimizer_step", "first_weight_sync", "tool_calls"],
-    "cpu": ["first_generation", "first_optimizer_step", "tool_calls"],
-}
-
-
-def smoke_table(mode: str, found: dict[str, dict], failed_rc: int | None) -> tuple[list[str], bool]:
-    """The smoke run's verdict, one line per stage: pass with its time, or FAIL with what it usually means."""
-    lines, ok = [], True
-    for key in SMOKE_STAGES_BY_MODE[mode]:
-        title, proves, meaning = SMOKE_STAGES[key]
-        record = found.get(key)
-        passed = record is not None and (key != "tool_calls" or (record.get("value") or 0) > 0)
-        if passed:
-            took = f" {record['seconds']:.1f}s" if record.get("seconds") is not None else ""
-            detail = record.get("detail") or proves
-            lines.append(f"  pass {title:<24}{took:>9}  {detail}")
-        else:
-            ok = False
-            why = "never reached" if record is None else (record.get("detail") or "failed")
-            lines.append(f"  FAIL {title:<24}{'':>9}  {why}: {meaning}")
-    if failed_rc not in (None, 0):
-        ok = False
-        lines.append(f"  FAIL {'trainer exit':<24}{'':>9}  exit code {failed_rc}: the trainer log above says why")
-    return lines, ok
-
-
-def run_logged(cmd: list[str], env: dict[str, str]) -> tuple[int, str]:
-    """Run, echo every line as it comes, and keep the text for the stage records."""
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            bufsize=1)
-    seen = []
-    assert proc.stdout is not None
-    for line in proc.stdout:
-        print(line, end="", flush=True)
-        seen.append(line)
-    return proc.wait(), "".join(seen)
-
-
-def cmd_smoke(cenv: dict[str, str], mode: str, require_gpu: bool) -> int:
-    """`make gpu-smoke`: 3 training steps, then pass/FAIL with timings for every stage a first run goes
-    through. `--gpu` refuses to stand in the CPU profile for the GPU path."""
-    from trainer import stages
-
-    if require_gpu and mode == "cpu":
-        raise StackError(f"make gpu-smoke checks the GPU path, and this host has {detect_gpus().detail}; "
-                         "`make doctor` says why, `make train` trains on the CPU profile here")
-    log_text, t0 = "", time.monotonic()
-    if mode != "cpu":
-        say("stage: model download (model-download job)")
-        rc, text = run_logged(compose_command(cenv, "run", "--rm", "-T", "model-download")[0], cenv)
-        log_text += text
-        if rc != 0:
-            lines, _ = smoke_table(mode, stages.parse(log_text), rc)
-            print("\n".join(["[stack] gpu-smoke: model download failed", *lines]))
-            return rc
-    cmd_up(cenv, mode)
-    service = "trainer-cpu" if mode == "cpu" else "trainer"
-    if mode == "cpu":
-        rc, text = run_logged(compose_command(cenv, "run", "--rm", "-T", "model-init")[0], cenv)
-        if rc != 0:
-            say(f"the CPU profile's model-init job failed (exit {rc}); the messages above say why")
-            return rc
-    args = [*TRAINER_PYTHON, "-m", "trainer.launch", "--max-steps", str(SMOKE_STEPS), "--run-name", f"smoke-{mode}",
-            "--resume", "fresh"]
-    say(f"stage: {SMOKE_STEPS} training steps with `{service}` (mode {mode}), run smoke-{mode}")
-    rc, text = run_logged(compose_command(cenv, "run", "--rm", "-T", "--no-deps", service, *args)[0], cenv)
-    lines, ok = smoke_table(mode, stages.parse(log_text + text), rc)
-    print(f"[stack] smoke run, mode {mode}, {time.monotonic() - t0:.0f}s in all:")
-    print("\n".join(lines))
-    print("[stack] smoke: " + ("PASSED: a real run will go through the same stages" if ok else
-                               "FAILED: see the first FAIL line and README 'First run on a GPU host'"))
-    return 0 if ok else 1
-
-
-def cmd_doctor() -> int:
-    """Report every problem at once, each with its fix."""
-    ok = True
-
-    def report(name: str, problem: str | None, fine: str = "ok") -> None:
-        nonlocal ok
-        ok = ok and problem is None
-        print(f"  {'FAIL' if problem else 'ok  '} {name}: {problem or fine}")
-
-    print("make doctor")
-    docker = check_docker()
-    report("docker engine", docker, run(["docker", "info", "--format", "{{.ServerVersion}}"]).stdout.strip())
-    report("compose v2", check_compose() if not docker or shutil.which("docker") else docker,
-           run(["docker", "compose", "version", "--short"]).stdout.strip())
-    if not ENV_FILE.exists():
-        print("  note .env: not created yet; checking .env.example (`make up` creates .env)")
-    try:
-        env = load_env()
-    except StackError:
-        return 2
-    gpus = detect_gpus() if not docker else gpu_doctor.DockerGpus(None, [], "docker not answering")
-    report("GPUs for containers", None, gpus.detail)
-    mode = "cpu"
-    try:
-        mode, why = resolve_mode(env, gpus)
-        report("TRAIN_MODE", None, why)
-    except StackError:
-        ok = False
-    try:
-        report("ENV_NAME", None, ", ".join(env_names(env)))
-    except StackError:
-        ok = False
-    report(".env values", validate_run_config(env, mode))
-    report("HF token file", check_token_file(env), "readable by the containers' user")
-    report("DASHBOARD_PORT", check_port(env, "DASHBOARD_PORT"), f"{env.get('DASHBOARD_PORT', '6006')} free")
-    if fleet_mode(env):
-        import fleet
-
-        report("ENV_FLEET=swarm", fleet.swarm_problem(), f"this node manages the swarm; fleet {fleet.stack_name(env)}")
-    if mode in ("gpu", "colocate") or gpus.count:  # the GPUs detected above, not a second probe
-        ok = gpu_doctor.print_report(gpus, env) and ok
-    print("all good" if ok else "doctor found problems: fix the FAIL lines above")
-    return 0 if ok else 1
-
-
-def main(argv: list[str]) -> int:
-    if not argv:
-        print(__doc__)
-        return 2
-    cmd, rest = argv[0], argv[1:]
-    if cmd == "setup":
-        setup()
-        return 0
-    if cmd == "mode":
-        _, mode = cmd_prepare()
-        print(mode)
-        return 0
-    if cmd == "profiles":
-        cenv, _ = cmd_prepare()
-        print(cenv["COMPOSE_PROFILES"])
-        return 0
-    if cmd == "compose":
-        cenv, _ = cmd_prepare()
-        return compose(cenv, *rest)
-    if cmd in ("build", "up", "train", "dashboard"):
-        cenv, mode = cmd_prepare()
-        if cmd == "train":
-            return cmd_train(cenv, mode, rest)
-        {"build": cmd_build, "up": cmd_up, "dashboard": cmd_dashboard}[cmd](cenv, mode)
-        return 0
-    if cmd == "sync-check":
-        cenv, mode = cmd_prepare()
-        return cmd_sync_check(cenv, mode)
-    if cmd == "smoke":
-        cenv, mode = cmd_prepare()
-        return cmd_smoke(cenv, mode, require_gpu="--gpu" in rest)
-    if cmd == "doctor":
-        return cmd_doctor()
-    if cmd == "fleet":
-        import fleet
-
-        setup()
-        return fleet.main(rest)
-    print(__doc__)
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,7 +1,7 @@
 """Any OpenEnv image, trained by naming it in `.env` (no file of the repo edited), on real containers.
 
 The fixture envs (tests/fixtures/envs) are built as images, as a user's OpenEnv images would be, and
-driven only through an env file and `tools/stack.py train` (what `make train` runs):
+driven only through an env file and `python -m tools train` (what `make train` runs):
   * notebook (MCP tools) + guess (typed action, ONE session per container) in one CPU run: the trainer
     learns both interfaces from the servers, the tiny model is warm-started on their tools, tool
     calls and per-env rewards land in metrics.jsonl;

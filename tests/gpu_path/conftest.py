@@ -156,10 +156,8 @@ def resolved(tmp_path, monkeypatch, lines: str, gpus, mode: str = "gpu") -> dict
     gpu_doctor.DockerGpus): tools/stack.py's compose environment and generated file, resolved by
     `docker compose config`. No GPU needed."""
     import json
-    import sys
 
-    sys.path.insert(0, str(ROOT / "tools"))
-    import stack
+    from tools import stack
 
     env_file = tmp_path / "stack.env"
     env_file.write_text((ROOT / ".env.example").read_text() + lines)

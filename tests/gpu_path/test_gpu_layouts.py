@@ -13,11 +13,9 @@ from tests.gpu_path.conftest import devices, resolved
 from tests.helpers import ROOT, free_port
 from trainer.config import RunConfig
 from trainer.launch import LaunchError, launch_argv, process_count
-
-sys.path.insert(0, str(ROOT / "tools"))
-import gpu_doctor  # noqa: E402
-import gpu_layout  # noqa: E402
-import stack  # noqa: E402
+from tools import gpu_doctor
+from tools import gpu_layout
+from tools import cli, stack
 
 
 def host_with(n: int) -> gpu_doctor.DockerGpus:
@@ -60,7 +58,7 @@ def test_eight_gpu_host_with_default_env_keeps_the_two_gpu_layout_and_proposes_o
     monkeypatch.setattr(stack, "detect_gpus", lambda: host_with(8))
     monkeypatch.setattr(stack, "check_docker", lambda: None)
     monkeypatch.setattr(stack, "check_compose", lambda: None)
-    cenv, mode = stack.cmd_prepare()
+    cenv, mode = cli.cmd_prepare()
     out = capsys.readouterr().out
     assert mode == "gpu" and cenv["VLLM_TENSOR_PARALLEL_SIZE"] == "1" and cenv["TRAINER_PROCESSES"] == "1"
     assert "vLLM on GPU 0 (one GPU), trainer on GPU 1 (1 process(es))" in out

@@ -10,11 +10,9 @@ import sys
 import pytest
 
 from tests.helpers import ROOT
-
-sys.path.insert(0, str(ROOT / "tools"))
-import gpu_doctor  # noqa: E402
-import gpu_layout  # noqa: E402
-import nccl_check  # noqa: E402
+from tools import gpu_doctor
+from tools import gpu_layout
+from tools import nccl_check
 
 # Recorded on a 2 x A100 host (nvidia-smi 550.x), trimmed.
 SMI_CSV_2 = """0, GPU-5d7c2f0e-aaaa-bbbb-cccc-000000000000, NVIDIA A100-SXM4-80GB, 81920, 4, 81398, 550.54.15
@@ -31,13 +29,13 @@ def rows_by_name(rows):
 
 
 def test_no_gpu_here_gpu_doctor_exits_cleanly():
-    out = subprocess.run([sys.executable, "tools/gpu_doctor.py"], cwd=ROOT, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "tools.gpu_doctor"], cwd=ROOT, capture_output=True, text=True,
                          env={"PATH": "/usr/bin:/bin", "STACK_FAKE_NO_GPU": "1"})
     assert out.returncode == 0 and "no NVIDIA GPU here" in out.stdout
 
 
 def test_no_gpu_here_nccl_check_exits_cleanly():
-    out = subprocess.run([sys.executable, "tools/nccl_check.py"], cwd=ROOT, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-m", "tools.nccl_check"], cwd=ROOT, capture_output=True, text=True,
                          env={"PATH": "/usr/bin:/bin", "STACK_FAKE_NO_GPU": "1"})
     assert out.returncode == 0 and "no NVIDIA GPU here" in out.stdout
 

@@ -71,7 +71,7 @@ def test_commands_for_vllm_based_images_say_python3():
     assert TRAINER_PYTHON == ("python3",)
     compose = (ROOT / "compose.yaml").read_text()
     assert not re.search(r'\["python",', compose), "compose.yaml runs `python` in an image"
-    for path in ("tools/stack.py", "Makefile"):
+    for path in ("tools/stack.py", "tools/cli.py", "Makefile"):
         assert not re.search(r'(?<![\w/.])python -m trainer', (ROOT / path).read_text()), path
 
 

@@ -1,4 +1,4 @@
-"""`make gpu-smoke`'s machinery run for real on the CPU profile (`tools/stack.py smoke`): the stage lines
+"""`make gpu-smoke`'s machinery run for real on the CPU profile (`python -m tools smoke`): the stage lines
 come from a real trainer in a real container, and the verdict table passes every stage this mode has.
 The GPU-only stages (model download, vLLM healthy, rendezvous, weight sync) are checked on recorded logs
 in tests/gpu_path/test_gpu_host_checks.py."""

@@ -20,7 +20,7 @@ def stack(tmp_path, *args: str, env_lines: str = "", extra_env: dict | None = No
     env = dict(os.environ, STACK_ENV_FILE=str(env_file), **(extra_env or {}))
     for k in ("TRAIN_MODE", "ENV_NAME", "DASHBOARD", "DASHBOARD_PORT"):
         env.pop(k, None)
-    cmd = ["make", "--no-print-directory", *args] if make else [sys.executable, "tools/stack.py", *args]
+    cmd = ["make", "--no-print-directory", *args] if make else [sys.executable, "-m", "tools", *args]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -115,9 +115,9 @@ def test_help_lists_every_target():
 
 def test_a_built_in_env_without_a_compose_service_gets_one_generated(tmp_path, monkeypatch):
     """Adding a built-in env is one folder + its registry line: tools/stack.py makes its service."""
-    sys.path.insert(0, str(ROOT / "tools"))
-    import stack as stack_module
     from envs import registry
+    from tools import cli
+    from tools import stack as stack_module
 
     monkeypatch.setitem(registry._SPECS, "maze", registry._SPECS["catch"])  # stands in for envs/maze/
     monkeypatch.setattr(stack_module, "ENV_FILE", tmp_path / "none.env")
@@ -127,7 +127,7 @@ def test_a_built_in_env_without_a_compose_service_gets_one_generated(tmp_path, m
     assert generated["env-maze"]["image"] == "${ENV_MAZE_IMAGE:-grpo-stack/env-server:local}"
     assert generated["env-maze"]["environment"] == {"ENV_NAME": "maze"}
     assert generated["env-maze"]["extends"]["service"] == "env-template"
-    assert stack_module.long_running_services({"ENV_NAME": "echo,maze"}, "cpu") == ["env-echo", "env-maze"]
+    assert cli.long_running_services({"ENV_NAME": "echo,maze"}, "cpu") == ["env-echo", "env-maze"]
 
 
 def test_env_file_values_are_typed_with_one_line_per_bad_value(tmp_path):
@@ -149,16 +149,14 @@ def test_fleet_mode_starts_no_env_service_and_joins_the_trainers_not_vllm_to_the
     assert set(config["services"]["model-init"]["networks"]) == {"envnet", "fleet"}
     assert config["services"]["trainer-cpu"]["environment"]["ENV_FLEET"] == "swarm"
     assert config["services"]["trainer-cpu"]["environment"]["ENV_CONNECT4_IMAGE"] == "example/connect4:1"
-    sys.path.insert(0, str(ROOT / "tools"))
-    import stack as stack_module
+    from tools import stack as stack_module
 
     attached = stack_module.fleet_attachments({"ENV_NAME": "echo", "ENV_FLEET": "swarm"})
     assert "vllm" not in attached and set(attached) == {"trainer", "trainer-cpu", "model-init"}
 
 
 def test_fleet_commands_off_a_swarm_manager_say_what_to_run(monkeypatch):
-    sys.path.insert(0, str(ROOT / "tools"))
-    import fleet
+    from tools import fleet
 
     answers = {
         '{"LocalNodeState":"inactive","ControlAvailable":false}': "this Docker engine is not in a swarm (state: "
@@ -174,8 +172,7 @@ def test_fleet_commands_off_a_swarm_manager_say_what_to_run(monkeypatch):
 
 
 def test_a_compose_env_service_becomes_a_swarm_service_with_the_same_values():
-    sys.path.insert(0, str(ROOT / "tools"))
-    import fleet
+    from tools import fleet
 
     compose_service = {"image": "example/env:1", "environment": {"MAX_CONCURRENT_ENVS": "64"},
                        "healthcheck": {"test": ["CMD", "true"]}, "read_only": True, "cap_drop": ["ALL"],
