@@ -391,7 +391,8 @@ class RunConfig(BaseSettings):
             raise
 
     def to_grpo_config(self, mode: str | None = None, **extra: Any):
-        """Map onto trl.GRPOConfig (imports trl lazily). gpu/colocate add trainer.gpu's kwargs."""
+        """Map onto trl.GRPOConfig (imports trl lazily). gpu/colocate: the caller adds trainer.gpu's vLLM kwargs in
+        `extra` (this module sits below trainer.gpu and never imports it)."""
         from trl import GRPOConfig
 
         mode = mode or self.resolved_train_mode()
@@ -420,18 +421,13 @@ class RunConfig(BaseSettings):
         if mode == "cpu":
             kwargs.update(use_cpu=True, bf16=False, use_vllm=False)
         elif self.trainer_on_cpu(mode):  # server mode rehearsed on CPU: vLLM generates, weights go by reload
-            from trainer import gpu
-
-            kwargs.update(use_cpu=True, bf16=False, **gpu.grpo_vllm_kwargs(self))
+            kwargs.update(use_cpu=True, bf16=False)
         else:
             import torch
 
-            from trainer import gpu  # only on GPU
-
             # bf16 where the GPU has it (Ampere+); older cards train in fp32 rather than risk fp16 overflow.
             kwargs.update(bf16=bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported()))
-            kwargs.update(gpu.grpo_vllm_kwargs(self))
-        kwargs.update(extra)
+        kwargs.update(extra)  # gpu/colocate: trainer.gpu.grpo_vllm_kwargs(cfg), passed by the caller (train.py)
         return GRPOConfig(**kwargs)
 
 

@@ -234,7 +234,12 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.envs_binding import build_factories
     from trainer.metrics import STATS, MetricsCallback
 
-    grpo_args = cfg.to_grpo_config(mode)
+    vllm_kwargs: dict = {}
+    if mode != "cpu":
+        from trainer import gpu
+
+        vllm_kwargs = gpu.grpo_vllm_kwargs(cfg)
+    grpo_args = cfg.to_grpo_config(mode, **vllm_kwargs)
     model, tokenizer = load_model_and_tokenizer(cfg, mode)
     dataset = build_dataset(cfg, report.specs)
     factories = build_factories(cfg, report.specs, STATS)
@@ -265,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
     if mode != "cpu":
         from trainer import gpu
 
-        gpu.instrument_weight_sync(trainer, lambda seconds: STATS.add_time("weight_sync", seconds))
+        gpu.instrument_weight_sync(trainer, lambda seconds: STATS.add_time("weight_sync", seconds),
+                                   timeout_s=cfg.weight_sync_timeout_s)
 
     trainer.train(resume_from_checkpoint=resume_ckpt)
     step = trainer.state.global_step

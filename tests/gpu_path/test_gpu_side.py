@@ -23,11 +23,12 @@ from tests.helpers import ROOT
 
 
 def cfg(**kw):
-    base = dict(train_mode="gpu", vllm_server_url="http://vllm:8000/", vllm_server_timeout_s=240.0,
-                vllm_group_port=51216, weight_sync_timeout_s=300.0, vllm_gpu_memory_utilization=None,
-                vllm_max_model_len=None, model_name=None)
+    """The trainer's typed settings (what trainer.gpu takes), from explicit values only."""
+    from trainer.config import RunConfig
+
+    base = dict(train_mode="gpu", vllm_server_url="http://vllm:8000/", vllm_max_model_len=None)
     base.update(kw)
-    return SimpleNamespace(**base)
+    return RunConfig(**base)
 
 
 # ------------------------------------------------------------------ imports stay light
@@ -58,8 +59,8 @@ def test_one_gpu_profile_is_trl_colocate_mode_with_a_shared_memory_budget():
 
 def test_cpu_mode_does_not_use_vllm_and_unknown_modes_are_refused():
     assert grpo_kwargs.grpo_vllm_kwargs(cfg(train_mode="cpu")) == {"use_vllm": False}
-    with pytest.raises(ValueError, match="TRAIN_MODE"):
-        grpo_kwargs.grpo_vllm_kwargs(cfg(train_mode="tpu"))
+    with pytest.raises(ValueError, match="train_mode"):  # refused by the typed settings before any kwargs
+        cfg(train_mode="tpu")
 
 
 @pytest.mark.parametrize("mode", ["gpu", "colocate"])

@@ -210,15 +210,11 @@ def test_preflight_accepts_the_twins_routes_and_refuses_a_gpuless_trainer(vllm_c
     for key in [*nccl.NCCL_BRIDGE_DEFAULTS, "VLLM_HOST_IP"]:
         monkeypatch.delenv(key, raising=False)
 
-    class Cfg:
-        train_mode = "gpu"
-        vllm_server_url = vllm_cpu.url
-        vllm_server_timeout_s = 30
-        vllm_group_port = 51216
-        weight_sync_timeout_s = 60
+    from trainer.config import RunConfig
 
+    cfg = RunConfig(train_mode="gpu", vllm_server_url=vllm_cpu.url, vllm_server_timeout_s=30, weight_sync_timeout_s=60)
     with pytest.raises(server.VLLMPreflightError) as err:
-        gpu_preflight.preflight_vllm(Cfg())
+        gpu_preflight.preflight_vllm(cfg)
     text = str(err.value)
     assert "needs a CUDA GPU in the trainer container" in text
     assert "the vLLM server has no GPU" in text

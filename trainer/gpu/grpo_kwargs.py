@@ -2,28 +2,26 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from trainer.config import default
-
-
-def resolve_mode(cfg: Any) -> str:
-    """cfg.train_mode with `auto` resolved (RunConfig does that; plain objects pass through)."""
-    resolver = getattr(cfg, "resolved_train_mode", None)
-    mode = resolver() if callable(resolver) else getattr(cfg, "train_mode", "gpu")
-    mode = str(mode).lower()
-    return "gpu" if mode == "server" else mode
+if TYPE_CHECKING:
+    from trainer.config import RunConfig
 
 
-def _gpu_memory_share(cfg: Any, mode: str) -> float:
-    value = getattr(cfg, "vllm_gpu_memory_utilization", None)
+def resolve_mode(cfg: "RunConfig") -> str:
+    """TRAIN_MODE with `auto` resolved from what this process sees."""
+    return cfg.resolved_train_mode()
+
+
+def _gpu_memory_share(cfg: "RunConfig", mode: str) -> float:
+    value = cfg.vllm_gpu_memory_utilization
     if value:
         return float(value)
     # Own GPU: vLLM takes most of it. Colocated: the trainer's weights, grads and optimizer share it.
     return 0.9 if mode == "gpu" else 0.3
 
 
-def grpo_vllm_kwargs(cfg: Any) -> dict[str, Any]:
+def grpo_vllm_kwargs(cfg: "RunConfig") -> dict[str, Any]:
     """GRPOConfig kwargs for vLLM generation. gpu -> `vllm_mode="server"` (the `vllm` service),
     colocate -> `vllm_mode="colocate"` (vLLM inside the trainer, one GPU, no vllm service),
     cpu -> `use_vllm=False`."""
@@ -35,8 +33,8 @@ def grpo_vllm_kwargs(cfg: Any) -> dict[str, Any]:
             "use_vllm": True,
             "vllm_mode": "server",
             "vllm_server_base_url": str(cfg.vllm_server_url).rstrip("/"),
-            "vllm_server_timeout": float(getattr(cfg, "vllm_server_timeout_s", None) or default("vllm_server_timeout_s")),
-            "vllm_group_port": int(getattr(cfg, "vllm_group_port", None) or default("vllm_group_port")),
+            "vllm_server_timeout": float(cfg.vllm_server_timeout_s),
+            "vllm_group_port": int(cfg.vllm_group_port),
         }
     if mode == "colocate":
         kwargs: dict[str, Any] = {
@@ -45,16 +43,16 @@ def grpo_vllm_kwargs(cfg: Any) -> dict[str, Any]:
             "vllm_gpu_memory_utilization": _gpu_memory_share(cfg, mode),
             "vllm_tensor_parallel_size": 1,
         }
-        if getattr(cfg, "vllm_max_model_len", None):
+        if cfg.vllm_max_model_len:
             kwargs["vllm_max_model_length"] = int(cfg.vllm_max_model_len)
         return kwargs
     raise ValueError(f"TRAIN_MODE={mode!r}: expected cpu, gpu or colocate (edit .env)")
 
 
-def describe_mode(cfg: Any) -> str:
+def describe_mode(cfg: "RunConfig") -> str:
     """One line for `make train`'s log: which generation path this run uses."""
     mode = resolve_mode(cfg)
-    if mode == "gpu" and getattr(cfg, "weight_transfer", "nccl") == "reload":
+    if mode == "gpu" and cfg.weight_transfer == "reload":
         return (f"TRAIN_MODE=gpu: generating through the vLLM server at {cfg.vllm_server_url}, trainer on CPU, weights "
                 f"pushed by a reload from {cfg.weight_reload_dir} (WEIGHT_TRANSFER=reload: server mode rehearsed "
                 "without GPUs)")

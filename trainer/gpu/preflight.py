@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from trainer import stages
-from trainer.config import default
 from trainer.gpu.grpo_kwargs import resolve_mode
 from trainer.gpu.nccl import NCCL_BRIDGE_DEFAULTS, check_group_port, prepare_rendezvous
 from trainer.gpu.server import (
@@ -19,10 +18,13 @@ from trainer.gpu.server import (
 )
 from trainer.gpu.trl_hooks import guard_weight_transfer_init, use_weight_reload
 
+if TYPE_CHECKING:
+    from trainer.config import RunConfig
+
 logger = logging.getLogger("trainer.gpu")
 
 
-def preflight_vllm(cfg: Any) -> dict[str, Any]:
+def preflight_vllm(cfg: "RunConfig") -> dict[str, Any]:
     """Everything server mode needs before GRPOTrainer is built; raises VLLMPreflightError with one
     clear message (problems joined by newlines), each naming its fix.
 
@@ -38,7 +40,7 @@ def preflight_vllm(cfg: Any) -> dict[str, Any]:
     problems: list[str] = []
     import torch
 
-    reload = mode == "gpu" and getattr(cfg, "weight_transfer", "nccl") == "reload"  # the CPU rehearsal: no GPU
+    reload = mode == "gpu" and cfg.weight_transfer == "reload"  # the CPU rehearsal: no GPU
     if not reload and not torch.cuda.is_available():
         problems.append(
             f"TRAIN_MODE={mode} needs a CUDA GPU in the trainer container, and torch sees none; give the "
@@ -64,12 +66,11 @@ def preflight_vllm(cfg: Any) -> dict[str, Any]:
         raise VLLMPreflightError("\n".join([*problems, str(exc)])) from None
     stages.mark("vllm_healthy", rep.waited_s, f"{url} serves {rep.model} (world size {rep.world_size})")
     problems += version_skew(rep, local_vllm, torch.__version__)
-    problems += world_size_mismatch(rep, int(getattr(cfg, "vllm_world_size", None) or default("vllm_world_size")))
+    problems += world_size_mismatch(rep, int(cfg.vllm_world_size))
     if reload:
         if problems:
             raise VLLMPreflightError("\n".join(problems))
-        use_weight_reload(str(cfg.weight_reload_dir), float(getattr(cfg, "weight_sync_timeout_s", None)
-                                                              or default("weight_sync_timeout_s")))
+        use_weight_reload(str(cfg.weight_reload_dir), float(cfg.weight_sync_timeout_s))
         return {"mode": "gpu", "url": url, "model": rep.model, "world_size": rep.world_size,
                 "vllm_version": rep.vllm_version, "max_model_len": rep.max_model_len,
                 "weight_transfer": f"reload from {cfg.weight_reload_dir}", "warnings": rep.warnings}
@@ -88,7 +89,7 @@ def preflight_vllm(cfg: Any) -> dict[str, Any]:
     if problems:
         raise VLLMPreflightError("\n".join(problems))
 
-    timeout = float(getattr(cfg, "weight_sync_timeout_s", None) or default("weight_sync_timeout_s"))
+    timeout = float(cfg.weight_sync_timeout_s)
     guard_weight_transfer_init(timeout, host_ip, int(cfg.vllm_group_port), rep)
     for w in rep.warnings:
         logger.warning(w)

@@ -10,9 +10,10 @@ import time
 from typing import Any, Callable
 
 from trainer import stages
-from trainer.config import default
 from trainer.gpu.server import ServerReport, explain_init_failure
 from trainer.gpu.watchdog import WeightSyncTimeout, rendezvous_diagnosis, watchdog
+
+DEFAULT_WEIGHT_SYNC_TIMEOUT_S = 300.0  # only for a trainer instrumented without a run config (tests)
 
 logger = logging.getLogger("trainer.gpu")
 
@@ -76,10 +77,9 @@ def instrument_weight_sync(trainer: Any, log_fn: Callable[[float], None],
     if getattr(gen.sync_weights, "_grpo_timed", False):
         return True
     args = getattr(trainer, "args", None)
-    if timeout_s is None:  # preflight_vllm stored the run's setting; else the environment, else the config's
-        timeout_s = float(_GUARD.get("timeout_s") or os.environ.get("WEIGHT_SYNC_TIMEOUT_S")
-                          or default("weight_sync_timeout_s"))
-    port = int(getattr(args, "vllm_group_port", None) or default("vllm_group_port"))
+    if timeout_s is None:  # preflight_vllm stored the run's WEIGHT_SYNC_TIMEOUT_S (train.py passes it too)
+        timeout_s = float(_GUARD.get("timeout_s") or DEFAULT_WEIGHT_SYNC_TIMEOUT_S)
+    port = int(args.vllm_group_port)  # GRPOConfig's, set from VLLM_GROUP_PORT by grpo_vllm_kwargs
     server = getattr(gen, "mode", None) == "server"
     original = gen.sync_weights
 
