@@ -14,9 +14,6 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable
 
-# Any env's name: the compose service is env-<name>, its image variable ENV_<NAME>_IMAGE.
-NAME_PATTERN = r"[a-z][a-z0-9_]{0,30}"
-
 
 def _resolve(path: str) -> Any:
     module, _, attr = path.partition(":")

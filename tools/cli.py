@@ -15,6 +15,7 @@ import subprocess
 import time
 from typing import Callable
 
+from envs import naming
 from tools import fleet, gpu_doctor, gpu_layout, stack  # stack.* stays qualified: one module, patchable in tests
 
 
@@ -68,7 +69,7 @@ def long_running_services(env: dict[str, str], mode: str) -> list[str]:
     from envs import registry
 
     custom = stack.custom_envs(env)  # an env only in ENV_URLS runs elsewhere: no service here
-    services = [] if stack.fleet_mode(env) else [f"env-{n}" for n in stack.env_names(env) if registry.is_builtin(n) or n in custom]
+    services = [] if stack.fleet_mode(env) else [naming.service_name(n) for n in stack.env_names(env) if registry.is_builtin(n) or n in custom]
     if mode == "gpu":
         services.append("vllm")
     return services

@@ -31,8 +31,7 @@ class ReplicasError(RuntimeError):
     """One line: the env, the numbers and the fix."""
 
 
-def replicas_var(name: str) -> str:
-    return f"ENV_{name.upper()}_REPLICAS"
+from envs.naming import replicas_var  # noqa: E402,F401  (the one spelling of ENV_<NAME>_REPLICAS)
 
 
 def auto_envs(env: dict[str, str], learned: list[str], builtin: list[str]) -> list[str]:

@@ -23,6 +23,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from envs import naming
 from tools import stack
 from tools.stack import ROOT, StackError, run, say
 
@@ -95,7 +96,7 @@ def compose_services(env: dict[str, str]) -> dict[str, dict]:
     names = fleet_envs(env)
     cenv = stack.compose_env({**env, "ENV_FLEET": "compose"}, "cpu", layout=None)
     cenv["COMPOSE_PROFILES"] = ",".join(names)
-    cmd, cmd_env = stack.compose_command(cenv, "config", "--format", "json", *[f"env-{n}" for n in names])
+    cmd, cmd_env = stack.compose_command(cenv, "config", "--format", "json", *[naming.service_name(n) for n in names])
     r = subprocess.run(cmd, cwd=ROOT, env=cmd_env, capture_output=True, text=True)
     if r.returncode != 0:
         raise StackError(f"`docker compose config` failed: {r.stderr.strip()[-400:]}")
@@ -231,7 +232,7 @@ def cmd_up(env: dict[str, str], mode: str | None = None, processes: int | None =
         say("note: ENV_FLEET=compose in .env: `make train` keeps using the Compose env servers; set ENV_FLEET=swarm "
             "to train against this fleet")
     stack.check_custom_images(env)
-    if any((env.get(f"ENV_{n.upper()}_IMAGE") or stack.LOCAL_ENV_IMAGE) == stack.LOCAL_ENV_IMAGE
+    if any((env.get(naming.image_var(n)) or stack.LOCAL_ENV_IMAGE) == stack.LOCAL_ENV_IMAGE
            for n in fleet_envs(env)):
         cenv = stack.compose_env({**env, "ENV_FLEET": "compose"}, "cpu", layout=None)
         if stack.compose(cenv, "--progress", "quiet", "build", "env-server-image", extra_profiles=("build",)) != 0:

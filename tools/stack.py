@@ -25,6 +25,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 ROOT = Path(__file__).resolve().parent.parent
 
+from envs import naming
 from tools import env_replicas, gpu_doctor, gpu_layout
 from trainer.train_mode import MODES, TrainModeError, resolve_train_mode  # stdlib only
 # STACK_ENV_FILE lets tests (and users with several setups) point at another env file.
@@ -133,19 +134,14 @@ def env_names(env: dict[str, str]) -> list[str]:
     """ENV_NAME's names; each is built in, has its image in ENV_<NAME>_IMAGE, or a server in ENV_URLS."""
     from envs import registry
 
-    names = [n.strip().lower() for n in env.get("ENV_NAME", "echo").split(",") if n.strip()]
-    if not names:
-        raise StackError("ENV_NAME is empty; set it in .env to one of: " + ", ".join(registry.names())
-                         + ", or any OpenEnv env with its image in ENV_<NAME>_IMAGE")
+    names = naming.parse_names(env.get("ENV_NAME", "echo"))
+    try:
+        naming.check_names(names, registry.names())
+    except ValueError as exc:
+        raise StackError(f"ENV_NAME: {exc}") from None
     urls = external_env_urls(env)
     for n in names:
-        if n == "template":
-            raise StackError("ENV_NAME: 'template' is reserved (compose.yaml's env-template service); give the "
-                             "env another name in .env")
-        if not re.fullmatch(registry.NAME_PATTERN, n):
-            raise StackError(f"ENV_NAME: {n!r} is not an env name: lowercase letters, digits and '_', starting "
-                             "with a letter; edit .env")
-        if not registry.is_builtin(n) and not env.get(f"ENV_{n.upper()}_IMAGE") and n not in urls:
+        if not registry.is_builtin(n) and not env.get(naming.image_var(n)) and n not in urls:
             raise StackError(
                 f"ENV_NAME: {n!r} is not built in ({', '.join(registry.names())}): to train on any OpenEnv image, "
                 f"set ENV_{n.upper()}_IMAGE=<image> in .env (or point ENV_URLS at a running server: "
@@ -155,12 +151,10 @@ def env_names(env: dict[str, str]) -> list[str]:
 
 
 def external_env_urls(env: dict[str, str]) -> dict[str, str]:
-    out = {}
-    for item in (env.get("ENV_URLS") or "").split(","):
-        name, sep, url = item.partition("=")
-        if sep:
-            out[name.strip().lower()] = url.strip()
-    return out
+    try:
+        return naming.parse_urls(env.get("ENV_URLS"))
+    except ValueError as exc:
+        raise StackError(f"ENV_URLS: {exc}") from None
 
 
 def custom_envs(env: dict[str, str]) -> list[str]:
@@ -183,10 +177,18 @@ def generated_envs(env: dict[str, str]) -> list[str]:
     added as just a folder + registry line."""
     from envs import registry
 
-    defined = (ROOT / "compose.yaml").read_text()
-    builtin = [n for n in env_names(env) if registry.is_builtin(n) and f"\n  env-{n}:\n" not in defined
+    defined = compose_yaml_services()
+    builtin = [n for n in env_names(env) if registry.is_builtin(n) and naming.service_name(n) not in defined
                and n not in external_env_urls(env)]
     return builtin + custom_envs(env)
+
+
+@functools.lru_cache(maxsize=1)
+def compose_yaml_services() -> frozenset[str]:
+    """The services compose.yaml defines, parsed (anchors and merge keys resolved), not searched for as text."""
+    import yaml
+
+    return frozenset((yaml.safe_load((ROOT / "compose.yaml").read_text()) or {}).get("services") or {})
 
 
 class Override(list):
@@ -225,9 +227,9 @@ def env_services(env: dict[str, str]) -> dict[str, dict]:
         }
         if registry.is_builtin(n):
             service.update(image=f"${{{var}_IMAGE:-{LOCAL_ENV_IMAGE}}}", environment={"ENV_NAME": n})
-        services[f"env-{n}"] = service
-    depends = {f"env-{n}": {"condition": "service_healthy", "required": False} for n in names}
-    images = {f"ENV_{n.upper()}_IMAGE": f"${{ENV_{n.upper()}_IMAGE:-}}" for n in names}  # named in preflight errors
+        services[naming.service_name(n)] = service
+    depends = {naming.service_name(n): {"condition": "service_healthy", "required": False} for n in names}
+    images = {naming.image_var(n): f"${{ENV_{n.upper()}_IMAGE:-}}" for n in names}  # named in preflight errors
     for trainer in ("trainer", "trainer-cpu"):
         services[trainer] = {"depends_on": depends, "environment": images}
     services["model-init"] = {"depends_on": depends, "environment": images}  # the CPU warm-start calls the tools
@@ -247,7 +249,7 @@ def fleet_attachments(env: dict[str, str]) -> dict[str, dict]:
     """ENV_FLEET=swarm: no env service here; the trainers and the init job (it plays the envs for the CPU
     warm start) also join the fleet's overlay network (added to the networks compose.yaml gives them).
     vLLM does not: its dev routes stay off it."""
-    images = {f"ENV_{n.upper()}_IMAGE": f"${{ENV_{n.upper()}_IMAGE:-}}" for n in custom_envs(env)}
+    images = {naming.image_var(n): f"${{ENV_{n.upper()}_IMAGE:-}}" for n in custom_envs(env)}
 
     def attach() -> dict:  # a fresh dict per service: YAML would write a shared one as an anchor
         return {"networks": {"fleet": {}}, **({"environment": dict(images)} if images else {})}
@@ -572,7 +574,7 @@ IMAGE_REFERENCE = re.compile(r"[a-z0-9][a-z0-9._/:-]*(@sha256:[0-9a-f]{64})?", r
 def check_custom_images(env: dict[str, str]) -> None:
     """Each ENV_<NAME>_IMAGE is on this machine, or pulled now; else one line saying what to do."""
     for n in custom_envs(env):
-        var = f"ENV_{n.upper()}_IMAGE"
+        var = naming.image_var(n)
         image = env[var]
         if not IMAGE_REFERENCE.fullmatch(image):
             raise StackError(f"{var}={image!r} is not an image name (e.g. ghcr.io/org/env:1.0, or a digest "
@@ -592,7 +594,7 @@ def unhealthy_custom_envs(cenv: dict[str, str], env: dict[str, str]) -> list[str
     """Why each custom env's service is not healthy (an image that is no OpenEnv server, usually)."""
     problems = []
     for n in custom_envs(env):
-        cmd, cmd_env = compose_command(cenv, "ps", "-a", "--format", "json", f"env-{n}")
+        cmd, cmd_env = compose_command(cenv, "ps", "-a", "--format", "json", naming.service_name(n))
         r = subprocess.run(cmd, cwd=ROOT, env=cmd_env, capture_output=True, text=True)
         states = [json.loads(line) for line in r.stdout.splitlines() if line.strip().startswith("{")]
         if states and all(s.get("Health") == "healthy" for s in states):
@@ -607,7 +609,7 @@ def unhealthy_custom_envs(cenv: dict[str, str], env: dict[str, str]) -> list[str
 def images_to_build(env: dict[str, str], mode: str) -> list[str]:
     """Build-only services for the images this mode uses; an upstream env image is pulled instead."""
     wanted = []
-    if any((env.get(f"ENV_{n.upper()}_IMAGE") or LOCAL_ENV_IMAGE) == LOCAL_ENV_IMAGE for n in env_names(env)):
+    if any((env.get(naming.image_var(n)) or LOCAL_ENV_IMAGE) == LOCAL_ENV_IMAGE for n in env_names(env)):
         wanted.append("env-server-image")
     wanted.append("trainer-cpu-image" if mode == "cpu" else "trainer-gpu-image")
     return wanted

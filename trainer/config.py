@@ -19,6 +19,8 @@ from urllib.parse import urlparse
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
 
+from envs import naming
+
 CPU_DEFAULT_MODEL = "/models/tiny-qwen3"
 GPU_DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
 # The 0.5M-parameter tiny model: Adam moves every weight by about lr per step whatever its gradient, so 5e-4 was a
@@ -50,12 +52,6 @@ def known_envs() -> tuple[str, ...]:
     from envs import registry  # light by contract (no heavy deps)
 
     return registry.names()
-
-
-def env_name_pattern() -> str:
-    from envs import registry
-
-    return registry.NAME_PATTERN
 
 
 class RunConfig(BaseSettings):
@@ -196,30 +192,14 @@ class RunConfig(BaseSettings):
     @field_validator("env_name")
     @classmethod
     def _check_env_name(cls, value: str) -> str:
-        names = [n.strip().lower() for n in value.split(",") if n.strip()]
-        known = known_envs()
-        if not names:
-            raise ValueError(f"empty; name {', '.join(known)} or any OpenEnv env (edit .env)")
-        for name in names:
-            if not re.fullmatch(env_name_pattern(), name):
-                raise ValueError(f"{name!r} is not an env name: lowercase letters, digits and '_', starting with a "
-                                 f"letter (built in: {', '.join(known)}; edit .env)")
-        if len(set(names)) != len(names):
-            raise ValueError(f"{value!r} names an environment twice; list each once (edit .env)")
+        names = naming.parse_names(value)
+        naming.check_names(names, known_envs())
         return ",".join(names)
 
     @field_validator("env_urls")
     @classmethod
     def _check_env_urls(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        for item in [i.strip() for i in value.split(",") if i.strip()]:
-            name, sep, url = item.partition("=")
-            parsed = urlparse(url.strip())
-            if not sep or not name.strip() or parsed.scheme not in ("http", "https") or not parsed.hostname:
-                raise ValueError(
-                    f"{item!r} is not `name=http://host:port`; write e.g. `echo=http://env-echo:8000` (edit .env)"
-                )
+        naming.parse_urls(value)
         return value
 
     @field_validator("run_name")
@@ -263,17 +243,11 @@ class RunConfig(BaseSettings):
 
     @property
     def env_url_overrides(self) -> dict[str, str]:
-        out = {}
-        for item in [i.strip() for i in (self.env_urls or "").split(",") if i.strip()]:
-            name, _, url = item.partition("=")
-            out[name.strip().lower()] = url.strip().rstrip("/")
-        return out
+        return naming.parse_urls(self.env_urls)
 
     def env_url(self, name: str) -> str:
-        """ENV_URLS' URL, else the env service's: its Swarm tasks (`tasks.` names only the fleet's, never a Compose
-        replica left running on this host), or its Compose replicas."""
-        host = f"tasks.env-{name}" if self.env_fleet == "swarm" else f"env-{name}"
-        return self.env_url_overrides.get(name, f"http://{host}:8000")
+        """ENV_URLS' URL, else the env service's (its Compose replicas or its Swarm tasks: envs.naming)."""
+        return self.env_url_overrides.get(name, naming.service_url(name, swarm=self.env_fleet == "swarm"))
 
     def generic_env_options(self) -> dict[str, Any]:
         """How envs learned from their server are prompted and scored (envs.generic.GenericSpec's options)."""

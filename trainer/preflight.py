@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from envs import naming
 from envs.core import probe
 from trainer.config import ConfigError, RunConfig
 from trainer.envs_binding import BindingError, resolve_replicas
@@ -73,7 +74,7 @@ def image_hint(name: str) -> str:
     """`(image X)` when compose told the trainer which image serves this env."""
     import os
 
-    image = os.environ.get(f"ENV_{name.upper()}_IMAGE")
+    image = os.environ.get(naming.image_var(name))
     return f" (image {image})" if image else ""
 
 
@@ -149,7 +150,7 @@ def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 2
         opens = (f"< {needed} sessions this trainer opens ({batch}"
                  + (f" x {num_processes} trainer processes" if num_processes > 1 else "")
                  + (", worst-case share of a multi-env batch" if len(cfg.env_names) > 1 else "") + ")")
-        var = f"ENV_{name.upper()}_REPLICAS"
+        var = naming.replicas_var(name)
         fleet = cfg.env_fleet == "swarm"
         scale = f"scale the fleet ({var}, then `make fleet-up`)" if fleet else f"add replicas ({var})"
         what = f"{len(replicas)} fleet task(s)" if fleet else f"{len(replicas)} replica(s)"

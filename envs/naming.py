@@ -1,0 +1,68 @@
+"""The rules about env names that the host (tools/) and the trainer (trainer/config.py) share, written once.
+
+Standard library only: both sides import it, and it imports neither.
+
+    ENV_NAME=echo,connect4              parse_names -> ["echo", "connect4"]  (check_names: the name rules)
+    ENV_URLS=connect4=http://h:8000     parse_urls  -> {"connect4": "http://h:8000"}
+    service_name("connect4")            env-connect4         (its compose service; Swarm: tasks.env-connect4)
+    image_var / replicas_var            ENV_CONNECT4_IMAGE / ENV_CONNECT4_REPLICAS
+"""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import urlparse
+
+NAME_PATTERN = r"[a-z][a-z0-9_]{0,30}"  # a compose service name and an environment variable's middle part
+RESERVED = ("template",)  # compose.yaml's env-template service
+PORT = 8000  # every env server's port inside its container (OpenEnv's default)
+
+
+def parse_names(value: str | None) -> list[str]:
+    return [n.strip().lower() for n in (value or "").split(",") if n.strip()]
+
+
+def check_names(names: list[str], builtin: tuple[str, ...]) -> None:
+    """ValueError, one line naming the fix, for a list ENV_NAME cannot hold."""
+    if not names:
+        raise ValueError(f"empty; name {', '.join(builtin)} or any OpenEnv env (edit .env)")
+    for name in names:
+        if name in RESERVED:
+            raise ValueError(f"{name!r} is reserved (compose.yaml's env-{name} service); give the env another name "
+                             "(edit .env)")
+        if not re.fullmatch(NAME_PATTERN, name):
+            raise ValueError(f"{name!r} is not an env name: lowercase letters, digits and '_', starting with a "
+                             f"letter (built in: {', '.join(builtin)}; edit .env)")
+    if len(set(names)) != len(names):
+        raise ValueError(f"{','.join(names)!r} names an environment twice; list each once (edit .env)")
+
+
+def parse_urls(value: str | None) -> dict[str, str]:
+    """ENV_URLS as {name: url}; ValueError for an item that is not `name=http(s)://host[:port]`."""
+    out = {}
+    for item in [i.strip() for i in (value or "").split(",") if i.strip()]:
+        name, sep, url = item.partition("=")
+        parsed = urlparse(url.strip())
+        if not sep or not name.strip() or parsed.scheme not in ("http", "https") or not parsed.hostname:
+            raise ValueError(f"{item!r} is not `name=http://host:port`; write e.g. `echo=http://env-echo:8000` "
+                             "(edit .env)")
+        out[name.strip().lower()] = url.strip().rstrip("/")
+    return out
+
+
+def service_name(name: str) -> str:
+    return f"env-{name}"
+
+
+def service_url(name: str, swarm: bool = False) -> str:
+    """Where the trainer finds an env served by the stack: its Compose replicas, or (ENV_FLEET=swarm) its Swarm
+    tasks (`tasks.` names only the fleet's, never a Compose replica left running on this host)."""
+    return f"http://{'tasks.' if swarm else ''}{service_name(name)}:{PORT}"
+
+
+def image_var(name: str) -> str:
+    return f"ENV_{name.upper()}_IMAGE"
+
+
+def replicas_var(name: str) -> str:
+    return f"ENV_{name.upper()}_REPLICAS"
