@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from tools import gpu_layout
+from tools.errors import parse_env_file
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_GPU = "no NVIDIA GPU here"
@@ -219,15 +220,10 @@ def probe_docker_gpus(runner: Runner = run, image: str | None = None) -> DockerG
 
 
 def load_env() -> dict[str, str]:
+    """.env (STACK_ENV_FILE, else .env, else .env.example) with the host's own parser; the process's values of the
+    variables read here win, as in Compose."""
     path = Path(os.environ.get("STACK_ENV_FILE") or ROOT / ".env")
-    if not path.exists():
-        path = ROOT / ".env.example"
-    env: dict[str, str] = {}
-    for raw in path.read_text().splitlines():
-        line = raw.strip()
-        if line and not line.startswith("#") and "=" in line:
-            key, _, value = line.removeprefix("export ").partition("=")
-            env[key.strip()] = value.strip().strip("'\"")
+    env = parse_env_file(path if path.exists() else ROOT / ".env.example")
     env.update({k: v for k, v in os.environ.items() if k in ("TRAIN_MODE", "VLLM_GPU", "TRAINER_GPU", "VLLM_IMAGE")})
     return env
 

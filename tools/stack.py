@@ -16,7 +16,6 @@ import re
 import shutil
 import socket
 import subprocess
-import sys
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -27,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 from envs import naming
 from tools import env_replicas, gpu_doctor, gpu_layout
+from tools.errors import StackError, parse_env_file, say  # noqa: F401  (re-exported: the host's names)
 from trainer.train_mode import MODES, TrainModeError, resolve_train_mode  # stdlib only
 # STACK_ENV_FILE lets tests (and users with several setups) point at another env file.
 ENV_FILE = Path(os.environ.get("STACK_ENV_FILE") or ROOT / ".env")
@@ -36,35 +36,6 @@ MIN_COMPOSE = (2, 24, 4)  # `!override` in the generated compose file (profiles 
 # Commands run in the trainer images: vLLM's runtime image (the GPU trainer's base) installs `python3` only.
 TRAINER_PYTHON = ("python3",)
 LOCAL_ENV_IMAGE = "grpo-stack/env-server:local"
-
-
-class StackError(SystemExit):
-    """One clear message naming the fix; exits 2."""
-
-    def __init__(self, message: str):
-        print(f"error: {message}", file=sys.stderr)
-        super().__init__(2)
-
-
-def say(msg: str) -> None:
-    print(f"[stack] {msg}", flush=True)
-
-
-# ------------------------------------------------------------------ .env
-def parse_env_file(path: Path) -> dict[str, str]:
-    """KEY=VALUE lines as Compose reads them (python-dotenv's parser); a malformed line is named."""
-    from dotenv.parser import parse_stream
-
-    values: dict[str, str] = {}
-    with path.open() as stream:
-        for binding in parse_stream(stream):
-            if binding.error or (binding.key is not None and binding.value is None):
-                raw = binding.original.string.rstrip("\n")
-                raise StackError(f"{path.name} line {binding.original.line}: expected KEY=VALUE, got {raw!r}; "
-                                 "fix or delete that line")
-            if binding.key is not None:
-                values[binding.key] = binding.value
-    return values
 
 
 class StackEnv(BaseSettings):
