@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # Build one of compose.yaml's build-only image services (profile `build`), quietly.
 BUILD_IMAGE := $(STACK) compose --progress quiet --profile build build
 
-.PHONY: help up train down logs ps config build test clean doctor report baseline dashboard nccl-check gpu-smoke soak bench \
+.PHONY: help up train down logs ps config build test clean doctor report rollouts baseline dashboard nccl-check gpu-smoke soak bench \
 	fleet-up fleet-ps fleet-logs fleet-down bench-fleet bench-learning
 
 help: ## List every target with one line each
@@ -66,6 +66,9 @@ report: $(VENV)/.host-ok ## Plot reward and tool-call curves of a run to reports
 	@$(STACK) compose run --rm --no-deps --user "$$(id -u):$$(id -g)" -e MPLCONFIGDIR=/tmp \
 		-v "$(CURDIR)/reports:/reports" trainer-cpu \
 		python3 -m trainer.report --outputs /outputs $(if $(RUN),--run $(RUN)) --out-dir /reports
+
+rollouts: $(VENV)/.host-ok ## Print a run's traced rollouts: turns, tool calls, results, rewards (RUN=name, STEP=n; default latest)
+	@$(STACK) rollouts $(if $(RUN),--run $(RUN)) $(if $(STEP),--step $(STEP))
 
 baseline: $(VENV)/.host-ok ## Play each env with a random/scripted policy; print mean reward and episode length
 	@$(STACK) up

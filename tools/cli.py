@@ -1,7 +1,7 @@
 """The host commands the Makefile runs: `python -m tools COMMAND` (tools/__main__.py).
 
     python -m tools {setup|mode|profiles|build|up|train [ARGS]|smoke [--gpu]|compose ARGS...|doctor|sync-check|
-                     nccl-check [--full]|fleet {up|ps|logs|down}}
+                     nccl-check [--full]|rollouts [--run R] [--step N]|fleet {up|ps|logs|down}}
 
 Each command is a function here, listed once in COMMANDS; what the stack is (settings, services, compose files,
 checks) comes from tools/stack.py, the Swarm fleet from tools/fleet.py. Nothing below imports this module.
@@ -350,6 +350,14 @@ def run_nccl_check(rest: list[str]) -> int:
     return nccl_check.main(rest)
 
 
+def run_rollouts(rest: list[str]) -> int:
+    """`make rollouts RUN=... STEP=...`: trainer.rollouts in the CPU trainer image, reading the outputs volume."""
+    cenv, _ = cmd_prepare()
+    stack.compose(cenv, "--progress", "quiet", "build", "trainer-cpu-image", extra_profiles=("build",))
+    return stack.compose(cenv, "run", "--rm", "--no-deps", "trainer-cpu", *stack.TRAINER_PYTHON, "-m",
+                         "trainer.rollouts", "--outputs", "/outputs", *rest)
+
+
 def run_fleet(rest: list[str]) -> int:
     stack.setup()
     return fleet.main(rest)
@@ -369,6 +377,7 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "nccl-check": run_nccl_check,
     "smoke": lambda rest: cmd_smoke(*cmd_prepare(), require_gpu="--gpu" in rest),
     "doctor": lambda rest: cmd_doctor(),
+    "rollouts": run_rollouts,
     "fleet": run_fleet,
 }
 

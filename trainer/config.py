@@ -133,6 +133,10 @@ class RunConfig(BaseSettings):
     )
     save_steps: int = Field(10, ge=1, description="Write `checkpoint-N` every this many steps.")
     logging_steps: int = Field(1, ge=1, description="Log metrics every this many steps.")
+    trace_every: int = Field(10, ge=0, description="Write a sample of rollouts to rollouts.jsonl every this many "
+                             "steps (`make rollouts` prints them); 0: never.")
+    trace_samples: int | None = Field(None, ge=1, description="Rollouts written each time; empty: NUM_GENERATIONS "
+                                      "(one GRPO group, the rollouts compared with each other).")
     seed: int = Field(42, ge=0, description="Random seed (dataset, sampling, init).")
     resume: Literal["auto", "fresh"] = Field(
         "auto", description="auto: continue from the run's last checkpoint; fresh: delete the run folder, start over."

@@ -22,6 +22,7 @@ from typing import Any
 
 from envs.core.replicas import ReplicaSet, ResolveError, resolve
 from trainer.metrics import STATS, RolloutStats
+from trainer.rollouts import Trace
 
 ENV_ROW_COLUMN = "env_row"
 
@@ -75,6 +76,7 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS)
         self._episode_failures = 0
         self._episode += 1
         self._abandoned = False
+        self._trace = Trace(env_name, {k: v for k, v in row.items() if k != "prompt"})  # trainer.rollouts
         with stats.timer("env"):
             return tool_class.reset(self, **row)
 
@@ -90,6 +92,8 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS)
         with stats.timer("env"):
             reward = tool_class.get_reward(self)
         stats.add_episode(env_name, reward, self._episode_calls, self._episode_failures)
+        if getattr(self, "_trace", None) is not None:
+            self._trace.env_reward = reward
         return reward
 
     namespace: dict[str, Any] = {
@@ -110,21 +114,34 @@ def _instrumented(method):
         async def async_wrapper(self, *args, **kwargs):
             episode = _start_call(self)
             try:
-                return await method(self, *args, **kwargs)
-            except Exception:
+                result = await method(self, *args, **kwargs)
+            except Exception as exc:
                 _count_failure(self, episode)
+                _traced(self, episode, method.__name__, kwargs, f"{type(exc).__name__}: {exc}", failed=True)
                 raise
+            _traced(self, episode, method.__name__, kwargs, result, failed=False)
+            return result
         return async_wrapper
 
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         episode = _start_call(self)
         try:
-            return method(self, *args, **kwargs)
-        except Exception:
+            result = method(self, *args, **kwargs)
+        except Exception as exc:
             _count_failure(self, episode)
+            _traced(self, episode, method.__name__, kwargs, f"{type(exc).__name__}: {exc}", failed=True)
             raise
+        _traced(self, episode, method.__name__, kwargs, result, failed=False)
+        return result
     return wrapper
+
+
+def _traced(env, episode: int, tool: str, arguments: dict, result: Any, failed: bool) -> None:
+    """Into the episode's trace (trainer.rollouts), unless the call outlived its episode (a late timed-out one)."""
+    trace = getattr(env, "_trace", None)
+    if trace is not None and episode == env._episode and not env._abandoned:
+        trace.call(tool, arguments, result, failed)
 
 
 SESSION_CLOSED = ("The env session was closed after a tool call timed out; this episode cannot continue. "

@@ -117,6 +117,35 @@ def make_trainer_class():
             stages.mark("first_generation", time.perf_counter() - start, "first batch of first turns generated")
             return result
 
+        def configure_traces(self, run_dir, every: int, samples: int) -> None:
+            self._trace_dir, self._trace_every, self._trace_samples = run_dir, every, samples
+
+        def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+            """TRL's, then (every TRACE_EVERY steps) a sample of the batch's rollouts to rollouts.jsonl (trainer.rollouts).
+            Every process reaches this together for the same step, so gathering here keeps them in step."""
+            rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            every = getattr(self, "_trace_every", 0)
+            step = self.state.global_step + 1  # the optimizer step this batch trains
+            if self.model.training and every and step % every == 0 and step != getattr(self, "_traced_step", None):
+                self._traced_step = step
+                self._trace(step, prompts, completions, rewards_per_func)
+            return rewards_per_func
+
+        def _trace(self, step, prompts, completions, rewards_per_func) -> None:
+            import math
+
+            from accelerate.utils import gather_object
+
+            from trainer import rollouts
+
+            weights = self.reward_weights.tolist()
+            per_func = [dict(zip(self.reward_func_names, row)) for row in rewards_per_func.cpu().tolist()]
+            total = [sum(w * v for w, v in zip(weights, row.values()) if not math.isnan(v)) for row in per_func]
+            mine = rollouts.rows(step, prompts, completions, self.environments or [], per_func, total)
+            every_process = gather_object(mine) if self.accelerator.num_processes > 1 else mine
+            if self.accelerator.is_main_process:
+                rollouts.append(self._trace_dir, every_process[: self._trace_samples])
+
         def _load_optimizer_and_scheduler(self, checkpoint):
             """Several CPU ranks (gloo): transformers maps the optimizer state to args.device, `cpu:<rank>`,
             which torch.load cannot restore to; plain `cpu` is the same memory."""
@@ -266,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         callbacks=[MetricsCallback(cfg.run_dir, STATS, resume_step=resume_step, mode=mode), control],
     )
     trainer.configure_rollouts(cfg.tool_timeout_s, cfg.tool_concurrency, server_max_model_len)
+    trainer.configure_traces(cfg.run_dir, cfg.trace_every, cfg.trace_samples or cfg.num_generations)
     trainer.remove_callback(PrinterCallback)  # MetricsCallback prints one readable line per step instead
     if mode != "cpu":
         from trainer import gpu

@@ -15,6 +15,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 import time
 
 import pytest
@@ -89,7 +90,7 @@ def project(docker, tmp_path_factory):
     build_images("env-server", "trainer-cpu")
     tmp = tmp_path_factory.mktemp("cpu-train")
     overrides = {"RUN_NAME": RUN, "MAX_CONCURRENT_ENVS": "16", "TRAIN_MODE": "cpu", "SAVE_STEPS": "2",
-                 "DASHBOARD_PORT": str(free_port())}
+                 "DASHBOARD_PORT": str(free_port()), "TRACE_EVERY": "3"}
     with compose_stack(tmp, ["cpu", "echo"], services=["env-echo"], overrides=overrides) as stack:
         env_file = tmp / f"{stack.project}.env"
         proj = Project(stack, env_file)
@@ -129,6 +130,13 @@ def test_cpu_smoke_tools_called_and_rewarded(project, tmp_path):
     png = tmp_path / f"{RUN}.png"
     assert png.read_bytes()[:4] == b"\x89PNG", rep.stdout
     print(rep.stdout)
+
+    # make rollouts: the host command prints the rollouts traced at steps 3 and 6 from the outputs volume
+    shown = subprocess.run([sys.executable, "-m", "tools", "rollouts", "--run", RUN], cwd=ROOT, capture_output=True,
+                           text=True, timeout=600, env=dict(os.environ, STACK_ENV_FILE=str(project.env_file)))
+    assert shown.returncode == 0, shown.stdout[-2000:] + shown.stderr[-2000:]
+    assert f"run {RUN}, step 6: " in shown.stdout and "(traced steps: 3, 6)" in shown.stdout
+    assert "── step 6 · env echo · reward" in shown.stdout
 
     # a second `make train` with the same MAX_STEPS has nothing left to do, and says so
     again = project.train("--max-steps", "6")

@@ -1,0 +1,152 @@
+"""Rollout traces: what the model actually did in an episode, kept in `/outputs/<run>/rollouts.jsonl`.
+
+Every TRACE_EVERY steps the trainer writes TRACE_SAMPLES rollouts of the batch it trains on (default: one GRPO
+group, so the rollouts compared with each other are seen together), one JSON object per line:
+
+    step, env, reset (the row's reset kwargs or seed), prompt (chat messages), turns (the assistant turns and tool
+    results, as TRL's completion messages), tool_calls ([{tool, arguments, result, failed}] in order), step_rewards
+    (the env's per-step rewards where it reports them, else null), env_reward (the episode's reward from the env),
+    reward (what GRPO used: the sum of every reward function), rewards ({function: value})
+
+`python -m trainer.rollouts --outputs /outputs [--run NAME] [--step N]` prints them readably (`make rollouts`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+ROLLOUTS_FILE = "rollouts.jsonl"
+REQUIRED = {"step": int, "env": str, "reset": dict, "prompt": list, "turns": list, "tool_calls": list,
+            "env_reward": (int, float, type(None)), "reward": (int, float), "rewards": dict}
+RESULT_CHARS = 2000  # a tool result kept in a trace; longer ones are cut (the model saw them whole)
+
+
+class Trace:
+    """One episode as its env session saw it: reset kwargs and each tool call (kept on the bound tool instance)."""
+
+    def __init__(self, env: str, reset: dict[str, Any]) -> None:
+        self.env, self.reset = env, reset
+        self.calls: list[dict[str, Any]] = []
+        self.env_reward: float | None = None
+
+    def call(self, tool: str, arguments: dict[str, Any], result: Any, failed: bool) -> None:
+        self.calls.append({"tool": tool, "arguments": arguments, "result": _text(result)[:RESULT_CHARS],
+                           "failed": failed})
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=str)
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def rows(step: int, prompts: list, completions: list, environments: list, rewards: list[dict[str, float]],
+         total: list[float]) -> list[dict[str, Any]]:
+    """The trace rows of one batch (index i: the i-th rollout of every list)."""
+    out = []
+    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+        env = environments[i] if environments and i < len(environments) else None
+        trace: Trace | None = getattr(env, "_trace", None)
+        step_rewards = getattr(env, "_rewards", None)  # generic envs keep the per-step rewards they were sent
+        out.append(_jsonable({
+            "step": step,
+            "env": trace.env if trace else getattr(env, "env_name", "?"),
+            "reset": trace.reset if trace else {},
+            "prompt": prompt,
+            "turns": completion if isinstance(completion, list) else [{"role": "assistant", "content": completion}],
+            "tool_calls": trace.calls if trace else [],
+            "step_rewards": list(step_rewards) if isinstance(step_rewards, list) else None,
+            "env_reward": trace.env_reward if trace else None,
+            "reward": total[i],
+            "rewards": {k: (None if v != v else v) for k, v in rewards[i].items()},  # NaN (not scored): null
+        }))
+    return out
+
+
+def append(run_dir: Path, new_rows: list[dict[str, Any]]) -> None:
+    path = Path(run_dir) / ROLLOUTS_FILE
+    with path.open("a") as f:
+        for row in new_rows:
+            f.write(json.dumps(row) + "\n")
+
+
+def problems(row: dict[str, Any]) -> list[str]:
+    """Why a row does not fit the schema above (empty: it fits)."""
+    out = [f"{key}: missing" for key in REQUIRED if key not in row]
+    out += [f"{key}: {type(row[key]).__name__}" for key, kind in REQUIRED.items()
+            if key in row and not isinstance(row[key], kind)]
+    for call in row.get("tool_calls") or []:
+        if not {"tool", "arguments", "result", "failed"} <= set(call):
+            out.append(f"tool_calls: {call}")
+    return out
+
+
+# --------------------------------------------------------------------------------------------- printing
+def read(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def render(row: dict[str, Any]) -> str:
+    """One rollout as a terminal reader wants it: the prompt's last user turn, each turn, each call and result."""
+    lines = [f"── step {row['step']} · env {row['env']} · reward {row['reward']:+.3f} "
+             f"(env {row['env_reward'] if row['env_reward'] is not None else '-'}) · reset {json.dumps(row['reset'])}"]
+    user = [m for m in row["prompt"] if isinstance(m, dict) and m.get("role") == "user"]
+    if user:
+        lines.append(f"  user: {_one_line(user[-1].get('content'))}")
+    for turn in row["turns"]:
+        role = turn.get("role", "?") if isinstance(turn, dict) else "assistant"
+        content = turn.get("content") if isinstance(turn, dict) else turn
+        if content:
+            lines.append(f"  {role}: {_one_line(content)}")
+        for call in (turn.get("tool_calls") or []) if isinstance(turn, dict) else []:
+            fn = call.get("function", call)
+            lines.append(f"  {role} calls {fn.get('name')}({json.dumps(fn.get('arguments'))})")
+    for i, call in enumerate(row["tool_calls"], 1):
+        mark = "FAILED " if call["failed"] else ""
+        lines.append(f"  [{i}] {call['tool']}({json.dumps(call['arguments'])}) -> {mark}{_one_line(call['result'])}")
+    if row.get("step_rewards"):
+        lines.append(f"  step rewards: {row['step_rewards']}")
+    return "\n".join(lines)
+
+
+def _one_line(text: Any, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="make rollouts", description="Print a run's traced rollouts readably.")
+    p.add_argument("--outputs", default="/outputs")
+    p.add_argument("--run", help="run folder (default: the one written last)")
+    p.add_argument("--step", type=int, help="only this step (default: the last traced one)")
+    args = p.parse_args(argv)
+    outputs = Path(args.outputs)
+    runs = [d for d in outputs.iterdir() if (d / ROLLOUTS_FILE).exists()] if outputs.exists() else []
+    if args.run:
+        runs = [d for d in runs if d.name == args.run]
+    if not runs:
+        print(f"no {ROLLOUTS_FILE} under {outputs}{' for run ' + args.run if args.run else ''}: a run traces every "
+              "TRACE_EVERY steps (.env); train first (`make train`)", file=sys.stderr)
+        return 1
+    run = max(runs, key=lambda d: (d / ROLLOUTS_FILE).stat().st_mtime)
+    traced = read(run / ROLLOUTS_FILE)
+    steps = sorted({r["step"] for r in traced})
+    step = args.step if args.step is not None else steps[-1]
+    chosen = [r for r in traced if r["step"] == step]
+    if not chosen:
+        print(f"run {run.name}: no rollouts traced at step {step}; traced steps: {', '.join(map(str, steps))}",
+              file=sys.stderr)
+        return 1
+    print(f"run {run.name}, step {step}: {len(chosen)} rollout(s) (traced steps: {', '.join(map(str, steps))})\n")
+    print("\n\n".join(render(r) for r in chosen))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
