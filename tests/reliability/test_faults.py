@@ -83,7 +83,11 @@ def project(docker, tmp_path_factory):
     overrides = {"RUN_NAME": RUN, "MAX_CONCURRENT_ENVS": "16", "TRAIN_MODE": "cpu", "SAVE_STEPS": "4"}
     with compose_stack(tmp, ["cpu", "echo"], services=["env-echo"], overrides=overrides) as stack:
         proj = Project(stack, tmp / f"{stack.project}.env")
-        proj.compose("run", "--rm", "model-init")
+        init = f"{stack.project}-model-init"
+        try:  # until the init job exits (a busy machine takes many minutes); the timeout only stops a hang
+            proj.compose("run", "--rm", "--name", init, "model-init", timeout=3600)
+        finally:  # a timed-out `compose run` leaves its container running
+            subprocess.run(["docker", "rm", "-f", init], capture_output=True)
         yield proj
 
 
@@ -114,83 +118,98 @@ def envnet_ip(container: str) -> str:
     return ip
 
 
-# Any request of the trainer (a reset, a step, a new session's handshake) is 36 bytes or more on the wire; the
-# only frames a client sends unasked are keepalive pings and pongs, 10 bytes each, one per 20 s.
-REQUEST_BYTES = 32
+# Any request of the trainer (a reset, a step, a new session's handshake) is 36 bytes or more on the wire, and so
+# is any reply; the only frames sent unasked are keepalive pings and pongs (6 to 10 bytes, one per 20 s).
+REQUEST_BYTES = REPLY_BYTES = 32
+PORT = 8000
 
 
-def unread_requests(server_pid: int, client_ip: str, port: int = 8000) -> int:
-    """Connections from `client_ip` with a request sitting unread in the server's socket. The kernel's table
-    for the server's network namespace (/proc/PID/net/tcp): readable while the server process is stopped."""
-    waiting = 0
-    with open(f"/proc/{server_pid}/net/tcp") as f:
+def tcp_connections(pid: int) -> list[tuple[str, int, str, int, str, int]]:
+    """(local ip, port, remote ip, port, state, bytes received and not yet read) of every TCP connection in the
+    network namespace of process `pid`: the kernel's table, readable while that process is stopped or frozen."""
+    def addr(text: str) -> tuple[str, int]:
+        ip, port = text.split(":")
+        return socket.inet_ntoa(struct.pack("<I", int(ip, 16))), int(port, 16)
+
+    rows = []
+    with open(f"/proc/{pid}/net/tcp") as f:
         for line in f.read().splitlines()[1:]:
             _, local, remote, state, queues = line.split()[:5]
-            if state != "01" or int(local.split(":")[1], 16) != port:  # ESTABLISHED, on the server's port
-                continue
-            if socket.inet_ntoa(struct.pack("<I", int(remote.split(":")[0], 16))) != client_ip:
-                continue
-            waiting += int(queues.split(":")[1], 16) >= REQUEST_BYTES  # rx_queue: bytes not yet read
-    return waiting
+            rows.append((*addr(local), *addr(remote), state, int(queues.split(":")[1], 16)))
+    return rows
+
+
+def server_unread(server_pid: int, trainer_ip: str) -> dict[int, int]:
+    """Trainer port -> bytes the server has not read, on each of the trainer's connections to it."""
+    return {rport: rx for _, lport, rip, rport, state, rx in tcp_connections(server_pid)
+            if lport == PORT and rip == trainer_ip and state == "01"}  # ESTABLISHED
+
+
+def trainer_unread(trainer_pid: int, trainer_ip: str) -> dict[int, int]:
+    """Trainer port -> bytes the trainer has not read, on each of its connections to the server."""
+    return {lport: rx for lip, lport, _, rport, state, rx in tcp_connections(trainer_pid)
+            if rport == PORT and lip == trainer_ip and state in ("01", "08")}  # ESTABLISHED, CLOSE_WAIT
 
 
 def hold_batch_at_server(project: "Project", trainer: str, env_cid: str, logged, guard_s: float = 900) -> dict:
-    """Stop the env server (SIGSTOP) the moment a batch of rollouts has reset on it, let the trainer run
-    until it waits on the server, freeze the trainer there, and check it is still inside that batch.
+    """Step the trainer through its requests to the env server, one exchange at a time, until a batch of
+    rollouts has reset there and none has stepped; hold it with its next requests unanswered.
 
-    Each step waits on an event, never on how long generation or a `docker` command takes here:
-    1. /health: `episodes_started` moved since the previous read and `episodes_awaiting_step` counts the
-       whole batch (IN_FLIGHT; a rollout that answers without the tool stays at "reset" too, so fewer
-       would not say the batch has not called yet): the batch's resets are in and none of its steps. The
-       server is stopped right then, by a signal from this process: whatever the trainer sends from now
-       on stays unread and unanswered, and its tool round can no longer finish.
-    2. The kernel shows a request of the trainer sitting unread in the stopped server's socket: the
-       trainer is waiting on the server. It is frozen (`docker pause`) there.
-    3. metrics.jsonl: no step logged since 1. So the trainer is inside that batch: its rollouts' episodes
-       live on this server and no tool call of theirs can be answered before the crash. A step logged
-       since 1 means the batch's calls were answered in the instant between the read and the stop (or it
-       called no tool): the server and the trainer go on, and the next batch is held instead.
+    No step races a window (how long generation, a reply or a `docker` command takes): the two take turns.
+    The server is stopped (SIGSTOP) while the trainer runs, so the trainer gets exactly as far as its next
+    request, which the kernel then shows unread in the server's socket. The trainer is frozen (`docker
+    pause`) while the server runs, so the server answers exactly what was sent: once every such
+    request's reply sits in the trainer's socket, /health's counters include every frame the trainer has
+    sent. When they show the whole batch (IN_FLIGHT) reset and none of it stepped, the trainer's next
+    requests are that batch's tool calls (or its last resets): the server is stopped, the trainer runs
+    until it waits, and is frozen there. metrics.jsonl confirms it is still in that batch (no step logged
+    since); if a step was logged, the batch called no tool: the stepping goes on to the next batch.
+    (The first exchange's counts are not used: the first stop may catch a request being answered.)
     Returns with the server stopped and the trainer frozen. `guard_s` only stops a hang.
     """
-    url = f"http://{project.compose('port', 'env-echo', '8000').stdout.strip()}"
-    server_pid = inspect(env_cid)["State"]["Pid"]
+    url = f"http://{project.compose('port', 'env-echo', str(PORT)).stdout.strip()}"
+    server_pid, trainer_pid = inspect(env_cid)["State"]["Pid"], inspect(trainer)["State"]["Pid"]
     trainer_ip = envnet_ip(trainer)
-    let_go: list[int] = []  # steps after which a held batch had already been answered
     deadline = time.monotonic() + guard_s
+    exchanges, let_go, armed_at, now = 0, [], None, {}
 
-    trainer_pid = inspect(trainer)["State"]["Pid"]
+    def until(event, what: str) -> None:  # no docker CLI in here: /proc, at once
+        while not event():
+            assert process_alive(trainer_pid), f"training ended {what} ({exchanges} exchanges, let go: {let_go})"
+            assert time.monotonic() < deadline, f"{what}: not seen in {guard_s:.0f} s ({exchanges} exchanges)"
+            time.sleep(0.01)
 
-    def alive(what: str) -> None:  # no docker CLI in the polling loops: /proc, at once
-        assert process_alive(trainer_pid), f"training ended {what} (batches held and let go after steps {let_go})"
-        assert time.monotonic() < deadline, f"no batch held in {guard_s:.0f} s ({what}; let go after {let_go})"
+    def docker(*args: str) -> None:
+        subprocess.run(["docker", *args, trainer], check=True, capture_output=True)
 
-    while True:
-        before = health(url)
-        while True:  # 1.
+    os.kill(server_pid, signal.SIGSTOP)
+    try:
+        while True:
+            # the trainer runs until it waits on the stopped server; then it is frozen
+            until(lambda: any(rx >= REQUEST_BYTES for rx in server_unread(server_pid, trainer_ip).values()),
+                  "while waiting for a request of the trainer")
+            docker("pause")
+            pending = [port for port, rx in server_unread(server_pid, trainer_ip).items() if rx >= REQUEST_BYTES]
+            if armed_at is not None:
+                rows = logged()
+                if not [r for r in rows if r["time"] > armed_at]:
+                    return {**now, "unread_requests": len(pending), "last_step": rows[-1]["step"],
+                            "server_pid": server_pid, "exchanges": exchanges, "let_go": let_go}
+                let_go.append(rows[-1]["step"])
+            # the server answers all of it, and nothing more comes
+            os.kill(server_pid, signal.SIGCONT)
+            until(lambda: not any(server_unread(server_pid, trainer_ip).values())
+                  and all(trainer_unread(trainer_pid, trainer_ip).get(port, 0) >= REPLY_BYTES for port in pending),
+                  "while the server answered the trainer")
             now = health(url)
-            if (now.get("episodes_started") != before.get("episodes_started")
-                    and (now.get("episodes_awaiting_step") or 0) >= IN_FLIGHT):
-                break
-            before = now
-            alive("before a batch was held")
-            time.sleep(0.005)
-        held_at = time.time()
-        os.kill(server_pid, signal.SIGSTOP)
-        try:
-            while not (waiting := unread_requests(server_pid, trainer_ip)):  # 2.
-                alive("while the env server was stopped")
-                time.sleep(0.01)
-            subprocess.run(["docker", "pause", trainer], check=True, capture_output=True)
-            rows = logged()
-            if not [r for r in rows if r["time"] > held_at]:  # 3.
-                return {**now, "unread_requests": waiting, "last_step": rows[-1]["step"], "server_pid": server_pid,
-                        "let_go": let_go}
-            let_go.append(rows[-1]["step"])
-            subprocess.run(["docker", "unpause", trainer], check=True, capture_output=True)
-        except BaseException:
-            os.kill(server_pid, signal.SIGCONT)  # a failed test leaves no stopped process behind
-            raise
-        os.kill(server_pid, signal.SIGCONT)
+            os.kill(server_pid, signal.SIGSTOP)
+            exchanges += 1
+            armed = exchanges > 1 and (now.get("episodes_awaiting_step") or 0) >= IN_FLIGHT
+            armed_at = time.time() if armed else None
+            docker("unpause")
+    except BaseException:
+        os.kill(server_pid, signal.SIGCONT)  # a failed test leaves no stopped process behind
+        raise
 
 
 def crash(server_pid: int) -> None:
@@ -273,6 +292,7 @@ def test_env_server_crash_mid_training_is_survived(project):
     fail_freq = {r["step"]: round(r.get("tools/failure_frequency") or 0, 2) for r in rows if r["step"] in failed}
     report(f"fault env-crash: SIGKILL of env-echo's server after step {crashed_after} with the trainer frozen, "
            f"{held['episodes_awaiting_step']} episodes reset there and {held['unread_requests']} requests of the "
-           f"trainer unanswered (looked from step {reached[-1]}, batches let go: {len(held['let_go'])}); healthy again {healthy_s:.1f}s later; tool "
+           f"trainer unanswered (held from step {reached[-1]} after {held['exchanges']} exchanges, batches "
+           f"let go: {len(held['let_go'])}); healthy again {healthy_s:.1f}s later; tool "
            f"failure frequency {fail_freq}; training finished (exit 0), all {MAX_STEPS} steps logged once; "
            "last 3 steps: tools called, no failures")
