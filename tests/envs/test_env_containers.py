@@ -168,6 +168,10 @@ def test_health_counts_episodes_awaiting_their_first_step(urls):
 
     url = urls["catch"]
     step = {"type": "step", "data": {"action_id": 1}}
+    # Earlier tests' sessions: a closed one leaves active_sessions first and episodes_awaiting_step a moment later
+    # (the server uncounts it after OpenEnv's handler returns), so wait for both before taking the baseline.
+    wait_for_capacity(url, lambda cap: cap["active_sessions"] == 0 and cap["episodes_awaiting_step"] == 0,
+                      "earlier tests' sessions gone")
 
     async def play() -> list[int]:
         seen = [capacity(url)["episodes_awaiting_step"]]
