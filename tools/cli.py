@@ -16,45 +16,11 @@ import time
 from typing import Callable
 
 from envs import naming
-from tools import fleet, gpu_doctor, gpu_layout, stack  # stack.* stays qualified: one module, patchable in tests
+from tools import commands, fleet, gpu_doctor, gpu_layout, stack
+from tools.prepare import prepare as cmd_prepare  # stack.* stays qualified: one module, patchable in tests
 
 
 # ------------------------------------------------------------------ commands
-def cmd_prepare() -> tuple[dict[str, str], str]:
-    """Everything `make up/train` needs before Compose runs; returns (compose env, mode)."""
-    stack.setup()
-    for problem in (stack.check_docker(), stack.check_compose()):
-        if problem:
-            raise stack.StackError(problem)
-    env = stack.load_env()
-    gpus = stack.detect_gpus() if (env.get("TRAIN_MODE") or "auto").lower() != "cpu" else None
-    mode, why = stack.resolve_mode(env, gpus)
-    if mode != "cpu":
-        stack.check_gpu_driver(env, gpus)
-    stack.env_names(env)
-    problem = stack.validate_run_config(env, mode)
-    if problem:
-        raise stack.StackError(problem)
-    stack.say(why)
-    if mode == "colocate":
-        trainer_gpu, note = gpu_layout.colocate_trainer_gpu(env.get("TRAINER_GPU"), gpus.count)
-        if note:
-            env = {**env, "TRAINER_GPU": trainer_gpu}
-            stack.say(note)
-    layout = stack.gpu_plan(env, mode, gpus)
-    if layout is not None:
-        stack.say(layout.describe())
-        used = len(set(layout.vllm) | set(layout.trainer))
-        proposal = gpu_layout.propose_split(gpus.count) if used < gpus.count else None
-        if proposal:
-            stack.say(f"this host has {gpus.count} GPUs and the run uses {used}; to use all of them set "
-                f"VLLM_GPU={proposal[0]} TRAINER_GPU={proposal[1]} VLLM_PARALLEL=data in .env (README \"Every GPU of "
-                "a host\")")
-    cenv = stack.compose_env(env, mode, gpus, layout)
-    cenv["TRAINER_GPU"] = env.get("TRAINER_GPU") or cenv.get("TRAINER_GPU", "")
-    return cenv, mode
-
-
 def cmd_build(cenv: dict[str, str], mode: str) -> None:
     env = stack.load_env()
     services = stack.images_to_build(env, mode)
@@ -350,14 +316,6 @@ def run_nccl_check(rest: list[str]) -> int:
     return nccl_check.main(rest)
 
 
-def run_rollouts(rest: list[str]) -> int:
-    """`make rollouts RUN=... STEP=...`: trainer.rollouts in the CPU trainer image, reading the outputs volume."""
-    cenv, _ = cmd_prepare()
-    stack.compose(cenv, "--progress", "quiet", "build", "trainer-cpu-image", extra_profiles=("build",))
-    return stack.compose(cenv, "run", "--rm", "--no-deps", "trainer-cpu", *stack.TRAINER_PYTHON, "-m",
-                         "trainer.rollouts", "--outputs", "/outputs", *rest)
-
-
 def run_fleet(rest: list[str]) -> int:
     stack.setup()
     return fleet.main(rest)
@@ -377,13 +335,15 @@ COMMANDS: dict[str, Callable[[list[str]], int]] = {
     "nccl-check": run_nccl_check,
     "smoke": lambda rest: cmd_smoke(*cmd_prepare(), require_gpu="--gpu" in rest),
     "doctor": lambda rest: cmd_doctor(),
-    "rollouts": run_rollouts,
     "fleet": run_fleet,
 }
 
 
 def main(argv: list[str]) -> int:
-    if not argv or argv[0] not in COMMANDS:
+    if argv and argv[0] in COMMANDS:
+        return COMMANDS[argv[0]](argv[1:])
+    module = commands.load(argv[0]) if argv else None
+    if module is None:
         print(__doc__)
         return 2
-    return COMMANDS[argv[0]](argv[1:])
+    return module.run(argv[1:])
