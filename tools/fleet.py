@@ -313,6 +313,27 @@ def cmd_down(env: dict[str, str], timeout_s: float = 120) -> int:
         time.sleep(1)
 
 
+def role(env: dict[str, str]) -> str:
+    """ENV_FLEET=swarm: `manager` (this node deploys the fleet) or `worker` (it joins the fleet's network as it
+    is); anything else stops with what to run."""
+    found, problem = swarm_role()
+    if found == "manager":
+        return found
+    if found == "worker" and run(["docker", "network", "inspect", stack_name(env)]).returncode == 0:
+        return found
+    raise StackError(f"ENV_FLEET=swarm: {problem}")
+
+
+def up_here(env: dict[str, str], mode: str, processes: int) -> None:
+    """`make up/train` with ENV_FLEET=swarm: on a manager, deploy or update the fleet (a no-op when .env did not
+    change); on a worker, join the fleet's network as it is."""
+    if role(env) == "manager":
+        cmd_up(env, mode, processes)
+    else:
+        say(f"fleet {stack_name(env)}: this node is a worker; joining the fleet's network as it is (a manager "
+            "runs make fleet-up)")
+
+
 def main(argv: list[str]) -> int:
     env = stack.load_env()
     commands = {"up": cmd_up, "ps": cmd_ps, "logs": cmd_logs, "down": cmd_down}

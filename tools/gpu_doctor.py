@@ -24,6 +24,7 @@ from typing import Callable
 
 from tools import gpu_layout
 from tools.errors import parse_env_file
+from trainer.train_mode import spec as mode_spec  # stdlib only: the GPU defaults of each mode
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_GPU = "no NVIDIA GPU here"
@@ -115,7 +116,9 @@ def diagnose(gpus: list[Gpu], method: str | None, env: dict[str, str], mode: str
         rows.append((n >= 1, "GPU count", f"{n} GPU(s){hint}"))
     ids = {g.index for g in gpus} | {g.uuid for g in gpus}
     by_id = {g.index: g for g in gpus} | {g.uuid: g for g in gpus}
-    wanted = {"VLLM_GPU": env.get("VLLM_GPU") or "0", "TRAINER_GPU": env.get("TRAINER_GPU") or "1"}
+    defaults = mode_spec("gpu")
+    wanted = {"VLLM_GPU": env.get("VLLM_GPU") or defaults.vllm_gpu_default,
+              "TRAINER_GPU": env.get("TRAINER_GPU") or defaults.trainer_gpu_default}
     if mode == "colocate":
         trainer_gpu, note = gpu_layout.colocate_trainer_gpu(env.get("TRAINER_GPU"), n)
         wanted = {"TRAINER_GPU": trainer_gpu}

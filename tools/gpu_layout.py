@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from trainer.train_mode import spec as mode_spec  # stdlib only: the GPU defaults of each mode
+
 FAST_PATH_HOSTID = "grpo-stack-gpu-host"
 CDI_PREFIX = "nvidia.com/gpu="
 PARALLEL = ("tensor", "data")
@@ -172,7 +174,7 @@ class Plan:
 def colocate_trainer_gpu(trainer_gpu: str | None, gpu_count: int) -> tuple[str, str | None]:
     """TRAINER_GPU for colocate, and a note when it was changed: .env.example's TRAINER_GPU=1 is for the two-GPU
     split, and on a one-GPU host it means that GPU, device 0 (`make train` and `make doctor` agree on it)."""
-    value = trainer_gpu or "0"
+    value = trainer_gpu or mode_spec("colocate").trainer_gpu_default
     if gpu_count == 1 and value != "0":
         return "0", f"colocate: TRAINER_GPU={value} does not exist here; using GPU 0"
     return value, None
@@ -181,10 +183,10 @@ def colocate_trainer_gpu(trainer_gpu: str | None, gpu_count: int) -> tuple[str, 
 def plan(env: dict[str, str], mode: str, pci_index: dict[str, int] | None = None) -> Plan:
     """VLLM_GPU, TRAINER_GPU, VLLM_PARALLEL and NCCL_FAST_PATH from .env, checked, for a GPU mode.
     `pci_index`: the detected GPUs' UUID -> index, to order GPUs named by UUID."""
-    trainer = parse_gpu_ids(env.get("TRAINER_GPU") or ("0" if mode == "colocate" else "1"), "TRAINER_GPU")
+    trainer = parse_gpu_ids(env.get("TRAINER_GPU") or mode_spec(mode).trainer_gpu_default, "TRAINER_GPU")
     if mode == "colocate":
         return Plan(mode, [], trainer)
-    vllm = parse_gpu_ids(env.get("VLLM_GPU") or "0", "VLLM_GPU")
+    vllm = parse_gpu_ids(env.get("VLLM_GPU") or mode_spec(mode).vllm_gpu_default, "VLLM_GPU")
     shared = sorted(set(vllm) & set(trainer))
     if shared:
         raise LayoutError(f"VLLM_GPU={env.get('VLLM_GPU')} and TRAINER_GPU={env.get('TRAINER_GPU')} share GPU "

@@ -28,6 +28,7 @@ from envs import naming
 from tools import env_replicas, gpu_doctor, gpu_layout
 from tools.errors import StackError, parse_env_file, say  # noqa: F401  (re-exported: the host's names)
 from trainer.train_mode import MODES, TrainModeError, resolve_train_mode  # stdlib only
+from trainer.train_mode import spec as mode_spec  # noqa: F401  (the TRAIN_MODE table, for the commands)
 # STACK_ENV_FILE lets tests (and users with several setups) point at another env file.
 ENV_FILE = Path(os.environ.get("STACK_ENV_FILE") or ROOT / ".env")
 ENV_EXAMPLE = ROOT / ".env.example"
@@ -51,8 +52,8 @@ class StackEnv(BaseSettings):
     DASHBOARD: bool = False
     DASHBOARD_PORT: Optional[int] = Field(6006, ge=1, le=65535)
     HF_TOKEN_FILE: str = "./.secrets/hf_token"
-    VLLM_GPU: str = "0"
-    TRAINER_GPU: str = "1"
+    VLLM_GPU: str = ""  # empty: the mode's default (trainer.train_mode.MODE_SPECS)
+    TRAINER_GPU: str = ""
     VLLM_PARALLEL: Literal["tensor", "data"] = "tensor"
     ENV_FLEET: Literal["compose", "swarm"] = "compose"
     FLEET_STACK: str = Field("grpo-fleet", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_-]*$")
@@ -333,8 +334,10 @@ def resolve_mode(env: dict[str, str], gpus: gpu_doctor.DockerGpus | None = None)
         mode, why = resolve_train_mode(want, gpus.count if gpus else 0, found=gpus.detail if gpus else "")
     except TrainModeError as exc:
         raise StackError(str(exc)) from None
-    if mode == "gpu":
-        why += f"; vLLM on GPU {env.get('VLLM_GPU') or '0'}, trainer on GPU {env.get('TRAINER_GPU') or '1'}"
+    if mode_spec(mode).runs_vllm_service:
+        spec = mode_spec(mode)
+        why += (f"; vLLM on GPU {env.get('VLLM_GPU') or spec.vllm_gpu_default}, trainer on GPU "
+                f"{env.get('TRAINER_GPU') or spec.trainer_gpu_default}")
     return mode, why
 
 
@@ -582,7 +585,7 @@ def images_to_build(env: dict[str, str], mode: str) -> list[str]:
     wanted = []
     if any((env.get(naming.image_var(n)) or LOCAL_ENV_IMAGE) == LOCAL_ENV_IMAGE for n in env_names(env)):
         wanted.append("env-server-image")
-    wanted.append("trainer-cpu-image" if mode == "cpu" else "trainer-gpu-image")
+    wanted.append(mode_spec(mode).trainer_image_service)
     return wanted
 
 

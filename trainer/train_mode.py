@@ -8,8 +8,42 @@ two-GPU host it sees only its own GPU).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 MODES = ("auto", "cpu", "gpu", "colocate")
-NEEDS_GPUS = {"gpu": 2, "colocate": 1, "cpu": 0}
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    """What a resolved mode runs. Its Compose profile is its name."""
+
+    gpus_needed: int
+    trainer_service: str          # the compose service that trains
+    trainer_image_service: str    # the build-only service that builds its image
+    runs_vllm_service: bool       # vLLM in its own service (gpu) or inside the trainer / not at all
+    makes_model_locally: bool     # the model-init job makes a tiny model (no hub): the CPU profile
+    vllm_gpu_default: str         # VLLM_GPU / TRAINER_GPU when .env leaves them empty
+    trainer_gpu_default: str
+    smoke_stages: tuple[str, ...]  # what `make gpu-smoke` checks, in order (tools/commands/smoke.py says what each is)
+
+
+# The one TRAIN_MODE table: the host (tools/) and the trainer read it, neither restates it.
+MODE_SPECS: dict[str, ModeSpec] = {
+    "cpu": ModeSpec(0, "trainer-cpu", "trainer-cpu-image", False, True, "", "",
+                    ("first_generation", "first_optimizer_step", "tool_calls")),
+    "gpu": ModeSpec(2, "trainer", "trainer-gpu-image", True, False, "0", "1",
+                    ("model_download", "vllm_healthy", "rendezvous", "first_generation", "first_optimizer_step",
+                     "first_weight_sync", "tool_calls")),
+    "colocate": ModeSpec(1, "trainer", "trainer-gpu-image", False, False, "", "0",
+                         ("model_download", "first_generation", "first_optimizer_step", "first_weight_sync",
+                          "tool_calls")),
+}
+NEEDS_GPUS = {mode: spec.gpus_needed for mode, spec in MODE_SPECS.items()}
+
+
+def spec(mode: str) -> ModeSpec:
+    """The table's row of a resolved mode (cpu, gpu or colocate)."""
+    return MODE_SPECS[mode]
 
 
 class TrainModeError(ValueError):

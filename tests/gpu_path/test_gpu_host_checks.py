@@ -15,7 +15,9 @@ from tests.helpers import ROOT
 from trainer import stages
 from tools import gpu_doctor
 from tools import gpu_layout
-from tools import cli, stack
+from tools import stack
+from tools.commands import smoke
+from tools.prepare import prepare
 
 sys.path.insert(0, str(ROOT / "services" / "trainer"))
 import pip_check  # noqa: E402
@@ -78,7 +80,7 @@ def test_make_train_stops_on_a_driver_too_old_for_the_vllm_image_test_double_for
     monkeypatch.setattr(stack, "check_docker", lambda: None)
     monkeypatch.setattr(stack, "check_compose", lambda: None)
     with pytest.raises(SystemExit) as stop:
-        cli.cmd_prepare()  # what `make train` / `make up` run first
+        prepare()  # what `make train` / `make up` run first
     assert stop.value.code == 2
     ok, line = gpu_doctor.check_driver("550.127.05", "vllm/vllm-openai:v0.31.0", "13.0")
     assert not ok and "NVIDIA driver 550.127.05 is too old for vllm/vllm-openai:v0.31.0 (CUDA 13.0)" in line
@@ -186,14 +188,14 @@ def test_smoke_table_names_the_first_missing_stage_and_what_it_means():
         '[stage] {"stage": "first_generation", "seconds": 3.4, "detail": "first batch"}',
         '[stage] {"stage": "first_optimizer_step", "seconds": 7.9, "detail": "step 1"}',
     ])
-    lines, ok = cli.smoke_table("gpu", stages.parse(log), failed_rc=75)
+    lines, ok = smoke.smoke_table("gpu", stages.parse(log), failed_rc=75)
     assert not ok
     assert lines[0].startswith("  pass model download") and "41.0s" in lines[0]
     weight_sync = next(line for line in lines if "first weight sync" in line)
     assert weight_sync.startswith("  FAIL") and "never reached" in weight_sync and "make nccl-check FULL=1" in weight_sync
     assert lines[-1].startswith("  FAIL trainer exit") and "exit code 75" in lines[-1]
     full = log + '\n[stage] {"stage": "first_weight_sync", "seconds": 0.8}\n[stage] {"stage": "tool_calls", "value": 0.0}'
-    lines, ok = cli.smoke_table("gpu", stages.parse(full), failed_rc=0)
+    lines, ok = smoke.smoke_table("gpu", stages.parse(full), failed_rc=0)
     assert not ok and lines[-1].startswith("  FAIL tool calls per episode")  # 0 calls: reward would stay flat
 
 

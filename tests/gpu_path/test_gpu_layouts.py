@@ -15,7 +15,8 @@ from trainer.config import RunConfig
 from trainer.launch import LaunchError, launch_argv, process_count
 from tools import gpu_doctor
 from tools import gpu_layout
-from tools import cli, stack
+from tools import stack
+from tools.prepare import prepare
 
 
 def host_with(n: int) -> gpu_doctor.DockerGpus:
@@ -58,7 +59,7 @@ def test_eight_gpu_host_with_default_env_keeps_the_two_gpu_layout_and_proposes_o
     monkeypatch.setattr(stack, "detect_gpus", lambda: host_with(8))
     monkeypatch.setattr(stack, "check_docker", lambda: None)
     monkeypatch.setattr(stack, "check_compose", lambda: None)
-    cenv, mode = cli.cmd_prepare()
+    cenv, mode = prepare()
     out = capsys.readouterr().out
     assert mode == "gpu" and cenv["VLLM_TENSOR_PARALLEL_SIZE"] == "1" and cenv["TRAINER_PROCESSES"] == "1"
     assert "vLLM on GPU 0 (one GPU), trainer on GPU 1 (1 process(es))" in out

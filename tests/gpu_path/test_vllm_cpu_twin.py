@@ -71,8 +71,9 @@ def test_commands_for_vllm_based_images_say_python3():
     assert TRAINER_PYTHON == ("python3",)
     compose = (ROOT / "compose.yaml").read_text()
     assert not re.search(r'\["python",', compose), "compose.yaml runs `python` in an image"
-    for path in ("tools/stack.py", "tools/cli.py", "Makefile"):
-        assert not re.search(r'(?<![\w/.])python -m trainer', (ROOT / path).read_text()), path
+    for path in [ROOT / "tools/stack.py", ROOT / "tools/prepare.py", *(ROOT / "tools/commands").glob("*.py"),
+                 ROOT / "Makefile"]:
+        assert not re.search(r'(?<![\w/.])python -m trainer', path.read_text()), path
 
 
 def test_health_and_served_model_through_trl_vllmclient(vllm_cpu, trl_client_cls):

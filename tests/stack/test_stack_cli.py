@@ -116,8 +116,8 @@ def test_help_lists_every_target():
 def test_a_built_in_env_without_a_compose_service_gets_one_generated(tmp_path, monkeypatch):
     """Adding a built-in env is one folder + its registry line: tools/stack.py makes its service."""
     from envs import registry
-    from tools import cli
     from tools import stack as stack_module
+    from tools.commands.up import long_running_services
 
     monkeypatch.setitem(registry._SPECS, "maze", registry._SPECS["catch"])  # stands in for envs/maze/
     monkeypatch.setattr(stack_module, "ENV_FILE", tmp_path / "none.env")
@@ -127,7 +127,7 @@ def test_a_built_in_env_without_a_compose_service_gets_one_generated(tmp_path, m
     assert generated["env-maze"]["image"] == "${ENV_MAZE_IMAGE:-grpo-stack/env-server:local}"
     assert generated["env-maze"]["environment"] == {"ENV_NAME": "maze"}
     assert generated["env-maze"]["extends"]["service"] == "env-template"
-    assert cli.long_running_services({"ENV_NAME": "echo,maze"}, "cpu") == ["env-echo", "env-maze"]
+    assert long_running_services({"ENV_NAME": "echo,maze"}, "cpu") == ["env-echo", "env-maze"]
 
 
 def test_env_file_values_are_typed_with_one_line_per_bad_value(tmp_path):

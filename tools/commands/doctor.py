@@ -1,0 +1,49 @@
+"""Check Docker, Compose, the NVIDIA runtime and GPUs, ports and .env values; report every problem at once, each
+with its fix."""
+
+from __future__ import annotations
+
+import shutil
+
+from tools import fleet, gpu_doctor, stack
+
+def run(rest: list[str]) -> int:
+    ok = True
+
+    def report(name: str, problem: str | None, fine: str = "ok") -> None:
+        nonlocal ok
+        ok = ok and problem is None
+        print(f"  {'FAIL' if problem else 'ok  '} {name}: {problem or fine}")
+
+    print("make doctor")
+    docker = stack.check_docker()
+    report("docker engine", docker, stack.run(["docker", "info", "--format", "{{.ServerVersion}}"]).stdout.strip())
+    report("compose v2", stack.check_compose() if not docker or shutil.which("docker") else docker,
+           stack.run(["docker", "compose", "version", "--short"]).stdout.strip())
+    if not stack.ENV_FILE.exists():
+        print("  note .env: not created yet; checking .env.example (`make up` creates .env)")
+    try:
+        env = stack.load_env()
+    except stack.StackError:
+        return 2
+    gpus = stack.detect_gpus() if not docker else gpu_doctor.DockerGpus(None, [], "docker not answering")
+    report("GPUs for containers", None, gpus.detail)
+    mode = "cpu"
+    try:
+        mode, why = stack.resolve_mode(env, gpus)
+        report("TRAIN_MODE", None, why)
+    except stack.StackError:
+        ok = False
+    try:
+        report("ENV_NAME", None, ", ".join(stack.env_names(env)))
+    except stack.StackError:
+        ok = False
+    report(".env values", stack.validate_run_config(env, mode))
+    report("HF token file", stack.check_token_file(env), "readable by the containers' user")
+    report("DASHBOARD_PORT", stack.check_port(env, "DASHBOARD_PORT"), f"{env.get('DASHBOARD_PORT', '6006')} free")
+    if stack.fleet_mode(env):
+        report("ENV_FLEET=swarm", fleet.swarm_problem(), f"this node manages the swarm; fleet {fleet.stack_name(env)}")
+    if mode in ("gpu", "colocate") or gpus.count:  # the GPUs detected above, not a second probe
+        ok = gpu_doctor.print_report(gpus, env) and ok
+    print("all good" if ok else "doctor found problems: fix the FAIL lines above")
+    return 0 if ok else 1

@@ -1,0 +1,10 @@
+"""Print the Compose profiles this .env and host turn on."""
+
+from __future__ import annotations
+
+from tools.prepare import prepare
+
+
+def run(rest: list[str]) -> int:
+    print(prepare()[0]["COMPOSE_PROFILES"])
+    return 0

@@ -1,0 +1,103 @@
+"""`make gpu-smoke`: 3 training steps, then pass/FAIL with timings for every stage a first run goes through
+(`--gpu` refuses to stand in the CPU profile for the GPU path)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+
+from tools import stack
+from tools.commands.up import bring_up
+from tools.prepare import prepare
+
+SMOKE_STEPS = 3
+# (stage, what it proves, what a failure usually means); README "First run on a GPU host" has the same list.
+SMOKE_STAGES = {
+    "model_download": ("model download", "MODEL_NAME at MODEL_REVISION fetched, chat template checked",
+                       "MODEL_NAME / MODEL_REVISION / HF token (a gated model), or the chat template TRL cannot train"),
+    "vllm_healthy": ("vLLM healthy", "the vllm service serves the model with dev mode + NCCL weight transfer",
+                     "`make logs`: out of GPU memory (VLLM_GPU_MEMORY_UTILIZATION, VLLM_MAX_MODEL_LEN), driver"),
+    "rendezvous": ("rendezvous", "trainer (rank 0) and the vLLM workers formed the NCCL group",
+                   "network between the containers, VLLM_HOST_IP, NCCL_SOCKET_IFNAME; run `make nccl-check`"),
+    "first_generation": ("first generation", "rollouts generated, tool calls sent to the env servers",
+                         "env servers (capacity, health) or generation; the trainer log says which"),
+    "first_optimizer_step": ("first optimizer step", "loss, backward and AdamW step on the trainer's device",
+                             "trainer GPU memory (PER_DEVICE_TRAIN_BATCH_SIZE, MAX_COMPLETION_LENGTH)"),
+    "first_weight_sync": ("first weight sync", "new weights pushed into vLLM (seconds)",
+                          "NCCL transport; `make nccl-check FULL=1` repeats it with timings"),
+    "tool_calls": ("tool calls per episode", "the model calls the env's tools (> 0)",
+                   "0: the model never calls a tool (chat template, ENABLE_THINKING, MAX_COMPLETION_LENGTH)"),
+}
+
+
+def smoke_table(mode: str, found: dict[str, dict], failed_rc: int | None) -> tuple[list[str], bool]:
+    """The smoke run's verdict, one line per stage: pass with its time, or FAIL with what it usually means."""
+    lines, ok = [], True
+    for key in stack.mode_spec(mode).smoke_stages:
+        title, proves, meaning = SMOKE_STAGES[key]
+        record = found.get(key)
+        passed = record is not None and (key != "tool_calls" or (record.get("value") or 0) > 0)
+        if passed:
+            took = f" {record['seconds']:.1f}s" if record.get("seconds") is not None else ""
+            detail = record.get("detail") or proves
+            lines.append(f"  pass {title:<24}{took:>9}  {detail}")
+        else:
+            ok = False
+            why = "never reached" if record is None else (record.get("detail") or "failed")
+            lines.append(f"  FAIL {title:<24}{'':>9}  {why}: {meaning}")
+    if failed_rc not in (None, 0):
+        ok = False
+        lines.append(f"  FAIL {'trainer exit':<24}{'':>9}  exit code {failed_rc}: the trainer log above says why")
+    return lines, ok
+
+
+def run_logged(cmd: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """Run, echo every line as it comes, and keep the text for the stage records."""
+    proc = subprocess.Popen(cmd, cwd=stack.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            bufsize=1)
+    seen = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        print(line, end="", flush=True)
+        seen.append(line)
+    return proc.wait(), "".join(seen)
+
+
+def smoke(cenv: dict[str, str], mode: str, require_gpu: bool) -> int:
+    """`make gpu-smoke`: 3 training steps, then pass/FAIL with timings for every stage a first run goes
+    through. `--gpu` refuses to stand in the CPU profile for the GPU path."""
+    from trainer import stages
+
+    if require_gpu and mode == "cpu":
+        raise stack.StackError(f"make gpu-smoke checks the GPU path, and this host has {stack.detect_gpus().detail}; "
+                         "`make doctor` says why, `make train` trains on the CPU profile here")
+    log_text, t0 = "", time.monotonic()
+    if mode != "cpu":
+        stack.say("stage: model download (model-download job)")
+        rc, text = run_logged(stack.compose_command(cenv, "run", "--rm", "-T", "model-download")[0], cenv)
+        log_text += text
+        if rc != 0:
+            lines, _ = smoke_table(mode, stages.parse(log_text), rc)
+            print("\n".join(["[stack] gpu-smoke: model download failed", *lines]))
+            return rc
+    bring_up(cenv, mode)
+    service = stack.mode_spec(mode).trainer_service
+    if stack.mode_spec(mode).makes_model_locally:
+        rc, text = run_logged(stack.compose_command(cenv, "run", "--rm", "-T", "model-init")[0], cenv)
+        if rc != 0:
+            stack.say(f"the CPU profile's model-init job failed (exit {rc}); the messages above say why")
+            return rc
+    args = [*stack.TRAINER_PYTHON, "-m", "trainer.launch", "--max-steps", str(SMOKE_STEPS), "--run-name", f"smoke-{mode}",
+            "--resume", "fresh"]
+    stack.say(f"stage: {SMOKE_STEPS} training steps with `{service}` (mode {mode}), run smoke-{mode}")
+    rc, text = run_logged(stack.compose_command(cenv, "run", "--rm", "-T", "--no-deps", service, *args)[0], cenv)
+    lines, ok = smoke_table(mode, stages.parse(log_text + text), rc)
+    print(f"[stack] smoke run, mode {mode}, {time.monotonic() - t0:.0f}s in all:")
+    print("\n".join(lines))
+    print("[stack] smoke: " + ("PASSED: a real run will go through the same stages" if ok else
+                               "FAILED: see the first FAIL line and README 'First run on a GPU host'"))
+    return 0 if ok else 1
+
+
+def run(rest: list[str]) -> int:
+    return smoke(*prepare(), require_gpu="--gpu" in rest)

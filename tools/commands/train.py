@@ -1,0 +1,35 @@
+"""Train: bring the stack up, then run the trainer (the CPU profile with a tiny local model when no NVIDIA GPU).
+Extra arguments go to `trainer.launch` (e.g. --max-steps 3)."""
+
+from __future__ import annotations
+
+from tools import stack
+from tools.commands.up import bring_up
+from tools.prepare import prepare
+
+
+def train(cenv: dict[str, str], mode: str, args: list[str]) -> int:
+    bring_up(cenv, mode)
+    spec = stack.mode_spec(mode)
+    deps: list[str] = []
+    if spec.makes_model_locally:  # the init job in the foreground, so its messages (e.g. an env's bad schema) are seen
+        rc = stack.compose(cenv, "run", "--rm", "model-init")
+        if rc != 0:
+            stack.say(f"the CPU profile's model-init job failed (exit {rc}); the messages above say why")
+            return rc
+        deps = ["--no-deps"]  # env servers are up and healthy (above), the model is made
+    stack.say(f"training with `{spec.trainer_service}` (mode {mode}); outputs go to the `outputs` volume")
+    rc = stack.compose(cenv, "run", "--rm", *deps, spec.trainer_service,
+                       *([*stack.TRAINER_PYTHON, "-m", "trainer.launch", *args] if args else []))
+    where = "the CPU profile (tiny local model, no vLLM)" if mode == "cpu" else f"mode {mode}"
+    if rc == 0:
+        stack.say(f"training finished on {where}; `make rollouts` shows what the model did, `make eval` scores it, "
+                  "`make report` plots it")
+    else:
+        stack.say(f"training on {where} stopped with exit code {rc}; the messages above say why. "
+                  "`make train` again resumes from the last checkpoint")
+    return rc
+
+
+def run(rest: list[str]) -> int:
+    return train(*prepare(), rest)
