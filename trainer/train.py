@@ -251,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
             except preflight.PreflightError as exc:
                 print(f"[preflight] FAILED:\n{exc}", file=sys.stderr, flush=True)
                 verdict = (3, resume_ckpt, resume_step)
+            else:
+                from trainer import run_info
+
+                run_info.write(cfg, mode)  # base model, envs, settings: for the model card of `make export`
     stop, resume_ckpt, resume_step = dist.from_main(verdict)
     if stop is not None:
         return stop

@@ -1,0 +1,31 @@
+"""run.json in the run folder: what a run was trained from and with, written by each training session's start
+(rank 0) for what reads the run later (`make export`'s model card). The latest session's settings win.
+
+{"base_model": str, "model_revision": str | null, "mode": str, "envs": [str, ...], "learning_rate": float,
+ "settings": {RunConfig field: value, ...}, "written": ISO time}
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+RUN_INFO_FILE = "run.json"
+
+
+def write(cfg, mode: str) -> Path:
+    path = Path(cfg.run_dir) / RUN_INFO_FILE
+    info = {"base_model": cfg.resolved_model_name(mode), "model_revision": cfg.model_revision, "mode": mode,
+            "envs": cfg.env_names, "learning_rate": cfg.resolved_learning_rate(mode),
+            "settings": cfg.model_dump(mode="json"), "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(info, indent=2) + "\n")
+    tmp.replace(path)  # a reader never sees half a file
+    return path
+
+
+def read(run_dir: str | Path) -> dict[str, Any] | None:
+    path = Path(run_dir) / RUN_INFO_FILE
+    return json.loads(path.read_text()) if path.exists() else None
