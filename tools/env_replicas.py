@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from envs.core.settings import DEFAULT_MAX_CONCURRENT_ENVS
+from envs.naming import replicas_var
+
 AUTO = "auto"
 MAX_VAR = "ENV_REPLICAS_MAX"
 DEFAULT_MAX = 16
@@ -29,9 +32,6 @@ START_TIMEOUT_S = 180  # the measured container's /health: an image's start-up (
 
 class ReplicasError(RuntimeError):
     """One line: the env, the numbers and the fix."""
-
-
-from envs.naming import replicas_var  # noqa: E402,F401  (the one spelling of ENV_<NAME>_REPLICAS)
 
 
 def auto_envs(env: dict[str, str], learned: list[str], builtin: list[str]) -> list[str]:
@@ -88,7 +88,7 @@ def replicas_for(name: str, needed: int, m: Measurement, most: int) -> tuple[int
 
 # ------------------------------------------------------------------------------------ the cache
 def cache_key(image_id: str, env: dict[str, str]) -> str:
-    return f"{image_id}|MAX_CONCURRENT_ENVS={env.get('MAX_CONCURRENT_ENVS') or '256'}"
+    return f"{image_id}|MAX_CONCURRENT_ENVS={env.get('MAX_CONCURRENT_ENVS') or DEFAULT_MAX_CONCURRENT_ENVS}"
 
 
 def load_cache(path: Path) -> dict[str, Measurement]:
@@ -109,7 +109,7 @@ def hardening_flags(env: dict[str, str]) -> list[str]:
     """compose.yaml's env-server hardening, as `docker run` flags (the measured container runs untrusted code too)."""
     return ["--read-only", "--tmpfs", "/tmp:size=64m", "--cap-drop", "ALL", "--security-opt", "no-new-privileges:true",
             "--memory", env.get("ENV_MEM_LIMIT") or "4g", "--pids-limit", "512",
-            "-e", f"MAX_CONCURRENT_ENVS={env.get('MAX_CONCURRENT_ENVS') or '256'}",
+            "-e", f"MAX_CONCURRENT_ENVS={env.get('MAX_CONCURRENT_ENVS') or DEFAULT_MAX_CONCURRENT_ENVS}",
             "-e", f"SESSION_TIMEOUT_S={env.get('ENV_SESSION_TIMEOUT_S') or '600'}"]
 
 

@@ -24,19 +24,20 @@ from typing import Callable
 
 from tools import gpu_layout
 from tools.errors import parse_env_file
+from trainer import defaults
 from trainer.train_mode import spec as mode_spec  # stdlib only: the GPU defaults of each mode
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_GPU = "no NVIDIA GPU here"
 QUERY = "index,uuid,name,memory.total,memory.used,memory.free,driver_version"
-DEFAULT_VLLM_IMAGE = "vllm/vllm-openai:v0.31.0"
+DEFAULT_VLLM_IMAGE = defaults.VLLM_IMAGE
 
 # The oldest Linux driver that runs a CUDA major release (NVIDIA's CUDA release notes, "minor version
 # compatibility"): any 12.x toolkit runs on R525+, any 13.x on R580+.
 MIN_DRIVER_FOR_CUDA = {12: "525.60.13", 13: "580.65.06"}
 # CUDA of vLLM images whose tag we know, so a too-old driver is caught before a multi-GB pull;
 # any other image is read from its CUDA_VERSION once it is on this machine.
-KNOWN_IMAGE_CUDA = {"vllm/vllm-openai:v0.31.0": "13.0"}
+KNOWN_IMAGE_CUDA = {defaults.VLLM_IMAGE: "13.0"}  # v0.31.0
 
 PROBE_IMAGES = ("grpo-stack/trainer:gpu", "grpo-stack/env-server:local", "python:3.11-slim-bookworm")
 PROBE_FALLBACK_IMAGE = "ubuntu:24.04"  # pulled when nothing local fits (nvidia-smi needs glibc)

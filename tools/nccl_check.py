@@ -28,9 +28,10 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
 from tools import gpu_layout
-from tools.gpu_doctor import NO_GPU, load_env, probe
+from tools.gpu_doctor import DEFAULT_VLLM_IMAGE, NO_GPU, load_env, probe
+
+ROOT = Path(__file__).resolve().parent.parent
 
 TRAINER_IMAGE = "grpo-stack/trainer:gpu"
 COMPOSE_NETWORK = "grpo-stack_agentnet"
@@ -242,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
               "runtime; nothing to do on this machine (the CPU profile needs no NCCL).")
         return 0
     env = load_env()
-    vllm_image = env.get("VLLM_IMAGE") or "vllm/vllm-openai:v0.31.0"
+    vllm_image = env.get("VLLM_IMAGE") or DEFAULT_VLLM_IMAGE
     port = int(env.get("VLLM_GROUP_PORT") or 51216)
     try:
         plan = gpu_layout.plan(env, "gpu")

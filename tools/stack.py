@@ -406,7 +406,7 @@ def replica_counts(env: dict[str, str]) -> dict[str, str]:
         last = {}
     out = {}
     for name in [*custom_envs(env), *builtin_served_here(env)]:
-        var = env_replicas.replicas_var(name)
+        var = naming.replicas_var(name)
         value = (env.get(var) or "").strip()
         if value.isdigit():
             out[var] = value
@@ -438,13 +438,13 @@ def resolve_auto_replicas(env: dict[str, str], mode: str, processes: int) -> dic
                     measured = env_replicas.measure(image, needed, env, run, say, builtin_env=builtin)
                 except env_replicas.ReplicasError as exc:  # the service's own start and checks say what is wrong
                     say(f"env {name}: not measured ({exc}); starting 1 container")
-                    counts[env_replicas.replicas_var(name)] = "1"
+                    counts[naming.replicas_var(name)] = "1"
                     continue
                 cache[key] = measured
                 env_replicas.save_cache(CAPACITY_CACHE, cache)
             count, line = env_replicas.replicas_for(name, needed, measured, most)
             say(line)
-            counts[env_replicas.replicas_var(name)] = str(count)
+            counts[naming.replicas_var(name)] = str(count)
     except env_replicas.ReplicasError as exc:
         raise StackError(str(exc)) from None
     last_counts_file().parent.mkdir(exist_ok=True)

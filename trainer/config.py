@@ -20,9 +20,11 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
 
 from envs import naming
+from envs.core.settings import DEFAULT_MAX_CONCURRENT_ENVS
+from trainer import defaults
 
 CPU_DEFAULT_MODEL = "/models/tiny-qwen3"
-GPU_DEFAULT_MODEL = "Qwen/Qwen3-0.6B"
+GPU_DEFAULT_MODEL = defaults.GPU_MODEL
 # The 0.5M-parameter tiny model: Adam moves every weight by about lr per step whatever its gradient, so 5e-4 was a
 # random kick per step (and 2e-3 erased tool calling in one step); 2e-4 learns the echo task in ~20 steps, stably.
 CPU_DEFAULT_LR = 2e-4
@@ -143,7 +145,7 @@ class RunConfig(BaseSettings):
     )
     dataset_size: int = Field(256, ge=1, description="Prompts generated per environment.")
     max_concurrent_envs: int = Field(
-        256, ge=1, description="Sessions each env server container accepts (ours, and upstream images that read "
+        DEFAULT_MAX_CONCURRENT_ENVS, ge=1, description="Sessions each env server container accepts (ours, and upstream images that read "
         "it); preflight checks what each server reports, or counts it by opening sessions."
     )
     env_instruction: str | None = Field(

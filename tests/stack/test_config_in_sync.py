@@ -42,3 +42,23 @@ def test_compose_passes_every_run_config_field_to_both_trainers():
         env = services[name]["environment"]
         missing = [v for v in ENV_VARS if v not in env]
         assert not missing, f"{name} does not receive {missing}"
+
+
+def test_compose_fallbacks_and_env_example_repeat_the_one_python_default():
+    """The model id, vLLM image and session cap are written once in Python (trainer.defaults, envs.core.settings);
+    compose.yaml's `${VAR:-...}` fallbacks and .env.example may only repeat them."""
+    from envs.core.settings import DEFAULT_MAX_CONCURRENT_ENVS
+    from trainer import defaults
+
+    wanted = {"MODEL_NAME": defaults.GPU_MODEL, "VLLM_IMAGE": defaults.VLLM_IMAGE,
+              "MAX_CONCURRENT_ENVS": str(DEFAULT_MAX_CONCURRENT_ENVS)}
+    compose = (ROOT / "compose.yaml").read_text()
+    example = parse_env_file(ROOT / ".env.example")
+    for var, value in wanted.items():
+        fallbacks = set(re.findall(r"\$\{" + var + r":-([^}]*)\}", compose))
+        assert fallbacks == {value}, (var, fallbacks)
+        assert example[var] == value, var
+    python_sources = [p for d in ("tools", "trainer", "envs") for p in (ROOT / d).rglob("*.py")]
+    for value in (defaults.GPU_MODEL, defaults.VLLM_IMAGE):
+        writers = [p.relative_to(ROOT).as_posix() for p in python_sources if f'"{value}"' in p.read_text()]
+        assert writers == ["trainer/defaults.py"], (value, writers)
