@@ -1,0 +1,245 @@
+"""Export a run's checkpoint as a standalone Hugging Face model folder, optionally pushed to the Hub.
+
+    python -m trainer.export --outputs /outputs [--run R] [--checkpoint checkpoint-N|N] [--out DIR | --out-dir D]
+                             [--push org/name]
+
+The folder holds the weights (safetensors), config, generation config, tokenizer with its chat template and a model
+card (README.md: base model, envs, steps, reward curve, settings, eval table) and nothing of the trainer's own
+(optimizer, scheduler, RNG, trainer state). It loads in transformers and in `vllm serve`.
+Default: the run written last, its last complete checkpoint, written to <run>/export (--out-dir D: D/<run>).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Any
+
+from trainer import eval_report, run_info
+from trainer.metrics import read_metrics
+from trainer.report import ReportError, find_run
+from trainer.train import CHECKPOINT_PREFIX, checkpoint_is_complete, find_resume_checkpoint
+
+SECRET = Path("/run/secrets/hf_token")
+CARD_MARKER = "<!-- written by trainer.export -->"  # only a folder carrying it is replaced by a new export
+# Checkpoint files that are the model itself; everything else there (optimizer.pt, scheduler.pt, rng_state*.pth,
+# trainer_state.json, training_args.bin, DeepSpeed/FSDP shards) is the trainer's and stays behind.
+WEIGHT_FILES = ("model.safetensors", "model-*-of-*.safetensors", "model.safetensors.index.json")
+# The settings a reader of the card needs to judge or repeat the run (RunConfig fields, as in run.json).
+CARD_SETTINGS = ("max_steps", "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
+                 "steps_per_generation", "max_completion_length", "max_tool_calling_iterations", "temperature",
+                 "unfinished_penalty", "enable_thinking", "dataset_size", "seed", "trainer_processes",
+                 "trainer_sharding")
+
+
+class ExportError(RuntimeError):
+    pass
+
+
+def pick_checkpoint(run_dir: Path, checkpoint: str | None) -> tuple[Path, int]:
+    """(checkpoint folder, its global step): the one named (`checkpoint-N` or `N`), else the last complete one."""
+    names = sorted((p.name for p in run_dir.glob(f"{CHECKPOINT_PREFIX}*") if p.is_dir()),
+                   key=lambda n: int(n[len(CHECKPOINT_PREFIX):]) if n[len(CHECKPOINT_PREFIX):].isdigit() else -1)
+    have = f"checkpoints there: {', '.join(names) or 'none'}"
+    if checkpoint is None:
+        path, step, _ = find_resume_checkpoint(run_dir)
+        if path is None:
+            raise ExportError(f"run {run_dir.name} has no complete checkpoint yet ({have}); one is written every "
+                              "SAVE_STEPS steps and at the end of training")
+        return path, step
+    name = checkpoint if checkpoint.startswith(CHECKPOINT_PREFIX) else f"{CHECKPOINT_PREFIX}{checkpoint}"
+    path = run_dir / name
+    if not path.is_dir():
+        raise ExportError(f"run {run_dir.name} has no {name} ({have}); pick one of them, or leave CHECKPOINT "
+                          "empty for the last complete one")
+    if not checkpoint_is_complete(path):
+        raise ExportError(f"{name} of run {run_dir.name} is incomplete (cut short while saving); pick another "
+                          f"({have})")
+    state = json.loads((path / "trainer_state.json").read_text())
+    return path, int(state.get("global_step", name[len(CHECKPOINT_PREFIX):]))
+
+
+def write_model(ckpt: Path, out: Path) -> None:
+    """The model folder from the checkpoint: its safetensors as they are (byte for byte), else the weights loaded
+    and saved as safetensors; config (use_cache on again for inference), generation config, tokenizer + template."""
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+    weights = [p for pattern in WEIGHT_FILES for p in ckpt.glob(pattern)]
+    if weights:
+        for path in weights:
+            shutil.copyfile(path, out / path.name)
+    elif (ckpt / "pytorch_model.bin").exists():
+        from transformers import AutoModelForCausalLM
+
+        AutoModelForCausalLM.from_pretrained(ckpt, dtype="auto").save_pretrained(out)
+    else:
+        raise ExportError(f"{ckpt} holds no full model weights (model.safetensors or pytorch_model.bin); an adapter "
+                          "checkpoint needs merging into its base model first")
+    config = AutoConfig.from_pretrained(ckpt)
+    config.use_cache = True  # training turns the KV cache off; generation wants it
+    config.save_pretrained(out)
+    if (ckpt / "generation_config.json").exists():
+        GenerationConfig.from_pretrained(ckpt).save_pretrained(out)
+    AutoTokenizer.from_pretrained(ckpt).save_pretrained(out)  # tokenizer files and chat_template.jinja
+
+
+def reward_curve(rows: list[dict[str, Any]], step: int) -> list[tuple[str, int, float, int, float]]:
+    """(curve, first step, its value, last step <= `step`, its value) for the reward and each env's reward."""
+    rows = [r for r in rows if r.get("step", 0) <= step]
+    keys = ["reward"] + sorted({k for r in rows for k in r if k.startswith("env/") and k.endswith("/reward_mean")})
+    curves = []
+    for key in keys:
+        points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+        if points:
+            curves.append((key, *points[0], *points[-1]))
+    return curves
+
+
+def model_card(run_dir: Path, ckpt: Path, step: int, where: str = "PATH") -> str:
+    """README.md of the folder; `where`: how a reader names the model (its Hub repo, else a placeholder)."""
+    from huggingface_hub import ModelCardData
+
+    info = run_info.read(run_dir) or {}
+    rows = read_metrics(run_dir)
+    envs = info.get("envs") or sorted({k.split("/")[1] for r in rows for k in r
+                                       if k.startswith("env/") and k.endswith("/reward_mean")})
+    base = info.get("base_model")
+    revision = info.get("model_revision")
+    hub_base = base if base and not base.startswith(("/", ".")) and base.count("/") == 1 else None
+    meta = ModelCardData(base_model=hub_base, library_name="transformers", pipeline_tag="text-generation",
+                         tags=["grpo", "trl", "tool-use", "agent", *envs])
+    base_line = (f"`{base}`" + (f" at revision `{revision}`" if revision and hub_base else "")) if base else \
+        "not recorded (the run predates run.json)"
+    lines = [f"---\n{meta.to_yaml()}\n---", CARD_MARKER, "", f"# {run_dir.name}", "",
+             f"A tool-using agent trained with GRPO (TRL) against OpenEnv environments, exported from "
+             f"`{run_dir.name}/{ckpt.name}`.", "",
+             f"- **Base model**: {base_line}",
+             f"- **Environments**: {', '.join(f'`{e}`' for e in envs) or 'not recorded'}",
+             f"- **Steps**: {step} optimizer steps" + (f" (training mode `{info['mode']}`)" if info.get("mode") else ""),
+             ""]
+    curves = reward_curve(rows, step)
+    lines += ["## Reward during training", ""]
+    if curves:
+        lines += ["| curve | start | end |", "|---|---|---|"]
+        lines += [f"| {key} | {v0:.3f} (step {s0}) | {v1:.3f} (step {s1}) |" for key, s0, v0, s1, v1 in curves]
+        lines += ["", "`reward`: mean episode reward of each step's batch; `env/<name>/reward_mean`: that env's part."]
+    else:
+        lines.append("No logged steps in metrics.jsonl.")
+    lines += ["", "## Training settings", ""]
+    settings = info.get("settings") or {}
+    if settings:
+        lines += ["| setting | value |", "|---|---|", f"| learning_rate | {info.get('learning_rate')} |"]
+        lines += [f"| {key} | {settings[key]} |" for key in CARD_SETTINGS if settings.get(key) is not None]
+    else:
+        lines.append("Not recorded (the run predates run.json).")
+    evaluation = eval_report.read(run_dir)
+    if evaluation:
+        lines += ["", "## Evaluation (held-out episodes, base vs trained)", ""]
+        if evaluation.get("checkpoint") != ckpt.name:
+            lines += [f"Measured on {evaluation.get('checkpoint')} (step {evaluation.get('step')}), not on the "
+                      f"exported {ckpt.name}.", ""]
+        lines.append(eval_report.markdown_table(evaluation))
+    lines += ["", "## Use", "", "```python",
+              "from transformers import AutoModelForCausalLM, AutoTokenizer",
+              f'model = AutoModelForCausalLM.from_pretrained("{where}")',
+              f'tokenizer = AutoTokenizer.from_pretrained("{where}")  # with the chat template it was trained with',
+              "```", "", "```bash", f"vllm serve {where}", "```", ""]
+    return "\n".join(lines)
+
+
+def export(run_dir: Path, ckpt: Path, step: int, out: Path, repo_id: str | None = None) -> Path:
+    """Write the folder next to `out` and swap it in whole, so a failed export leaves the previous one intact."""
+    if out.exists():
+        card = out / "README.md"
+        ours = card.is_file() and CARD_MARKER in card.read_text(errors="replace")
+        if not ours and (out.is_file() or any(out.iterdir())):
+            raise ExportError(f"{out} exists and is not an earlier export; choose another folder (--out)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(mode=0o755)
+    try:
+        write_model(ckpt, tmp)
+        (tmp / "README.md").write_text(model_card(run_dir, ckpt, step, repo_id or "PATH"))
+        for path in tmp.iterdir():  # readable by whoever serves it (vLLM's container runs as another uid)
+            path.chmod(0o644)
+        tmp.chmod(0o755)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old)
+        else:
+            tmp.rename(out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def read_token(path: Path = SECRET) -> str:
+    try:
+        token = path.read_text().strip() if path.exists() else ""
+    except PermissionError:
+        raise ExportError(f"the HF token file is not readable here ({path}): `chmod 644` the file HF_TOKEN_FILE "
+                          "names and `chmod 700` its directory") from None
+    if not token:
+        raise ExportError("no Hugging Face token to push with: put a token with write access in the file "
+                          "HF_TOKEN_FILE names in .env (default .secrets/hf_token), then run again")
+    return token
+
+
+def push(folder: Path, repo_id: str, token: str) -> str:
+    """create_repo (private when new) + upload_folder, huggingface_hub's own calls; returns the repo's URL."""
+    import huggingface_hub
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as exc:
+        raise ExportError(f"PUSH={repo_id!r} is not a Hub repo id ({exc}); use org/name") from None
+    import httpx
+
+    api = huggingface_hub.HfApi(token=token)
+    try:
+        url = api.create_repo(repo_id, repo_type="model", private=True, exist_ok=True)
+        api.upload_folder(folder_path=str(folder), repo_id=repo_id, repo_type="model",
+                          commit_message=f"Export {folder.name} (trainer.export)")
+    except (httpx.HTTPError, OSError) as exc:  # HfHubHTTPError is both; no network is httpx's
+        why = " ".join(str(exc).split())[:300]
+        raise ExportError(f"push to {repo_id} failed: {why} (the folder is written: {folder}); check the token's "
+                          "write access to that org and this host's network, then run again") from None
+    return str(url)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="make export", description=__doc__.splitlines()[0])
+    p.add_argument("--outputs", default="/outputs", help="where runs live (default /outputs)")
+    p.add_argument("--run", help="run name under --outputs (default: the run written last)")
+    p.add_argument("--checkpoint", help="checkpoint-N or N (default: the last complete one)")
+    where = p.add_mutually_exclusive_group()
+    where.add_argument("--out", help="the folder to write (default: <run>/export)")
+    where.add_argument("--out-dir", help="write <out-dir>/<run>")
+    p.add_argument("--push", metavar="ORG/NAME", help="also upload the folder to this Hub repo (private when new)")
+    p.add_argument("--token-file", default=str(SECRET), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    try:
+        token = read_token(Path(args.token_file)) if args.push else None  # before the work, not after it
+        run_dir = find_run(Path(args.outputs), args.run)
+        ckpt, step = pick_checkpoint(run_dir, args.checkpoint)
+        out = Path(args.out) if args.out else Path(args.out_dir) / run_dir.name if args.out_dir else run_dir / "export"
+        export(run_dir, ckpt, step, out, args.push)
+        print(f"[export] {run_dir.name}/{ckpt.name} (step {step}) -> {out}")
+        if args.push:
+            print(f"[export] pushed to {push(out, args.push, token)}")
+    except (ExportError, ReportError) as exc:
+        print(f"[export] error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
