@@ -89,7 +89,7 @@ def start_twin(gpu_config: dict, model_dir: Path, env_overrides: dict[str, str] 
     import requests
 
     vllm = gpu_config["services"]["vllm"]
-    flags = list(vllm["command"][1:])
+    flags = list(vllm["command"])  # the model is in its entrypoint (`vllm serve MODEL`)
     env = {k: str(v) for k, v in vllm["environment"].items() if k.startswith("VLLM_SERVER_DEV_MODE")}
     env.update(env_overrides or {})
     name = f"grpo-test-vllm-cpu-{uuid.uuid4().hex[:8]}"

@@ -27,10 +27,10 @@ PROMPTS = [[11, 12, 13, 14, 15], [21, 22, 23]]
 
 def test_twin_runs_the_gpu_vllm_services_exact_flags(vllm_cpu, gpu_config):
     gpu_cmd = gpu_config["services"]["vllm"]["command"]
-    assert vllm_cpu.command[1:] == gpu_cmd[1:]
+    assert vllm_cpu.command[1:] == gpu_cmd
     args = subprocess.run(["docker", "inspect", "-f", "{{json .Args}}", vllm_cpu.name],
                           capture_output=True, text=True, check=True).stdout
-    for flag in gpu_cmd[1:]:
+    for flag in gpu_cmd:
         assert flag.replace('"', '\\"') in args or flag in args
     image = subprocess.run(["docker", "inspect", "-f", "{{.Config.Image}}", vllm_cpu.name],
                            capture_output=True, text=True, check=True).stdout.strip()

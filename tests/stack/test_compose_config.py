@@ -85,7 +85,8 @@ def test_vllm_runs_trl_server_mode_flags(gpu):
     assert json.loads(flags["--weight-transfer-config"]) == {"backend": "nccl"}
     assert flags["--logprobs-mode"] == "processed_logprobs"
     assert flags["--max-logprobs"] == "-1"
-    assert args[0] == "Qwen/Qwen3-0.6B"  # the model is the positional argument of `vllm serve`
+    # the image's ENTRYPOINT `vllm serve`, restated so the model can be its positional argument before the flags
+    assert vllm["entrypoint"] == ["vllm", "serve", "Qwen/Qwen3-0.6B"]
     assert vllm.get("shm_size") or vllm.get("ipc") == "host"
 
 
