@@ -94,9 +94,9 @@ def fleet_envs(env: dict[str, str]) -> list[str]:
 def compose_services(env: dict[str, str]) -> dict[str, dict]:
     """The Compose stack's env services for .env, resolved by `docker compose config` (interpolated, extended)."""
     names = fleet_envs(env)
-    cenv = stack.compose_env({**env, "ENV_FLEET": "compose"}, "cpu", layout=None)
-    cenv["COMPOSE_PROFILES"] = ",".join(names)
-    cmd, cmd_env = stack.compose_command(cenv, "config", "--format", "json", *[naming.service_name(n) for n in names])
+    compose_vars = stack.compose_env({**env, "ENV_FLEET": "compose"}, "cpu", layout=None)
+    compose_vars["COMPOSE_PROFILES"] = ",".join(names)
+    cmd, cmd_env = stack.compose_command(compose_vars, "config", "--format", "json", *[naming.service_name(n) for n in names])
     r = subprocess.run(cmd, cwd=ROOT, env=cmd_env, capture_output=True, text=True)
     if r.returncode != 0:
         raise StackError(f"`docker compose config` failed: {r.stderr.strip()[-400:]}")
@@ -234,8 +234,8 @@ def cmd_up(env: dict[str, str], mode: str | None = None, processes: int | None =
     stack.check_custom_images(env)
     if any((env.get(naming.image_var(n)) or stack.LOCAL_ENV_IMAGE) == stack.LOCAL_ENV_IMAGE
            for n in fleet_envs(env)):
-        cenv = stack.compose_env({**env, "ENV_FLEET": "compose"}, "cpu", layout=None)
-        if stack.compose(cenv, "--progress", "quiet", "build", "env-server-image", extra_profiles=("build",)) != 0:
+        compose_vars = stack.compose_env({**env, "ENV_FLEET": "compose"}, "cpu", layout=None)
+        if stack.compose(compose_vars, "--progress", "quiet", "build", "env-server-image", extra_profiles=("build",)) != 0:
             raise StackError("building the env-server image failed (see above)")
     processes = processes or int(env.get("TRAINER_PROCESSES") or 1)
     env = {**env, **stack.resolve_auto_replicas(env, mode or env.get("TRAIN_MODE") or "auto", processes)}

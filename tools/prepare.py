@@ -36,13 +36,13 @@ def prepare() -> tuple[dict[str, str], str]:
             stack.say(f"this host has {gpus.count} GPUs and the run uses {used}; to use all of them set "
                 f"VLLM_GPU={proposal[0]} TRAINER_GPU={proposal[1]} VLLM_PARALLEL=data in .env (README \"Every GPU of "
                 "a host\")")
-    cenv = stack.compose_env(env, mode, gpus, layout)
-    cenv["TRAINER_GPU"] = env.get("TRAINER_GPU") or cenv.get("TRAINER_GPU", "")
-    return cenv, mode
+    compose_vars = stack.compose_env(env, mode, gpus, layout)
+    compose_vars["TRAINER_GPU"] = env.get("TRAINER_GPU") or compose_vars.get("TRAINER_GPU", "")
+    return compose_vars, mode
 
 
-def run_in_cpu_trainer(cenv: dict[str, str], *args: str) -> int:
+def run_in_cpu_trainer(compose_vars: dict[str, str], *args: str) -> int:
     """A one-off `python3 -m ...` in the CPU trainer image with the outputs volume mounted (reading runs: rollouts,
     eval on the CPU profile, export); the image is built quietly first, as GPU hosts do not build it otherwise."""
-    stack.compose(cenv, "--progress", "quiet", "build", "trainer-cpu-image", extra_profiles=("build",))
-    return stack.compose(cenv, "run", "--rm", "--no-deps", "trainer-cpu", *stack.TRAINER_PYTHON, *args)
+    stack.compose(compose_vars, "--progress", "quiet", "build", "trainer-cpu-image", extra_profiles=("build",))
+    return stack.compose(compose_vars, "run", "--rm", "--no-deps", "trainer-cpu", *stack.TRAINER_PYTHON, *args)

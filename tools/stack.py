@@ -527,17 +527,17 @@ def gpu_plan(env: dict[str, str], mode: str, gpus: gpu_doctor.DockerGpus | None 
         raise StackError(str(exc)) from None
 
 
-def compose_command(cenv: dict[str, str], *args: str, extra_profiles: tuple[str, ...] = ()):
+def compose_command(compose_vars: dict[str, str], *args: str, extra_profiles: tuple[str, ...] = ()):
     """(argv, environment) of a `docker compose` call for this stack."""
-    env = dict(cenv)
+    env = dict(compose_vars)
     if extra_profiles:
         env["COMPOSE_PROFILES"] = ",".join([env["COMPOSE_PROFILES"], *extra_profiles])
     env_file = ["--env-file", str(ENV_FILE)] if ENV_FILE.exists() else []  # STACK_ENV_FILE, else .env
     return ["docker", "compose", *env_file, *args], env
 
 
-def compose(cenv: dict[str, str], *args: str, extra_profiles: tuple[str, ...] = ()) -> int:
-    cmd, env = compose_command(cenv, *args, extra_profiles=extra_profiles)
+def compose(compose_vars: dict[str, str], *args: str, extra_profiles: tuple[str, ...] = ()) -> int:
+    cmd, env = compose_command(compose_vars, *args, extra_profiles=extra_profiles)
     return subprocess.call(cmd, cwd=ROOT, env=env)
 
 
@@ -564,11 +564,11 @@ def check_custom_images(env: dict[str, str]) -> None:
                              "in .env")
 
 
-def unhealthy_custom_envs(cenv: dict[str, str], env: dict[str, str]) -> list[str]:
+def unhealthy_custom_envs(compose_vars: dict[str, str], env: dict[str, str]) -> list[str]:
     """Why each custom env's service is not healthy (an image that is no OpenEnv server, usually)."""
     problems = []
     for n in custom_envs(env):
-        cmd, cmd_env = compose_command(cenv, "ps", "-a", "--format", "json", naming.service_name(n))
+        cmd, cmd_env = compose_command(compose_vars, "ps", "-a", "--format", "json", naming.service_name(n))
         r = subprocess.run(cmd, cwd=ROOT, env=cmd_env, capture_output=True, text=True)
         states = [json.loads(line) for line in r.stdout.splitlines() if line.strip().startswith("{")]
         if states and all(s.get("Health") == "healthy" for s in states):

@@ -59,9 +59,9 @@ def test_eight_gpu_host_with_default_env_keeps_the_two_gpu_layout_and_proposes_o
     monkeypatch.setattr(stack, "detect_gpus", lambda: host_with(8))
     monkeypatch.setattr(stack, "check_docker", lambda: None)
     monkeypatch.setattr(stack, "check_compose", lambda: None)
-    cenv, mode = prepare()
+    compose_vars, mode = prepare()
     out = capsys.readouterr().out
-    assert mode == "gpu" and cenv["VLLM_TENSOR_PARALLEL_SIZE"] == "1" and cenv["TRAINER_PROCESSES"] == "1"
+    assert mode == "gpu" and compose_vars["VLLM_TENSOR_PARALLEL_SIZE"] == "1" and compose_vars["TRAINER_PROCESSES"] == "1"
     assert "vLLM on GPU 0 (one GPU), trainer on GPU 1 (1 process(es))" in out
     assert "this host has 8 GPUs and the run uses 2; to use all of them set VLLM_GPU=0-3 TRAINER_GPU=4-7 " \
            "VLLM_PARALLEL=data" in out

@@ -6,14 +6,14 @@ from tools import stack
 from tools.prepare import prepare
 
 
-def start(cenv: dict[str, str], mode: str) -> None:
+def start(compose_vars: dict[str, str], mode: str) -> None:
     env = stack.load_env()
     problem = stack.check_port(env, "DASHBOARD_PORT")
     if problem:
         raise stack.StackError(problem)
     if mode != "cpu":  # the dashboard runs on the CPU trainer image
-        stack.compose(cenv, "build", "trainer-cpu-image", extra_profiles=("build",))
-    if stack.compose(cenv, "up", "-d", "dashboard", extra_profiles=("dashboard",)) != 0:
+        stack.compose(compose_vars, "build", "trainer-cpu-image", extra_profiles=("build",))
+    if stack.compose(compose_vars, "up", "-d", "dashboard", extra_profiles=("dashboard",)) != 0:
         raise stack.StackError("the dashboard did not start: `make logs` shows why")
     stack.say(f"dashboard: http://127.0.0.1:{env.get('DASHBOARD_PORT') or 6006}")
 

@@ -9,9 +9,9 @@ from tools.prepare import prepare
 
 
 def run(rest: list[str]) -> int:
-    cenv, _ = prepare()
+    compose_vars, _ = prepare()
     # made here, as this user: Docker would create a missing bind-mount source owned by root
     (stack.ROOT / "exports").mkdir(exist_ok=True)
-    stack.compose(cenv, "--progress", "quiet", "build", "trainer-cpu-image", extra_profiles=("build",))
+    stack.compose(compose_vars, "--progress", "quiet", "build", "trainer-cpu-image", extra_profiles=("build",))
     # as the host user, like `make report`: the folder is theirs; the compose service adds the volume and the secret
-    return stack.compose(cenv, "run", "--rm", "--no-deps", "--user", f"{os.getuid()}:{os.getgid()}", "export", *rest)
+    return stack.compose(compose_vars, "run", "--rm", "--no-deps", "--user", f"{os.getuid()}:{os.getgid()}", "export", *rest)

@@ -6,5 +6,5 @@ from tools.prepare import prepare, run_in_cpu_trainer
 
 
 def run(rest: list[str]) -> int:
-    cenv, _ = prepare()
-    return run_in_cpu_trainer(cenv, "-m", "trainer.rollouts", "--outputs", "/outputs", *rest)
+    compose_vars, _ = prepare()
+    return run_in_cpu_trainer(compose_vars, "-m", "trainer.rollouts", "--outputs", "/outputs", *rest)

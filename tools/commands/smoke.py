@@ -63,7 +63,7 @@ def run_logged(cmd: list[str], env: dict[str, str]) -> tuple[int, str]:
     return proc.wait(), "".join(seen)
 
 
-def smoke(cenv: dict[str, str], mode: str, require_gpu: bool) -> int:
+def smoke(compose_vars: dict[str, str], mode: str, require_gpu: bool) -> int:
     """`make gpu-smoke`: 3 training steps, then pass/FAIL with timings for every stage a first run goes
     through. `--gpu` refuses to stand in the CPU profile for the GPU path."""
     from trainer import stages
@@ -74,23 +74,23 @@ def smoke(cenv: dict[str, str], mode: str, require_gpu: bool) -> int:
     log_text, t0 = "", time.monotonic()
     if mode != "cpu":
         stack.say("stage: model download (model-download job)")
-        rc, text = run_logged(stack.compose_command(cenv, "run", "--rm", "-T", "model-download")[0], cenv)
+        rc, text = run_logged(stack.compose_command(compose_vars, "run", "--rm", "-T", "model-download")[0], compose_vars)
         log_text += text
         if rc != 0:
             lines, _ = smoke_table(mode, stages.parse(log_text), rc)
             print("\n".join(["[stack] gpu-smoke: model download failed", *lines]))
             return rc
-    bring_up(cenv, mode)
+    bring_up(compose_vars, mode)
     service = stack.mode_spec(mode).trainer_service
     if stack.mode_spec(mode).makes_model_locally:
-        rc, text = run_logged(stack.compose_command(cenv, "run", "--rm", "-T", "model-init")[0], cenv)
+        rc, text = run_logged(stack.compose_command(compose_vars, "run", "--rm", "-T", "model-init")[0], compose_vars)
         if rc != 0:
             stack.say(f"the CPU profile's model-init job failed (exit {rc}); the messages above say why")
             return rc
     args = [*stack.TRAINER_PYTHON, "-m", "trainer.launch", "--max-steps", str(SMOKE_STEPS), "--run-name", f"smoke-{mode}",
             "--resume", "fresh"]
     stack.say(f"stage: {SMOKE_STEPS} training steps with `{service}` (mode {mode}), run smoke-{mode}")
-    rc, text = run_logged(stack.compose_command(cenv, "run", "--rm", "-T", "--no-deps", service, *args)[0], cenv)
+    rc, text = run_logged(stack.compose_command(compose_vars, "run", "--rm", "-T", "--no-deps", service, *args)[0], compose_vars)
     lines, ok = smoke_table(mode, stages.parse(log_text + text), rc)
     print(f"[stack] smoke run, mode {mode}, {time.monotonic() - t0:.0f}s in all:")
     print("\n".join(lines))

@@ -10,18 +10,18 @@ from tools import stack
 from tools.prepare import prepare
 
 
-def sync_check(cenv: dict[str, str], mode: str) -> int:
+def sync_check(compose_vars: dict[str, str], mode: str) -> int:
     if not stack.mode_spec(mode).runs_vllm_service:
         raise stack.StackError(f"nccl-check --full pushes weights into the vllm service, which runs with TRAIN_MODE=gpu "
                                f"(this host resolves to {mode}: {stack.detect_gpus().detail}); set TRAIN_MODE=gpu on a "
                                "2-GPU host")
-    cmd, env = stack.compose_command(cenv, "ps", "--format", "json", "vllm")
+    cmd, env = stack.compose_command(compose_vars, "ps", "--format", "json", "vllm")
     r = subprocess.run(cmd, cwd=stack.ROOT, env=env, capture_output=True, text=True)
     states = [json.loads(line) for line in r.stdout.splitlines() if line.strip().startswith("{")]
     if not any(s.get("Health") == "healthy" for s in states):
         raise stack.StackError("the vllm service is not running and healthy: start the stack first (`make up`), then "
                                "run `make nccl-check FULL=1` again")
-    return stack.compose(cenv, "run", "--rm", "--no-deps", "trainer", *stack.TRAINER_PYTHON, "-m",
+    return stack.compose(compose_vars, "run", "--rm", "--no-deps", "trainer", *stack.TRAINER_PYTHON, "-m",
                          "trainer.gpu.sync_check")
 
 

@@ -23,18 +23,18 @@ def dashboard_wanted(env: dict[str, str]) -> bool:
     return (env.get("DASHBOARD") or "0").strip().lower() in ("1", "true", "yes", "on")
 
 
-def bring_up(cenv: dict[str, str], mode: str) -> None:
+def bring_up(compose_vars: dict[str, str], mode: str) -> None:
     """Build, deploy the fleet if any, start the long-running services and wait until they are healthy. Updates
-    `cenv` in place with the replica counts, so later compose calls keep the scale."""
+    `compose_vars` in place with the replica counts, so later compose calls keep the scale."""
     env = stack.load_env()
     if stack.fleet_mode(env):
         fleet.role(env)  # no swarm: say so before any build
-    build(cenv, mode)
-    processes = int(cenv.get("TRAINER_PROCESSES") or env.get("TRAINER_PROCESSES") or 1)  # each opens its sessions
+    build(compose_vars, mode)
+    processes = int(compose_vars.get("TRAINER_PROCESSES") or env.get("TRAINER_PROCESSES") or 1)  # each opens its sessions
     if stack.fleet_mode(env):
         fleet.up_here(env, mode, processes)
     services = long_running_services(env, mode)
-    profiles = cenv["COMPOSE_PROFILES"]
+    profiles = compose_vars["COMPOSE_PROFILES"]
     if dashboard_wanted(env):
         problem = stack.check_port(env, "DASHBOARD_PORT")
         if problem:
@@ -43,12 +43,12 @@ def bring_up(cenv: dict[str, str], mode: str) -> None:
         profiles += ",dashboard"
     if not stack.fleet_mode(env):
         stack.check_custom_images(env)
-        cenv.update(stack.resolve_auto_replicas(env, mode, processes))
+        compose_vars.update(stack.resolve_auto_replicas(env, mode, processes))
     if not services:
         return
     stack.say("starting " + ", ".join(services) + " and waiting until healthy")
-    if stack.compose({**cenv, "COMPOSE_PROFILES": profiles}, "up", "-d", "--wait", *services) != 0:
-        custom = stack.unhealthy_custom_envs(cenv, env)
+    if stack.compose({**compose_vars, "COMPOSE_PROFILES": profiles}, "up", "-d", "--wait", *services) != 0:
+        custom = stack.unhealthy_custom_envs(compose_vars, env)
         raise stack.StackError("; ".join(custom) if custom else
                                "some services did not become healthy: `make ps` and `make logs` show why; "
                                "`make doctor` checks the usual causes")
