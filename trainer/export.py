@@ -118,7 +118,7 @@ def model_card(run_dir: Path, ckpt: Path, step: int, where: str = "PATH") -> str
              f"`{run_dir.name}/{ckpt.name}`.", "",
              f"- **Base model**: {base_line}",
              f"- **Environments**: {', '.join(f'`{e}`' for e in envs) or 'not recorded'}",
-             f"- **Steps**: {step} optimizer steps" + (f" (training mode `{info['mode']}`)" if info.get("mode") else ""),
+             f"- **Steps**: {step} optimizer steps" + (f" (TRAIN_MODE `{info['mode']}`)" if info.get("mode") else ""),
              ""]
     curves = reward_curve(rows, step)
     lines += ["## Reward during training", ""]

@@ -8,18 +8,22 @@
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 from typing import Any
 
 RUN_INFO_FILE = "run.json"
+# Addresses (env servers, vLLM, trackers) say nothing about the model and may carry credentials: left out.
+ADDRESS = re.compile(r"_(url|urls|uri)$")
 
 
 def write(cfg, mode: str) -> Path:
     path = Path(cfg.run_dir) / RUN_INFO_FILE
     info = {"base_model": cfg.resolved_model_name(mode), "model_revision": cfg.model_revision, "mode": mode,
             "envs": cfg.env_names, "learning_rate": cfg.resolved_learning_rate(mode),
-            "settings": cfg.model_dump(mode="json"), "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            "settings": cfg.model_dump(mode="json", exclude=set(filter(ADDRESS.search, type(cfg).model_fields))),
+            "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(info, indent=2) + "\n")
     tmp.replace(path)  # a reader never sees half a file

@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 
 from tests.helpers import ROOT
 from tests.trainer.conftest import free_port
-from trainer import eval_report, export, train
+from trainer import eval_report, export, run_info, train
 from trainer.metrics import read_metrics
 
 RUN = "exp"
@@ -91,6 +91,8 @@ def test_the_card_tells_base_model_envs_steps_reward_settings_and_eval(exported,
     assert "| num_generations | 4 |" in card and "| max_completion_length | 48 |" in card
     assert eval_report.markdown_table(eval_report.read(outputs / RUN)) in card
     assert "Measured on" not in card  # eval.json is of the exported checkpoint
+    info = run_info.read(outputs / RUN)  # what the card read: the run's own record, no addresses in it
+    assert info["envs"] == ["echo"] and info["settings"]["num_generations"] == 4 and "env_urls" not in info["settings"]
 
 
 def test_a_named_checkpoint_and_an_earlier_export_replaced(outputs, exported):

@@ -1,4 +1,4 @@
-"""Write a run's checkpoint as a standalone model folder in exports/<run>/, optionally pushed to the Hub: `export [--run R] [--checkpoint N] [--push org/name]` (trainer.export)."""
+"""A run's checkpoint as a model folder in exports/<run>/: `export [--run R] [--checkpoint N] [--push org/name]`."""
 
 from __future__ import annotations
 
@@ -14,4 +14,5 @@ def run(rest: list[str]) -> int:
     (stack.ROOT / "exports").mkdir(exist_ok=True)
     stack.compose(compose_vars, "--progress", "quiet", "build", "trainer-cpu-image", extra_profiles=("build",))
     # as the host user, like `make report`: the folder is theirs; the compose service adds the volume and the secret
-    return stack.compose(compose_vars, "run", "--rm", "--no-deps", "--user", f"{os.getuid()}:{os.getgid()}", "export", *rest)
+    user = f"{os.getuid()}:{os.getgid()}"
+    return stack.compose(compose_vars, "run", "--rm", "--no-deps", "--user", user, "export", *rest)
