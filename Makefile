@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # Build one of compose.yaml's build-only image services (profile `build`), quietly.
 BUILD_IMAGE := $(STACK) compose --progress quiet --profile build build
 
-.PHONY: help up train down logs ps config build test clean doctor report rollouts export baseline dashboard nccl-check gpu-smoke soak bench \
+.PHONY: help up train down logs ps config build test clean doctor report rollouts eval export baseline dashboard nccl-check gpu-smoke soak bench \
 	fleet-up fleet-ps fleet-logs fleet-down bench-fleet bench-learning
 
 help: ## List every target with one line each
@@ -69,6 +69,9 @@ report: $(VENV)/.host-ok ## Plot reward and tool-call curves of a run to reports
 
 rollouts: $(VENV)/.host-ok ## Print a run's traced rollouts: turns, tool calls, results, rewards (RUN=name, STEP=n; default latest)
 	@$(STACK) rollouts $(if $(RUN),--run $(RUN)) $(if $(STEP),--step $(STEP))
+
+eval: $(VENV)/.host-ok ## Score a run's checkpoint and its base model on held-out episodes: reward, success, pass@k, tool use; <run>/eval.json (RUN=, CHECKPOINT=, TASKS=32, THRESHOLD=0.5)
+	@$(STACK) eval $(if $(RUN),--run $(RUN)) $(if $(CHECKPOINT),--checkpoint $(CHECKPOINT)) $(if $(TASKS),--tasks $(TASKS)) $(if $(THRESHOLD),--threshold $(THRESHOLD)) $(ARGS)
 
 export: $(VENV)/.host-ok ## Write a run's checkpoint as a model folder in exports/<run>/ (RUN=name CHECKPOINT=N, default the last; PUSH=org/name also uploads it)
 	@$(STACK) export $(if $(RUN),--run $(RUN)) $(if $(CHECKPOINT),--checkpoint $(CHECKPOINT)) $(if $(PUSH),--push $(PUSH))

@@ -150,6 +150,7 @@ def make_rollout_loop_class(base: type) -> type:
     class RolloutLoopTrainer(base):
         tool_runner: ToolRunner | None = None  # set by configure_rollouts; defaults on first use
         server_max_model_len: int | None = None  # vLLM server mode: the max_model_len the server reports
+        last_tool_counts: list[tuple[int, int]] | None = None  # (calls, failures) per rollout of the last batch
 
         def configure_rollouts(self, timeout_s: float | None, concurrency: int | None,
                                server_max_model_len: int | None = None) -> None:
@@ -159,6 +160,7 @@ def make_rollout_loop_class(base: type) -> type:
         def _tool_call_loop(self, prompts, prompt_ids, completion_ids, completions, logprobs, images,
                             multimodal_fields):
             if self._is_vlm or images is not None or multimodal_fields:
+                self.last_tool_counts = None
                 return super()._tool_call_loop(prompts, prompt_ids, completion_ids, completions, logprobs, images,
                                                multimodal_fields)
             if self.tool_runner is None:
@@ -169,6 +171,7 @@ def make_rollout_loop_class(base: type) -> type:
             tool_mask = [[1] * len(ids) for ids in completion_ids]  # 0 for tool result tokens, 1 elsewhere
             tool_images = [[] for _ in completion_ids]
             tool_call_count = tool_failure_count = 0
+            per_rollout = [[0, 0] for _ in completion_ids]  # TRL only sums them; trainer.evaluate needs each
             iteration = 0
             while iteration < self.max_tool_calling_iterations:
                 # 1. Run the round's calls; their results become tool messages (rolled back below if overlong).
@@ -182,6 +185,8 @@ def make_rollout_loop_class(base: type) -> type:
                 for i, turn in zip(calling, results, strict=True):
                     tool_call_count += len(turn)
                     tool_failure_count += sum(r.failed for r in turn)
+                    per_rollout[i][0] += len(turn)
+                    per_rollout[i][1] += sum(r.failed for r in turn)
                     for message in tool_messages(turn):
                         prompts[i].append(message)
                         completions[i].append(message)
@@ -231,6 +236,7 @@ def make_rollout_loop_class(base: type) -> type:
                 tool_calls = {i: turns[i].get("tool_calls") for i in calling if turns[i].get("tool_calls")}
                 calling = list(tool_calls)
                 iteration += 1
+            self.last_tool_counts = [(calls, failures) for calls, failures in per_rollout]
             return tool_mask, completions, completion_ids, logprobs, tool_call_count, tool_failure_count, tool_images
 
         def _rollout_calls(self, i: int, calls: list[dict]) -> RolloutCalls:

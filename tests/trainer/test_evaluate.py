@@ -1,0 +1,99 @@
+"""make eval (trainer.evaluate) after a real 2-step CPU run against a real echo server: eval.json holds a base and a
+trained row for echo, built from real episodes on seeds training never used, with consistent numbers; the table
+printed holds both rows; a bad run or a missing checkpoint is one clear line and a non-zero exit."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import pytest
+
+from envs import registry
+from trainer import eval_report, evaluate, train
+
+TASKS, GENERATIONS = 4, 2  # NUM_GENERATIONS 2: not the default (4)
+
+
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory, tiny_model_dir, echo_server):
+    """Train 2 steps, then evaluate; every make_dataset call of each phase is recorded (n, seed)."""
+    out = tmp_path_factory.mktemp("evaluated")
+    where = ["--train-mode", "cpu", "--output-dir", str(out), "--env-urls", f"echo={echo_server.url}"]
+    run = ["--model-name", str(tiny_model_dir), "--run-name", "ev", "--per-device-train-batch-size", "4",
+           "--num-generations", str(GENERATIONS), "--max-completion-length", "64", "--max-steps", "2",
+           "--trace-every", "0"]
+    calls: dict[str, list[tuple[int, int]]] = {"train": [], "eval": []}
+    phase = "train"
+    original = registry.EnvSpec.make_dataset
+
+    def spy(self, n, seed):
+        calls[phase].append((n, seed))
+        return original(self, n, seed)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(registry.EnvSpec, "make_dataset", spy)
+        assert train.main([*where, *run]) == 0
+        phase = "eval"
+        before = echo_server.health()["episodes_started"]
+        printed = io.StringIO()
+        with contextlib.redirect_stdout(printed):
+            # the model, NUM_GENERATIONS and the batch come from the run's run.json (the defaults differ)
+            rc = evaluate.main([*where, "--run", "ev", "--tasks", str(TASKS)])
+        assert rc == 0, printed.getvalue()[-3000:]
+    return {"out": out, "model": tiny_model_dir, "data": eval_report.read(out / "ev"), "calls": calls,
+            "printed": printed.getvalue(),
+            "episodes": echo_server.health()["episodes_started"] - before}
+
+
+def test_both_models_are_scored_on_held_out_seeds(evaluated):
+    data, calls = evaluated["data"], evaluated["calls"]
+    assert data["run"] == "ev" and data["checkpoint"] == "checkpoint-2" and data["step"] == 2
+    assert data["base_model"] == str(evaluated["model"])  # the run's MODEL_NAME, from its run.json
+    assert sorted((r["model"], r["env"]) for r in data["rows"]) == [("base", "echo"), ("trained", "echo")]
+    seeds = data["seeds"]["echo"]
+    assert len(seeds) == len(set(seeds)) == TASKS
+    assert calls["eval"] == [(1, s) for s in seeds]  # each held-out task is its own seed's row
+    training = {seed for _, seed in calls["train"]}
+    assert training and not training & set(seeds), (training, seeds)
+
+
+def test_the_numbers_are_real_episodes_and_consistent(evaluated):
+    data = evaluated["data"]
+    assert evaluated["episodes"] == 2 * TASKS * GENERATIONS  # every episode reset a real session on the server
+    assert data["ks"] == list(range(1, GENERATIONS + 1)) and data["episodes_per_env"] == TASKS * GENERATIONS
+    for row in data["rows"]:
+        assert set(row) == set(eval_report.ROW_KEYS)
+        assert row["episodes"] == TASKS * GENERATIONS
+        assert 0.0 <= row["mean_reward"] <= 1.0 and 0.0 <= row["success_rate"] <= 1.0
+        passes = [row["pass_at_k"][str(k)] for k in data["ks"]]
+        assert passes[0] == pytest.approx(row["success_rate"])  # pass@1 is the success rate
+        assert passes == sorted(passes) and all(0.0 <= p <= 1.0 for p in passes)
+        # echo pays 1.0 (success) or 0.2 (another word) per calling episode, 0 without a call
+        assert row["mean_reward"] >= row["success_rate"] - 1e-9
+        assert 0 <= row["tool_failures_per_episode"] <= row["tool_calls_per_episode"]
+        assert row["tokens_per_episode"] > 0
+    assert any(row["tool_calls_per_episode"] > 0 for row in data["rows"]), "no episode called a tool"
+
+
+def test_the_table_is_printed_with_both_rows(evaluated):
+    printed = evaluated["printed"]
+    assert eval_report.markdown_table(evaluated["data"]) in printed
+    assert "| echo | base |" in printed and "| echo | trained |" in printed
+    assert f"[eval] trained echo: {TASKS * GENERATIONS}/{TASKS * GENERATIONS} episodes" in printed  # progress
+    assert json.loads((evaluated["out"] / "ev" / eval_report.EVAL_FILE).read_text()) == evaluated["data"]
+
+
+def test_a_bad_run_or_no_checkpoint_is_one_clear_line(evaluated, capsys):
+    out = evaluated["out"]
+    assert evaluate.main(["--train-mode", "cpu", "--outputs", str(out), "--run", "nope"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no run 'nope'" in err and "ev" in err
+    (out / "fresh" / "checkpoint-3").mkdir(parents=True)  # cut short while saving: not complete
+    assert evaluate.main(["--train-mode", "cpu", "--outputs", str(out), "--run", "fresh"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no complete checkpoint" in err
+    assert evaluate.main(["--train-mode", "cpu", "--outputs", str(out), "--run", "ev", "--checkpoint", "9"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "checkpoint-2" in err

@@ -1,0 +1,20 @@
+"""Score a run's checkpoint and its base model on held-out episodes of each env; writes <run>/eval.json.
+`eval [--run R] [--checkpoint C] [--tasks N] [--threshold T]`: trainer.evaluate, once the env servers are up."""
+
+from __future__ import annotations
+
+from tools import stack
+from tools.commands.up import bring_up
+from tools.prepare import prepare, run_in_cpu_trainer
+
+EVALUATE = ("-m", "trainer.evaluate", "--outputs", "/outputs")
+
+
+def run(rest: list[str]) -> int:
+    compose_vars, mode = prepare()
+    bring_up(compose_vars, mode)  # the episodes are played on the run's real env servers
+    service = stack.mode_spec(mode).trainer_service
+    if service == "trainer-cpu":
+        return run_in_cpu_trainer(compose_vars, *EVALUATE, *rest)
+    # GPU hosts: the trainer image on the trainer's GPU, vLLM inside it (trainer.evaluate); the model is downloaded
+    return stack.compose(compose_vars, "run", "--rm", "--no-deps", service, *stack.TRAINER_PYTHON, *EVALUATE, *rest)
