@@ -1,7 +1,7 @@
 """The stack as .env describes it: settings, envs by kind, the generated compose file, host checks, compose calls.
 
 It only decides *what* runs (profiles, mode, services, replica counts); Compose does the running, and the commands
-in tools/cli.py drive both. `.env` is read once into `StackEnv` (pydantic-settings, python-dotenv's parser: the
+in tools/commands/ drive both. `.env` is read once into `StackEnv` (pydantic-settings, python-dotenv's parser: the
 small host venv `make` creates has both); the training knobs are validated with the trainer's own typed config,
 trainer.config.RunConfig.
 """
