@@ -139,6 +139,20 @@ class RunConfig(BaseSettings):
                              "steps (`make rollouts` prints them); 0: never.")
     trace_samples: int | None = Field(None, ge=1, description="Rollouts written each time; empty: NUM_GENERATIONS "
                                       "(one GRPO group, the rollouts compared with each other).")
+    report_to: str = Field(
+        "tensorboard", description="Experiment trackers, a comma list: tensorboard (OUTPUT_DIR/<run>/tensorboard), "
+        "trackio (local, OUTPUT_DIR/trackio; `make dashboard` serves its UI), wandb, mlflow; or none. Each shows the "
+        "same keys (reward first; trainer/trackers.py). trackio, wandb and mlflow are installed in the trainer "
+        "images only when named here (`make build`)."
+    )
+    wandb_mode: Literal["offline", "online"] = Field(
+        "offline", description="REPORT_TO=wandb: offline keeps the run in OUTPUT_DIR/<run>/wandb (no network; "
+        "`wandb sync` uploads it later); online needs the API key in the secret file WANDB_API_KEY_FILE."
+    )
+    mlflow_tracking_uri: str | None = Field(
+        None, description="REPORT_TO=mlflow: where runs go, e.g. http://mlflow-host:5000. Empty: a file store in "
+        "OUTPUT_DIR/mlruns."
+    )
     seed: int = Field(42, ge=0, description="Random seed (dataset, sampling, init).")
     resume: Literal["auto", "fresh"] = Field(
         "auto", description="auto: continue from the run's last checkpoint; fresh: delete the run folder, start over."
@@ -208,6 +222,13 @@ class RunConfig(BaseSettings):
         naming.parse_urls(value)
         return value
 
+    @field_validator("report_to")
+    @classmethod
+    def _check_report_to(cls, value: str) -> str:
+        from trainer import trackers  # light: stdlib only at import
+
+        return ",".join(trackers.parse(value)) or "none"
+
     @field_validator("run_name")
     @classmethod
     def _check_run_name(cls, value: str | None) -> str | None:
@@ -243,6 +264,10 @@ class RunConfig(BaseSettings):
         return self
 
     # ------------------------------------------------------------------ derived values
+    @property
+    def trackers(self) -> list[str]:
+        return [] if self.report_to == "none" else self.report_to.split(",")
+
     @property
     def env_names(self) -> list[str]:
         return self.env_name.split(",")

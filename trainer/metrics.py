@@ -1,4 +1,4 @@
-"""Per-step metrics: JSONL + TensorBoard.
+"""Per-step metrics: JSONL, then every tracker REPORT_TO names (trainer.trackers: TensorBoard by default).
 
 TRL already logs reward, reward_std, rewards/<EnvClass>/mean, tools/call_frequency,
 tools/failure_frequency and completions/* into the `logs` dict; we keep those and add what it does
@@ -25,9 +25,9 @@ from typing import Any
 from transformers import TrainerCallback
 
 from trainer import stages
+from trainer.trackers import RunInfo, Trackers
 
 METRICS_FILE = "metrics.jsonl"
-TB_DIR = "tensorboard"
 
 
 class RolloutStats:
@@ -133,29 +133,21 @@ def truncate_metrics(run_dir: str | os.PathLike, last_step: int) -> int:
 
 
 class MetricsCallback(TrainerCallback):
-    """Writes one JSONL record + TensorBoard scalars per logging step, and a one-line progress print."""
+    """Writes one JSONL record per logging step, hands it to the trackers, and prints a one-line progress."""
 
     def __init__(self, run_dir: str, stats: RolloutStats = STATS, resume_step: int = 0, mode: str = "cpu",
-                 print_fn=print) -> None:
+                 print_fn=print, trackers: Trackers | None = None) -> None:
         self.run_dir = Path(run_dir)
         self.stats = stats
         self.resume_step = resume_step
         self.mode = mode
         self.print = print_fn
-        self._writer = None
+        # Opened lazily, at the first logged step: only the main process writes.
+        self.trackers = trackers or Trackers(["tensorboard"], RunInfo(run_dir, self.run_dir.name,
+                                                                      str(self.run_dir.parent),
+                                                                      resume_step=resume_step))
         self._step_start: float | None = None
         self._step_times: list[float] = []
-
-    # -- TensorBoard (lazy: only the main process writes)
-    def _tb(self):
-        if self._writer is None:
-            from torch.utils.tensorboard import SummaryWriter
-
-            # purge_step drops events logged after the checkpoint we resumed from (they are re-run).
-            self._writer = SummaryWriter(
-                str(self.run_dir / TB_DIR), purge_step=self.resume_step + 1 if self.resume_step else None
-            )
-        return self._writer
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -199,17 +191,11 @@ class MetricsCallback(TrainerCallback):
         self._append(record)
         stages.mark("first_optimizer_step", step_s, f"step {state.global_step}: loss {record.get('loss')}, "
                     f"reward {record.get('reward')}")
-        tb = self._tb()
-        for key, value in record.items():
-            if key not in ("kind", "step", "time", "mode") and isinstance(value, (int, float)) and value is not None:
-                tb.add_scalar(key, value, state.global_step)
-        tb.flush()
+        self.trackers.log_record(record)
         self.print(self._progress_line(record, args))
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        self.trackers.close()
 
     def _append(self, record: dict[str, Any]) -> None:
         self.run_dir.mkdir(parents=True, exist_ok=True)

@@ -311,10 +311,25 @@ def load_tokenizer(cfg: RunConfig, mode: str):
 
 
 # ---------------------------------------------------------------------------- all
+def check_trackers(cfg: RunConfig, report: PreflightReport) -> list[str]:
+    """REPORT_TO's trackers are installed (the images install them at build time), and W&B online has its key."""
+    from trainer import trackers
+
+    problem = trackers.check_installed(cfg.trackers)
+    if problem:
+        return [problem]
+    if "wandb" in cfg.trackers and cfg.wandb_mode == "online" and not trackers.wandb_key():
+        return [trackers.no_wandb_key()]
+    if cfg.trackers:
+        report.ok.append(f"trackers: {', '.join(cfg.trackers)}")
+    return []
+
+
 def run_all(cfg: RunConfig, mode: str, wait_s: float = 20.0, tokenizer=None, num_processes: int = 1) -> PreflightReport:
     """Every check, once (rank 0 when several trainer processes run: capacity is counted for all of them)."""
     report = PreflightReport()
     errors = check_env_servers(cfg, report, wait_s=wait_s, num_processes=num_processes)
+    errors += check_trackers(cfg, report)
     if tokenizer is None:
         tokenizer, err = load_tokenizer(cfg, mode)
         if err:

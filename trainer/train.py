@@ -1,7 +1,7 @@
 """Training entrypoint: `python -m trainer.train [--max-steps 3 ...]`.
 
 config -> resume decision -> preflight -> model + dataset + env factories -> GRPOTrainer.train().
-Writes OUTPUT_DIR/RUN_NAME/{checkpoint-N/, metrics.jsonl, tensorboard/}.
+Writes OUTPUT_DIR/RUN_NAME/{checkpoint-N/, metrics.jsonl, rollouts.jsonl, tensorboard/} (+ REPORT_TO's trackers).
 Exit codes: 0 done, 2 bad config, 3 preflight failed, 143 stopped by SIGTERM/Ctrl-C (checkpoint saved).
 """
 
@@ -117,8 +117,9 @@ def make_trainer_class():
             stages.mark("first_generation", time.perf_counter() - start, "first batch of first turns generated")
             return result
 
-        def configure_traces(self, run_dir, every: int, samples: int) -> None:
+        def configure_traces(self, run_dir, every: int, samples: int, trackers=None) -> None:
             self._trace_dir, self._trace_every, self._trace_samples = run_dir, every, samples
+            self._trace_trackers = trackers  # trainer.trackers.Trackers: the traces as tables (trackio, W&B)
 
         def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
             """TRL's, then (every TRACE_EVERY steps) a sample of the batch's rollouts to rollouts.jsonl (trainer.rollouts).
@@ -145,6 +146,8 @@ def make_trainer_class():
             every_process = gather_object(mine) if self.accelerator.num_processes > 1 else mine
             if self.accelerator.is_main_process:
                 rollouts.append(self._trace_dir, every_process[: self._trace_samples])
+                if getattr(self, "_trace_trackers", None) is not None:
+                    self._trace_trackers.log_rollouts(step, every_process[: self._trace_samples])
 
         def _load_optimizer_and_scheduler(self, checkpoint):
             """Several CPU ranks (gloo): transformers maps the optimizer state to args.device, `cpu:<rank>`,
@@ -223,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"[train] config error:\n{exc}", file=sys.stderr, flush=True)
         return 2
+    from trainer import trackers
+
+    trackers.prepare_env(cfg.trackers, cfg.output_dir)
     mode = cfg.resolved_train_mode()
     model_name = cfg.resolved_model_name(mode)
     if mode == "cpu":
@@ -266,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from trainer.envs_binding import build_factories
     from trainer.metrics import STATS, MetricsCallback
+    from trainer.trackers import RunInfo, Trackers
 
     vllm_kwargs: dict = {}
     if mode != "cpu":
@@ -276,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer = load_model_and_tokenizer(cfg, mode)
     dataset = build_dataset(cfg, report.specs)
     factories = build_factories(cfg, report.specs, STATS)
+    trackers = Trackers(cfg.trackers, RunInfo(cfg.run_dir, cfg.resolved_run_name, cfg.output_dir,
+                                              config=cfg.model_dump(mode="json"), resume_step=resume_step,
+                                              wandb_mode=cfg.wandb_mode, mlflow_tracking_uri=cfg.mlflow_tracking_uri))
     control = make_control_callback()
     signal.signal(signal.SIGTERM, control.request_stop)  # docker stop / compose down
     signal.signal(signal.SIGINT, control.request_stop)  # Ctrl-C in `make train`
@@ -296,10 +306,10 @@ def main(argv: list[str] | None = None) -> int:
         train_dataset=dataset,
         processing_class=tokenizer,
         environment_factory=factories,
-        callbacks=[MetricsCallback(cfg.run_dir, STATS, resume_step=resume_step, mode=mode), control],
+        callbacks=[MetricsCallback(cfg.run_dir, STATS, resume_step=resume_step, mode=mode, trackers=trackers), control],
     )
     trainer.configure_rollouts(cfg.tool_timeout_s, cfg.tool_concurrency, server_max_model_len)
-    trainer.configure_traces(cfg.run_dir, cfg.trace_every, cfg.trace_samples or cfg.num_generations)
+    trainer.configure_traces(cfg.run_dir, cfg.trace_every, cfg.trace_samples or cfg.num_generations, trackers)
     trainer.remove_callback(PrinterCallback)  # MetricsCallback prints one readable line per step instead
     if mode != "cpu":
         from trainer import gpu

@@ -107,8 +107,9 @@ def test_hf_token_is_a_secret_of_model_download_only_never_an_environment_variab
     for cfg in (gpu, cpu):
         for name, svc in cfg["services"].items():
             assert "HF_TOKEN" not in (svc.get("environment") or {}), name
-        holders = {name for name, svc in cfg["services"].items() if svc.get("secrets")}
-        assert holders <= {"model-download"}, holders  # the one service that downloads
+        holders = {name: {s["source"] for s in svc.get("secrets") or []} for name, svc in cfg["services"].items()}
+        assert {n for n, h in holders.items() if "hf_token" in h} <= {"model-download"}, holders  # it downloads
+        assert {n for n, h in holders.items() if "wandb_api_key" in h} <= {"trainer", "trainer-cpu"}, holders
     assert [s["source"] for s in gpu["services"]["model-download"]["secrets"]] == ["hf_token"]
 
 
