@@ -9,10 +9,38 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
 SECRET = Path("/run/secrets/hf_token")
+PROGRESS_EVERY_S = 10.0
+
+
+def bytes_under(folder: Path) -> int:
+    """What is on disk under a repo's cache folder (finished blobs and `.incomplete` ones being written)."""
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and not f.is_symlink()) if folder.is_dir() else 0
+
+
+def report_download(model: str, revision: str | None, token: str | None, stop: threading.Event) -> None:
+    """A progress line every PROGRESS_EVERY_S while snapshot_download runs: bytes in the cache against the size the
+    hub lists for the revision's files (no total, so no ETA, when the hub does not say)."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    from trainer.progress import Progress
+
+    try:
+        info = HfApi().model_info(model, revision=revision, token=token, files_metadata=True)
+        total = sum(s.size or 0 for s in info.siblings or []) or None
+    except Exception:  # snapshot_download reports the real error
+        total = None
+    folder = Path(HF_HUB_CACHE) / f"models--{model.replace('/', '--')}"
+    before = bytes_under(folder)  # a resumed download: count only what this run fetches against the rest
+    progress = Progress(f"[model-download] {model}", total - before if total and total > before else total, "B",
+                        every_s=PROGRESS_EVERY_S)
+    while not stop.wait(PROGRESS_EVERY_S):
+        progress.update(bytes_under(folder) - before)
 
 
 def check_downloaded(path: str, model: str) -> list[str]:
@@ -46,6 +74,8 @@ def main() -> int:
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
     start = time.monotonic()
+    stop = threading.Event()
+    threading.Thread(target=report_download, args=(model, revision, token or None, stop), daemon=True).start()
     try:
         path = snapshot_download(model, revision=revision, token=token or None)
     except RevisionNotFoundError:
@@ -56,6 +86,8 @@ def main() -> int:
         print(f"error: cannot download {model!r}: {type(e).__name__}. Check MODEL_NAME in .env; for a gated "
               f"model put a token in the file named by HF_TOKEN_FILE (default .secrets/hf_token).", file=sys.stderr)
         return 2
+    finally:
+        stop.set()
     at = f"revision {revision}" if revision else "revision main (unpinned: set MODEL_REVISION in .env)"
     stages.mark("model_download", time.monotonic() - start, f"{model} at {at}")
     problems = check_downloaded(path, model)

@@ -39,13 +39,13 @@ import json
 import os
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from trainer import eval_report
 from trainer.config import ConfigError, RunConfig
+from trainer.progress import Progress
 
 EVAL_SEED_BASE = 1_000_000_000  # far above SEED + DATASET_SIZE of any sensible run; collisions are skipped anyway
 DEFAULT_TASKS = 32
@@ -239,8 +239,7 @@ def play_model(cfg: RunConfig, mode: str, label: str, model_name: str,
             # as many sessions at once as training opened on this env (preflight checked the servers hold them)
             per_batch = max(1, cfg.sessions_needed(name, env_rows=len(env_rows)) // generations)
             episodes: list[Episode] = []
-            total, start = len(env_rows) * generations, time.monotonic()
-            said = 0.0  # when the last progress line was printed (one every PROGRESS_EVERY_S, and the last)
+            progress = Progress(f"{label} {name}", len(env_rows) * generations, "episodes", log, PROGRESS_EVERY_S)
             for first in range(0, len(env_rows), per_batch):
                 chunk = env_rows[first:first + per_batch]
                 inputs = [encoded(name, row) for row in chunk for _ in range(generations)]
@@ -251,11 +250,7 @@ def play_model(cfg: RunConfig, mode: str, label: str, model_name: str,
                     reward = getattr(getattr(env, "_trace", None), "env_reward", None)
                     episodes.append(Episode(first + i // generations, float(reward or 0.0), counts[i][0],
                                             counts[i][1], trainer.last_tokens[i]))
-                done, spent = len(episodes), time.monotonic() - start
-                if done == total or not said or spent - said >= PROGRESS_EVERY_S:
-                    said, rate = spent, done / max(spent, 1e-9)
-                    log(f"{label} {name}: {done}/{total} episodes, {rate:.2f} episodes/s, "
-                        f"ETA {(total - done) / rate:.0f} s")
+                progress.update(len(episodes))
             out.append(summarize(label, name, episodes, generations, threshold))
     finally:
         for pool in getattr(trainer, "_environment_pool", {}).values():  # free the sessions for the next model
