@@ -25,6 +25,8 @@ from pathlib import Path
 
 from envs import naming
 from tools import stack
+from tools.plan import env_servers_plan
+from tools.prepare import compose_vars_for
 from tools.stack import ROOT, StackError, run, say
 
 WAIT_S = 300  # for every task of a deploy to be running and healthy (an image pull on a new node included)
@@ -94,7 +96,7 @@ def fleet_envs(env: dict[str, str]) -> list[str]:
 def compose_services(env: dict[str, str]) -> dict[str, dict]:
     """The Compose stack's env services for .env, resolved by `docker compose config` (interpolated, extended)."""
     names = fleet_envs(env)
-    compose_vars = stack.compose_env({**env, "ENV_FLEET": "compose"}, "cpu", layout=None)
+    compose_vars = compose_vars_for(env_servers_plan(env))
     compose_vars["COMPOSE_PROFILES"] = ",".join(names)
     cmd, cmd_env = stack.compose_command(compose_vars, "config", "--format", "json", *[naming.service_name(n) for n in names])
     r = subprocess.run(cmd, cwd=ROOT, env=cmd_env, capture_output=True, text=True)
@@ -234,7 +236,7 @@ def cmd_up(env: dict[str, str], mode: str | None = None, processes: int | None =
     stack.check_custom_images(env)
     if any((env.get(naming.image_var(n)) or stack.LOCAL_ENV_IMAGE) == stack.LOCAL_ENV_IMAGE
            for n in fleet_envs(env)):
-        compose_vars = stack.compose_env({**env, "ENV_FLEET": "compose"}, "cpu", layout=None)
+        compose_vars = compose_vars_for(env_servers_plan(env))
         if stack.compose(compose_vars, "--progress", "quiet", "build", "env-server-image", extra_profiles=("build",)) != 0:
             raise StackError("building the env-server image failed (see above)")
     processes = processes or int(env.get("TRAINER_PROCESSES") or 1)

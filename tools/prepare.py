@@ -1,48 +1,52 @@
-"""What every stack command does first: check the host, read .env once, resolve the mode and GPU layout, and
-return the environment Compose runs with. `prepare()` -> (compose env, mode)."""
+"""What every stack command does first: check the host, read .env once, probe the GPUs, make the plan
+(tools/plan.py), write the generated compose file from it. `prepare()` -> Prepared (the plan + the environment
+Compose runs with); the commands execute it."""
 
 from __future__ import annotations
 
-from tools import gpu_layout, stack
+from dataclasses import dataclass
+
+from tools import stack
+from tools.plan import Plan, make_plan
 
 
-def prepare() -> tuple[dict[str, str], str]:
-    """Everything `make up/train` needs before Compose runs; returns (compose env, mode)."""
+@dataclass
+class Prepared:
+    plan: Plan
+    compose_vars: dict[str, str]  # the environment every `docker compose` call of this stack runs with
+
+    @property
+    def mode(self) -> str:
+        return self.plan.mode
+
+    def compose(self, *args: str, extra_profiles: tuple[str, ...] = ()) -> int:
+        return stack.compose(self.compose_vars, *args, extra_profiles=extra_profiles)
+
+
+def compose_vars_for(plan: Plan) -> dict[str, str]:
+    """Write the plan's generated compose file; the environment Compose runs the stack with."""
+    return plan.compose_vars(stack.write_compose_files(plan.generated_compose()))
+
+
+def prepare() -> Prepared:
+    """Everything `make up/train` needs before Compose runs."""
     stack.setup()
     for problem in (stack.check_docker(), stack.check_compose()):
         if problem:
             raise stack.StackError(problem)
-    env = stack.load_env()
-    gpus = stack.detect_gpus() if (env.get("TRAIN_MODE") or "auto").lower() != "cpu" else None
-    mode, why = stack.resolve_mode(env, gpus)
-    if mode != "cpu":
-        stack.check_gpu_driver(env, gpus)
-    stack.env_names(env)
-    problem = stack.validate_run_config(env, mode)
-    if problem:
-        raise stack.StackError(problem)
-    stack.say(why)
-    if mode == "colocate":
-        trainer_gpu, note = gpu_layout.colocate_trainer_gpu(env.get("TRAINER_GPU"), gpus.count)
-        if note:
-            env = {**env, "TRAINER_GPU": trainer_gpu}
-            stack.say(note)
-    layout = stack.gpu_plan(env, mode, gpus)
-    if layout is not None:
-        stack.say(layout.describe())
-        used = len(set(layout.vllm) | set(layout.trainer))
-        proposal = gpu_layout.propose_split(gpus.count) if used < gpus.count else None
-        if proposal:
-            stack.say(f"this host has {gpus.count} GPUs and the run uses {used}; to use all of them set "
-                f"VLLM_GPU={proposal[0]} TRAINER_GPU={proposal[1]} VLLM_PARALLEL=data in .env (README \"Every GPU of "
-                "a host\")")
-    compose_vars = stack.compose_env(env, mode, gpus, layout)
-    compose_vars["TRAINER_GPU"] = env.get("TRAINER_GPU") or compose_vars.get("TRAINER_GPU", "")
-    return compose_vars, mode
+    values = stack.load_env()
+    gpus = stack.detect_gpus() if (values.get("TRAIN_MODE") or "auto").lower() != "cpu" else None
+    if gpus is not None:  # TRAIN_MODE=gpu/colocate/auto: the driver against VLLM_IMAGE's CUDA, before any pull
+        stack.check_gpu_driver(values, gpus)
+    plan = make_plan(values, gpus)
+    stack.say(plan.why)
+    for note in plan.notes:
+        stack.say(note)
+    return Prepared(plan, compose_vars_for(plan))
 
 
-def run_in_cpu_trainer(compose_vars: dict[str, str], *args: str) -> int:
+def run_in_cpu_trainer(prepared: Prepared, *args: str) -> int:
     """A one-off `python3 -m ...` in the CPU trainer image with the outputs volume mounted (reading runs: rollouts,
-    eval on the CPU profile, export); the image is built quietly first, as GPU hosts do not build it otherwise."""
-    stack.compose(compose_vars, "--progress", "quiet", "build", "trainer-cpu-image", extra_profiles=("build",))
-    return stack.compose(compose_vars, "run", "--rm", "--no-deps", "trainer-cpu", *stack.TRAINER_PYTHON, *args)
+    eval on the CPU profile); the image is built quietly first, as GPU hosts do not build it otherwise."""
+    prepared.compose("--progress", "quiet", "build", "trainer-cpu-image", extra_profiles=("build",))
+    return prepared.compose("run", "--rm", "--no-deps", "trainer-cpu", *stack.TRAINER_PYTHON, *args)

@@ -163,7 +163,11 @@ def resolved(tmp_path, monkeypatch, lines: str, gpus, mode: str = "gpu") -> dict
     env_file.write_text((ROOT / ".env.example").read_text() + lines)
     monkeypatch.setattr(stack, "ENV_FILE", env_file)
     env = stack.StackEnv.load(env_file).values
-    cmd, compose_vars = stack.compose_command(stack.compose_env(env, mode, gpus), "config", "--format", "json")
+    from tools.plan import make_plan
+    from tools.prepare import compose_vars_for
+
+    compose_vars = compose_vars_for(make_plan({**env, "TRAIN_MODE": mode}, gpus))
+    cmd, compose_vars = stack.compose_command(compose_vars, "config", "--format", "json")
     out = subprocess.run(cmd, cwd=ROOT, env=compose_vars, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)["services"]

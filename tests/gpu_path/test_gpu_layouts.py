@@ -59,7 +59,8 @@ def test_eight_gpu_host_with_default_env_keeps_the_two_gpu_layout_and_proposes_o
     monkeypatch.setattr(stack, "detect_gpus", lambda: host_with(8))
     monkeypatch.setattr(stack, "check_docker", lambda: None)
     monkeypatch.setattr(stack, "check_compose", lambda: None)
-    compose_vars, mode = prepare()
+    prepared = prepare()
+    compose_vars, mode = prepared.compose_vars, prepared.mode
     out = capsys.readouterr().out
     assert mode == "gpu" and compose_vars["VLLM_TENSOR_PARALLEL_SIZE"] == "1" and compose_vars["TRAINER_PROCESSES"] == "1"
     assert "vLLM on GPU 0 (one GPU), trainer on GPU 1 (1 process(es))" in out

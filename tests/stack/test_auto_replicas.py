@@ -60,7 +60,9 @@ def test_compose_and_the_fleet_get_the_resolved_number(tmp_path, monkeypatch):
                         "ENV_CONNECT4_REPLICAS=auto\nENV_FLEET=swarm\n")
     monkeypatch.setattr(stack, "ENV_FILE", env_file)
     env = stack.load_env()
-    assert stack.compose_env(env, "cpu")["ENV_CONNECT4_REPLICAS"] == "1"  # before any `make up`: valid, no measuring
+    from tools.plan import make_plan
+
+    assert make_plan(env, None).compose_vars([])["ENV_CONNECT4_REPLICAS"] == "1"  # before any `make up`: valid, no measuring
     import tools.fleet as fleet
 
     resolved = {**env, "ENV_CONNECT4_REPLICAS": "7"}  # what resolve_auto_replicas returns after measuring

@@ -117,17 +117,18 @@ def test_a_built_in_env_without_a_compose_service_gets_one_generated(tmp_path, m
     """Adding a built-in env is one folder + its registry line: tools/stack.py makes its service."""
     from envs import registry
     from tools import stack as stack_module
-    from tools.commands.up import long_running_services
+    from tools.plan import make_plan
 
     monkeypatch.setitem(registry._SPECS, "maze", registry._SPECS["catch"])  # stands in for envs/maze/
     monkeypatch.setattr(stack_module, "ENV_FILE", tmp_path / "none.env")
-    files = stack_module.compose_files({"ENV_NAME": "echo,maze"})
+    plan = make_plan({"ENV_NAME": "echo,maze", "TRAIN_MODE": "cpu"}, None)
+    files = stack_module.write_compose_files(plan.generated_compose())
     generated = yaml.safe_load(files[1].read_text())["services"]
     assert set(generated) == {"env-maze", "trainer", "trainer-cpu", "model-init"}  # echo is in compose.yaml
     assert generated["env-maze"]["image"] == "${ENV_MAZE_IMAGE:-grpo-stack/env-server:local}"
     assert generated["env-maze"]["environment"] == {"ENV_NAME": "maze"}
     assert generated["env-maze"]["extends"]["service"] == "env-template"
-    assert long_running_services({"ENV_NAME": "echo,maze"}, "cpu") == ["env-echo", "env-maze"]
+    assert plan.services == ["env-echo", "env-maze"] and plan.profiles == ["cpu", "echo", "maze"]
 
 
 def test_env_file_values_are_typed_with_one_line_per_bad_value(tmp_path):

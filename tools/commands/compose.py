@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from tools import stack
 from tools.prepare import prepare
 
 
 def run(rest: list[str]) -> int:
-    return stack.compose(prepare()[0], *rest)
+    return prepare().compose(*rest)

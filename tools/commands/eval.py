@@ -11,10 +11,10 @@ EVALUATE = ("-m", "trainer.evaluate", "--outputs", "/outputs")
 
 
 def run(rest: list[str]) -> int:
-    compose_vars, mode = prepare()
-    bring_up(compose_vars, mode)  # the episodes are played on the run's real env servers
-    service = stack.mode_spec(mode).trainer_service
+    prepared = prepare()
+    bring_up(prepared)  # the episodes are played on the run's real env servers
+    service = prepared.plan.spec.trainer_service
     if service == "trainer-cpu":
-        return run_in_cpu_trainer(compose_vars, *EVALUATE, *rest)
+        return run_in_cpu_trainer(prepared, *EVALUATE, *rest)
     # GPU hosts: the trainer image on the trainer's GPU, vLLM inside it (trainer.evaluate); the model is downloaded
-    return stack.compose(compose_vars, "run", "--rm", "--no-deps", service, *stack.TRAINER_PYTHON, *EVALUATE, *rest)
+    return prepared.compose("run", "--rm", "--no-deps", service, *stack.TRAINER_PYTHON, *EVALUATE, *rest)

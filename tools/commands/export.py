@@ -9,10 +9,10 @@ from tools.prepare import prepare
 
 
 def run(rest: list[str]) -> int:
-    compose_vars, _ = prepare()
+    prepared = prepare()
     # made here, as this user: Docker would create a missing bind-mount source owned by root
     (stack.ROOT / "exports").mkdir(exist_ok=True)
-    stack.compose(compose_vars, "--progress", "quiet", "build", "trainer-cpu-image", extra_profiles=("build",))
+    prepared.compose("--progress", "quiet", "build", "trainer-cpu-image", extra_profiles=("build",))
     # as the host user, like `make report`: the folder is theirs; the compose service adds the volume and the secret
     user = f"{os.getuid()}:{os.getgid()}"
-    return stack.compose(compose_vars, "run", "--rm", "--no-deps", "--user", user, "export", *rest)
+    return prepared.compose("run", "--rm", "--no-deps", "--user", user, "export", *rest)

@@ -6,5 +6,5 @@ from tools.prepare import prepare
 
 
 def run(rest: list[str]) -> int:
-    print(prepare()[1])
+    print(prepare().mode)
     return 0

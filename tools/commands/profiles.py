@@ -6,5 +6,5 @@ from tools.prepare import prepare
 
 
 def run(rest: list[str]) -> int:
-    print(prepare()[0]["COMPOSE_PROFILES"])
+    print(prepare().compose_vars["COMPOSE_PROFILES"])
     return 0

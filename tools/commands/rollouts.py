@@ -6,5 +6,4 @@ from tools.prepare import prepare, run_in_cpu_trainer
 
 
 def run(rest: list[str]) -> int:
-    compose_vars, _ = prepare()
-    return run_in_cpu_trainer(compose_vars, "-m", "trainer.rollouts", "--outputs", "/outputs", *rest)
+    return run_in_cpu_trainer(prepare(), "-m", "trainer.rollouts", "--outputs", "/outputs", *rest)

@@ -8,7 +8,7 @@ import time
 
 from tools import stack
 from tools.commands.up import bring_up
-from tools.prepare import prepare
+from tools.prepare import Prepared, prepare
 
 SMOKE_STEPS = 3
 # (stage, what it proves, what a failure usually means); README "First run on a GPU host" has the same list.
@@ -63,11 +63,12 @@ def run_logged(cmd: list[str], env: dict[str, str]) -> tuple[int, str]:
     return proc.wait(), "".join(seen)
 
 
-def smoke(compose_vars: dict[str, str], mode: str, require_gpu: bool) -> int:
+def smoke(prepared: Prepared, require_gpu: bool) -> int:
     """`make gpu-smoke`: 3 training steps, then pass/FAIL with timings for every stage a first run goes
     through. `--gpu` refuses to stand in the CPU profile for the GPU path."""
     from trainer import stages
 
+    mode, compose_vars = prepared.mode, prepared.compose_vars
     if require_gpu and mode == "cpu":
         raise stack.StackError(f"make gpu-smoke checks the GPU path, and this host has {stack.detect_gpus().detail}; "
                          "`make doctor` says why, `make train` trains on the CPU profile here")
@@ -80,9 +81,9 @@ def smoke(compose_vars: dict[str, str], mode: str, require_gpu: bool) -> int:
             lines, _ = smoke_table(mode, stages.parse(log_text), rc)
             print("\n".join(["[stack] gpu-smoke: model download failed", *lines]))
             return rc
-    bring_up(compose_vars, mode)
-    service = stack.mode_spec(mode).trainer_service
-    if stack.mode_spec(mode).makes_model_locally:
+    bring_up(prepared)
+    service = prepared.plan.spec.trainer_service
+    if prepared.plan.spec.makes_model_locally:
         rc, text = run_logged(stack.compose_command(compose_vars, "run", "--rm", "-T", "model-init")[0], compose_vars)
         if rc != 0:
             stack.say(f"the CPU profile's model-init job failed (exit {rc}); the messages above say why")
@@ -100,4 +101,4 @@ def smoke(compose_vars: dict[str, str], mode: str, require_gpu: bool) -> int:
 
 
 def run(rest: list[str]) -> int:
-    return smoke(*prepare(), require_gpu="--gpu" in rest)
+    return smoke(prepare(), require_gpu="--gpu" in rest)

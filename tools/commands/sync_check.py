@@ -7,11 +7,12 @@ import json
 import subprocess
 
 from tools import stack
-from tools.prepare import prepare
+from tools.prepare import Prepared, prepare
 
 
-def sync_check(compose_vars: dict[str, str], mode: str) -> int:
-    if not stack.mode_spec(mode).runs_vllm_service:
+def sync_check(prepared: Prepared) -> int:
+    mode, compose_vars = prepared.mode, prepared.compose_vars
+    if not prepared.plan.spec.runs_vllm_service:
         raise stack.StackError(f"nccl-check --full pushes weights into the vllm service, which runs with TRAIN_MODE=gpu "
                                f"(this host resolves to {mode}: {stack.detect_gpus().detail}); set TRAIN_MODE=gpu on a "
                                "2-GPU host")
@@ -21,9 +22,9 @@ def sync_check(compose_vars: dict[str, str], mode: str) -> int:
     if not any(s.get("Health") == "healthy" for s in states):
         raise stack.StackError("the vllm service is not running and healthy: start the stack first (`make up`), then "
                                "run `make nccl-check FULL=1` again")
-    return stack.compose(compose_vars, "run", "--rm", "--no-deps", "trainer", *stack.TRAINER_PYTHON, "-m",
+    return prepared.compose("run", "--rm", "--no-deps", "trainer", *stack.TRAINER_PYTHON, "-m",
                          "trainer.gpu.sync_check")
 
 
 def run(rest: list[str]) -> int:
-    return sync_check(*prepare())
+    return sync_check(prepare())

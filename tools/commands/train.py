@@ -5,21 +5,21 @@ from __future__ import annotations
 
 from tools import stack
 from tools.commands.up import bring_up
-from tools.prepare import prepare
+from tools.prepare import Prepared, prepare
 
 
-def train(compose_vars: dict[str, str], mode: str, args: list[str]) -> int:
-    bring_up(compose_vars, mode)
-    spec = stack.mode_spec(mode)
+def train(prepared: Prepared, args: list[str]) -> int:
+    bring_up(prepared)
+    spec, mode = prepared.plan.spec, prepared.mode
     deps: list[str] = []
     if spec.makes_model_locally:  # the init job in the foreground, so its messages (e.g. an env's bad schema) are seen
-        rc = stack.compose(compose_vars, "run", "--rm", "model-init")
+        rc = prepared.compose("run", "--rm", "model-init")
         if rc != 0:
             stack.say(f"the CPU profile's model-init job failed (exit {rc}); the messages above say why")
             return rc
         deps = ["--no-deps"]  # env servers are up and healthy (above), the model is made
     stack.say(f"training with `{spec.trainer_service}` (mode {mode}); outputs go to the `outputs` volume")
-    rc = stack.compose(compose_vars, "run", "--rm", *deps, spec.trainer_service,
+    rc = prepared.compose("run", "--rm", *deps, spec.trainer_service,
                        *([*stack.TRAINER_PYTHON, "-m", "trainer.launch", *args] if args else []))
     where = "the CPU profile (tiny local model, no vLLM)" if mode == "cpu" else f"mode {mode}"
     if rc == 0:
@@ -32,4 +32,4 @@ def train(compose_vars: dict[str, str], mode: str, args: list[str]) -> int:
 
 
 def run(rest: list[str]) -> int:
-    return train(*prepare(), rest)
+    return train(prepare(), rest)

@@ -1,0 +1,146 @@
+"""The plan: what runs for this .env on this host, decided once and without side effects.
+
+`make_plan(values, gpus)` turns the .env values (StackEnv, read once) and the GPUs Docker hands out into a Plan:
+the mode and why, the envs by kind, the GPU layout, the Compose profiles, the services to start, the images to
+build and what the generated compose file adds. Nothing here runs Docker or writes a file; tools/prepare.py runs
+the checks that do, writes the generated compose file from the plan (stack.write_compose_files), and the commands
+execute it. A bad value raises StackError with its fix.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass, field
+
+from envs import naming
+from tools import gpu_layout, stack
+from tools.gpu_doctor import DockerGpus
+from trainer.train_mode import ModeSpec
+from trainer.train_mode import spec as mode_spec
+
+
+@dataclass(frozen=True)
+class EnvKinds:
+    """ENV_NAME's envs by where they are served."""
+
+    names: tuple[str, ...]          # every env of the run, in ENV_NAME's order
+    builtin: tuple[str, ...]        # built in, served here by our image
+    custom: tuple[str, ...]         # an OpenEnv image named in ENV_<NAME>_IMAGE, served here
+    external: dict[str, str]        # ENV_URLS: a server somewhere else (no service here)
+    generated: tuple[str, ...]      # served here, with no service in compose.yaml: the generated file adds it
+
+    @property
+    def served_here(self) -> tuple[str, ...]:
+        return tuple(n for n in self.names if n in self.builtin or n in self.custom)
+
+
+@dataclass(frozen=True)
+class Plan:
+    values: dict[str, str]          # .env as read (process variables win), validated by StackEnv
+    mode: str                       # cpu, gpu or colocate
+    why: str                        # one line: how the mode was chosen
+    envs: EnvKinds
+    layout: gpu_layout.Plan | None  # which GPUs each container gets (None on the CPU profile)
+    cdi: bool = False               # Docker hands GPUs out only as CDI devices
+    notes: tuple[str, ...] = ()     # what the plan changed or proposes, for the user
+    fleet: bool = False             # ENV_FLEET=swarm: the env servers are a Swarm fleet, not services here
+    replicas: dict[str, str] = field(default_factory=dict)  # ENV_<NAME>_REPLICAS as Compose reads them
+
+    @property
+    def spec(self) -> ModeSpec:
+        return mode_spec(self.mode)
+
+    @property
+    def profiles(self) -> list[str]:
+        """The mode's profile, and one per env served here (a fleet serves them elsewhere)."""
+        return [self.mode] if self.fleet else [self.mode, *self.envs.names]
+
+    @property
+    def services(self) -> list[str]:
+        """The long-running services `make up` starts and waits for: env servers here, and vLLM in gpu mode."""
+        out = [] if self.fleet else [naming.service_name(n) for n in self.envs.served_here]
+        return out + (["vllm"] if self.spec.runs_vllm_service else [])
+
+    @property
+    def images(self) -> list[str]:
+        """Build-only services for the images this mode uses; an upstream env image is pulled instead."""
+        ours = any((self.values.get(naming.image_var(n)) or stack.LOCAL_ENV_IMAGE) == stack.LOCAL_ENV_IMAGE
+                   for n in self.envs.names)
+        return (["env-server-image"] if ours else []) + [self.spec.trainer_image_service]
+
+    def generated_compose(self) -> dict:
+        """What the generated compose file adds to compose.yaml: env services (or the trainers' attachment to the
+        fleet's network), and the GPU layouts compose.yaml's one-GPU-each default cannot express."""
+        services = stack.merge_services(stack.env_services(self.values), stack.gpu_services(self.layout, self.cdi))
+        if not services:
+            return {}
+        spec: dict = {"services": services}
+        if self.fleet:  # the swarm stack's network (tools/fleet.py), made by `make fleet-up`
+            spec["networks"] = {"fleet": {"external": True, "name": stack.fleet_stack_name(self.values)}}
+        return spec
+
+    def compose_vars(self, compose_files: list, environ: dict[str, str] | None = None) -> dict[str, str]:
+        """The environment `docker compose` runs with: the process's, plus the plan's choices."""
+        out = dict(os.environ if environ is None else environ)
+        out["TRAIN_MODE"] = self.mode
+        out["COMPOSE_PROFILES"] = ",".join(self.profiles)
+        out["COMPOSE_FILE"] = os.pathsep.join(str(f) for f in compose_files)
+        if self.layout is not None:
+            out.update(self.layout.compose_env())
+        if self.cdi:  # compose.yaml's GPU reservations as CDI devices (no NVIDIA hook on this host)
+            out["GPU_DEVICE_DRIVER"], out["GPU_DEVICE_PREFIX"] = "cdi", gpu_layout.CDI_PREFIX
+        if glob.glob(str(stack.WHEELS / "torch-*.whl")):
+            out["TORCH_INDEX_URL"] = ""  # the local wheel is enough; don't wait on an index
+        out.update(self.replicas)
+        if self.values.get("TRAINER_GPU"):
+            out["TRAINER_GPU"] = self.values["TRAINER_GPU"]
+        return out
+
+
+def env_kinds(values: dict[str, str]) -> EnvKinds:
+    from envs import registry
+
+    names = stack.env_names(values)
+    external = stack.external_env_urls(values)
+    return EnvKinds(
+        names=tuple(names),
+        builtin=tuple(n for n in names if registry.is_builtin(n) and n not in external),
+        custom=tuple(stack.custom_envs(values)),
+        external={n: u for n, u in external.items() if n in names},
+        generated=tuple(stack.generated_envs(values)),
+    )
+
+
+def make_plan(values: dict[str, str], gpus: DockerGpus | None) -> Plan:
+    """The plan for these .env values on a host with these GPUs (None: none, not probed, as for TRAIN_MODE=cpu)."""
+    mode, why = stack.resolve_mode(values, gpus if gpus is not None else DockerGpus(None, [], "not probed"))
+    envs = env_kinds(values)
+    problem = stack.validate_run_config(values, mode)
+    if problem:
+        raise stack.StackError(problem)
+    notes = []
+    if mode == "colocate":
+        trainer_gpu, note = gpu_layout.colocate_trainer_gpu(values.get("TRAINER_GPU"), gpus.count if gpus else 0)
+        if note:
+            values = {**values, "TRAINER_GPU": trainer_gpu}
+            notes.append(note)
+    layout = stack.gpu_plan(values, mode, gpus)
+    if layout is not None:
+        notes.append(layout.describe())
+        used = len(set(layout.vllm) | set(layout.trainer))
+        proposal = gpu_layout.propose_split(gpus.count) if gpus and used < gpus.count else None
+        if proposal:
+            notes.append(f"this host has {gpus.count} GPUs and the run uses {used}; to use all of them set "
+                         f"VLLM_GPU={proposal[0]} TRAINER_GPU={proposal[1]} VLLM_PARALLEL=data in .env (README "
+                         "\"Every GPU of a host\")")
+    return Plan(values=values, mode=mode, why=why, envs=envs, layout=layout, cdi=bool(gpus and gpus.cdi),
+                notes=tuple(notes), fleet=stack.fleet_mode(values), replicas=stack.replica_counts(values))
+
+
+def env_servers_plan(values: dict[str, str]) -> Plan:
+    """The env servers of .env as Compose services, and nothing else (no GPU, no check of the training knobs): what
+    a Swarm fleet deploys and builds (tools/fleet.py)."""
+    values = {**values, "ENV_FLEET": "compose"}
+    return Plan(values=values, mode="cpu", why="env servers only", envs=env_kinds(values), layout=None,
+                replicas=stack.replica_counts(values))
