@@ -1,21 +1,26 @@
-"""Start the dashboard on 127.0.0.1:$DASHBOARD_PORT (opt-in; its port is never published beyond loopback)."""
+"""Start the dashboard on 127.0.0.1:$DASHBOARD_PORT (opt-in; never published beyond loopback): TensorBoard, or
+trackio's UI when REPORT_TO names trackio."""
 
 from __future__ import annotations
 
 from tools import stack
 from tools.prepare import Prepared, prepare
+from trainer import trackers  # standard library at import time
 
 
 def start(prepared: Prepared) -> None:
-    env = prepared.plan.values
-    problem = stack.check_port(env, "DASHBOARD_PORT")
+    values = prepared.plan.values
+    problem = stack.check_port(values, "DASHBOARD_PORT")
     if problem:
         raise stack.StackError(problem)
-    if prepared.mode != "cpu":  # the dashboard runs on the CPU trainer image
-        prepared.compose("build", "trainer-cpu-image", extra_profiles=("build",))
+    # The dashboard runs on the CPU trainer image, which holds the trackers REPORT_TO names once built with them.
+    prepared.compose("--progress", "quiet", "build", "trainer-cpu-image", extra_profiles=("build",))
     if prepared.compose("up", "-d", "dashboard", extra_profiles=("dashboard",)) != 0:
         raise stack.StackError("the dashboard did not start: `make logs` shows why")
-    stack.say(f"dashboard: http://127.0.0.1:{env.get('DASHBOARD_PORT') or 6006}")
+    url = f"http://127.0.0.1:{values.get('DASHBOARD_PORT') or 6006}"
+    if "trackio" in trackers.parse(values.get("REPORT_TO") or "tensorboard"):
+        url += f"/?project={trackers.PROJECT}"
+    stack.say(f"dashboard: {url}")
 
 
 def run(rest: list[str]) -> int:
