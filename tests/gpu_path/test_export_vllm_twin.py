@@ -81,6 +81,6 @@ def test_vllm_serves_the_export_and_chats_with_its_template(served, exported):
     assert 1 <= body["usage"]["completion_tokens"] <= 4
     assert body["choices"][0]["finish_reason"] in ("length", "stop")
     # the prompt vLLM built is the one transformers builds from the folder's chat template, token for token
-    prompt = AutoTokenizer.from_pretrained(exported).apply_chat_template(messages, add_generation_prompt=True)
-    prompt = prompt["input_ids"] if isinstance(prompt, dict) or hasattr(prompt, "keys") else prompt
+    tokenizer = AutoTokenizer.from_pretrained(exported)
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
     assert body["usage"]["prompt_tokens"] == len(prompt)
