@@ -201,6 +201,11 @@ class Mlflow:
     def __init__(self, run: "RunInfo") -> None:
         import mlflow
 
+        # The default file store: MLflow 3 keeps it, frozen, behind a switch; it writes a metric as a file named by
+        # its key, so `reward` and `reward/echo` cannot both exist there: its keys say `reward.echo` instead.
+        self.file_store = run.mlflow_tracking_uri.startswith("file:")
+        if self.file_store:
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
         self.client = mlflow.MlflowClient(tracking_uri=run.mlflow_tracking_uri)
         experiment = self.client.get_experiment_by_name(PROJECT)
         experiment_id = experiment.experiment_id if experiment else self.client.create_experiment(PROJECT)
@@ -216,7 +221,8 @@ class Mlflow:
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
-        self.client.log_batch(self.run_id, metrics=[Metric(k, v, now, step) for k, v in metrics.items()])
+        self.client.log_batch(self.run_id, metrics=[Metric(k.replace("/", ".") if self.file_store else k, v, now, step)
+                                                    for k, v in metrics.items()])
 
     def log_rollouts(self, step: int, rows: list[dict[str, Any]]) -> None:
         pass  # rollouts.jsonl is in the run folder; MLflow has no table a reader would browse them in

@@ -1,11 +1,13 @@
-"""Experiment trackers (trainer.trackers, REPORT_TO) on a real 2-step CPU run against a real echo server: trackio
-holds the run's reward series and rollout tables, TensorBoard's cards start with the reward, both show the same
-keys; a tracker name that does not exist, or one not installed, stops the run with the fix."""
+"""Experiment trackers (trainer.trackers, REPORT_TO) on a real 2-step CPU run against a real echo server, all four on
+at once: trackio holds the run's reward series and rollout tables, W&B's offline run (no network) and MLflow's file
+store hold the same rewards, TensorBoard's cards start with the reward and show trackio's keys; a tracker name that
+does not exist, or one not installed, stops the run with the fix."""
 
 from __future__ import annotations
 
 import json
 import os
+import struct
 import subprocess
 import sys
 
@@ -29,9 +31,9 @@ def tracked_run(tmp_path_factory, tiny_model_dir, echo_server):
     """`python -m trainer.train` as the container runs it: its own process (TRL imports trackio, which reads
     TRACKIO_DIR once, at import), TRACKIO_DIR unset so the trainer puts trackio's store on OUTPUT_DIR."""
     out = tmp_path_factory.mktemp("trackers")
-    env = {k: v for k, v in os.environ.items() if k not in (*ENV_VARS, "TRACKIO_DIR")}
+    env = {k: v for k, v in os.environ.items() if k not in (*ENV_VARS, "TRACKIO_DIR") and not k.startswith("WANDB_")}
     args = [a.replace("{model}", str(tiny_model_dir)) for a in argv(out, echo_server.url)]
-    r = subprocess.run([sys.executable, "-m", "trainer.train", *args, "--report-to", "tensorboard,trackio",
+    r = subprocess.run([sys.executable, "-m", "trainer.train", *args, "--report-to", "tensorboard,trackio,wandb,mlflow",
                         "--trace-every", "1", "--trace-samples", "4"], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -80,6 +82,49 @@ def test_tensorboard_cards_start_with_reward_and_every_tracker_shows_the_same_ke
             "time/env_s", "time/training_s", "trl/loss"} <= set(tags)
     trackio_keys = {k for p in trackio_logs for k in p if k not in ("step", "timestamp", "rollouts")}
     assert set(tags) == trackio_keys
+
+
+def wandb_records(path):
+    """The protobuf records of a W&B run file (wandb 0.31 reads them in Go only): a 7-byte header, then LevelDB's log
+    format, 32 KiB blocks of chunks (crc32, length, type: 1 full, 2 first, 3 middle, 4 last)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data, block, pos, parts = path.read_bytes(), 32768, 7, b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a chunk header is padding
+            pos += block - pos % block
+            continue
+        length, kind = struct.unpack("<HB", data[pos + 4:pos + 7])
+        chunk, pos = data[pos + 7:pos + 7 + length], pos + 7 + length
+        parts = chunk if kind in (1, 2) else parts + chunk
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(parts)
+            yield record
+
+
+def test_wandb_offline_and_mlflow_file_store_hold_the_same_rewards(tracked_run, monkeypatch):
+    """WANDB_MODE=offline (the default) writes the run under OUTPUT_DIR/<run>/wandb with no network; MLflow's default
+    store is OUTPUT_DIR/mlruns. Each read back with its own library."""
+    import mlflow
+
+    want = {step: r["reward"] for step, r in logged(tracked_run).items()}
+    [run_file] = (tracked_run / RUN / "wandb").glob("offline-run-*/run-*.wandb")
+    history = {}
+    for record in wandb_records(run_file):
+        if record.WhichOneof("record_type") == "history":
+            items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+            history[items["_step"]] = items
+    assert {step: h["reward"] for step, h in history.items()} == pytest.approx(want, abs=1e-9)
+    assert history[2]["reward/echo"] == pytest.approx(logged(tracked_run)[2]["env/echo/reward_mean"], abs=1e-9)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 reads its (frozen) file store behind this switch
+    client = mlflow.MlflowClient(tracking_uri=f"file:{tracked_run / 'mlruns'}")
+    experiment = client.get_experiment_by_name(trackers.PROJECT)
+    [run] = client.search_runs([experiment.experiment_id])
+    assert run.info.run_name == RUN and run.info.status == "FINISHED"
+    series = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "reward")}
+    assert series == pytest.approx(want, abs=1e-9)
+    assert client.get_metric_history(run.info.run_id, "reward.echo")  # a file store's `/` is `.` (trainer/trackers)
 
 
 def test_rollout_traces_reach_trackio_as_tables(tracked_run, trackio_logs):
