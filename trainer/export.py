@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -68,6 +69,12 @@ def write_model(ckpt: Path, out: Path) -> None:
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     weights = [p for pattern in WEIGHT_FILES for p in ckpt.glob(pattern)]
+    unreadable = [p for p in ckpt.iterdir() if p.is_file() and not os.access(p, os.R_OK)]
+    if unreadable:  # checkpoints saved before the trainer made them readable to all (trainer.train on_save)
+        run = ckpt.parent.name
+        raise ExportError(f"{run}/{ckpt.name}/{unreadable[0].name} is readable by the trainer's uid only (an older "
+                          f"run); make it readable once: `docker run --rm -v grpo-stack_outputs:/outputs "
+                          f"grpo-stack/trainer:cpu chmod -R a+r /outputs/{run}`, then export again")
     if weights:
         for path in weights:
             shutil.copyfile(path, out / path.name)

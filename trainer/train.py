@@ -202,6 +202,13 @@ def make_control_callback():
                 control.should_training_stop = True
             return control
 
+        def on_save(self, args, state, control, **kwargs):
+            # The weights are saved owner-only (a temp file renamed); like the rest of the run folder they are for
+            # readers under other uids too: `make export` runs as the host user, `vllm serve` as its own.
+            if state.is_world_process_zero:
+                for path in (Path(args.output_dir) / f"{CHECKPOINT_PREFIX}{state.global_step}").rglob("*"):
+                    path.chmod(path.stat().st_mode | 0o444)
+
     return RunControl()
 
 

@@ -58,6 +58,8 @@ def test_the_folder_is_the_last_checkpoints_model_and_nothing_of_the_trainers(ou
             "chat_template.jinja", "README.md"} <= names
     assert not names & TRAINER_FILES
     assert TRAINER_FILES <= {p.name for p in (outputs / RUN / "checkpoint-2").iterdir()}  # they were there to leave
+    # the trainer leaves its checkpoints readable to others (make export runs as the host user, not the trainer's uid)
+    assert all(p.stat().st_mode & 0o004 for p in (outputs / RUN / "checkpoint-2").iterdir())
     ours, ckpt = tensors(exported), tensors(outputs / RUN / "checkpoint-2")
     assert ours.keys() == ckpt.keys()
     assert all(torch.equal(ours[k], ckpt[k]) for k in ckpt)
