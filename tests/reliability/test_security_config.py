@@ -17,8 +17,8 @@ from tests.helpers import compose_config as resolved
 # Every run profile a user can pick (build-only profiles are checked separately).
 RUN_PROFILES = ("gpu", "cpu", "echo", "wordle", "catch", "dashboard")
 ENV_SERVERS = ("env-echo", "env-wordle", "env-catch")
-# Services allowed to see the HF token: the ones that may download gated weights.
-TOKEN_HOLDERS = {"model-download", "trainer", "trainer-cpu"}
+# Services allowed to see the HF token: the one that downloads (gated) weights, and `make export`'s, which pushes.
+TOKEN_HOLDERS = {"model-download", "export"}
 # Services we build ourselves run as a non-root uid; vLLM's official image runs as root.
 ROOT_IMAGES_ALLOWED = {"vllm"}
 
@@ -131,7 +131,7 @@ def test_hf_token_is_only_a_compose_secret(every):
         assert not [a for a in args if "TOKEN" in a.upper()], f"{name} passes a token as a build arg"
         holders = {s["source"] for s in svc.get("secrets", [])}
         if "hf_token" in holders:
-            assert name in TOKEN_HOLDERS, f"{name} gets hf_token but never downloads weights"
+            assert name in TOKEN_HOLDERS, f"{name} gets hf_token but neither downloads weights nor pushes them"
 
 
 def test_env_servers_vllm_and_dashboard_never_see_the_token(full):

@@ -138,6 +138,25 @@ def test_cpu_smoke_tools_called_and_rewarded(project, tmp_path):
     assert f"run {RUN}, step 6: " in shown.stdout and "(traced steps: 3, 6)" in shown.stdout
     assert "── step 6 · env echo · reward" in shown.stdout
 
+    # make eval, then make export: the host commands, through Compose, on the run in the outputs volume
+    host = dict(os.environ, STACK_ENV_FILE=str(project.env_file))
+    scored = subprocess.run([sys.executable, "-m", "tools", "eval", "--run", RUN, "--tasks", "2"], cwd=ROOT,
+                            capture_output=True, text=True, timeout=900, env=host)
+    assert scored.returncode == 0, scored.stdout[-3000:] + scored.stderr[-3000:]
+    assert "| echo | base | 8 |" in scored.stdout and "| echo | trained | 8 |" in scored.stdout, scored.stdout[-3000:]
+    evaluated = json.loads(project.read(f"/outputs/{RUN}/eval.json"))
+    assert evaluated["checkpoint"].endswith("checkpoint-6") and len(evaluated["rows"]) == 2
+    exported = ROOT / "exports" / RUN
+    try:
+        done = subprocess.run([sys.executable, "-m", "tools", "export", "--run", RUN], cwd=ROOT, capture_output=True,
+                              text=True, timeout=600, env=host)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        assert {"model.safetensors", "config.json", "tokenizer.json", "README.md"} <= {p.name for p in exported.iterdir()}
+        assert exported.stat().st_uid == os.getuid()  # the user's folder, not the container's uid
+        assert "| echo | trained | 8 |" in (exported / "README.md").read_text()  # the card holds the eval table
+    finally:
+        shutil.rmtree(exported, ignore_errors=True)
+
     # a second `make train` with the same MAX_STEPS has nothing left to do, and says so
     again = project.train("--max-steps", "6")
     assert "already finished: step 6 >= MAX_STEPS=6" in again.stdout
