@@ -6,7 +6,7 @@
 The run's settings are the ones its training recorded in <run>/run.json (trainer.run_info; RUN_SETTINGS below: its
 envs, MODEL_NAME = the base model, NUM_GENERATIONS, MAX_COMPLETION_LENGTH, TEMPERATURE, the tool limits, ...); where
 the env servers are and how to generate are this host's (.env, then flags; a flag given here wins over run.json too).
-The checkpoint defaults to the run's last complete one (trainer.train.find_resume_checkpoint).
+The checkpoint defaults to the run's last complete one (trainer.checkpoints).
 
 Episodes are the trainer's own: each model is put in the trainer's GRPOTrainer subclass (trainer.train, with the
 stack's rollout loop) bound to the run's real env servers (trainer.envs_binding, as in training), which is never
@@ -35,7 +35,6 @@ flags, 3 an env server not ready.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -43,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer import eval_report
+from trainer import checkpoints, eval_report
 from trainer.config import ConfigError, RunConfig
 from trainer.progress import Progress
 
@@ -71,32 +70,16 @@ def log(msg: str) -> None:
 
 # ---------------------------------------------------------------------------- run and checkpoint
 def pick_checkpoint(outputs: Path, run: str, checkpoint: str | None) -> tuple[Path, int]:
-    """The checkpoint to score and its global step: `checkpoint` (a name in the run folder or a path), else the
-    run's last complete one."""
-    from trainer.train import CHECKPOINT_PREFIX, checkpoint_is_complete, find_resume_checkpoint
-
+    """The checkpoint to score and its global step (trainer.checkpoints.pick), in a run that must exist."""
     run_dir = outputs / run
     if not run_dir.is_dir():
         runs = sorted(d.name for d in outputs.iterdir() if d.is_dir()) if outputs.is_dir() else []
         raise EvalError(f"no run {run!r} under {outputs} (runs: {', '.join(runs) or 'none'}); "
                         "pass RUN=<one of them>, or train first (`make train`)")
-    if checkpoint is None:
-        path, step, _ = find_resume_checkpoint(run_dir)
-        if path is None:
-            raise EvalError(f"run {run!r} has no complete checkpoint yet (one is written every SAVE_STEPS and at the "
-                            "end); train it first (`make train`)")
-        return path, step
-    if "/" in checkpoint:
-        path = Path(checkpoint)
-    else:  # checkpoint-N or N, as `make export` takes it
-        path = run_dir / (checkpoint if checkpoint.startswith(CHECKPOINT_PREFIX) else CHECKPOINT_PREFIX + checkpoint)
-    if not checkpoint_is_complete(path):
-        done = [p for p in run_dir.glob(f"{CHECKPOINT_PREFIX}*") if checkpoint_is_complete(p)]
-        done.sort(key=lambda p: (len(p.name), p.name))  # checkpoint-9 before checkpoint-10
-        raise EvalError(f"{checkpoint!r} is not a complete checkpoint of run {run!r}; complete ones: "
-                        f"{', '.join(p.name for p in done) or 'none'} (CHECKPOINT=<one of them>, or leave it empty "
-                        "for the last)")
-    return path, int(json.loads((path / "trainer_state.json").read_text()).get("global_step", 0))
+    try:
+        return checkpoints.pick(run_dir, checkpoint)
+    except checkpoints.CheckpointError as exc:
+        raise EvalError(str(exc)) from None
 
 
 # ---------------------------------------------------------------------------- held-out tasks

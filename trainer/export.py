@@ -12,7 +12,6 @@ Default: the run written last, its last complete checkpoint, written to <run>/ex
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
@@ -22,7 +21,7 @@ from typing import Any
 from trainer import eval_report, run_info
 from trainer.metrics import read_metrics
 from trainer.report import ReportError, find_run
-from trainer.train import CHECKPOINT_PREFIX, checkpoint_is_complete, find_resume_checkpoint
+from trainer.checkpoints import CheckpointError, pick
 
 SECRET = Path("/run/secrets/hf_token")
 CARD_MARKER = "<!-- written by trainer.export -->"  # only a folder carrying it is replaced by a new export
@@ -38,29 +37,6 @@ CARD_SETTINGS = ("max_steps", "num_generations", "per_device_train_batch_size", 
 
 class ExportError(RuntimeError):
     pass
-
-
-def pick_checkpoint(run_dir: Path, checkpoint: str | None) -> tuple[Path, int]:
-    """(checkpoint folder, its global step): the one named (`checkpoint-N` or `N`), else the last complete one."""
-    names = sorted((p.name for p in run_dir.glob(f"{CHECKPOINT_PREFIX}*") if p.is_dir()),
-                   key=lambda n: int(n[len(CHECKPOINT_PREFIX):]) if n[len(CHECKPOINT_PREFIX):].isdigit() else -1)
-    have = f"checkpoints there: {', '.join(names) or 'none'}"
-    if checkpoint is None:
-        path, step, _ = find_resume_checkpoint(run_dir)
-        if path is None:
-            raise ExportError(f"run {run_dir.name} has no complete checkpoint yet ({have}); one is written every "
-                              "SAVE_STEPS steps and at the end of training")
-        return path, step
-    name = checkpoint if checkpoint.startswith(CHECKPOINT_PREFIX) else f"{CHECKPOINT_PREFIX}{checkpoint}"
-    path = run_dir / name
-    if not path.is_dir():
-        raise ExportError(f"run {run_dir.name} has no {name} ({have}); pick one of them, or leave CHECKPOINT "
-                          "empty for the last complete one")
-    if not checkpoint_is_complete(path):
-        raise ExportError(f"{name} of run {run_dir.name} is incomplete (cut short while saving); pick another "
-                          f"({have})")
-    state = json.loads((path / "trainer_state.json").read_text())
-    return path, int(state.get("global_step", name[len(CHECKPOINT_PREFIX):]))
 
 
 def write_model(ckpt: Path, out: Path) -> None:
@@ -235,13 +211,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         token = read_token(Path(args.token_file)) if args.push else None  # before the work, not after it
         run_dir = find_run(Path(args.outputs), args.run)
-        ckpt, step = pick_checkpoint(run_dir, args.checkpoint)
+        ckpt, step = pick(run_dir, args.checkpoint)
         out = Path(args.out) if args.out else Path(args.out_dir) / run_dir.name if args.out_dir else run_dir / "export"
         export(run_dir, ckpt, step, out, args.push)
         print(f"[export] {run_dir.name}/{ckpt.name} (step {step}) -> {out}")
         if args.push:
             print(f"[export] pushed to {push(out, args.push, token)}")
-    except (ExportError, ReportError) as exc:
+    except (ExportError, ReportError, CheckpointError) as exc:
         print(f"[export] error: {exc}", file=sys.stderr)
         return 1
     return 0

@@ -7,7 +7,6 @@ Exit codes: 0 done, 2 bad config, 3 preflight failed, 143 stopped by SIGTERM/Ctr
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -15,9 +14,9 @@ import sys
 import time
 from pathlib import Path
 
+from trainer import checkpoints
 from trainer.config import ConfigError, RunConfig
 
-CHECKPOINT_PREFIX = "checkpoint-"
 
 
 def log(msg: str) -> None:
@@ -29,30 +28,6 @@ def log(msg: str) -> None:
 
 
 # ---------------------------------------------------------------------------- resume
-def checkpoint_is_complete(path: Path) -> bool:
-    # HF Trainer writes trainer_state.json last (after weights, optimizer, RNG): its presence marks a whole checkpoint.
-    has_weights = any((path / n).exists() for n in ("model.safetensors", "model.safetensors.index.json",
-                                                     "pytorch_model.bin", "adapter_model.safetensors"))
-    return has_weights and (path / "trainer_state.json").exists()
-
-
-def find_resume_checkpoint(run_dir: Path) -> tuple[Path | None, int, list[Path]]:
-    """(last complete checkpoint, its global_step, incomplete checkpoints newer than it)."""
-    if not run_dir.is_dir():
-        return None, 0, []
-    ckpts = []
-    for p in run_dir.iterdir():
-        if p.is_dir() and p.name.startswith(CHECKPOINT_PREFIX) and p.name[len(CHECKPOINT_PREFIX):].isdigit():
-            ckpts.append((int(p.name[len(CHECKPOINT_PREFIX):]), p))
-    incomplete = []
-    for step, path in sorted(ckpts, reverse=True):
-        if checkpoint_is_complete(path):
-            state = json.loads((path / "trainer_state.json").read_text())
-            return path, int(state.get("global_step", step)), incomplete
-        incomplete.append(path)
-    return None, 0, incomplete
-
-
 def prepare_run_dir(cfg: RunConfig) -> tuple[str | None, int]:
     """Apply RESUME: fresh wipes the run folder; auto picks the last complete checkpoint and dedupes metrics."""
     from trainer.metrics import truncate_metrics
@@ -62,7 +37,7 @@ def prepare_run_dir(cfg: RunConfig) -> tuple[str | None, int]:
         log(f"RESUME=fresh: deleting {run_dir} and starting over")
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    ckpt, step, incomplete = find_resume_checkpoint(run_dir)
+    ckpt, step, incomplete = checkpoints.last_complete(run_dir)
     for path in incomplete:  # cut short by a kill mid-save: unusable, and it would shadow the good one
         log(f"removing incomplete {path.name} (interrupted while saving)")
         shutil.rmtree(path, ignore_errors=True)
@@ -206,7 +181,7 @@ def make_control_callback():
             # The weights are saved owner-only (a temp file renamed); like the rest of the run folder they are for
             # readers under other uids too: `make export` runs as the host user, `vllm serve` as its own.
             if state.is_world_process_zero:
-                for path in (Path(args.output_dir) / f"{CHECKPOINT_PREFIX}{state.global_step}").rglob("*"):
+                for path in (Path(args.output_dir) / f"{checkpoints.PREFIX}{state.global_step}").rglob("*"):
                     path.chmod(path.stat().st_mode | 0o444)
 
     return RunControl()
@@ -356,7 +331,7 @@ def _print_summary(cfg: RunConfig, step: int) -> None:
         per_episode = sum(calls) / len(calls)
         stages.mark("tool_calls", None, f"{per_episode:.2f} tool calls per episode over {len(calls)} steps",
                     value=round(per_episode, 3))
-    ckpts = sorted(p.name for p in Path(cfg.run_dir).glob(f"{CHECKPOINT_PREFIX}*"))
+    ckpts = sorted(p.name for p in Path(cfg.run_dir).glob(f"{checkpoints.PREFIX}*"))
     log(f"done: step {step}/{cfg.max_steps}; last {len(tail)} steps: reward {mean('reward'):.3f}, "
         f"tool calls/episode {mean('tools/call_frequency'):.2f}, tool failures {mean('tools/failure_frequency'):.2f}")
     log(f"checkpoints: {', '.join(ckpts) or 'none'}; metrics: {cfg.run_dir}/metrics.jsonl; "
