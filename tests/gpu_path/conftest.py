@@ -86,8 +86,6 @@ def start_twin(gpu_config: dict, model_dir: Path, env_overrides: dict[str, str] 
                docker_args: tuple[str, ...] = ()) -> Twin:
     """docker run the twin with services.vllm's command (model swapped) and its dev-mode setting;
     `docker_args`: more `docker run` flags (a network, a mount)."""
-    import requests
-
     vllm = gpu_config["services"]["vllm"]
     flags = list(vllm["command"])  # the model is in its entrypoint (`vllm serve MODEL`)
     env = {k: str(v) for k, v in vllm["environment"].items() if k.startswith("VLLM_SERVER_DEV_MODE")}
@@ -102,11 +100,27 @@ def start_twin(gpu_config: dict, model_dir: Path, env_overrides: dict[str, str] 
     command = ["/models/tiny-qwen3", *flags]
     t0 = time.monotonic()
     subprocess.run([*cmd, VLLM_CPU_IMAGE, *command], check=True, capture_output=True)
+    twin = Twin(name, published_url(name), command, 0.0)
+    wait_until_healthy(twin)
+    twin.started_s = time.monotonic() - t0
+    print(f"\n[vllm-cpu] healthy after {twin.started_s:.0f}s: {' '.join(command)}")
+    return twin
+
+
+def published_url(name: str) -> str:
     port = subprocess.run(["docker", "port", name, "8000/tcp"], capture_output=True, text=True,
                           check=True).stdout.split("\n")[0].rsplit(":", 1)[1]
-    twin = Twin(name, f"http://127.0.0.1:{port}", command, 0.0)
+    return f"http://127.0.0.1:{port}"
+
+
+def wait_until_healthy(twin: Twin) -> None:
+    """Poll the twin's /health until it answers 200 (readiness, not a timed wait); fail with its last log lines if
+    it exits or takes longer than HEALTH_TIMEOUT_S."""
+    import requests
+
+    t0 = time.monotonic()
     while True:
-        state = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", name],
+        state = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", twin.name],
                                capture_output=True, text=True).stdout.strip()
         if state != "true":
             logs = twin.logs()
@@ -114,7 +128,7 @@ def start_twin(gpu_config: dict, model_dir: Path, env_overrides: dict[str, str] 
             pytest.fail(f"vllm-cpu exited during start-up; last log lines:\n{logs[-3000:]}")
         try:
             if requests.get(f"{twin.url}/health", timeout=3).status_code == 200:
-                break
+                return
         except requests.RequestException:
             pass
         if time.monotonic() - t0 > HEALTH_TIMEOUT_S:
@@ -122,9 +136,6 @@ def start_twin(gpu_config: dict, model_dir: Path, env_overrides: dict[str, str] 
             stop_twin(twin)
             pytest.fail(f"vllm-cpu not healthy after {HEALTH_TIMEOUT_S:.0f}s:\n{logs[-3000:]}")
         time.sleep(1)
-    twin.started_s = time.monotonic() - t0
-    print(f"\n[vllm-cpu] healthy after {twin.started_s:.0f}s: {' '.join(command)}")
-    return twin
 
 
 def stop_twin(twin: Twin) -> None:

@@ -11,7 +11,8 @@ import uuid
 import pytest
 import requests
 
-from tests.gpu_path.conftest import HEALTH_TIMEOUT_S, VLLM_CPU_IMAGE, ensure_vllm_cpu_image
+from tests.gpu_path.conftest import (VLLM_CPU_IMAGE, Twin, ensure_vllm_cpu_image, published_url, stop_twin,
+                                     wait_until_healthy)
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1200)]
 
@@ -47,26 +48,14 @@ def served(docker, exported):
     subprocess.run(["docker", "run", "-d", "--name", name, "--label", "grpo-test=1", "-p", "127.0.0.1::8000",
                     "--shm-size", "1g", "-v", f"{exported}:{SERVED}:ro", VLLM_CPU_IMAGE, SERVED],
                    check=True, capture_output=True)
+    twin = Twin(name, published_url(name), [SERVED], 0.0)
     try:
-        port = subprocess.run(["docker", "port", name, "8000/tcp"], capture_output=True, text=True,
-                              check=True).stdout.split("\n")[0].rsplit(":", 1)[1]
-        url, t0 = f"http://127.0.0.1:{port}", time.monotonic()
-        while True:
-            running = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", name],
-                                     capture_output=True, text=True).stdout.strip()
-            if running != "true" or time.monotonic() - t0 > HEALTH_TIMEOUT_S:
-                logs = subprocess.run(["docker", "logs", name], capture_output=True, text=True)
-                pytest.fail(f"vllm serve on the export did not become healthy:\n{(logs.stdout + logs.stderr)[-3000:]}")
-            try:
-                if requests.get(f"{url}/health", timeout=3).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            time.sleep(1)  # polling for readiness, not synchronising on time
+        t0 = time.monotonic()
+        wait_until_healthy(twin)
         print(f"\n[vllm-cpu] serving the export after {time.monotonic() - t0:.0f}s")
-        yield url
+        yield twin.url
     finally:
-        subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+        stop_twin(twin)
 
 
 def test_vllm_serves_the_export_and_chats_with_its_template(served, exported):
