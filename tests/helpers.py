@@ -84,9 +84,11 @@ def compose_stack(
 
     project = f"grpo-test-{uuid.uuid4().hex[:8]}"
     env_file = write_env_file(tmp_path / f"{project}.env", project, profiles, overrides)
-    stack = DockerCompose(str(ROOT), compose_file_name="compose.yaml", env_file=str(env_file),
+    files = [str(f) for f in stack_compose_files(profiles, tmp_path)]
+    stack = DockerCompose(str(ROOT), compose_file_name=files, env_file=str(env_file),
                           services=services, wait=wait)
     stack.project = project  # type: ignore[attr-defined]
+    stack.files = files  # type: ignore[attr-defined]
     try:
         stack.start()
         yield stack
@@ -103,11 +105,15 @@ def service_url(stack, service: str, port: int = 8000) -> str:
 
 
 def compose_config(*profiles: str, env_file: str = ".env.example") -> dict:
-    """`docker compose --env-file ENV config` for these profiles, parsed (never grepped)."""
-    cmd = ["docker", "compose", "--env-file", env_file]
-    for p in profiles:
-        cmd += ["--profile", p]
-    out = subprocess.run([*cmd, "config", "--format", "json"], cwd=ROOT, capture_output=True, text=True)
+    """`docker compose --env-file ENV config` for these profiles, parsed (never grepped), with the env services
+    `make` generates for them."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="grpo-config-") as folder:
+        cmd = ["docker", "compose", "--env-file", env_file, *compose_file_args(stack_compose_files(profiles, Path(folder)))]
+        for p in profiles:
+            cmd += ["--profile", p]
+        out = subprocess.run([*cmd, "config", "--format", "json"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
 
@@ -169,3 +175,21 @@ def make_tiny_model(out: Path) -> Path:
     for p in out.rglob("*"):
         p.chmod(0o755 if p.is_dir() else 0o644)
     return out
+
+
+def stack_compose_files(profiles: list[str] | tuple[str, ...], folder: Path) -> list[Path]:
+    """compose.yaml and, as `make` generates it (tools/plan.py), a file with an env-<name> service for each built-in
+    env among `profiles` ("*": all of them): compose.yaml holds only their template."""
+    from envs import registry
+    from tools import stack
+
+    envs = list(registry.names()) if "*" in profiles else [p for p in profiles if registry.is_builtin(p)]
+    if not envs:
+        return [ROOT / "compose.yaml"]
+    path = folder / f"compose.envs.{'-'.join(envs)}.yaml"
+    path.write_text(stack.yaml_text({"services": stack.env_services({"ENV_NAME": ",".join(envs)})}))
+    return [ROOT / "compose.yaml", path]
+
+
+def compose_file_args(files: list[Path]) -> list[str]:
+    return [arg for f in files for arg in ("-f", str(f))]

@@ -28,7 +28,6 @@ class EnvKinds:
     builtin: tuple[str, ...]        # built in, served here by our image
     custom: tuple[str, ...]         # an OpenEnv image named in ENV_<NAME>_IMAGE, served here
     external: dict[str, str]        # ENV_URLS: a server somewhere else (no service here)
-    generated: tuple[str, ...]      # served here, with no service in compose.yaml: the generated file adds it
 
     @property
     def served_here(self) -> tuple[str, ...]:
@@ -108,7 +107,6 @@ def env_kinds(values: dict[str, str]) -> EnvKinds:
         builtin=tuple(n for n in names if registry.is_builtin(n) and n not in external),
         custom=tuple(stack.custom_envs(values)),
         external={n: u for n, u in external.items() if n in names},
-        generated=tuple(stack.generated_envs(values)),
     )
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from tests.gpu_path.conftest import (TRAINER_STANDIN_IMAGE, VLLM_CPU_IMAGE, ensure_trainer_standin_image,
                                      ensure_vllm_cpu_image)
-from tests.helpers import ROOT, build_images, write_env_file
+from tests.helpers import ROOT, build_images, compose_file_args, stack_compose_files, write_env_file
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -117,8 +117,8 @@ def stack(tmp_path_factory):
     override = tmp / "standin.yaml"
     # The GPU trainer service, on the image built from the same Dockerfile on the twin; no GPU to reserve here.
     override.write_text(f"services:\n  trainer:\n    image: {TRAINER_STANDIN_IMAGE}\n    deploy: !reset {{}}\n")
-    base = ["docker", "compose", "--env-file", str(env_file), "-p", project, "-f", str(ROOT / "compose.yaml"),
-            "-f", str(override)]
+    base = ["docker", "compose", "--env-file", str(env_file), "-p", project,
+            *compose_file_args([*stack_compose_files(["echo"], tmp), override])]
     names = {"vllm": f"{project}-vllm", "trainer": f"{project}-trainer", "env": f"{project}-env-echo-1"}
     try:
         sh(*base, "up", "-d", "--wait", "env-echo")

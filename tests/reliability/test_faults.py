@@ -29,7 +29,7 @@ import urllib.request
 
 import pytest
 
-from tests.helpers import ROOT, build_images, compose_stack
+from tests.helpers import ROOT, build_images, compose_file_args, compose_stack
 from tests.reliability.common import container_id, report
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -46,7 +46,7 @@ IN_FLIGHT = 8
 class Project:
     def __init__(self, stack, env_file) -> None:
         self.stack, self.project = stack, stack.project
-        self.base = ["docker", "compose", "-f", str(ROOT / "compose.yaml"), "--env-file", str(env_file)]
+        self.base = ["docker", "compose", *compose_file_args(stack.files), "--env-file", str(env_file)]
 
     def compose(self, *args: str, check: bool = True, timeout: float = 600) -> subprocess.CompletedProcess:
         res = subprocess.run([*self.base, *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout)

@@ -113,22 +113,35 @@ def test_help_lists_every_target():
         assert f" {t} " in out.replace("\x1b[36m", " ").replace("\x1b[0m", " "), t
 
 
-def test_a_built_in_env_without_a_compose_service_gets_one_generated(tmp_path, monkeypatch):
-    """Adding a built-in env is one folder + its registry line: tools/stack.py makes its service."""
+def test_every_env_service_is_generated_from_the_one_template(tmp_path, monkeypatch):
+    """compose.yaml holds no env service, only env-template: the plan generates one per env served here, the same way
+    for echo, for a built-in env added as one folder + its registry line (maze), and for an image named in .env;
+    ENV_URLS's envs get none."""
     from envs import registry
     from tools import stack as stack_module
     from tools.plan import make_plan
 
     monkeypatch.setitem(registry._SPECS, "maze", registry._SPECS["catch"])  # stands in for envs/maze/
     monkeypatch.setattr(stack_module, "ENV_FILE", tmp_path / "none.env")
-    plan = make_plan({"ENV_NAME": "echo,maze", "TRAIN_MODE": "cpu"}, None)
+    servers = [n for n, svc in stack_module.compose_yaml_services().items()
+               if n.startswith("env-") and "build" not in svc.get("profiles", [])]
+    assert servers == ["env-template"]
+    plan = make_plan({"ENV_NAME": "echo,maze,connect4,far", "ENV_CONNECT4_IMAGE": "example/connect4:1",
+                      "ENV_URLS": "far=http://10.0.0.9:8000", "TRAIN_MODE": "cpu"}, None)
     files = stack_module.write_compose_files(plan.generated_compose())
     generated = yaml.safe_load(files[1].read_text())["services"]
-    assert set(generated) == {"env-maze", "trainer", "trainer-cpu", "model-init"}  # echo is in compose.yaml
-    assert generated["env-maze"]["image"] == "${ENV_MAZE_IMAGE:-grpo-stack/env-server:local}"
-    assert generated["env-maze"]["environment"] == {"ENV_NAME": "maze"}
-    assert generated["env-maze"]["extends"]["service"] == "env-template"
-    assert plan.services == ["env-echo", "env-maze"] and plan.profiles == ["cpu", "echo", "maze"]
+    assert set(generated) == {"env-echo", "env-maze", "env-connect4", "trainer", "trainer-cpu", "model-init"}
+    for name in ("echo", "maze"):
+        assert generated[f"env-{name}"] == {
+            "extends": {"file": str(ROOT / "compose.yaml"), "service": "env-template"}, "profiles": [name],
+            "image": f"${{ENV_{name.upper()}_IMAGE:-grpo-stack/env-server:local}}",
+            "deploy": {"replicas": f"${{ENV_{name.upper()}_REPLICAS:-1}}"}, "environment": {"ENV_NAME": name}}
+    assert generated["env-connect4"]["image"] == "${ENV_CONNECT4_IMAGE}"
+    assert generated["env-connect4"]["extends"] == generated["env-echo"]["extends"]
+    assert set(generated["trainer-cpu"]["depends_on"]) == {"env-echo", "env-maze", "env-connect4"}
+    assert set(generated["model-init"]["depends_on"]) == {"env-connect4"}  # it warm-starts on learned envs only
+    assert plan.services == ["env-echo", "env-maze", "env-connect4"]
+    assert plan.profiles == ["cpu", "echo", "maze", "connect4", "far"]
 
 
 def test_env_file_values_are_typed_with_one_line_per_bad_value(tmp_path):

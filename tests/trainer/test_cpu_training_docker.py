@@ -21,7 +21,7 @@ import time
 import pytest
 import requests
 
-from tests.helpers import ROOT, build_images, compose_stack, service_url
+from tests.helpers import ROOT, build_images, compose_file_args, compose_stack, service_url
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -37,7 +37,7 @@ def free_port() -> int:
 class Project:
     def __init__(self, stack, env_file):
         self.stack, self.env_file = stack, env_file
-        self.base = ["docker", "compose", "-f", str(ROOT / "compose.yaml"), "--env-file", str(env_file)]
+        self.base = ["docker", "compose", *compose_file_args(stack.files), "--env-file", str(env_file)]
 
     def compose(self, *args, check=True, timeout=600, env=None) -> subprocess.CompletedProcess:
         # shell variables win over --env-file values in compose interpolation
