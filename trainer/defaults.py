@@ -1,5 +1,5 @@
 """Defaults the host (tools/) and the trainer share, written once (standard library only). compose.yaml's
-`${VAR:-default}` fallbacks repeat them for a bare `docker compose` without .env; tests/stack/test_config_in_sync.py
+`${VAR:-default}` fallbacks repeat them for a bare `docker compose` without .env; tests/tools/test_config_in_sync.py
 checks that they agree. The env servers' session cap is theirs: envs.core.settings.DEFAULT_MAX_CONCURRENT_ENVS."""
 
 GPU_MODEL = "Qwen/Qwen3-0.6B"

@@ -2,7 +2,7 @@
 
 The unit tests drive a ReplicaSet with a scripted resolver and clock. The client tests run real env
 servers on loopback behind one service name whose "DNS" the test controls, the way Docker's DNS lists
-healthy Compose replicas or Swarm tasks; the containers test (tests/stack/test_fleet_swarm.py) does
+healthy Compose replicas or Swarm tasks; the containers test (tests/tools/test_fleet_swarm.py) does
 the same on a real swarm.
 """
 

@@ -6,7 +6,7 @@ What it cannot show here: traffic to the tasks on the nested node. It joins and 
 the overlay's VXLAN packets that reach it are never answered: on this host it cannot be `--privileged`
 (the engine lacks CAP_SYS_RESOURCE, and --privileged asks for every capability), and without that it
 cannot set up its overlay bridge ("/sys/class/net/br0/bridge/default_pvid: permission denied" in its
-log). Sessions over the overlay are what tests/stack/test_fleet_swarm.py trains across, on one node.
+log). Sessions over the overlay are what tests/tools/test_fleet_swarm.py trains across, on one node.
 """
 
 from __future__ import annotations
