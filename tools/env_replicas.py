@@ -34,22 +34,22 @@ class ReplicasError(RuntimeError):
     """One line: the env, the numbers and the fix."""
 
 
-def auto_envs(env: dict[str, str], learned: list[str], builtin: list[str]) -> list[str]:
+def auto_envs(dotenv: dict[str, str], learned: list[str], builtin: list[str]) -> list[str]:
     """Envs whose replica count is measured: learned ones unless ENV_<NAME>_REPLICAS is a number, built-in ones only
     when it says `auto` (they report their capacity and take MAX_CONCURRENT_ENVS sessions each)."""
     out = []
     for name in [*learned, *builtin]:
-        value = (env.get(replicas_var(name)) or "").strip().lower()
+        value = (dotenv.get(replicas_var(name)) or "").strip().lower()
         if value == AUTO or (not value and name in learned):
             out.append(name)
         elif value and not (value.isdigit() and int(value) >= 1):
-            raise ReplicasError(f"{replicas_var(name)}={env[replicas_var(name)]!r}: a number of containers (>= 1) or "
+            raise ReplicasError(f"{replicas_var(name)}={dotenv[replicas_var(name)]!r}: a number of containers (>= 1) or "
                                 f"`auto` (measure one container, run as many as the run needs); edit .env")
     return out
 
 
-def cap(env: dict[str, str]) -> int:
-    raw = (env.get(MAX_VAR) or str(DEFAULT_MAX)).strip()
+def cap(dotenv: dict[str, str]) -> int:
+    raw = (dotenv.get(MAX_VAR) or str(DEFAULT_MAX)).strip()
     if not raw.isdigit() or int(raw) < 1:
         raise ReplicasError(f"{MAX_VAR}={raw!r}: the most containers `auto` may start per env (>= 1); edit .env")
     return int(raw)
@@ -87,8 +87,8 @@ def replicas_for(name: str, needed: int, m: Measurement, most: int) -> tuple[int
 
 
 # ------------------------------------------------------------------------------------ the cache
-def cache_key(image_id: str, env: dict[str, str]) -> str:
-    return f"{image_id}|MAX_CONCURRENT_ENVS={env.get('MAX_CONCURRENT_ENVS') or DEFAULT_MAX_CONCURRENT_ENVS}"
+def cache_key(image_id: str, dotenv: dict[str, str]) -> str:
+    return f"{image_id}|MAX_CONCURRENT_ENVS={dotenv.get('MAX_CONCURRENT_ENVS') or DEFAULT_MAX_CONCURRENT_ENVS}"
 
 
 def load_cache(path: Path) -> dict[str, Measurement]:
@@ -105,15 +105,15 @@ def save_cache(path: Path, cache: dict[str, Measurement]) -> None:
 
 
 # ------------------------------------------------------------------------------------ measuring
-def hardening_flags(env: dict[str, str]) -> list[str]:
+def hardening_flags(dotenv: dict[str, str]) -> list[str]:
     """compose.yaml's env-server hardening, as `docker run` flags (the measured container runs untrusted code too)."""
     return ["--read-only", "--tmpfs", "/tmp:size=64m", "--cap-drop", "ALL", "--security-opt", "no-new-privileges:true",
-            "--memory", env.get("ENV_MEM_LIMIT") or "4g", "--pids-limit", "512",
-            "-e", f"MAX_CONCURRENT_ENVS={env.get('MAX_CONCURRENT_ENVS') or DEFAULT_MAX_CONCURRENT_ENVS}",
-            "-e", f"SESSION_TIMEOUT_S={env.get('ENV_SESSION_TIMEOUT_S') or '600'}"]
+            "--memory", dotenv.get("ENV_MEM_LIMIT") or "4g", "--pids-limit", "512",
+            "-e", f"MAX_CONCURRENT_ENVS={dotenv.get('MAX_CONCURRENT_ENVS') or DEFAULT_MAX_CONCURRENT_ENVS}",
+            "-e", f"SESSION_TIMEOUT_S={dotenv.get('ENV_SESSION_TIMEOUT_S') or '600'}"]
 
 
-def measure(image: str, needed: int, env: dict[str, str], run: Callable[..., subprocess.CompletedProcess],
+def measure(image: str, needed: int, dotenv: dict[str, str], run: Callable[..., subprocess.CompletedProcess],
             say: Callable[[str], None], builtin_env: str | None = None) -> Measurement:
     """Start one container of `image` on a private network with a loopback port, wait for its /health, and measure.
     `builtin_env`: our env-server image serves the env its ENV_NAME names (an upstream image is not told one)."""
@@ -125,7 +125,7 @@ def measure(image: str, needed: int, env: dict[str, str], run: Callable[..., sub
         raise ReplicasError(f"measuring {image}: `docker network create` failed")
     try:
         r = run(["docker", "run", "-d", "--name", tag, "--label", "grpo-capacity=1", "--network", tag,
-                 "-p", "127.0.0.1::8000", *hardening_flags(env),
+                 "-p", "127.0.0.1::8000", *hardening_flags(dotenv),
                  *(["-e", f"ENV_NAME={builtin_env}"] if builtin_env else []), "--", image])
         if r.returncode != 0:
             raise ReplicasError(f"measuring {image}: the container did not start ({(r.stderr.strip() or '?')[-300:]})")

@@ -94,7 +94,7 @@ def check_driver(driver: str | None, image: str, image_cuda: str | None) -> tupl
     return True, f"driver {driver or '?'} runs {image} (CUDA {image_cuda} needs >= {need})"
 
 
-def diagnose(gpus: list[Gpu], method: str | None, env: dict[str, str], mode: str, image: str,
+def diagnose(gpus: list[Gpu], method: str | None, dotenv: dict[str, str], mode: str, image: str,
              image_cuda: str | None) -> list[tuple[bool, str, str]]:
     """(ok, check, message) rows; message names the fix for every problem. `method`: how Docker hands out
     GPUs (None: it does not)."""
@@ -118,10 +118,10 @@ def diagnose(gpus: list[Gpu], method: str | None, env: dict[str, str], mode: str
     ids = {g.index for g in gpus} | {g.uuid for g in gpus}
     by_id = {g.index: g for g in gpus} | {g.uuid: g for g in gpus}
     defaults = mode_spec("gpu")
-    wanted = {"VLLM_GPU": env.get("VLLM_GPU") or defaults.vllm_gpu_default,
-              "TRAINER_GPU": env.get("TRAINER_GPU") or defaults.trainer_gpu_default}
+    wanted = {"VLLM_GPU": dotenv.get("VLLM_GPU") or defaults.vllm_gpu_default,
+              "TRAINER_GPU": dotenv.get("TRAINER_GPU") or defaults.trainer_gpu_default}
     if mode == "colocate":
-        trainer_gpu, note = gpu_layout.colocate_trainer_gpu(env.get("TRAINER_GPU"), n)
+        trainer_gpu, note = gpu_layout.colocate_trainer_gpu(dotenv.get("TRAINER_GPU"), n)
         wanted = {"TRAINER_GPU": trainer_gpu}
         if note:
             rows.append((True, "TRAINER_GPU", note))
@@ -144,7 +144,7 @@ def diagnose(gpus: list[Gpu], method: str | None, env: dict[str, str], mode: str
         ok, msg = check_driver(gpus[0].driver, image, image_cuda)
         rows.append((ok, "driver vs image", msg))
     try:
-        share = float(env.get("VLLM_GPU_MEMORY_UTILIZATION") or (0.9 if mode == "gpu" else 0.3))
+        share = float(dotenv.get("VLLM_GPU_MEMORY_UTILIZATION") or (0.9 if mode == "gpu" else 0.3))
     except ValueError:
         share = 0.9
     vllm_devs = set(lists.get("VLLM_GPU" if mode == "gpu" else "TRAINER_GPU", []))
@@ -227,9 +227,9 @@ def load_env() -> dict[str, str]:
     """.env (STACK_ENV_FILE, else .env, else .env.example) with the host's own parser; the process's values of the
     variables read here win, as in Compose."""
     path = Path(os.environ.get("STACK_ENV_FILE") or ROOT / ".env")
-    env = parse_env_file(path if path.exists() else ROOT / ".env.example")
-    env.update({k: v for k, v in os.environ.items() if k in ("TRAIN_MODE", "VLLM_GPU", "TRAINER_GPU", "VLLM_IMAGE")})
-    return env
+    dotenv = parse_env_file(path if path.exists() else ROOT / ".env.example")
+    dotenv.update({k: v for k, v in os.environ.items() if k in ("TRAIN_MODE", "VLLM_GPU", "TRAINER_GPU", "VLLM_IMAGE")})
+    return dotenv
 
 
 def cuda_of_image(image: str, runner: Runner = run) -> str | None:
@@ -242,36 +242,36 @@ def cuda_of_image(image: str, runner: Runner = run) -> str | None:
     return KNOWN_IMAGE_CUDA.get(image)
 
 
-def probe(runner: Runner = run, env: dict[str, str] | None = None) -> DockerGpus | None:
+def probe(runner: Runner = run, dotenv: dict[str, str] | None = None) -> DockerGpus | None:
     """The host's GPUs as Docker hands them out, or None on a host with no sign of an NVIDIA driver."""
     if os.environ.get("STACK_FAKE_NO_GPU") or not nvidia_host():
         return None
-    env = env if env is not None else load_env()
-    return probe_docker_gpus(runner, probe_image(runner, env.get("VLLM_IMAGE") or DEFAULT_VLLM_IMAGE))
+    dotenv = dotenv if dotenv is not None else load_env()
+    return probe_docker_gpus(runner, probe_image(runner, dotenv.get("VLLM_IMAGE") or DEFAULT_VLLM_IMAGE))
 
 
-def print_report(found: DockerGpus, env: dict[str, str]) -> bool:
+def print_report(found: DockerGpus, dotenv: dict[str, str]) -> bool:
     """Print one ok/FAIL row per GPU check for GPUs already detected; True when all pass."""
     from trainer.train_mode import resolve_train_mode
 
-    mode = (env.get("TRAIN_MODE") or "auto").lower()
+    mode = (dotenv.get("TRAIN_MODE") or "auto").lower()
     if mode == "auto":
         mode = resolve_train_mode("auto", found.count)[0]
-    image = env.get("VLLM_IMAGE") or DEFAULT_VLLM_IMAGE
-    rows = diagnose(found.gpus, found.method, env, mode, image, cuda_of_image(image))
+    image = dotenv.get("VLLM_IMAGE") or DEFAULT_VLLM_IMAGE
+    rows = diagnose(found.gpus, found.method, dotenv, mode, image, cuda_of_image(image))
     for ok, name, msg in rows:
         print(f"  {'ok  ' if ok else 'FAIL'} {name}: {msg}")
     return all(ok for ok, _, _ in rows)
 
 
 def main() -> int:
-    env = load_env()
-    found = probe(env=env)
+    dotenv = load_env()
+    found = probe(dotenv=dotenv)
     if found is None:
         print(f"  ok   GPU checks: {NO_GPU} (no nvidia-smi, no /dev/nvidiactl); the CPU profile runs, "
               "GPU checks skipped")
         return 0
-    return 0 if print_report(found, env) else 1
+    return 0 if print_report(found, dotenv) else 1
 
 
 if __name__ == "__main__":

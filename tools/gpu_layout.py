@@ -180,16 +180,16 @@ def colocate_trainer_gpu(trainer_gpu: str | None, gpu_count: int) -> tuple[str, 
     return value, None
 
 
-def plan(env: dict[str, str], mode: str, pci_index: dict[str, int] | None = None) -> Plan:
+def plan(dotenv: dict[str, str], mode: str, pci_index: dict[str, int] | None = None) -> Plan:
     """VLLM_GPU, TRAINER_GPU, VLLM_PARALLEL and NCCL_FAST_PATH from .env, checked, for a GPU mode.
     `pci_index`: the detected GPUs' UUID -> index, to order GPUs named by UUID."""
-    trainer = parse_gpu_ids(env.get("TRAINER_GPU") or mode_spec(mode).trainer_gpu_default, "TRAINER_GPU")
+    trainer = parse_gpu_ids(dotenv.get("TRAINER_GPU") or mode_spec(mode).trainer_gpu_default, "TRAINER_GPU")
     if mode == "colocate":
         return Plan(mode, [], trainer)
-    vllm = parse_gpu_ids(env.get("VLLM_GPU") or mode_spec(mode).vllm_gpu_default, "VLLM_GPU")
+    vllm = parse_gpu_ids(dotenv.get("VLLM_GPU") or mode_spec(mode).vllm_gpu_default, "VLLM_GPU")
     shared = sorted(set(vllm) & set(trainer))
     if shared:
-        raise LayoutError(f"VLLM_GPU={env.get('VLLM_GPU')} and TRAINER_GPU={env.get('TRAINER_GPU')} share GPU "
+        raise LayoutError(f"VLLM_GPU={dotenv.get('VLLM_GPU')} and TRAINER_GPU={dotenv.get('TRAINER_GPU')} share GPU "
                           f"{','.join(shared)}: give each side its own GPUs, or use TRAIN_MODE=colocate (edit .env)")
-    tp, dp = vllm_parallel_sizes(len(vllm), (env.get("VLLM_PARALLEL") or "tensor").strip().lower())
-    return Plan(mode, vllm, trainer, tp, dp, truthy(env.get("NCCL_FAST_PATH")), dict(pci_index or {}))
+    tp, dp = vllm_parallel_sizes(len(vllm), (dotenv.get("VLLM_PARALLEL") or "tensor").strip().lower())
+    return Plan(mode, vllm, trainer, tp, dp, truthy(dotenv.get("NCCL_FAST_PATH")), dict(pci_index or {}))

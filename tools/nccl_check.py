@@ -84,10 +84,10 @@ else:
 
 
 # ------------------------------------------------------------------ pure logic (unit-tested)
-def nccl_env(env: dict[str, str], placement: gpu_layout.Placement | None = None) -> dict[str, str]:
+def nccl_env(dotenv: dict[str, str], placement: gpu_layout.Placement | None = None) -> dict[str, str]:
     """The stack's NCCL settings (.env), bridge-network defaults for the gaps, the container's layout on
     top (NCCL_FAST_PATH=1: one host id, P2P/SHM on); INFO so NCCL logs its transport choice."""
-    out = {k: env[k] for k in NCCL_KEYS if env.get(k)}
+    out = {k: dotenv[k] for k in NCCL_KEYS if dotenv.get(k)}
     for k, v in NCCL_DEFAULTS.items():
         out.setdefault(k, v)
     out.update(placement.env if placement else {})
@@ -96,7 +96,7 @@ def nccl_env(env: dict[str, str], placement: gpu_layout.Placement | None = None)
 
 
 def docker_run_argv(role: str, image: str, placement: gpu_layout.Placement, network: str, name: str,
-                    env: dict[str, str], master: str, port: int, mib: int, iters: int, shm: str = "2g",
+                    dotenv: dict[str, str], master: str, port: int, mib: int, iters: int, shm: str = "2g",
                     cdi: bool = False, world: int = 2) -> list[str]:
     """`docker run` for one side, with training's GPUs and IPC for it. Both images' entrypoints are
     replaced by python3 -c SCRIPT."""
@@ -104,7 +104,7 @@ def docker_run_argv(role: str, image: str, placement: gpu_layout.Placement, netw
             *gpu_layout.docker_run_gpu_flags(placement.devices, cdi), "--shm-size", shm, "--entrypoint", "python3"]
     if placement.ipc:
         argv += ["--ipc", placement.ipc]
-    for k, v in sorted(env.items()):
+    for k, v in sorted(dotenv.items()):
         argv += ["-e", f"{k}={v}"]
     return [*argv, "--", image, "-c", SCRIPT, role, master, str(port), str(mib), str(iters), str(world)]
 
@@ -242,11 +242,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nccl-check: {NO_GPU}. This check needs a host with 2 NVIDIA GPUs and the NVIDIA container "
               "runtime; nothing to do on this machine (the CPU profile needs no NCCL).")
         return 0
-    env = load_env()
-    vllm_image = env.get("VLLM_IMAGE") or DEFAULT_VLLM_IMAGE
-    port = int(env.get("VLLM_GROUP_PORT") or 51216)
+    dotenv = load_env()
+    vllm_image = dotenv.get("VLLM_IMAGE") or DEFAULT_VLLM_IMAGE
+    port = int(dotenv.get("VLLM_GROUP_PORT") or 51216)
     try:
-        plan = gpu_layout.plan(env, "gpu")
+        plan = gpu_layout.plan(dotenv, "gpu")
     except gpu_layout.LayoutError as exc:
         print(f"nccl-check: {exc}")
         return 2
@@ -260,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         network, temp_net = f"grpo-nccl-check-{uuid.uuid4().hex[:6]}", True
         run(["docker", "network", "create", network], check=True)
     layout = plan.placements()
-    tenv, venv = nccl_env(env, layout["trainer"]), nccl_env(env, layout["vllm"])
+    tenv, venv = nccl_env(dotenv, layout["trainer"]), nccl_env(dotenv, layout["vllm"])
     tag = uuid.uuid4().hex[:6]
     trainer, vllm = f"grpo-nccl-trainer-{tag}", f"grpo-nccl-vllm-{tag}"
     print(f"nccl-check: trainer image on GPU {plan.trainer[0]} (rank 0, listens :{port}), {vllm_image} on GPU "

@@ -102,18 +102,18 @@ def setup() -> None:
                 say(f"using local torch wheel {os.path.basename(whl)} for CPU images")
 
 
-def env_names(env: dict[str, str]) -> list[str]:
+def env_names(dotenv: dict[str, str]) -> list[str]:
     """ENV_NAME's names; each is built in, has its image in ENV_<NAME>_IMAGE, or a server in ENV_URLS."""
     from envs import registry
 
-    names = naming.parse_names(env.get("ENV_NAME", "echo"))
+    names = naming.parse_names(dotenv.get("ENV_NAME", "echo"))
     try:
         naming.check_names(names, registry.names())
     except ValueError as exc:
         raise StackError(f"ENV_NAME: {exc}") from None
-    urls = external_env_urls(env)
+    urls = external_env_urls(dotenv)
     for n in names:
-        if not registry.is_builtin(n) and not env.get(naming.image_var(n)) and n not in urls:
+        if not registry.is_builtin(n) and not dotenv.get(naming.image_var(n)) and n not in urls:
             raise StackError(
                 f"ENV_NAME: {n!r} is not built in ({', '.join(registry.names())}): to train on any OpenEnv image, "
                 f"set ENV_{n.upper()}_IMAGE=<image> in .env (or point ENV_URLS at a running server: "
@@ -122,19 +122,19 @@ def env_names(env: dict[str, str]) -> list[str]:
     return names
 
 
-def external_env_urls(env: dict[str, str]) -> dict[str, str]:
+def external_env_urls(dotenv: dict[str, str]) -> dict[str, str]:
     try:
-        return naming.parse_urls(env.get("ENV_URLS"))
+        return naming.parse_urls(dotenv.get("ENV_URLS"))
     except ValueError as exc:
         raise StackError(f"ENV_URLS: {exc}") from None
 
 
-def custom_envs(env: dict[str, str]) -> list[str]:
+def custom_envs(dotenv: dict[str, str]) -> list[str]:
     """Envs of this run served by an image named in .env (not built in, not an external ENV_URLS server)."""
     from envs import registry
 
-    urls = external_env_urls(env)
-    return [n for n in env_names(env) if not registry.is_builtin(n) and n not in urls]
+    urls = external_env_urls(dotenv)
+    return [n for n in env_names(dotenv) if not registry.is_builtin(n) and n not in urls]
 
 
 # ------------------------------------------------------------------ compose files
@@ -144,11 +144,11 @@ def generated_compose_file() -> Path:
     return ROOT / ".stack" / f"compose.envs{suffix}.yaml"
 
 
-def generated_envs(env: dict[str, str]) -> list[str]:
+def generated_envs(dotenv: dict[str, str]) -> list[str]:
     """The run's envs served here, built in or an image named in .env: each gets a generated service (compose.yaml
     holds only their template)."""
-    urls = external_env_urls(env)
-    return [n for n in env_names(env) if n not in urls]
+    urls = external_env_urls(dotenv)
+    return [n for n in env_names(dotenv) if n not in urls]
 
 
 @functools.lru_cache(maxsize=1)
@@ -173,15 +173,15 @@ def yaml_text(data: dict) -> str:
     return yaml.dump(data, Dumper=Dumper, sort_keys=False, default_flow_style=False)
 
 
-def env_services(env: dict[str, str]) -> dict[str, dict]:
+def env_services(dotenv: dict[str, str]) -> dict[str, dict]:
     """One service per env served here, extending compose.yaml's `env-template` (the env servers' hardening, health
     check and limits): a built-in env runs our image with ENV_NAME set, any other its ENV_<NAME>_IMAGE. The trainers
     wait for them to be healthy, and the init job for the ones it learns from their servers."""
     from envs import registry
 
-    if fleet_mode(env):
-        return fleet_attachments(env)
-    names = generated_envs(env)
+    if fleet_mode(dotenv):
+        return fleet_attachments(dotenv)
+    names = generated_envs(dotenv)
     if not names:
         return {}
     services: dict[str, dict] = {}
@@ -205,20 +205,20 @@ def env_services(env: dict[str, str]) -> dict[str, dict]:
     return services
 
 
-def fleet_mode(env: dict[str, str]) -> bool:
-    return (env.get("ENV_FLEET") or "compose") == "swarm"
+def fleet_mode(dotenv: dict[str, str]) -> bool:
+    return (dotenv.get("ENV_FLEET") or "compose") == "swarm"
 
 
-def fleet_stack_name(env: dict[str, str]) -> str:
+def fleet_stack_name(dotenv: dict[str, str]) -> str:
     """The fleet's Swarm stack, and its overlay network's name (tools/fleet.py deploys it)."""
-    return env.get("FLEET_STACK") or "grpo-fleet"
+    return dotenv.get("FLEET_STACK") or "grpo-fleet"
 
 
-def fleet_attachments(env: dict[str, str]) -> dict[str, dict]:
+def fleet_attachments(dotenv: dict[str, str]) -> dict[str, dict]:
     """ENV_FLEET=swarm: no env service here; the trainers and the init job (it plays the envs for the CPU
     warm start) also join the fleet's overlay network (added to the networks compose.yaml gives them).
     vLLM does not: its dev routes stay off it."""
-    images = {naming.image_var(n): f"${{ENV_{n.upper()}_IMAGE:-}}" for n in custom_envs(env)}
+    images = {naming.image_var(n): f"${{ENV_{n.upper()}_IMAGE:-}}" for n in custom_envs(dotenv)}
 
     def attach() -> dict:  # a fresh dict per service: YAML would write a shared one as an anchor
         return {"networks": {"fleet": {}}, **({"environment": dict(images)} if images else {})}
@@ -315,9 +315,9 @@ def detect_gpus() -> gpu_doctor.DockerGpus:
     return found if found is not None else gpu_doctor.DockerGpus(None, [], "no NVIDIA GPU (no NVIDIA driver here)")
 
 
-def resolve_mode(env: dict[str, str], gpus: gpu_doctor.DockerGpus | None = None) -> tuple[str, str]:
+def resolve_mode(dotenv: dict[str, str], gpus: gpu_doctor.DockerGpus | None = None) -> tuple[str, str]:
     """(mode, one line saying why) for TRAIN_MODE in .env."""
-    want = (env.get("TRAIN_MODE") or "auto").strip().lower()
+    want = (dotenv.get("TRAIN_MODE") or "auto").strip().lower()
     if want not in MODES:
         raise StackError(f"TRAIN_MODE: unknown value {want!r}; choose from {', '.join(MODES)} and edit .env")
     gpus = gpus if gpus is not None or want == "cpu" else detect_gpus()
@@ -327,17 +327,17 @@ def resolve_mode(env: dict[str, str], gpus: gpu_doctor.DockerGpus | None = None)
         raise StackError(str(exc)) from None
     if mode_spec(mode).runs_vllm_service:
         spec = mode_spec(mode)
-        why += (f"; vLLM on GPU {env.get('VLLM_GPU') or spec.vllm_gpu_default}, trainer on GPU "
-                f"{env.get('TRAINER_GPU') or spec.trainer_gpu_default}")
+        why += (f"; vLLM on GPU {dotenv.get('VLLM_GPU') or spec.vllm_gpu_default}, trainer on GPU "
+                f"{dotenv.get('TRAINER_GPU') or spec.trainer_gpu_default}")
     return mode, why
 
 
-def check_gpu_driver(env: dict[str, str], gpus: gpu_doctor.DockerGpus) -> None:
+def check_gpu_driver(dotenv: dict[str, str], gpus: gpu_doctor.DockerGpus) -> None:
     """Stop when the host's NVIDIA driver cannot run VLLM_IMAGE's CUDA (before a multi-GB pull when the
     tag is known, else once the image is here)."""
     if not gpus.gpus:
         return
-    image = env.get("VLLM_IMAGE") or gpu_doctor.DEFAULT_VLLM_IMAGE
+    image = dotenv.get("VLLM_IMAGE") or gpu_doctor.DEFAULT_VLLM_IMAGE
     ok, message = gpu_doctor.check_driver(gpus.gpus[0].driver, image, gpu_doctor.cuda_of_image(image))
     if not ok:
         raise StackError(message)
@@ -353,33 +353,33 @@ def last_counts_file() -> Path:
     return ROOT / ".stack" / f"replicas{suffix}.json"
 
 
-def builtin_served_here(env: dict[str, str]) -> list[str]:
+def builtin_served_here(dotenv: dict[str, str]) -> list[str]:
     from envs import registry
 
-    urls = external_env_urls(env)
-    return [n for n in env_names(env) if registry.is_builtin(n) and n not in urls]
+    urls = external_env_urls(dotenv)
+    return [n for n in env_names(dotenv) if registry.is_builtin(n) and n not in urls]
 
 
-def auto_replica_envs(env: dict[str, str]) -> list[str]:
+def auto_replica_envs(dotenv: dict[str, str]) -> list[str]:
     try:
-        return env_replicas.auto_envs(env, custom_envs(env), builtin_served_here(env))
+        return env_replicas.auto_envs(dotenv, custom_envs(dotenv), builtin_served_here(dotenv))
     except env_replicas.ReplicasError as exc:
         raise StackError(str(exc)) from None
 
 
-def replica_counts(env: dict[str, str]) -> dict[str, str]:
+def replica_counts(dotenv: dict[str, str]) -> dict[str, str]:
     """What Compose interpolates as ENV_<NAME>_REPLICAS for each env served here: a number as given (in .env, or
     resolved by resolve_auto_replicas), else (`auto`) the count `make up` last resolved, else 1, so `make ps`,
     `make logs`, ... read a valid file without measuring."""
-    auto = set(auto_replica_envs(env))
+    auto = set(auto_replica_envs(dotenv))
     try:
         last = json.loads(last_counts_file().read_text())
     except (OSError, ValueError):
         last = {}
     out = {}
-    for name in [*custom_envs(env), *builtin_served_here(env)]:
+    for name in [*custom_envs(dotenv), *builtin_served_here(dotenv)]:
         var = naming.replicas_var(name)
-        value = (env.get(var) or "").strip()
+        value = (dotenv.get(var) or "").strip()
         if value.isdigit():
             out[var] = value
         elif name in auto:
@@ -387,27 +387,27 @@ def replica_counts(env: dict[str, str]) -> dict[str, str]:
     return out
 
 
-def resolve_auto_replicas(env: dict[str, str], mode: str, processes: int) -> dict[str, str]:
+def resolve_auto_replicas(dotenv: dict[str, str], mode: str, processes: int) -> dict[str, str]:
     """{ENV_<NAME>_REPLICAS: count} for the run's auto envs, measuring an image not measured yet (tools/env_replicas.py);
     one line per env says what it found and how many containers run."""
-    names = auto_replica_envs(env)
+    names = auto_replica_envs(dotenv)
     if not names:
         return {}
-    cfg = run_config(env, mode)
+    cfg = run_config(dotenv, mode)
     cache = env_replicas.load_cache(CAPACITY_CACHE)
     counts = {}
     try:
-        most = env_replicas.cap(env)
+        most = env_replicas.cap(dotenv)
         for name in names:
-            image = env.get(f"ENV_{name.upper()}_IMAGE") or LOCAL_ENV_IMAGE
+            image = dotenv.get(f"ENV_{name.upper()}_IMAGE") or LOCAL_ENV_IMAGE
             image_id = run(["docker", "image", "inspect", "--format", "{{.Id}}", "--", image]).stdout.strip()
             needed = cfg.sessions_needed(name, num_processes=processes)
-            key = f"{name}|{env_replicas.cache_key(image_id, env)}"
+            key = f"{name}|{env_replicas.cache_key(image_id, dotenv)}"
             measured = cache.get(key)
             if measured is None or not measured.covers(needed):
-                builtin = name if name in builtin_served_here(env) else None
+                builtin = name if name in builtin_served_here(dotenv) else None
                 try:
-                    measured = env_replicas.measure(image, needed, env, run, say, builtin_env=builtin)
+                    measured = env_replicas.measure(image, needed, dotenv, run, say, builtin_env=builtin)
                 except env_replicas.ReplicasError as exc:  # the service's own start and checks say what is wrong
                     say(f"env {name}: not measured ({exc}); starting 1 container")
                     counts[naming.replicas_var(name)] = "1"
@@ -434,8 +434,8 @@ def port_free(port: int, host: str = "127.0.0.1") -> bool:
             return False
 
 
-def check_port(env: dict[str, str], key: str) -> str | None:
-    raw = env.get(key, "")
+def check_port(dotenv: dict[str, str], key: str) -> str | None:
+    raw = dotenv.get(key, "")
     if not raw:
         return None
     if not raw.isdigit() or not 0 < int(raw) < 65536:
@@ -451,10 +451,10 @@ def _ours_on_port(port: int) -> bool:
     return f":{port}->" in r.stdout
 
 
-def check_token_file(env: dict[str, str]) -> str | None:
+def check_token_file(dotenv: dict[str, str]) -> str | None:
     """The token file: readable by the containers' uid (Compose keeps the host file's mode), inside a directory
     only its owner can enter (so the file's o+r shows it to nobody else on the host)."""
-    path = Path(env.get("HF_TOKEN_FILE") or ".secrets/hf_token")
+    path = Path(dotenv.get("HF_TOKEN_FILE") or ".secrets/hf_token")
     path = path if path.is_absolute() else ROOT / path
     if path.parent.exists() and path.parent.stat().st_mode & 0o077:
         return (f"{path.parent} is open to other users of this host (mode {path.parent.stat().st_mode & 0o777:o}): "
@@ -465,22 +465,22 @@ def check_token_file(env: dict[str, str]) -> str | None:
     return None
 
 
-def run_config(env: dict[str, str], mode: str):
+def run_config(dotenv: dict[str, str], mode: str):
     """The trainer's typed config (trainer.config.RunConfig, light imports only) from .env's values."""
     from trainer.config import RunConfig
 
     keys = set(parse_env_file(ENV_EXAMPLE))
-    values = {k: v for k, v in env.items() if k in keys and v != ""}
+    values = {k: v for k, v in dotenv.items() if k in keys and v != ""}
     values["TRAIN_MODE"] = mode
     return RunConfig(**{k.lower(): v for k, v in values.items() if k.lower() in RunConfig.model_fields})
 
 
-def validate_run_config(env: dict[str, str], mode: str) -> str | None:
+def validate_run_config(dotenv: dict[str, str], mode: str) -> str | None:
     """Validate .env against the trainer's typed config."""
     from pydantic import ValidationError
 
     try:
-        run_config(env, mode)
+        run_config(dotenv, mode)
     except ValidationError as e:
         lines = [f"{'.'.join(map(str, err['loc'])).upper()}: {err['msg']}" for err in e.errors()]
         return "invalid .env values: " + "; ".join(lines) + " (edit .env)"
@@ -489,12 +489,12 @@ def validate_run_config(env: dict[str, str], mode: str) -> str | None:
     return None
 
 
-def gpu_plan(env: dict[str, str], mode: str, gpus: gpu_doctor.DockerGpus | None = None) -> gpu_layout.Plan | None:
+def gpu_plan(dotenv: dict[str, str], mode: str, gpus: gpu_doctor.DockerGpus | None = None) -> gpu_layout.Plan | None:
     """The GPU layout of a gpu/colocate run (None on CPU); a bad GPU list stops with its fix."""
     if mode == "cpu":
         return None
     try:
-        return gpu_layout.plan(env, mode, {g.uuid: int(g.index) for g in (gpus.gpus if gpus else [])})
+        return gpu_layout.plan(dotenv, mode, {g.uuid: int(g.index) for g in (gpus.gpus if gpus else [])})
     except gpu_layout.LayoutError as exc:
         raise StackError(str(exc)) from None
 
@@ -517,11 +517,11 @@ def compose(compose_vars: dict[str, str], *args: str, extra_profiles: tuple[str,
 IMAGE_REFERENCE = re.compile(r"[a-z0-9][a-z0-9._/:-]*(@sha256:[0-9a-f]{64})?", re.I)
 
 
-def check_custom_images(env: dict[str, str]) -> None:
+def check_custom_images(dotenv: dict[str, str]) -> None:
     """Each ENV_<NAME>_IMAGE is on this machine, or pulled now; else one line saying what to do."""
-    for n in custom_envs(env):
+    for n in custom_envs(dotenv):
         var = naming.image_var(n)
-        image = env[var]
+        image = dotenv[var]
         if not IMAGE_REFERENCE.fullmatch(image):
             raise StackError(f"{var}={image!r} is not an image name (e.g. ghcr.io/org/env:1.0, or a digest "
                              f"name@sha256:...); fix {var} in .env")
@@ -536,17 +536,17 @@ def check_custom_images(env: dict[str, str]) -> None:
                              "in .env")
 
 
-def unhealthy_custom_envs(compose_vars: dict[str, str], env: dict[str, str]) -> list[str]:
+def unhealthy_custom_envs(compose_vars: dict[str, str], dotenv: dict[str, str]) -> list[str]:
     """Why each custom env's service is not healthy (an image that is no OpenEnv server, usually)."""
     problems = []
-    for n in custom_envs(env):
+    for n in custom_envs(dotenv):
         cmd, cmd_env = compose_command(compose_vars, "ps", "-a", "--format", "json", naming.service_name(n))
         r = subprocess.run(cmd, cwd=ROOT, env=cmd_env, capture_output=True, text=True)
         states = [json.loads(line) for line in r.stdout.splitlines() if line.strip().startswith("{")]
         if states and all(s.get("Health") == "healthy" for s in states):
             continue
         seen = ", ".join(sorted({s.get("Health") or s.get("State", "?") for s in states})) or "not started"
-        problems.append(f"env-{n} (image {env[f'ENV_{n.upper()}_IMAGE']}) is {seen}: its GET /health on port 8000 "
+        problems.append(f"env-{n} (image {dotenv[f'ENV_{n.upper()}_IMAGE']}) is {seen}: its GET /health on port 8000 "
                         "never answered 200. Is it an OpenEnv server (openenv's create_app, served on port 8000)? "
                         f"`make logs` shows its output")
     return problems

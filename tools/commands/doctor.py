@@ -23,27 +23,27 @@ def run(rest: list[str]) -> int:
     if not stack.ENV_FILE.exists():
         print("  note .env: not created yet; checking .env.example (`make up` creates .env)")
     try:
-        env = stack.load_env()
+        dotenv = stack.load_env()
     except stack.StackError:
         return 2
     gpus = stack.detect_gpus() if not docker else gpu_doctor.DockerGpus(None, [], "docker not answering")
     report("GPUs for containers", None, gpus.detail)
     mode = "cpu"
     try:
-        mode, why = stack.resolve_mode(env, gpus)
+        mode, why = stack.resolve_mode(dotenv, gpus)
         report("TRAIN_MODE", None, why)
     except stack.StackError:
         ok = False
     try:
-        report("ENV_NAME", None, ", ".join(stack.env_names(env)))
+        report("ENV_NAME", None, ", ".join(stack.env_names(dotenv)))
     except stack.StackError:
         ok = False
-    report(".env values", stack.validate_run_config(env, mode))
-    report("HF token file", stack.check_token_file(env), "readable by the containers' user")
-    report("DASHBOARD_PORT", stack.check_port(env, "DASHBOARD_PORT"), f"{env.get('DASHBOARD_PORT', '6006')} free")
-    if stack.fleet_mode(env):
-        report("ENV_FLEET=swarm", fleet.swarm_problem(), f"this node manages the swarm; fleet {fleet.stack_name(env)}")
+    report(".env values", stack.validate_run_config(dotenv, mode))
+    report("HF token file", stack.check_token_file(dotenv), "readable by the containers' user")
+    report("DASHBOARD_PORT", stack.check_port(dotenv, "DASHBOARD_PORT"), f"{dotenv.get('DASHBOARD_PORT', '6006')} free")
+    if stack.fleet_mode(dotenv):
+        report("ENV_FLEET=swarm", fleet.swarm_problem(), f"this node manages the swarm; fleet {fleet.stack_name(dotenv)}")
     if mode in ("gpu", "colocate") or gpus.count:  # the GPUs detected above, not a second probe
-        ok = gpu_doctor.print_report(gpus, env) and ok
+        ok = gpu_doctor.print_report(gpus, dotenv) and ok
     print("all good" if ok else "doctor found problems: fix the FAIL lines above")
     return 0 if ok else 1

@@ -51,9 +51,9 @@ def smoke_table(mode: str, found: dict[str, dict], failed_rc: int | None) -> tup
     return lines, ok
 
 
-def run_logged(cmd: list[str], env: dict[str, str]) -> tuple[int, str]:
+def run_logged(cmd: list[str], dotenv: dict[str, str]) -> tuple[int, str]:
     """Run, echo every line as it comes, and keep the text for the stage records."""
-    proc = subprocess.Popen(cmd, cwd=stack.ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen(cmd, cwd=stack.ROOT, env=dotenv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             bufsize=1)
     seen = []
     assert proc.stdout is not None
