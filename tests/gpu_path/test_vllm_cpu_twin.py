@@ -201,7 +201,7 @@ def test_preflight_accepts_the_twins_routes_and_refuses_a_gpuless_trainer(vllm_c
     """The server half of preflight passes against the twin (dev mode, nccl, world size); the full
     preflight then refuses, naming both missing GPUs (stand-in: the trainer's CUDA check)."""
     from trainer.gpu import nccl, server
-    from trainer.gpu import preflight as gpu_preflight
+    from trainer.gpu import server_checks
 
     report = server.check_vllm_server(vllm_cpu.url, timeout_s=30)
     assert report.weight_transfer_config == {"backend": "nccl"}
@@ -215,7 +215,7 @@ def test_preflight_accepts_the_twins_routes_and_refuses_a_gpuless_trainer(vllm_c
 
     cfg = RunConfig(train_mode="gpu", vllm_server_url=vllm_cpu.url, vllm_server_timeout_s=30, weight_sync_timeout_s=60)
     with pytest.raises(server.VLLMPreflightError) as err:
-        gpu_preflight.preflight_vllm(cfg)
+        server_checks.preflight_vllm(cfg)
     text = str(err.value)
     assert "needs a CUDA GPU in the trainer container" in text
     assert "the vLLM server has no GPU" in text

@@ -13,7 +13,7 @@ inside the functions that need them, so CPU runs and the host's `make doctor` ne
 """
 
 from trainer.gpu.grpo_kwargs import describe_mode, grpo_vllm_kwargs
-from trainer.gpu.preflight import preflight_vllm
+from trainer.gpu.server_checks import preflight_vllm
 from trainer.gpu.server import VLLMPreflightError
 from trainer.gpu.trl_hooks import instrument_weight_sync
 
