@@ -7,7 +7,7 @@ GPUs are counted the way Docker really hands them out: a throw-away container st
 with the CDI device `nvidia.com/gpu=all`, runs `nvidia-smi` (both inject it). Checks: how many GPUs
 (>= 2 for TRAIN_MODE=gpu; exactly one -> colocate), that VLLM_GPU / TRAINER_GPU exist (and differ),
 the driver against the vLLM image's CUDA, and free memory against what vLLM will take.
-Reads .env (or .env.example) like the Makefile; STACK_ENV_FILE points elsewhere.
+Reads .env (or .env.example) with the host's one reader, tools/settings.py; STACK_ENV_FILE points elsewhere.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from tools import gpu_layout
-from tools.errors import parse_env_file
+from tools.settings import load_env
 from trainer import defaults
 from trainer.train_mode import spec as mode_spec  # stdlib only: the GPU defaults of each mode
 
@@ -221,15 +221,6 @@ def probe_docker_gpus(runner: Runner = run, image: str | None = None) -> DockerG
             return DockerGpus("CDI" if method == "CDI" else name, gpus, f"{len(gpus)} GPU(s) via {name}")
         errors.append(f"{method}: {(r.stderr.strip().splitlines() or ['no GPU listed'])[-1][:200]}")
     return DockerGpus(None, [], "Docker hands out no GPU (" + "; ".join(errors) + ")")
-
-
-def load_env() -> dict[str, str]:
-    """.env (STACK_ENV_FILE, else .env, else .env.example) with the host's own parser; the process's values of the
-    variables read here win, as in Compose."""
-    path = Path(os.environ.get("STACK_ENV_FILE") or ROOT / ".env")
-    dotenv = parse_env_file(path if path.exists() else ROOT / ".env.example")
-    dotenv.update({k: v for k, v in os.environ.items() if k in ("TRAIN_MODE", "VLLM_GPU", "TRAINER_GPU", "VLLM_IMAGE")})
-    return dotenv
 
 
 def cuda_of_image(image: str, runner: Runner = run) -> str | None:

@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tools import gpu_layout
-from tools.gpu_doctor import DEFAULT_VLLM_IMAGE, NO_GPU, load_env, probe
+from tools.gpu_doctor import DEFAULT_VLLM_IMAGE, NO_GPU, probe
+from tools.settings import load_env
 
 ROOT = Path(__file__).resolve().parent.parent
 

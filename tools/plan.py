@@ -1,6 +1,6 @@
 """The plan: what runs for this .env on this host, decided once and without side effects.
 
-`make_plan(values, gpus)` turns the .env values (StackEnv, read once) and the GPUs Docker hands out into a Plan:
+`make_plan(settings, gpus)` turns the .env settings (tools/settings.py, read once) and the GPUs Docker hands out into a Plan:
 the mode and why, the envs by kind, the GPU layout, the Compose profiles, the services to start, the images to
 build and what the generated compose file adds. Nothing here runs Docker or writes a file; tools/prepare.py runs
 the checks that do, writes the generated compose file from the plan (stack.write_compose_files), and the commands
@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from envs import naming
 from tools import gpu_layout, stack
 from tools.gpu_doctor import DockerGpus
+from tools.settings import StackEnv
 from trainer.train_mode import ModeSpec
 from trainer.train_mode import spec as mode_spec
 
@@ -36,7 +37,7 @@ class EnvKinds:
 
 @dataclass(frozen=True)
 class Plan:
-    values: dict[str, str]          # .env as read (process variables win), validated by StackEnv
+    settings: StackEnv              # .env as read (process variables win), typed
     mode: str                       # cpu, gpu or colocate
     why: str                        # one line: how the mode was chosen
     envs: EnvKinds
@@ -45,6 +46,11 @@ class Plan:
     notes: tuple[str, ...] = ()     # what the plan changed or proposes, for the user
     fleet: bool = False             # ENV_FLEET=swarm: the env servers are a Swarm fleet, not services here
     replicas: dict[str, str] = field(default_factory=dict)  # ENV_<NAME>_REPLICAS as Compose reads them
+
+    @property
+    def values(self) -> dict[str, str]:
+        """Every .env key as a string (ENV_<NAME>_IMAGE, ...), as the stack's functions take them."""
+        return self.settings.values
 
     @property
     def spec(self) -> ModeSpec:
@@ -92,8 +98,8 @@ class Plan:
         if glob.glob(str(stack.WHEELS / "torch-*.whl")):
             out["TORCH_INDEX_URL"] = ""  # the local wheel is enough; don't wait on an index
         out.update(self.replicas)
-        if self.values.get("TRAINER_GPU"):
-            out["TRAINER_GPU"] = self.values["TRAINER_GPU"]
+        if self.settings.TRAINER_GPU:
+            out["TRAINER_GPU"] = self.settings.TRAINER_GPU
         return out
 
 
@@ -110,8 +116,10 @@ def env_kinds(values: dict[str, str]) -> EnvKinds:
     )
 
 
-def make_plan(values: dict[str, str], gpus: DockerGpus | None) -> Plan:
-    """The plan for these .env values on a host with these GPUs (None: none, not probed, as for TRAIN_MODE=cpu)."""
+def make_plan(settings: StackEnv | dict[str, str], gpus: DockerGpus | None) -> Plan:
+    """The plan for these .env settings on a host with these GPUs (None: none, not probed, as for TRAIN_MODE=cpu)."""
+    settings = settings if isinstance(settings, StackEnv) else StackEnv.from_values(settings)
+    values = settings.values
     mode, why = stack.resolve_mode(values, gpus if gpus is not None else DockerGpus(None, [], "not probed"))
     envs = env_kinds(values)
     problem = stack.validate_run_config(values, mode)
@@ -121,7 +129,8 @@ def make_plan(values: dict[str, str], gpus: DockerGpus | None) -> Plan:
     if mode == "colocate":
         trainer_gpu, note = gpu_layout.colocate_trainer_gpu(values.get("TRAINER_GPU"), gpus.count if gpus else 0)
         if note:
-            values = {**values, "TRAINER_GPU": trainer_gpu}
+            settings = StackEnv.from_values({**values, "TRAINER_GPU": trainer_gpu})
+            values = settings.values
             notes.append(note)
     layout = stack.gpu_plan(values, mode, gpus)
     if layout is not None:
@@ -132,13 +141,13 @@ def make_plan(values: dict[str, str], gpus: DockerGpus | None) -> Plan:
             notes.append(f"this host has {gpus.count} GPUs and the run uses {used}; to use all of them set "
                          f"VLLM_GPU={proposal[0]} TRAINER_GPU={proposal[1]} VLLM_PARALLEL=data in .env (README "
                          "\"Every GPU of a host\")")
-    return Plan(values=values, mode=mode, why=why, envs=envs, layout=layout, cdi=bool(gpus and gpus.cdi),
-                notes=tuple(notes), fleet=stack.fleet_mode(values), replicas=stack.replica_counts(values))
+    return Plan(settings=settings, mode=mode, why=why, envs=envs, layout=layout, cdi=bool(gpus and gpus.cdi),
+                notes=tuple(notes), fleet=settings.ENV_FLEET == "swarm", replicas=stack.replica_counts(values))
 
 
 def env_servers_plan(values: dict[str, str]) -> Plan:
     """The env servers of .env as Compose services, and nothing else (no GPU, no check of the training knobs): what
     a Swarm fleet deploys and builds (tools/fleet.py)."""
     values = {**values, "ENV_FLEET": "compose"}
-    return Plan(values=values, mode="cpu", why="env servers only", envs=env_kinds(values), layout=None,
-                replicas=stack.replica_counts(values))
+    return Plan(settings=StackEnv.from_values(values), mode="cpu", why="env servers only", envs=env_kinds(values),
+                layout=None, replicas=stack.replica_counts(values))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tools import stack
+from tools import settings, stack
 from tools.plan import Plan, make_plan
 
 
@@ -34,11 +34,11 @@ def prepare() -> Prepared:
     for problem in (stack.check_docker(), stack.check_compose()):
         if problem:
             raise stack.StackError(problem)
-    values = stack.load_env()
-    gpus = stack.detect_gpus() if (values.get("TRAIN_MODE") or "auto").lower() != "cpu" else None
+    dotenv = settings.load()
+    gpus = stack.detect_gpus() if dotenv.TRAIN_MODE.strip().lower() != "cpu" else None
     if gpus is not None:  # TRAIN_MODE=gpu/colocate/auto: the driver against VLLM_IMAGE's CUDA, before any pull
-        stack.check_gpu_driver(values, gpus)
-    plan = make_plan(values, gpus)
+        stack.check_gpu_driver(dotenv.values, gpus)
+    plan = make_plan(dotenv, gpus)
     stack.say(plan.why)
     for note in plan.notes:
         stack.say(note)

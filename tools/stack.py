@@ -1,9 +1,8 @@
 """The stack as .env describes it: settings, envs by kind, the generated compose file, host checks, compose calls.
 
 It only decides *what* runs (profiles, mode, services, replica counts); Compose does the running, and the commands
-in tools/commands/ drive both. `.env` is read once into `StackEnv` (pydantic-settings, python-dotenv's parser: the
-small host venv `make` creates has both); the training knobs are validated with the trainer's own typed config,
-trainer.config.RunConfig.
+in tools/commands/ drive both. `.env` is read once, by tools/settings.py; the training knobs are validated with the
+trainer's own typed config, trainer.config.RunConfig.
 """
 
 from __future__ import annotations
@@ -17,21 +16,14 @@ import shutil
 import socket
 import subprocess
 from pathlib import Path
-from typing import Literal, Optional
-
-from pydantic import Field, ValidationError
-from pydantic_settings import BaseSettings, SettingsConfigDict
-
-ROOT = Path(__file__).resolve().parent.parent
 
 from envs import naming
-from tools import env_replicas, gpu_doctor, gpu_layout
+from tools import env_replicas, gpu_doctor, gpu_layout, settings
 from tools.errors import StackError, parse_env_file, say  # noqa: F401  (re-exported: the host's names)
+from tools.settings import ROOT, load_env
 from trainer.train_mode import MODES, TrainModeError, resolve_train_mode  # stdlib only
 from trainer.train_mode import spec as mode_spec  # noqa: F401  (the TRAIN_MODE table, for the commands)
-# STACK_ENV_FILE lets tests (and users with several setups) point at another env file.
-ENV_FILE = Path(os.environ.get("STACK_ENV_FILE") or ROOT / ".env")
-ENV_EXAMPLE = ROOT / ".env.example"
+
 WHEELS = ROOT / ".wheels"
 MIN_COMPOSE = (2, 24, 4)  # `!override` in the generated compose file (profiles and `required: false` are older)
 # Commands run in the trainer images: vLLM's runtime image (the GPU trainer's base) installs `python3` only.
@@ -39,51 +31,10 @@ TRAINER_PYTHON = ("python3",)
 LOCAL_ENV_IMAGE = "grpo-stack/env-server:local"
 
 
-class StackEnv(BaseSettings):
-    """The host's view of `.env`, read once (what decides what runs; the trainer validates its own
-    knobs with trainer.config.RunConfig). Process variables win over the file, as in Compose. Every
-    other key (ENV_<NAME>_IMAGE, ENV_<NAME>_REPLICAS, ...) is kept as given, in `values`."""
-
-    model_config = SettingsConfigDict(case_sensitive=True, extra="ignore", env_ignore_empty=True)
-
-    TRAIN_MODE: str = "auto"
-    ENV_NAME: str = "echo"
-    ENV_URLS: str = ""
-    DASHBOARD: bool = False
-    DASHBOARD_PORT: Optional[int] = Field(6006, ge=1, le=65535)
-    HF_TOKEN_FILE: str = "./.secrets/hf_token"
-    VLLM_GPU: str = ""  # empty: the mode's default (trainer.train_mode.MODE_SPECS)
-    TRAINER_GPU: str = ""
-    VLLM_PARALLEL: Literal["tensor", "data"] = "tensor"
-    ENV_FLEET: Literal["compose", "swarm"] = "compose"
-    FLEET_STACK: str = Field("grpo-fleet", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_-]*$")
-    values: dict[str, str] = Field(default_factory=dict, exclude=True)
-
-    @classmethod
-    def load(cls, path: Path) -> "StackEnv":
-        values = parse_env_file(path)
-        # As in Compose, a process variable wins over the file: for the file's keys, the typed ones, and every ENV_*
-        # one (an ENV_<NAME>_IMAGE or _REPLICAS may be set only in the environment).
-        for key in {*values, *cls.model_fields, *(k for k in os.environ if k.startswith("ENV_"))}:
-            if key in os.environ and key != "values":
-                values[key] = os.environ[key]
-        typed = {k: v for k, v in values.items() if k in cls.model_fields and v != ""}
-        try:
-            return cls(_env_prefix="__stack_none__", values=values, **typed)  # the file (+ overrides) only
-        except ValidationError as exc:
-            raise StackError("; ".join(f"{err['loc'][0]}: {err['msg']} (got {err.get('input')!r}); edit .env"
-                                       for err in exc.errors())) from None
-
-
-def load_env() -> dict[str, str]:
-    """.env (else .env.example) as strings, validated by StackEnv: what the commands below read."""
-    return StackEnv.load(ENV_FILE if ENV_FILE.exists() else ENV_EXAMPLE).values
-
-
 def setup() -> None:
     """Create what a fresh checkout lacks: .env, the (empty) HF token secret, the torch wheel."""
-    if not ENV_FILE.exists():
-        shutil.copyfile(ENV_EXAMPLE, ENV_FILE)
+    if not settings.ENV_FILE.exists():
+        shutil.copyfile(settings.ENV_EXAMPLE, settings.ENV_FILE)
         say("created .env from .env.example (edit it to change env, model or mode)")
     token_file = Path(load_env().get("HF_TOKEN_FILE") or ".secrets/hf_token")
     token_file = token_file if token_file.is_absolute() else ROOT / token_file
@@ -140,7 +91,7 @@ def custom_envs(dotenv: dict[str, str]) -> list[str]:
 # ------------------------------------------------------------------ compose files
 def generated_compose_file() -> Path:
     """.stack/compose.envs.yaml for .env; another env file (STACK_ENV_FILE) gets its own."""
-    suffix = "" if ENV_FILE == ROOT / ".env" else f".{ENV_FILE.stem}"
+    suffix = "" if settings.ENV_FILE == ROOT / ".env" else f".{settings.ENV_FILE.stem}"
     return ROOT / ".stack" / f"compose.envs{suffix}.yaml"
 
 
@@ -264,7 +215,7 @@ def write_compose_files(generated: dict) -> list[Path]:
         return [ROOT / "compose.yaml"]
     path = generated_compose_file()
     path.parent.mkdir(exist_ok=True)
-    text = (f"# Generated by tools/plan.py from {ENV_FILE.name} (ENV_NAME, ENV_<NAME>_IMAGE, ENV_FLEET, VLLM_GPU, "
+    text = (f"# Generated by tools/plan.py from {settings.ENV_FILE.name} (ENV_NAME, ENV_<NAME>_IMAGE, ENV_FLEET, VLLM_GPU, "
             "TRAINER_GPU, NCCL_FAST_PATH); do not edit.\n")
     path.write_text(text + yaml_text(generated))
     return [ROOT / "compose.yaml", path]
@@ -349,7 +300,7 @@ CAPACITY_CACHE = ROOT / ".stack" / "capacity.json"  # per image: any env file ma
 
 def last_counts_file() -> Path:
     """.stack/replicas.json: the counts `make up` resolved for .env (another env file gets its own)."""
-    suffix = "" if ENV_FILE == ROOT / ".env" else f".{ENV_FILE.stem}"
+    suffix = "" if settings.ENV_FILE == ROOT / ".env" else f".{settings.ENV_FILE.stem}"
     return ROOT / ".stack" / f"replicas{suffix}.json"
 
 
@@ -469,7 +420,7 @@ def run_config(dotenv: dict[str, str], mode: str):
     """The trainer's typed config (trainer.config.RunConfig, light imports only) from .env's values."""
     from trainer.config import RunConfig
 
-    keys = set(parse_env_file(ENV_EXAMPLE))
+    keys = set(parse_env_file(settings.ENV_EXAMPLE))
     values = {k: v for k, v in dotenv.items() if k in keys and v != ""}
     values["TRAIN_MODE"] = mode
     return RunConfig(**{k.lower(): v for k, v in values.items() if k.lower() in RunConfig.model_fields})
@@ -504,7 +455,7 @@ def compose_command(compose_vars: dict[str, str], *args: str, extra_profiles: tu
     env = dict(compose_vars)
     if extra_profiles:
         env["COMPOSE_PROFILES"] = ",".join([env["COMPOSE_PROFILES"], *extra_profiles])
-    env_file = ["--env-file", str(ENV_FILE)] if ENV_FILE.exists() else []  # STACK_ENV_FILE, else .env
+    env_file = ["--env-file", str(settings.ENV_FILE)] if settings.ENV_FILE.exists() else []  # STACK_ENV_FILE, else .env
     return ["docker", "compose", *env_file, *args], env
 
 

@@ -168,12 +168,12 @@ def resolved(tmp_path, monkeypatch, lines: str, gpus, mode: str = "gpu") -> dict
     `docker compose config`. No GPU needed."""
     import json
 
-    from tools import stack
+    from tools import settings, stack
 
     env_file = tmp_path / "stack.env"
     env_file.write_text((ROOT / ".env.example").read_text() + lines)
-    monkeypatch.setattr(stack, "ENV_FILE", env_file)
-    env = stack.StackEnv.load(env_file).values
+    monkeypatch.setattr(settings, "ENV_FILE", env_file)
+    env = settings.StackEnv.load(env_file).values
     from tools.plan import make_plan
     from tools.prepare import compose_vars_for
 

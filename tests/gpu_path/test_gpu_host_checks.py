@@ -15,7 +15,7 @@ from tests.helpers import ROOT
 from trainer import stages
 from tools import gpu_doctor
 from tools import gpu_layout
-from tools import stack
+from tools import settings, stack
 from tools.commands import smoke
 from tools.prepare import prepare
 
@@ -75,7 +75,7 @@ def test_make_train_stops_on_a_driver_too_old_for_the_vllm_image_test_double_for
     old.gpus = gpu_doctor.parse_gpu_csv(SMI_550)
     env_file = tmp_path / "gpu.env"
     env_file.write_text((ROOT / ".env.example").read_text())
-    monkeypatch.setattr(stack, "ENV_FILE", env_file)
+    monkeypatch.setattr(settings, "ENV_FILE", env_file)
     monkeypatch.setattr(stack, "detect_gpus", lambda: old)
     monkeypatch.setattr(stack, "check_docker", lambda: None)
     monkeypatch.setattr(stack, "check_compose", lambda: None)

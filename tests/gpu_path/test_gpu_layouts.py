@@ -15,7 +15,7 @@ from trainer.config import RunConfig
 from trainer.launch import LaunchError, launch_argv, process_count
 from tools import gpu_doctor
 from tools import gpu_layout
-from tools import stack
+from tools import settings, stack
 from tools.prepare import prepare
 
 
@@ -55,7 +55,7 @@ def test_auto_proposes_a_split_that_uses_every_gpu(count, split):
 def test_eight_gpu_host_with_default_env_keeps_the_two_gpu_layout_and_proposes_one_test_double_for_gpu_host(tmp_path, monkeypatch, capsys):
     env_file = tmp_path / "eight.env"
     env_file.write_text((ROOT / ".env.example").read_text())
-    monkeypatch.setattr(stack, "ENV_FILE", env_file)
+    monkeypatch.setattr(settings, "ENV_FILE", env_file)
     monkeypatch.setattr(stack, "detect_gpus", lambda: host_with(8))
     monkeypatch.setattr(stack, "check_docker", lambda: None)
     monkeypatch.setattr(stack, "check_compose", lambda: None)

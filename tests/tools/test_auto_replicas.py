@@ -10,6 +10,7 @@ import pytest
 
 import tools.env_replicas as env_replicas
 import tools.stack as stack
+from tools import settings
 from tools.env_replicas import Measurement, ReplicasError, auto_envs, replicas_for
 
 LEARNED, BUILTIN = ["connect4"], ["echo"]
@@ -58,8 +59,8 @@ def test_compose_and_the_fleet_get_the_resolved_number(tmp_path, monkeypatch):
     env_file = tmp_path / "auto.env"
     env_file.write_text("TRAIN_MODE=cpu\nENV_NAME=connect4\nENV_CONNECT4_IMAGE=example/connect4:1\n"
                         "ENV_CONNECT4_REPLICAS=auto\nENV_FLEET=swarm\n")
-    monkeypatch.setattr(stack, "ENV_FILE", env_file)
-    env = stack.load_env()
+    monkeypatch.setattr(settings, "ENV_FILE", env_file)
+    env = settings.load_env()
     from tools.plan import make_plan
 
     assert make_plan(env, None).compose_vars([])["ENV_CONNECT4_REPLICAS"] == "1"  # before any `make up`: valid, no measuring

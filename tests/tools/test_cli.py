@@ -118,11 +118,12 @@ def test_every_env_service_is_generated_from_the_one_template(tmp_path, monkeypa
     for echo, for a built-in env added as one folder + its registry line (maze), and for an image named in .env;
     ENV_URLS's envs get none."""
     from envs import registry
+    from tools import settings
     from tools import stack as stack_module
     from tools.plan import make_plan
 
     monkeypatch.setitem(registry._SPECS, "maze", registry._SPECS["catch"])  # stands in for envs/maze/
-    monkeypatch.setattr(stack_module, "ENV_FILE", tmp_path / "none.env")
+    monkeypatch.setattr(settings, "ENV_FILE", tmp_path / "none.env")
     servers = [n for n, svc in stack_module.compose_yaml_services().items()
                if n.startswith("env-") and "build" not in svc.get("profiles", [])]
     assert servers == ["env-template"]

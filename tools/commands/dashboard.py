@@ -17,7 +17,7 @@ def start(prepared: Prepared) -> None:
     prepared.compose("--progress", "quiet", "build", "trainer-cpu-image", extra_profiles=("build",))
     if prepared.compose("up", "-d", "dashboard", extra_profiles=("dashboard",)) != 0:
         raise stack.StackError("the dashboard did not start: `make logs` shows why")
-    url = f"http://127.0.0.1:{values.get('DASHBOARD_PORT') or 6006}"
+    url = f"http://127.0.0.1:{prepared.plan.settings.DASHBOARD_PORT}"
     if "trackio" in trackers.parse(values.get("REPORT_TO") or "tensorboard"):
         url += f"/?project={trackers.PROJECT}"
     stack.say(f"dashboard: {url}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 
-from tools import fleet, gpu_doctor, stack
+from tools import fleet, gpu_doctor, settings, stack
 
 def run(rest: list[str]) -> int:
     ok = True
@@ -20,10 +20,10 @@ def run(rest: list[str]) -> int:
     report("docker engine", docker, stack.run(["docker", "info", "--format", "{{.ServerVersion}}"]).stdout.strip())
     report("compose v2", stack.check_compose() if not docker or shutil.which("docker") else docker,
            stack.run(["docker", "compose", "version", "--short"]).stdout.strip())
-    if not stack.ENV_FILE.exists():
+    if not settings.ENV_FILE.exists():
         print("  note .env: not created yet; checking .env.example (`make up` creates .env)")
     try:
-        dotenv = stack.load_env()
+        dotenv = settings.load_env()
     except stack.StackError:
         return 2
     gpus = stack.detect_gpus() if not docker else gpu_doctor.DockerGpus(None, [], "docker not answering")

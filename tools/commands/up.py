@@ -18,7 +18,7 @@ def bring_up(prepared: Prepared) -> None:
     if plan.fleet:
         fleet.up_here(values, plan.mode, processes)
     services, profiles = list(plan.services), prepared.compose_vars["COMPOSE_PROFILES"]
-    if values.get("DASHBOARD", "").strip().lower() in ("1", "true", "yes", "on"):
+    if plan.settings.DASHBOARD:
         problem = stack.check_port(values, "DASHBOARD_PORT")
         if problem:
             raise stack.StackError(problem)

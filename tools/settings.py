@@ -1,0 +1,69 @@
+"""The host's one `.env` reader: StackEnv (pydantic-settings over python-dotenv's parser, as Compose reads the file),
+typed, with every other key kept as given. ENV_FILE is the file the stack uses (STACK_ENV_FILE lets tests and users
+with several setups point at another), else .env.example before `make` copies it."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import Field, ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from tools.errors import StackError, parse_env_file
+
+ROOT = Path(__file__).resolve().parent.parent
+ENV_FILE = Path(os.environ.get("STACK_ENV_FILE") or ROOT / ".env")
+ENV_EXAMPLE = ROOT / ".env.example"
+
+
+class StackEnv(BaseSettings):
+    """The host's view of `.env`, read once (what decides what runs; the trainer validates its own
+    knobs with trainer.config.RunConfig). Process variables win over the file, as in Compose. Every
+    other key (ENV_<NAME>_IMAGE, ENV_<NAME>_REPLICAS, ...) is kept as given, in `values`."""
+
+    model_config = SettingsConfigDict(case_sensitive=True, extra="ignore", env_ignore_empty=True)
+
+    TRAIN_MODE: str = "auto"
+    ENV_NAME: str = "echo"
+    ENV_URLS: str = ""
+    DASHBOARD: bool = False
+    DASHBOARD_PORT: Optional[int] = Field(6006, ge=1, le=65535)
+    HF_TOKEN_FILE: str = "./.secrets/hf_token"
+    VLLM_GPU: str = ""  # empty: the mode's default (trainer.train_mode.MODE_SPECS)
+    TRAINER_GPU: str = ""
+    VLLM_PARALLEL: Literal["tensor", "data"] = "tensor"
+    ENV_FLEET: Literal["compose", "swarm"] = "compose"
+    FLEET_STACK: str = Field("grpo-fleet", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_-]*$")
+    values: dict[str, str] = Field(default_factory=dict, exclude=True)
+
+    @classmethod
+    def load(cls, path: Path) -> "StackEnv":
+        values = parse_env_file(path)
+        # As in Compose, a process variable wins over the file: for the file's keys, the typed ones, and every ENV_*
+        # one (an ENV_<NAME>_IMAGE or _REPLICAS may be set only in the environment).
+        for key in {*values, *cls.model_fields, *(k for k in os.environ if k.startswith("ENV_"))}:
+            if key in os.environ and key != "values":
+                values[key] = os.environ[key]
+        return cls.from_values(values)
+
+    @classmethod
+    def from_values(cls, values: dict[str, str]) -> "StackEnv":
+        """These values as they are (no process variable read), typed; a bad one is a StackError with its fix."""
+        typed = {k: v for k, v in values.items() if k in cls.model_fields and v != ""}
+        try:
+            return cls(_env_prefix="__stack_none__", values=values, **typed)  # the file (+ overrides) only
+        except ValidationError as exc:
+            raise StackError("; ".join(f"{err['loc'][0]}: {err['msg']} (got {err.get('input')!r}); edit .env"
+                                       for err in exc.errors())) from None
+
+
+def load() -> StackEnv:
+    """ENV_FILE (else .env.example), typed."""
+    return StackEnv.load(ENV_FILE if ENV_FILE.exists() else ENV_EXAMPLE)
+
+
+def load_env() -> dict[str, str]:
+    """The same values as strings, every key included (ENV_<NAME>_IMAGE, ...)."""
+    return load().values
