@@ -29,6 +29,7 @@ from tools.plan import env_servers_plan
 from tools.prepare import compose_vars_for
 from tools.stack import ROOT, StackError, run, say
 
+FLEET_ENVS_FILE = "compose.fleet-envs"  # .stack/: the env servers as Compose services, what the fleet is made from
 WAIT_S = 300  # for every task of a deploy to be running and healthy (an image pull on a new node included)
 GPU_HOST_LABEL = "grpo.role"  # `docker node update --label-add grpo.role=gpu <gpu host>`: no env task lands there
 
@@ -96,7 +97,7 @@ def fleet_envs(dotenv: dict[str, str]) -> list[str]:
 def compose_services(dotenv: dict[str, str]) -> dict[str, dict]:
     """The Compose stack's env services for .env, resolved by `docker compose config` (interpolated, extended)."""
     names = fleet_envs(dotenv)
-    compose_vars = compose_vars_for(env_servers_plan(dotenv))
+    compose_vars = compose_vars_for(env_servers_plan(dotenv), FLEET_ENVS_FILE)
     compose_vars["COMPOSE_PROFILES"] = ",".join(names)
     cmd, cmd_env = stack.compose_command(compose_vars, "config", "--format", "json", *[naming.service_name(n) for n in names])
     r = subprocess.run(cmd, cwd=ROOT, env=cmd_env, capture_output=True, text=True)
@@ -236,7 +237,7 @@ def cmd_up(dotenv: dict[str, str], mode: str | None = None, processes: int | Non
     stack.check_custom_images(dotenv)
     if any((dotenv.get(naming.image_var(n)) or stack.LOCAL_ENV_IMAGE) == stack.LOCAL_ENV_IMAGE
            for n in fleet_envs(dotenv)):
-        compose_vars = compose_vars_for(env_servers_plan(dotenv))
+        compose_vars = compose_vars_for(env_servers_plan(dotenv), FLEET_ENVS_FILE)
         if stack.compose(compose_vars, "--progress", "quiet", "build", "env-server-image", extra_profiles=("build",)) != 0:
             raise StackError("building the env-server image failed (see above)")
     processes = processes or int(dotenv.get("TRAINER_PROCESSES") or 1)

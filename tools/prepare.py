@@ -23,9 +23,9 @@ class Prepared:
         return stack.compose(self.compose_vars, *args, extra_profiles=extra_profiles)
 
 
-def compose_vars_for(plan: Plan) -> dict[str, str]:
-    """Write the plan's generated compose file; the environment Compose runs the stack with."""
-    return plan.compose_vars(stack.write_compose_files(plan.generated_compose()))
+def compose_vars_for(plan: Plan, name: str = "compose.envs") -> dict[str, str]:
+    """Write the plan's generated compose file (.stack/<name>.yaml); the environment Compose runs the stack with."""
+    return plan.compose_vars(stack.write_compose_files(plan.generated_compose(), name))
 
 
 def prepare() -> Prepared:
