@@ -1,7 +1,7 @@
 """The plan: what runs for this .env on this host, decided once and without side effects.
 
-`make_plan(settings, gpus)` turns the .env settings (tools/settings.py, read once) and the GPUs Docker hands out into a Plan:
-the mode and why, the envs by kind, the GPU layout, the Compose profiles, the services to start, the images to
+`make_plan(settings, gpus)` turns the .env settings (tools/settings.py, read once) and the GPUs Docker hands out
+into a Plan: the mode and why, the envs by kind, the GPU layout, the Compose profiles, the services to start, the images to
 build and what the generated compose file adds. Nothing here runs Docker or writes a file; tools/prepare.py runs
 the checks that do, writes the generated compose file from the plan (stack.write_compose_files), and the commands
 execute it. A bad value raises StackError with its fix.
