@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
+from envs.core import untrusted
+
 
 # Fields every OpenEnv `Action` carries that are not the env's own (set by the framework, not the policy).
 FRAMEWORK_ACTION_FIELDS = ("metadata",)
@@ -96,8 +98,8 @@ ENTRY = re.compile(r"^(\w++)\s*+(?:\([^)]*+\))?\s*+:\s*+(.*)$")
 
 
 def one_line(text: str, limit: int = MAX_DESCRIPTION_CHARS) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    """Folded to one line, control characters escaped (a description can carry terminal escapes), cut at `limit`."""
+    return untrusted.one_line(text, limit)
 
 
 # ------------------------------------------------------------------------------------ JSON schema -> hint
