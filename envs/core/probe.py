@@ -105,7 +105,8 @@ async def _count_sessions(url: str, want: int, counted: list[int]) -> str | None
                 ws = await open_session(ws_url(url), close_timeout=CLOSE_TIMEOUT_S, ping_interval=None,
                                         open_timeout=None)
             except Exception as exc:  # noqa: BLE001 - any failure to connect ends the count
-                return f"opening session {counted[0] + 1}: {type(exc).__name__}: {one_line(strip_credentials(str(exc)), 200)}"
+                why = one_line(strip_credentials(str(exc)), 200)
+                return f"opening session {counted[0] + 1}: {type(exc).__name__}: {why}"
             opened.append(ws)
             try:
                 await ws.send('{"type": "state"}')

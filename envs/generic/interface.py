@@ -234,7 +234,8 @@ def get_schema(base_url: str) -> dict:
     except probe.ProbeError as exc:
         raise InterfaceError(str(exc)) from None
     if status != 200 or not isinstance(body, dict) or not isinstance(body.get("action"), dict):
-        raise InterfaceError(f"{url} answered {status} without an action schema: not an OpenEnv server "
+        shown = untrusted.strip_credentials(url)
+        raise InterfaceError(f"{shown} answered {status} without an action schema: not an OpenEnv server "
                              "(OpenEnv's create_app serves /schema and /ws)")
     return body
 
@@ -261,12 +262,13 @@ def list_tools(base_url: str, timeout_s: float) -> list[dict]:
         client.reset()  # opens the session; list_tools needs no reset, but some envs only answer after one
         reply = client.step({"type": "list_tools"})
     except (EnvServerError, ConnectionError, OSError) as exc:
-        raise InterfaceError(f"{base_url}: listing its MCP tools failed: {exc}") from None
+        raise InterfaceError(f"{untrusted.strip_credentials(base_url)}: listing its MCP tools failed: {exc}") from None
     finally:
         client.close()
     tools = (reply.get("observation") or {}).get("tools")
     if not isinstance(tools, list):
-        raise InterfaceError(f"{base_url}: a list_tools step answered without a tool list: {str(reply)[:200]}")
+        raise InterfaceError(f"{untrusted.strip_credentials(base_url)}: a list_tools step answered without a tool "
+                             f"list: {one_line(reply, 200)}")
     return tools
 
 

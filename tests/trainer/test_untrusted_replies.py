@@ -25,7 +25,7 @@ from trainer.trackers import RunInfo
 def test_plain_text_is_unchanged_and_long_text_is_cut_as_before():
     assert safe_text("G Y X\nX G Y\ttab", 2000) == "G Y X\nX G Y\ttab"
     long = "a" * 5000
-    assert safe_text(long, 2000) == long[:1987] + " …[trimmed]"  # the generic tool's old trim, character for character
+    assert safe_text(long, 2000) == long[:1987] + " …[trimmed]"  # the generic tool's old trim, to the character
 
 
 def test_control_characters_are_escaped_and_bidi_overrides_shown():
@@ -67,7 +67,7 @@ def test_honest_observations_render_as_before():
 # ---------------------------------------------------------------------------------------------- URLs
 @pytest.mark.parametrize("raw, shown", [
     ("http://trainer:s3cret@env-x:8000", "http://***@env-x:8000"),
-    ("echo=wss://tok@envs.example:443/a,wordle=http://h:9000", "echo=wss://***@envs.example:443/a,wordle=http://h:9000"),
+    ("echo=wss://tok@envs.example/a,wordle=http://h:9000", "echo=wss://***@envs.example/a,wordle=http://h:9000"),
     ("Cannot reach ws://h:8000/ws?token=s3cret&x=1: refused", "Cannot reach ws://h:8000/ws?token=***&x=1: refused"),
     ("http://h:8000/?api_key=s3cret#f", "http://h:8000/?api_key=***#f"),
     ("http://vllm:8000", "http://vllm:8000"),
