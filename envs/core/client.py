@@ -51,8 +51,8 @@ class EnvServerError(RuntimeError):
         self.data = data or {}
 
 
-class RedirectRefused(ConnectionError):
-    """An env server answered the WebSocket handshake with a redirect."""
+class RedirectRefused(UntrustedReply):
+    """An env server answered the WebSocket handshake with a redirect (a setup error: reset does not retry it)."""
 
 
 class open_session(connect):
@@ -203,6 +203,9 @@ class SessionClient:
                 ping_interval=self.ping_interval_s,
                 ping_timeout=self.ping_timeout_s,
             )
+        except RedirectRefused as e:
+            self._ws = None
+            raise RedirectRefused(f"env server at {self.shown_url} {e}") from None
         except Exception as e:
             self._ws = None
             raise ConnectionError(f"Cannot reach env server at {self.shown_url}: "

@@ -254,6 +254,8 @@ def discover(base_url: str, timeout_s: float = 10.0) -> EnvInterface:
 
 
 def list_tools(base_url: str, timeout_s: float) -> list[dict]:
+    from websockets.exceptions import ConnectionClosed
+
     from envs.core.client import EnvServerError, SessionClient
 
     client = SessionClient(base_url, connect_timeout_s=timeout_s, message_timeout_s=timeout_s,
@@ -261,7 +263,7 @@ def list_tools(base_url: str, timeout_s: float) -> list[dict]:
     try:
         client.reset()  # opens the session; list_tools needs no reset, but some envs only answer after one
         reply = client.step({"type": "list_tools"})
-    except (EnvServerError, ConnectionError, OSError) as exc:
+    except (EnvServerError, ConnectionError, ConnectionClosed, OSError, untrusted.UntrustedReply) as exc:
         raise InterfaceError(f"{untrusted.strip_credentials(base_url)}: listing its MCP tools failed: {exc}") from None
     finally:
         client.close()
