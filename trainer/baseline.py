@@ -12,6 +12,7 @@ import statistics
 import sys
 import time
 
+from envs.core.untrusted import one_line, strip_credentials
 from trainer.config import ConfigError, RunConfig
 
 
@@ -41,7 +42,7 @@ def run_env(name: str, cfg: RunConfig, episodes: int, max_turns: int, seed: int)
     from trainer.preflight import probe_server
 
     spec = registry.resolve(name, cfg.env_url(name), **cfg.generic_env_options())
-    cls = bind(name, spec.tool_class, cfg.env_url(name))  # same class, replicas and counters as training
+    cls = bind(name, spec.tool_class, cfg.env_url(name), text_chars=cfg.env_observation_chars)  # same class, replicas and counters as training
     for url in resolve_replicas(cfg.env_url(name)):  # fail fast: the session client would retry a dead server for a while
         healthy, detail, _, _ = probe_server(url)
         if not healthy:
@@ -97,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             res = run_env(name, cfg, args.episodes, max_turns, args.seed)
         except Exception as exc:  # noqa: BLE001 - one env down must not hide the others
-            print(f"[baseline] {name}: cannot play ({type(exc).__name__}: {exc}); is env-{name} up? "
+            print(f"[baseline] {name}: cannot play ({type(exc).__name__}: {one_line(strip_credentials(str(exc)), 500)}); "
+                  f"is env-{name} up? "
                   f"(`make up`, COMPOSE_PROFILES must include {name})", file=sys.stderr)
             status = 1
             continue

@@ -176,8 +176,8 @@ class RunConfig(BaseSettings):
         "the last one."
     )
     env_observation_chars: int = Field(
-        2000, ge=100, description="Envs learned from their server: observations and tool results shown to the model "
-        "are trimmed to this many characters."
+        2000, ge=100, description="Observations, tool results and env errors shown to the model are trimmed to this "
+        "many characters (every env; envs learned from their server format theirs within it)."
     )
     vllm_server_url: str = Field("http://vllm:8000", description="vLLM server (gpu mode).")
     vllm_group_port: int = Field(51216, ge=1, le=65535, description="Port the trainer listens on for the NCCL rendezvous.")

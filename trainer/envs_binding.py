@@ -10,7 +10,11 @@ every instance (one env-server session each) for the whole run. We:
   * close the session when the rollout loop gives up on a call (TOOL_TIMEOUT_S): the rest of that
     episode's calls fail at once, and a late reply cannot reach the next episode;
   * decode the dataset's `env_row` column (the env's own row fields, JSON, so rows of different envs
-    share one Arrow schema) back into `reset(**row)` kwargs.
+    share one Arrow schema) back into `reset(**row)` kwargs;
+  * treat what comes back as an untrusted env's (envs.core.untrusted): every text a tool or reset returns, and every
+    error message, reaches the model with control characters escaped and trimmed to ENV_OBSERVATION_CHARS (plus
+    room for the tool class's own words), and a reward that is not finite or out of range makes a failed episode
+    (FAILED_EPISODE_REWARD, as an episode whose env never scored it) with one log line.
 """
 
 from __future__ import annotations
@@ -18,13 +22,24 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import logging
+import threading
+from collections import Counter
 from typing import Any
 
 from envs.core.replicas import ReplicaSet, ResolveError, resolve
+from envs.core.untrusted import BadReward, check_reward, safe_text, strip_credentials
 from trainer.metrics import STATS, RolloutStats
 from trainer.rollouts import Trace
 
 ENV_ROW_COLUMN = "env_row"
+FAILED_EPISODE_REWARD = 0.0  # what every tool class scores an episode that failed before its env rewarded it
+TEXT_ALLOWANCE = 200  # room past ENV_OBSERVATION_CHARS for a tool class's own words ("The episode is over ...")
+LOGGED_BAD_REWARDS = 10  # per env, then every 100th: a hostile env cannot flood the log
+
+log = logging.getLogger("trainer.envs")
+_bad_rewards: Counter[str] = Counter()
+_bad_rewards_lock = threading.Lock()
 
 
 class BindingError(RuntimeError):
@@ -57,8 +72,10 @@ def encode_row(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS) -> type:
-    """A no-arg subclass of `tool_class` whose instances each open one session on the env at `url`."""
+def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS, text_chars: int = 2000) -> type:
+    """A no-arg subclass of `tool_class` whose instances each open one session on the env at `url`.
+    `text_chars`: ENV_OBSERVATION_CHARS, the most of an env's text the model sees per tool result."""
+    limit = text_chars + TEXT_ALLOWANCE
 
     def __init__(self) -> None:
         self._episode_calls = 0
@@ -77,8 +94,9 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS)
         self._episode += 1
         self._abandoned = False
         self._trace = Trace(env_name, {k: v for k, v in row.items() if k != "prompt"})  # trainer.rollouts
-        with stats.timer("env"):
-            return tool_class.reset(self, **row)
+        with stats.timer("env"), _safe_errors(limit):
+            text = tool_class.reset(self, **row)
+        return safe_text(text, limit) if isinstance(text, str) else text
 
     def _abandon_session(self) -> None:
         """A call outran TOOL_TIMEOUT_S (trainer.rollout_loop): it failed, and the session closes."""
@@ -91,6 +109,11 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS)
     def get_reward(self) -> float:
         with stats.timer("env"):
             reward = tool_class.get_reward(self)
+        try:
+            reward = check_reward(reward)
+        except BadReward as exc:
+            _log_bad_reward(env_name, exc)
+            reward = FAILED_EPISODE_REWARD
         stats.add_episode(env_name, reward, self._episode_calls, self._episode_failures)
         if getattr(self, "_trace", None) is not None:
             self._trace.env_reward = reward
@@ -102,23 +125,53 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS)
         "env_name": env_name, "replica_set": ReplicaSet.for_url(url),
     }
     for name in tool_method_names(tool_class):
-        namespace[name] = _instrumented(getattr(tool_class, name))
+        namespace[name] = _instrumented(getattr(tool_class, name), limit)
     # Same class name as the env's tool class: TRL logs its reward as rewards/<ClassName>/mean.
     return type(tool_class.__name__, (tool_class,), namespace)
 
 
-def _instrumented(method):
+def _log_bad_reward(env_name: str, exc: BadReward) -> None:
+    with _bad_rewards_lock:
+        _bad_rewards[env_name] += 1
+        n = _bad_rewards[env_name]
+    if n <= LOGGED_BAD_REWARDS or n % 100 == 0:
+        log.warning("env %s: %s; the episode counts as failed (reward %g) [%d such reward(s) so far]",
+                    env_name, exc, FAILED_EPISODE_REWARD, n)
+
+
+class _safe_errors:
+    """An exception whose message the model (TRL shows `str(e)`), a trace or a log would see, escaped and trimmed
+    (raised again as RuntimeError only when that changes it: an honest env's errors pass untouched)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, exc, tb) -> bool:
+        if isinstance(exc, Exception):
+            message = str(exc)
+            shown = strip_credentials(safe_text(message, self.limit))
+            if shown != message:
+                raise RuntimeError(shown) from None
+        return False
+
+
+def _instrumented(method, limit: int):
     # functools.wraps keeps __name__, __doc__, annotations and __wrapped__, so TRL builds the same tool schema.
     if inspect.iscoroutinefunction(method):
         @functools.wraps(method)
         async def async_wrapper(self, *args, **kwargs):
             episode = _start_call(self)
             try:
-                result = await method(self, *args, **kwargs)
+                with _safe_errors(limit):
+                    result = await method(self, *args, **kwargs)
             except Exception as exc:
                 _count_failure(self, episode)
                 _traced(self, episode, method.__name__, kwargs, f"{type(exc).__name__}: {exc}", failed=True)
                 raise
+            result = safe_text(result, limit) if isinstance(result, str) else result
             _traced(self, episode, method.__name__, kwargs, result, failed=False)
             return result
         return async_wrapper
@@ -127,11 +180,13 @@ def _instrumented(method):
     def wrapper(self, *args, **kwargs):
         episode = _start_call(self)
         try:
-            result = method(self, *args, **kwargs)
+            with _safe_errors(limit):
+                result = method(self, *args, **kwargs)
         except Exception as exc:
             _count_failure(self, episode)
             _traced(self, episode, method.__name__, kwargs, f"{type(exc).__name__}: {exc}", failed=True)
             raise
+        result = safe_text(result, limit) if isinstance(result, str) else result
         _traced(self, episode, method.__name__, kwargs, result, failed=False)
         return result
     return wrapper
@@ -165,5 +220,6 @@ def _count_failure(env, episode: int) -> None:
 def build_factories(cfg, specs: dict[str, Any], stats: RolloutStats = STATS):
     """Single env: the bound class. Several: {name: bound class} (rows routed by their `environment` column).
     `specs`: name -> EnvSpec or GenericSpec, as preflight resolved them."""
-    bound = {name: bind(name, specs[name].tool_class, cfg.env_url(name), stats) for name in cfg.env_names}
+    bound = {name: bind(name, specs[name].tool_class, cfg.env_url(name), stats, cfg.env_observation_chars)
+             for name in cfg.env_names}
     return bound[cfg.env_names[0]] if len(bound) == 1 else bound

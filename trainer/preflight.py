@@ -16,6 +16,7 @@ from typing import Any
 
 from envs import naming
 from envs.core import probe
+from envs.core.untrusted import log_text
 from trainer.config import ConfigError, RunConfig
 from trainer.envs_binding import BindingError, resolve_replicas
 
@@ -40,7 +41,7 @@ class PreflightReport:
 
 
 def log(msg: str) -> None:
-    print(f"[preflight] {msg}", flush=True)
+    print(f"[preflight] {log_text(msg)}", flush=True)
 
 
 # ---------------------------------------------------------------------------- sessions / capacity
@@ -358,7 +359,7 @@ def run_all(cfg: RunConfig, mode: str, wait_s: float = 20.0, tokenizer=None, num
     for line in report.warnings:
         log(f"WARNING: {line}")
     if errors:
-        raise PreflightError("\n".join(f"- {e}" for e in errors))
+        raise PreflightError(log_text("\n".join(f"- {e}" for e in errors)))  # errors quote env text and URLs
     return report
 
 

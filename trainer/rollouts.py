@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from envs.core.untrusted import escape_controls, one_line
+
 ROLLOUTS_FILE = "rollouts.jsonl"
 REQUIRED = {"step": int, "env": str, "reset": dict, "prompt": list, "turns": list, "tool_calls": list,
             "env_reward": (int, float, type(None)), "reward": (int, float), "rewards": dict}
@@ -43,7 +45,8 @@ def _text(value: Any) -> str:
 
 
 def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))
+    # NaN and ±Infinity (an env's step reward, a reward function's "not scored") become null: the file is strict JSON.
+    return json.loads(json.dumps(value, default=str), parse_constant=lambda _: None)
 
 
 def rows(step: int, prompts: list, completions: list, environments: list, rewards: list[dict[str, float]],
@@ -73,7 +76,7 @@ def append(run_dir: Path, new_rows: list[dict[str, Any]]) -> None:
     path = Path(run_dir) / ROLLOUTS_FILE
     with path.open("a") as f:
         for row in new_rows:
-            f.write(json.dumps(row) + "\n")
+            f.write(json.dumps(row, allow_nan=False) + "\n")
 
 
 def problems(row: dict[str, Any]) -> list[str]:
@@ -116,8 +119,9 @@ def render(row: dict[str, Any]) -> str:
 
 
 def _one_line(text: Any, limit: int = 300) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    """Env and model text for a terminal: one line, control characters escaped (an OSC 52 sequence in an observation
+    would write the reader's clipboard; a carriage return would print over the reward)."""
+    return one_line(text, limit)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -144,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 1
     print(f"run {run.name}, step {step}: {len(chosen)} rollout(s) (traced steps: {', '.join(map(str, steps))})\n")
-    print("\n\n".join(render(r) for r in chosen))
+    print(escape_controls("\n\n".join(render(r) for r in chosen)))  # whatever a hand-edited file carries
     return 0
 
 

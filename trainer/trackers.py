@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from envs.core.untrusted import strip_credentials
+
 KNOWN = ("tensorboard", "trackio", "wandb", "mlflow")
 MODULES = {"trackio": "trackio", "wandb": "wandb", "mlflow": "mlflow"}  # import names of the optional ones
 PROJECT = "grpo-stack"  # trackio / W&B project, MLflow experiment
@@ -252,13 +254,25 @@ def no_wandb_key() -> str:
             "folder; `wandb sync` uploads them later)")
 
 
+def public_config(value: Any) -> Any:
+    """The run's settings as trackers may keep them (W&B uploads its config, MLflow stores parameters): every URL in
+    them without credentials (ENV_URLS, VLLM_SERVER_URL, ... may carry `user:token@` or `?token=`)."""
+    if isinstance(value, str):
+        return strip_credentials(value)
+    if isinstance(value, dict):
+        return {k: public_config(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [public_config(v) for v in value]
+    return value
+
+
 class RunInfo:
     """What the trackers need to know about a run (from trainer.config.RunConfig, or given in tests)."""
 
     def __init__(self, run_dir: str, name: str, output_dir: str, config: dict[str, Any] | None = None,
                  resume_step: int = 0, wandb_mode: str = "offline", mlflow_tracking_uri: str | None = None) -> None:
         self.run_dir, self.name, self.output_dir = run_dir, name, output_dir
-        self.config = config or {}
+        self.config = public_config(config or {})
         self.resume_step, self.wandb_mode = resume_step, wandb_mode
         self.mlflow_tracking_uri = mlflow_tracking_uri or f"file:{Path(output_dir).resolve() / 'mlruns'}"
         ids_path = Path(run_dir) / IDS_FILE  # a start from step 0 opens new runs; a resumed one continues them

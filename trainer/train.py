@@ -14,6 +14,7 @@ import sys
 import time
 from pathlib import Path
 
+from envs.core.untrusted import log_text
 from trainer import checkpoints
 from trainer.config import ConfigError, RunConfig
 
@@ -305,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
     who = f"rank {dist.rank()}: " if dist.world_size() > 1 else ""  # every process opens its own sessions
     for name, cls in bound.items():  # TRL's pool: one instance (= one env session) per rollout slot
         if cls.replica_set is not None:  # per replica / fleet task: open at the end, opened since the start
-            print(f"[train] {who}env {name}: {cls.replica_set.describe()}", flush=True)
+            print(f"[train] {who}env {name}: {log_text(cls.replica_set.describe())}", flush=True)
     if control.stop_requested:
         log(f"stopped at step {step}; checkpoint saved in {cfg.run_dir}; run again to resume")
         return 143

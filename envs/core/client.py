@@ -6,6 +6,8 @@ ONE background asyncio loop per process, which also answers keepalive pings whil
 Speaks the same frames as openenv's `EnvClient`: {"type": "reset"|"step"|"close", "data": {...}}.
 A session given a service name connects to one of its replicas (envs.core.replicas: least-loaded,
 re-resolved when replicas die or are added), chosen again whenever it (re)connects.
+The server may be an image nobody here wrote (envs.core.untrusted): redirects are refused, replies are capped at
+MAX_REPLY_BYTES and MAX_REPLY_DEPTH, error texts are escaped and trimmed, and no message quotes a URL's credentials.
 """
 
 from __future__ import annotations
@@ -18,10 +20,13 @@ import time
 from typing import Any, Optional
 
 from websockets.asyncio.client import ClientConnection, connect
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.protocol import State
 
 from envs.core.replicas import ReplicaSet
+from envs.core.untrusted import MAX_REPLY_BYTES, UntrustedReply, loads_reply, one_line, safe_text, strip_credentials
+
+ERROR_CHARS = 2000  # an env's error text kept (the tool binding trims it again to ENV_OBSERVATION_CHARS)
 
 _loop: Optional[asyncio.AbstractEventLoop] = None
 _loop_lock = threading.Lock()
@@ -44,6 +49,27 @@ class EnvServerError(RuntimeError):
         super().__init__(message)
         self.code = code
         self.data = data or {}
+
+
+class RedirectRefused(UntrustedReply):
+    """An env server answered the WebSocket handshake with a redirect (a setup error: reset does not retry it)."""
+
+
+class open_session(connect):
+    """`websockets.asyncio.client.connect` for env servers: never through HTTP(S)_PROXY (they sit on the private
+    network), replies up to MAX_REPLY_BYTES, and no redirects (websockets follows up to 10, across hosts: an env
+    answering `302 Location: ws://vllm:8000/...` would bounce the trainer onto agentnet)."""
+
+    def __init__(self, uri: str, **kwargs: Any) -> None:
+        kwargs.setdefault("max_size", MAX_REPLY_BYTES)
+        super().__init__(uri, proxy=None, **kwargs)
+
+    def process_redirect(self, exc: Exception) -> Exception | str:
+        if isinstance(exc, InvalidStatus) and 300 <= exc.response.status_code < 400:
+            to = one_line(strip_credentials(exc.response.headers.get("Location", "nowhere")), 200)
+            return RedirectRefused(f"answered {exc.response.status_code} redirecting to {to}; env connections "
+                                   "never follow redirects: point ENV_URLS at the server itself")
+        return exc
 
 
 def ws_url(base_url: str) -> str:
@@ -145,6 +171,11 @@ class SessionClient:
             self._replica = None
 
     @property
+    def shown_url(self) -> str:
+        """The URL as messages, logs and the model may see it: without credentials."""
+        return strip_credentials(self.url)
+
+    @property
     def connected(self) -> bool:
         return self._ws is not None and self._ws.state is State.OPEN
 
@@ -160,23 +191,25 @@ class SessionClient:
         except concurrent.futures.TimeoutError:
             future.cancel()  # runs before the close below: the loop takes callbacks in order
             asyncio.run_coroutine_threadsafe(self._close(), loop)
-            raise TimeoutError(f"{self.url}: no answer within {deadline_s:g} s; the session was closed") from None
+            raise TimeoutError(f"{self.shown_url}: no answer within {deadline_s:g} s; the session was closed") from None
 
     async def _connect(self) -> None:
         if self._ws is not None:
             await self._close()
         try:
-            self._ws = await connect(
+            self._ws = await open_session(
                 self.url,
                 open_timeout=self.connect_timeout_s,
                 ping_interval=self.ping_interval_s,
                 ping_timeout=self.ping_timeout_s,
-                max_size=16 << 20,
-                proxy=None,  # env servers sit on the private network; never route via HTTP(S)_PROXY
             )
+        except RedirectRefused as e:
+            self._ws = None
+            raise RedirectRefused(f"env server at {self.shown_url} {e}") from None
         except Exception as e:
             self._ws = None
-            raise ConnectionError(f"Cannot reach env server at {self.url}: {e}") from e
+            raise ConnectionError(f"Cannot reach env server at {self.shown_url}: "
+                                  f"{one_line(strip_credentials(str(e)), 300)}") from e
 
     async def _close(self) -> None:
         ws, self._ws = self._ws, None
@@ -216,13 +249,23 @@ class SessionClient:
             raw = await asyncio.wait_for(ws.recv(), timeout=self.message_timeout_s)
         except asyncio.TimeoutError:
             await self._close()  # a late reply would pair with the next request: drop the socket
-            raise TimeoutError(f"No reply from {self.url} within {self.message_timeout_s:g} s") from None
-        except ConnectionClosed:
+            raise TimeoutError(f"No reply from {self.shown_url} within {self.message_timeout_s:g} s") from None
+        except ConnectionClosed as e:
             if self._ws is ws:  # not a session opened since (a call abandoned on timeout fails late)
                 self._ws = None
+            if e.rcvd is None and e.sent is not None and e.sent.code == 1009:  # websockets refused a big frame
+                raise UntrustedReply(f"{self.shown_url}: a reply over the {MAX_REPLY_BYTES:,}-byte limit; the "
+                                     "session was closed") from None
             raise
-        reply = json.loads(raw)
+        try:
+            reply = loads_reply(raw)
+            data = (reply.get("data") or {}) if isinstance(reply, dict) else None
+            if not isinstance(data, dict):
+                raise UntrustedReply("a reply that is not an OpenEnv frame (a JSON object with a `data` object)")
+        except UntrustedReply as e:
+            await self._close()  # whatever comes next on this socket cannot be trusted to pair with a request
+            raise UntrustedReply(f"{self.shown_url}: {e}; the session was closed") from None
         if reply.get("type") == "error":
-            data = reply.get("data") or {}
-            raise EnvServerError(str(data.get("message", "unknown error")), str(data.get("code", "UNKNOWN")), data)
-        return reply.get("data") or {}
+            raise EnvServerError(safe_text(data.get("message", "unknown error"), ERROR_CHARS),
+                                 safe_text(data.get("code", "UNKNOWN"), 64), data)
+        return data

@@ -3,8 +3,10 @@
 Every probe has a total deadline (not a per-read timeout: a server trickling one byte a second resets those
 forever), a cap on what it reads, and closes its WebSocket sessions all at once with a short close timeout (a
 server that ignores close frames costs about a second in all, not seconds per session). Like the session client,
-probes never go through HTTP(S)_PROXY: env servers sit on the stack's private network. Each failure is a
-ProbeError whose message is one line saying what hung or what was too big.
+probes never go through HTTP(S)_PROXY: env servers sit on the stack's private network, and never follow a redirect
+(one could send the trainer onto vLLM's network). Bodies and frames are parsed with a nesting cap
+(envs.core.untrusted). Each failure is a ProbeError whose message is one line saying what hung or what was too big,
+with no credentials from the URL.
 
 Runs on the session client's background loop, so it works from any thread.
 """
@@ -13,8 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 from typing import Any, Awaitable, TypeVar
+
+from envs.core.untrusted import UntrustedReply, loads_reply, one_line, strip_credentials
 
 HEALTH_DEADLINE_S = 5.0
 SCHEMA_DEADLINE_S = 15.0
@@ -40,30 +43,31 @@ def run_bounded(coro: Awaitable[T], deadline_s: float, what: str) -> T:
         try:
             return await asyncio.wait_for(coro, deadline_s)
         except asyncio.TimeoutError:
-            raise ProbeError(f"{what}: no complete answer within {deadline_s:g} s") from None
+            raise ProbeError(f"{strip_credentials(what)}: no complete answer within {deadline_s:g} s") from None
 
     future = asyncio.run_coroutine_threadsafe(bounded(), _background_loop())
     try:
         return future.result(timeout=deadline_s + 4 * CLOSE_TIMEOUT_S + 5)
     except concurrent.futures.TimeoutError:  # the loop itself is stuck: never wait on it longer
         future.cancel()
-        raise ProbeError(f"{what}: no complete answer within {deadline_s:g} s") from None
+        raise ProbeError(f"{strip_credentials(what)}: no complete answer within {deadline_s:g} s") from None
 
 
 # ------------------------------------------------------------------------------------------ HTTP
 async def _get(url: str, max_bytes: int) -> tuple[int, bytes]:
     import httpx
 
+    shown = strip_credentials(url)
     async with httpx.AsyncClient(trust_env=False, timeout=None, follow_redirects=False) as client:
         async with client.stream("GET", url) as resp:
             declared = resp.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > max_bytes:
-                raise ProbeError(f"{url}: answer of {int(declared):,} bytes, more than the {max_bytes:,} read")
+                raise ProbeError(f"{shown}: answer of {int(declared):,} bytes, more than the {max_bytes:,} read")
             body = bytearray()
             async for chunk in resp.aiter_bytes():
                 body += chunk
                 if len(body) > max_bytes:
-                    raise ProbeError(f"{url}: answer longer than the {max_bytes:,} bytes read")
+                    raise ProbeError(f"{shown}: answer longer than the {max_bytes:,} bytes read")
             return resp.status_code, bytes(body)
 
 
@@ -74,10 +78,10 @@ def get_json(url: str, deadline_s: float, max_bytes: int) -> tuple[int, Any]:
     try:
         status, body = run_bounded(_get(url, max_bytes), deadline_s, url)
     except httpx.HTTPError as exc:
-        raise ProbeError(f"{url}: no answer ({type(exc).__name__})") from None
+        raise ProbeError(f"{strip_credentials(url)}: no answer ({type(exc).__name__})") from None
     try:
-        return status, json.loads(body)
-    except ValueError:
+        return status, loads_reply(body)
+    except UntrustedReply:  # not JSON, or nested too deep to be a health or schema answer
         return status, None
 
 
@@ -90,27 +94,29 @@ async def _count_sessions(url: str, want: int, counted: list[int]) -> str | None
     """Open sessions one by one until `want`, a refusal or a failure; each is asked for its state (a live one answers,
     a refused one gets CAPACITY_REACHED or is closed: OpenEnv refuses right after the handshake). All are closed at
     once on the way out, cancelled or not."""
-    from websockets.asyncio.client import connect
     from websockets.exceptions import ConnectionClosed
 
-    from envs.core.client import ws_url
+    from envs.core.client import open_session, ws_url
 
     opened = []
     try:
         while counted[0] < want:
             try:
-                ws = await connect(ws_url(url), proxy=None, close_timeout=CLOSE_TIMEOUT_S, max_size=1 << 20,
-                                   ping_interval=None, open_timeout=None)
+                ws = await open_session(ws_url(url), close_timeout=CLOSE_TIMEOUT_S, ping_interval=None,
+                                        open_timeout=None)
             except Exception as exc:  # noqa: BLE001 - any failure to connect ends the count
-                return f"opening session {counted[0] + 1}: {type(exc).__name__}: {str(exc)[:200]}"
+                why = one_line(strip_credentials(str(exc)), 200)
+                return f"opening session {counted[0] + 1}: {type(exc).__name__}: {why}"
             opened.append(ws)
             try:
                 await ws.send('{"type": "state"}')
-                reply = json.loads(await ws.recv())
-            except ConnectionClosed:  # closed instead of answering: refused
+                reply = loads_reply(await ws.recv())
+            except ConnectionClosed as exc:  # closed instead of answering: refused (or by us: a frame too big)
+                if exc.rcvd is None and exc.sent is not None and exc.sent.code == 1009:
+                    return f"session {counted[0] + 1} answered a frame over the size limit"
                 return None
-            except ValueError:
-                return f"session {counted[0] + 1} answered something that is not JSON"
+            except UntrustedReply as exc:
+                return f"session {counted[0] + 1} answered {exc}"
             if isinstance(reply, dict) and ((reply.get("data") or {}).get("code") == "CAPACITY_REACHED"):
                 return None
             counted[0] += 1

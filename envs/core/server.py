@@ -29,6 +29,7 @@ from openenv.core.env_server.http_server import HTTPEnvServer
 from openenv.core.env_server.types import ConcurrencyConfig
 
 from envs.core.settings import ServerSettings
+from envs.core.untrusted import nested_deeper_than as _nested_deeper_than
 
 log = logging.getLogger("envs.server")
 
@@ -107,19 +108,6 @@ class TrainingEnvServer(HTTPEnvServer):
 
 
 MAX_JSON_DEPTH = 64  # actions and reset kwargs are a few levels deep; far below any parser limit
-
-
-def _nested_deeper_than(value: Any, limit: int) -> bool:
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children)
-    return False
 
 
 def _error_frame(code: str, message: str, **extra: Any) -> str:

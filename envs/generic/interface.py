@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
+from envs.core import untrusted
+
 
 # Fields every OpenEnv `Action` carries that are not the env's own (set by the framework, not the policy).
 FRAMEWORK_ACTION_FIELDS = ("metadata",)
@@ -96,8 +98,8 @@ ENTRY = re.compile(r"^(\w++)\s*+(?:\([^)]*+\))?\s*+:\s*+(.*)$")
 
 
 def one_line(text: str, limit: int = MAX_DESCRIPTION_CHARS) -> str:
-    text = " ".join(str(text).split())
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    """Folded to one line, control characters escaped (a description can carry terminal escapes), cut at `limit`."""
+    return untrusted.one_line(text, limit)
 
 
 # ------------------------------------------------------------------------------------ JSON schema -> hint
@@ -232,7 +234,8 @@ def get_schema(base_url: str) -> dict:
     except probe.ProbeError as exc:
         raise InterfaceError(str(exc)) from None
     if status != 200 or not isinstance(body, dict) or not isinstance(body.get("action"), dict):
-        raise InterfaceError(f"{url} answered {status} without an action schema: not an OpenEnv server "
+        shown = untrusted.strip_credentials(url)
+        raise InterfaceError(f"{shown} answered {status} without an action schema: not an OpenEnv server "
                              "(OpenEnv's create_app serves /schema and /ws)")
     return body
 
@@ -251,6 +254,8 @@ def discover(base_url: str, timeout_s: float = 10.0) -> EnvInterface:
 
 
 def list_tools(base_url: str, timeout_s: float) -> list[dict]:
+    from websockets.exceptions import ConnectionClosed
+
     from envs.core.client import EnvServerError, SessionClient
 
     client = SessionClient(base_url, connect_timeout_s=timeout_s, message_timeout_s=timeout_s,
@@ -258,13 +263,14 @@ def list_tools(base_url: str, timeout_s: float) -> list[dict]:
     try:
         client.reset()  # opens the session; list_tools needs no reset, but some envs only answer after one
         reply = client.step({"type": "list_tools"})
-    except (EnvServerError, ConnectionError, OSError) as exc:
-        raise InterfaceError(f"{base_url}: listing its MCP tools failed: {exc}") from None
+    except (EnvServerError, ConnectionError, ConnectionClosed, OSError, untrusted.UntrustedReply) as exc:
+        raise InterfaceError(f"{untrusted.strip_credentials(base_url)}: listing its MCP tools failed: {exc}") from None
     finally:
         client.close()
     tools = (reply.get("observation") or {}).get("tools")
     if not isinstance(tools, list):
-        raise InterfaceError(f"{base_url}: a list_tools step answered without a tool list: {str(reply)[:200]}")
+        raise InterfaceError(f"{untrusted.strip_credentials(base_url)}: a list_tools step answered without a tool "
+                             f"list: {one_line(reply, 200)}")
     return tools
 
 

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import inspect
 import json
-from typing import Any, Literal
+from typing import Any, Iterable, Iterator, Literal
 
 from envs.core.client import SessionClient
+from envs.core.untrusted import safe_text
 from envs.generic.interface import EnvInterface, ToolSpec
 
 RewardMode = Literal["sum", "last"]
@@ -24,18 +25,37 @@ EPISODE_OVER = "The episode is over (done). Stop calling tools and give your fin
 
 
 # ------------------------------------------------------------------------------------ observation -> text
-def _format(value: Any) -> str:
+# Values are rendered piece by piece and only up to the budget: a hostile env's 1 MiB board costs what the model
+# sees, not the whole board formatted (16 MiB once cost 590 MiB and a second for 2,000 characters).
+_JSON = json.JSONEncoder(default=str, ensure_ascii=False)
+
+
+def _pieces(value: Any) -> Iterator[str]:
     if isinstance(value, list) and value and all(isinstance(row, list) for row in value):
-        return "\n" + "\n".join(" ".join(str(c) for c in row) for row in value)  # a board / grid
-    if isinstance(value, str):
-        return value
-    return json.dumps(value, default=str, ensure_ascii=False)
+        for row in value:  # a board / grid: one line per row
+            yield "\n"
+            for j, cell in enumerate(row):
+                yield (" " if j else "") + str(cell)
+    elif isinstance(value, str):
+        yield value
+    else:
+        yield from _JSON.iterencode(value)  # lazy (the one-shot C encoder would build it all)
+
+
+def _take(pieces: Iterable[str], budget: int) -> str:
+    """The text of `pieces` up to one character past `budget` (enough for safe_text to know it was cut)."""
+    out, size = [], 0
+    for piece in pieces:
+        out.append(piece[: budget + 1 - size])
+        size += len(out[-1])
+        if size > budget:
+            break
+    return "".join(out)
 
 
 def trim(text: str, budget: int) -> str:
-    if len(text) <= budget:
-        return text
-    return text[: max(0, budget - 13)] + " …[trimmed]"
+    """At most `budget` characters, control characters escaped (envs.core.untrusted.safe_text)."""
+    return safe_text(text, budget)
 
 
 def render_observation(observation: dict, budget: int) -> str:
@@ -43,11 +63,17 @@ def render_observation(observation: dict, budget: int) -> str:
     fields = {k: v for k, v in (observation or {}).items() if v not in (None, "", [], {}) and k != "metadata"}
     if not fields and isinstance((observation or {}).get("metadata"), dict):
         fields = {k: v for k, v in observation["metadata"].items() if v not in (None, "", [], {})}
-    return trim("\n".join(f"{k}: {_format(v)}" for k, v in fields.items()), budget)
+
+    def lines() -> Iterator[str]:
+        for i, (k, v) in enumerate(fields.items()):
+            yield f"{chr(10) if i else ''}{k}: "
+            yield from _pieces(v)
+
+    return trim(_take(lines(), budget), budget)
 
 
-def mcp_result_text(result: Any) -> str:
-    """A FastMCP CallToolResult (as JSON) -> its value: `data`, else structured content, else text blocks."""
+def mcp_result_text(result: Any, budget: int) -> str:
+    """A FastMCP CallToolResult (as JSON) -> its value (`data`, else structured content, else text blocks), trimmed."""
     if isinstance(result, dict):
         if result.get("data") is not None:
             result = result["data"]
@@ -55,8 +81,8 @@ def mcp_result_text(result: Any) -> str:
             result = result["structured_content"]
         elif isinstance(result.get("content"), list):
             texts = [c.get("text", "") for c in result["content"] if isinstance(c, dict)]
-            result = "\n".join(t for t in texts if t)
-    return result if isinstance(result, str) else json.dumps(result, default=str, ensure_ascii=False)
+            result = "\n".join(t for t in texts if isinstance(t, str) and t)
+    return trim(_take([result] if isinstance(result, str) else _JSON.iterencode(result), budget), budget)
 
 
 # ------------------------------------------------------------------------------------ the class
@@ -91,11 +117,12 @@ class GenericTool:
         if self._interface.kind == "mcp":
             error = observation.get("error")
             if error:
-                raise RuntimeError((error.get("message") if isinstance(error, dict) else str(error)) or "tool failed")
+                message = (error.get("message") if isinstance(error, dict) else error) or "tool failed"
+                raise RuntimeError(trim(_take(_pieces(message), self._budget), self._budget) or "tool failed")
             result = observation.get("result")
             if isinstance(result, dict) and result.get("is_error"):
-                raise RuntimeError(mcp_result_text({"content": result.get("content")}) or "tool failed")
-            text = trim(mcp_result_text(result), self._budget)
+                raise RuntimeError(mcp_result_text({"content": result.get("content")}, self._budget) or "tool failed")
+            text = mcp_result_text(result, self._budget)
         else:
             text = render_observation(observation, self._budget)
         return text + (f"\n{EPISODE_OVER}" if self._done else "")

@@ -96,6 +96,14 @@ def test_env_servers_have_memory_and_pids_limits(full):
         assert svc["restart"] == "unless-stopped", name
 
 
+def test_trainers_have_memory_and_pids_limits(every):
+    """An env image's replies are bounded in the client (envs.core.untrusted); the limits are the backstop."""
+    for name in ("trainer", "trainer-cpu"):
+        svc = every["services"][name]
+        assert 0 < int(svc["mem_limit"]) <= 256 * 2**30, (name, svc.get("mem_limit"))
+        assert 0 < int(svc["pids_limit"]) <= 16384, (name, svc.get("pids_limit"))
+
+
 def test_env_servers_drop_all_capabilities(full):
     # uid 10001 on port 8000 needs none; dropping them all shrinks what a server bug can reach.
     for name in ENV_SERVERS:

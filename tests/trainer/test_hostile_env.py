@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -23,20 +24,21 @@ import requests
 from envs.core import probe
 from envs.core.client import SessionClient
 from envs.core.replicas import ReplicaSet
-from envs.generic import interface
+from envs.generic import GenericSpec, interface
 from tests.helpers import FIXTURE_ENVS, free_port
-from trainer import preflight
+from trainer import envs_binding, preflight, rollouts
 from trainer.config import RunConfig
+from trainer.metrics import RolloutStats
 from trainer.preflight import PreflightReport
 
 GUARD_S = 120  # failure guard for "ends in bounded time": the slowest deadline below is 15 s
 
 
 @contextlib.contextmanager
-def hostile(variant: str):
+def hostile(variant: str, **env: str):
     port = free_port()
     proc = subprocess.Popen([sys.executable, str(FIXTURE_ENVS / "hostile" / "server.py"), str(port)],
-                            env=dict(os.environ, HOSTILE=variant), stderr=subprocess.PIPE)
+                            env=dict(os.environ, HOSTILE=variant, **env), stderr=subprocess.PIPE)
     try:
         while True:  # until it listens (or died)
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
@@ -79,6 +81,8 @@ FAILS_WITH = {
     "reserved_names": "action Reset field 'from': not usable as a Python name",
     "bad_tool_names": r"tool 'look\n\x1b[31mred': not usable as a Python name",
     "many_fields": "action WideAction: 10,000 fields, more than the 64 a tool can take",
+    "nested_reply": "/schema answered 200 without an action schema",  # was a RecursionError traceback
+    "nested_tools": "listing its MCP tools failed: ws://127.0.0.1:PORT/ws: a reply nested deeper than 64 levels",
 }
 
 
@@ -181,3 +185,116 @@ def test_a_slow_resolver_does_not_queue_the_other_rollouts():
     assert done_while_resolving, "a replica choice waited for another thread's DNS lookup"
     assert other and other[0] in ("http://10.0.0.1:8000", "http://10.0.0.2:8000")
     assert len(calls) == 2  # one lookup, not one per waiting thread
+
+
+# ---------------------------------------------------------------------------------------- what a session returns (#30)
+TERMINAL_CONTROLS = ("\x1b", "\x07", "\r", "\x9b")
+
+
+def bound_env(url: str, text_chars: int = 2000):
+    """The real path of a training rollout: the tool class learned from the server, bound as TRL's factory."""
+    spec = GenericSpec.discover("hostile", url)
+    return envs_binding.bind("hostile", spec.tool_class, url, RolloutStats(), text_chars)()
+
+
+def trace_rows(env) -> list[dict]:
+    return rollouts.rows(1, [[{"role": "user", "content": "play"}]], [[{"role": "assistant", "content": "done"}]],
+                         [env], [{"env": env.get_reward()}], [env.get_reward()])
+
+
+def test_a_redirect_is_refused_and_its_target_never_contacted():
+    """Before: the client and the session count followed `302 Location:` to any host (an env could bounce the trainer
+    onto vLLM's network)."""
+    with hostile("none") as target, \
+            hostile("redirect", HOSTILE_REDIRECT_TO=target.replace("http://", "ws://") + "/ws") as url:
+        client = SessionClient(url, ping_interval_s=None)  # a refused redirect is not retried like a server down
+        with pytest.raises(ValueError, match="redirecting to ws://127.0.0.1:.*never follow redirects") as caught:
+            client.reset()
+        assert "\n" not in str(caught.value)
+        accepted, problem = probe.count_sessions(url, 2)
+        assert accepted == 0 and "never follow redirects" in problem, problem
+        assert requests.get(f"{target}/fixture/stats", timeout=10).json()["opened_ws"] == 0
+
+
+@pytest.mark.parametrize("variant, says", [("huge_frame", "a reply over the 1,048,576-byte limit"),
+                                           ("nested_reply", "a reply nested deeper than 64 levels")])
+def test_an_oversized_or_deeply_nested_reply_is_one_line_and_ends_the_session(variant, says):
+    """Before: a 2 MiB frame was taken (frames up to 16 MiB were), and a deep one raised RecursionError."""
+    with hostile(variant) as url:
+        client = SessionClient(url.replace("http://", "http://trainer:s3cret@"), reconnect_wait_s=0,
+                               ping_interval_s=None)
+        with pytest.raises(ValueError) as caught:
+            client.reset()
+        message = str(caught.value)
+        assert says in message and "\n" not in message and "s3cret" not in message, message
+        assert not client.connected
+        wait_all_closed(url)
+
+
+def test_terminal_escapes_from_an_env_reach_neither_the_model_nor_a_terminal(tmp_path, capsys):
+    """Observations, an error frame and the `make rollouts` printer: OSC 52, CSI, BEL and CR arrive escaped."""
+    with hostile("escapes") as url:
+        env = bound_env(url)
+        seen = [env.reset()]
+        with pytest.raises(Exception) as caught:
+            env.move_action(column=0)  # the fixture answers an error frame with escapes
+        seen += [str(caught.value), env.move_action(column=1)]
+        rows = trace_rows(env)
+    seen.append(rollouts.render(rows[0]))
+    for text in seen:
+        assert not any(c in text for c in TERMINAL_CONTROLS), repr(text)
+    assert "\\x1b]52;c;" in seen[0] and "moved" in seen[0]  # shown, as text
+    # The printer also escapes a trace it did not write (a file from elsewhere, or edited).
+    run = tmp_path / "run-1"
+    run.mkdir()
+    rows[0]["tool_calls"][0]["result"] = "\x1b]52;c;cm0gLXJmIH4K\x07\rreward +1.000"
+    rollouts.append(run, rows)
+    assert rollouts.main(["--outputs", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "reward +1.000" in printed and not any(c in printed for c in TERMINAL_CONTROLS)
+
+
+@pytest.mark.parametrize("variant", ["nan_reward", "huge_reward"])
+def test_a_non_finite_or_huge_reward_fails_the_episode_with_one_log_line(variant, tmp_path, caplog):
+    """Before: JSON NaN went into GRPO as a reward (and 1e19 zeroed its group's advantages)."""
+    with hostile(variant) as url:
+        env = bound_env(url)
+        env.reset()
+        env.move_action(column=1)
+        with caplog.at_level("WARNING", logger="trainer.envs"):
+            assert env.get_reward() == envs_binding.FAILED_EPISODE_REWARD
+        lines = [r.getMessage() for r in caplog.records if r.name == "trainer.envs"]
+        assert len(lines) == 1 and lines[0].startswith("env hostile: reward") and "failed" in lines[0], lines
+        rollouts.append(tmp_path, trace_rows(env))
+    for line in (tmp_path / rollouts.ROLLOUTS_FILE).read_text().splitlines():
+        json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in the trace: not strict JSON"))
+
+
+def test_errors_and_big_observations_reach_the_model_trimmed():
+    """Before: an env's error text reached the model whole (900,000 characters here)."""
+    with hostile("long_error") as url:
+        env = bound_env(url, text_chars=500)
+        env.reset()
+        with pytest.raises(Exception) as caught:
+            env.move_action(column=1)
+        assert len(str(caught.value)) <= 500 + envs_binding.TEXT_ALLOWANCE
+        assert str(caught.value).endswith(" …[trimmed]")
+    with hostile("big_board") as url:
+        env = bound_env(url, text_chars=500)
+        env.reset()
+        shown = env.move_action(column=1)  # a 900 KB board, under the frame cap
+        assert len(shown) <= 500 + envs_binding.TEXT_ALLOWANCE and "…[trimmed]" in shown
+
+
+def test_the_built_in_tool_classes_return_an_images_text_trimmed():
+    """`.env.example` invites other images for echo and Wordle (ENV_<NAME>_IMAGE): their text was returned whole."""
+    from envs.echo.tool import EchoTool
+    from envs.wordle.tool import WordleTool
+
+    with hostile("long_text") as url:
+        echo = envs_binding.bind("echo", EchoTool, url, RolloutStats(), 500)()
+        echo.reset(target="hi")
+        wordle = envs_binding.bind("wordle", WordleTool, url, RolloutStats(), 500)()
+        wordle.reset(seed=1)
+        for shown in (echo.echo_message(message="hi"), wordle.guess(word="crane")):
+            assert len(shown) <= 500 + envs_binding.TEXT_ALLOWANCE and shown.endswith("…[trimmed]"), len(shown)

@@ -1,0 +1,127 @@
+"""What the trainer accepts from an env server, which may be an image nobody here wrote (SECURITY.md's threat model).
+
+One helper per concern, used by every client, probe, tool class and printer:
+  * `loads_reply`: a reply frame or probe body parsed with a nesting cap (a deep one is one line, not a RecursionError);
+  * `safe_text`: control characters escaped (no terminal escape, OSC 52 clipboard write or carriage return reaches a
+    terminal, a log or the model) and the text trimmed to a budget, cutting before escaping so a huge text costs little;
+  * `strip_credentials`: `user:password@` and token-like query values removed from every URL that leaves the process;
+  * `check_reward`: a reward is a finite number no larger than MAX_ABS_REWARD (JSON NaN/Infinity parse as floats, and a
+    reward near 1e19 zeroes its group's advantages), else BadReward.
+Frames are capped at MAX_REPLY_BYTES where they are read (envs.core.client, envs.core.probe).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+import re
+from typing import Any
+
+MAX_REPLY_BYTES = 1 << 20  # a reply frame (an observation): boards and texts are kilobytes
+MAX_REPLY_DEPTH = 64  # as deep as the env servers accept actions (envs.core.server)
+MAX_ABS_REWARD = 1e6  # far above any env's scale; 1e15 dominates a group, 1e19 zeroes its advantages
+TRIMMED = " …[trimmed]"
+
+
+class UntrustedReply(ValueError):
+    """An env's reply the trainer refuses (not JSON, nested too deep, not an object); the message is one line."""
+
+
+class BadReward(ValueError):
+    """A reward that is not a finite number within ±MAX_ABS_REWARD."""
+
+
+# ---------------------------------------------------------------------------------------------- text
+# C0 controls but tab and newline, DEL, C1 controls (0x9b is a one-byte CSI), and the Unicode bidi overrides that
+# make a terminal show text in another order than it is (a forged reward).
+_CONTROLS = [*(c for c in range(0x20) if c not in (0x09, 0x0A)), 0x7F, *range(0x80, 0xA0)]
+_ESCAPES = {c: f"\\x{c:02x}" for c in _CONTROLS}
+_ESCAPES.update({c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))})
+
+
+def escape_controls(text: str) -> str:
+    return text.translate(_ESCAPES)
+
+
+def safe_text(text: Any, limit: int | None = None) -> str:
+    """`text` with control characters escaped, and at most `limit` characters (cut ones end in TRIMMED).
+
+    Plain text within the limit comes back unchanged."""
+    text = text if isinstance(text, str) else str(text)
+    cut = limit is not None and len(text) > limit
+    if cut:
+        text = text[:limit]  # before escaping: escaping a 16 MiB text to show 2,000 characters is waste
+    out = escape_controls(text)
+    if limit is not None and (cut or len(out) > limit):
+        out = out[: max(0, limit - 13)] + TRIMMED
+    return out
+
+
+def one_line(text: Any, limit: int) -> str:
+    """Whitespace runs (newlines too) folded to one space, controls escaped, at most `limit` characters (…)."""
+    text = text if isinstance(text, str) else str(text)
+    text = escape_controls(" ".join(text[: 4 * limit].split()))
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+# ---------------------------------------------------------------------------------------------- URLs
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/?#\s@]*@")
+_SECRET_QUERY = re.compile(
+    r"(?i)([?&;][a-z0-9_.\-]*(?:token|key|secret|passw|pwd|auth|sig|credential)[a-z0-9_.\-]*=)[^&#\s]*")
+
+
+def strip_credentials(text: str) -> str:
+    """Every URL in `text` without its `user:password@` and token-like query values (`?token=...` -> `?token=***`)."""
+    return _SECRET_QUERY.sub(r"\1***", _USERINFO.sub(r"\1***@", text))
+
+
+def log_text(text: str) -> str:
+    """A message for a log or a terminal that may quote an env's text or a configured URL: controls escaped (newlines
+    kept), no credentials."""
+    return strip_credentials(escape_controls(text))
+
+
+# ---------------------------------------------------------------------------------------------- JSON
+def nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether lists/dicts nest more than `limit` levels (iterative: any depth is safe to ask about)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
+
+
+def loads_reply(raw: str | bytes, max_depth: int = MAX_REPLY_DEPTH) -> Any:
+    """Parse an env's JSON; UntrustedReply (one line) when it is not JSON or nests deeper than `max_depth`."""
+    try:
+        value = json.loads(raw)
+    except RecursionError:
+        raise UntrustedReply(f"a reply nested deeper than {max_depth} levels") from None
+    except ValueError as exc:  # also an integer over Python's 4,300-digit limit, invalid UTF-8
+        raise UntrustedReply(f"a reply that is not JSON ({one_line(exc, 120)})") from None
+    brackets = raw.count(b"{") + raw.count(b"[") if isinstance(raw, bytes) else raw.count("{") + raw.count("[")
+    if brackets > max_depth and nested_deeper_than(value, max_depth):  # depth <= brackets: most replies skip the walk
+        raise UntrustedReply(f"a reply nested deeper than {max_depth} levels")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------- rewards
+def check_reward(value: Any) -> float:
+    """`value` as a float, or BadReward saying why it is refused."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise BadReward(f"reward {one_line(repr(value), 80)} is not a number")
+    try:
+        reward = float(value)
+    except OverflowError:  # an int beyond float's range
+        raise BadReward(f"reward {one_line(str(value), 40)} is out of range (±{MAX_ABS_REWARD:g})") from None
+    if not math.isfinite(reward):
+        raise BadReward(f"reward {reward} is not finite")
+    if abs(reward) > MAX_ABS_REWARD:
+        raise BadReward(f"reward {reward:g} is out of range (±{MAX_ABS_REWARD:g})")
+    return reward
