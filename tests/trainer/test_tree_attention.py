@@ -171,13 +171,17 @@ def test_choose_backend_without_cuda_says_why():
 # sha256 of the dedented source of the TRL code tree_attention.py follows, in trl 1.16.0.
 PINNED = {
     "trl.experimental.async_grpo.packing.tree_attention": (
-        "558ae72eccb3310e9a4f0a35e4f16a865351183a41fd824af9eb250e552af1cb", "the kernel call tree_attention.py reproduces (gathered K/V, causal=True bottom-right, window, softcap)"),
+        "558ae72eccb3310e9a4f0a35e4f16a865351183a41fd824af9eb250e552af1cb",
+        "the kernel call tree_attention.py reproduces (gathered K/V, causal=True bottom-right, window, softcap)"),
     "trl.experimental.async_grpo.packing.TreeRow.pack": (
-        "c7379352296e55f529b5ae455e74fb17110acdc7b01f4113285c348562f67713", "the tree layout tree_mask reads (segments contiguous, kv_index = root-to-segment paths)"),
+        "c7379352296e55f529b5ae455e74fb17110acdc7b01f4113285c348562f67713",
+        "the tree layout tree_mask reads (segments contiguous, kv_index = root-to-segment paths)"),
     "trl.experimental.async_grpo.packing.register_tree_attention": (
-        "da79c546d534d80d001536da39fba0953ff6f14556e45d8f48a4c9c5dd977ab1", "what register() mirrors (attention + no-op mask function under TREE_ATTENTION)"),
+        "da79c546d534d80d001536da39fba0953ff6f14556e45d8f48a4c9c5dd977ab1",
+        "what register() mirrors (attention + no-op mask function under TREE_ATTENTION)"),
     "trl.experimental.async_grpo.async_grpo_trainer.AsyncGRPOTrainer.compute_loss": (
-        "4fad05bf0e8bb74090dc902b988afd9782b52bd42cf2931ffb690cb43381a255", "the tree kwargs the model gets (tree_max_seqlen_q/_k from tree_max_seqlens)"),
+        "4fad05bf0e8bb74090dc902b988afd9782b52bd42cf2931ffb690cb43381a255",
+        "the tree kwargs the model gets (tree_max_seqlen_q/_k from tree_max_seqlens)"),
 }
 
 
