@@ -85,11 +85,13 @@ def packed_log_probs(model, packed: dict) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("sliding_window", [None, 6], ids=["full", "sliding-6"])
-def test_packed_tree_forward_equals_the_per_sample_forward(sliding_window):
+def test_packed_tree_forward_equals_the_per_sample_forward(sliding_window, monkeypatch):
+    from trl.experimental.async_grpo import async_grpo_trainer
     from trl.experimental.async_grpo.packing import TreeRow
 
     from trainer import tree_attention
 
+    monkeypatch.setattr(async_grpo_trainer, "register_tree_attention", async_grpo_trainer.register_tree_attention)
     assert tree_attention.install(backend=None) == "sdpa"  # no CUDA here
     reference = tiny_qwen3(sliding_window)
     reference.set_attn_implementation("sdpa")
