@@ -143,6 +143,59 @@ def test_tree_mask_is_the_bottom_right_causal_rule_of_a_path():
     assert windowed[4].int().tolist() == [0, 0, 0, 1, 1]  # depth 3 sees depths 2..3 only
 
 
+def varlen_stand_in(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
+                    causal=False, window_size=(-1, -1), softcap=0.0):
+    """Test double for FlashAttention's flash_attn_varlen_func (no kernel on CPU), written from its contract, per
+    segment over the gathered K/V: causal aligned bottom-right, window_size=(left, right), logit softcap."""
+    out = []
+    cu_q, cu_k = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for q0, q1, k0, k1 in zip(cu_q[:-1], cu_q[1:], cu_k[:-1], cu_k[1:], strict=True):
+        qs, ks, vs = q[q0:q1].transpose(0, 1), k[k0:k1].transpose(0, 1), v[k0:k1].transpose(0, 1)
+        groups = qs.shape[0] // ks.shape[0]
+        ks, vs = ks.repeat_interleave(groups, 0), vs.repeat_interleave(groups, 0)
+        i = torch.arange(q1 - q0)[:, None] + (k1 - k0) - (q1 - q0)  # bottom-right: the last query sees every key
+        j = torch.arange(k1 - k0)[None, :]
+        allowed = (j <= i) if causal else torch.ones_like(j <= i)
+        if window_size[0] >= 0:
+            allowed = allowed & (i - j <= window_size[0])
+        scores = qs @ ks.transpose(-1, -2) * softmax_scale
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
+        out.append((torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ vs).transpose(0, 1))
+    return torch.cat(out)
+
+
+@pytest.mark.parametrize("sliding_window,softcap", [(None, None), (3, None), (None, 5.0)],
+                         ids=["full", "sliding-3", "softcap-5"])
+def test_the_varlen_kernel_call_and_the_sdpa_mask_agree__kernel_stand_in(sliding_window, softcap):
+    """The fa2/fa3 call path (TRL's gather + varlen call, run here with a torch stand-in for the kernel) and the
+    SDPA path give the same attention output on a packed tree row."""
+    from types import SimpleNamespace
+
+    from trl.experimental.async_grpo.packing import TreeRow
+
+    from trainer.tree_attention import _varlen_tree_attention, sdpa_tree_attention
+
+    row = TreeRow()
+    for sample in samples():
+        row.add(sample)
+    packed = row.pack()
+    n = len(packed["input_ids"])
+    g = torch.Generator().manual_seed(2)
+    query, key, value = (torch.randn(1, heads, n, 16, generator=g) for heads in (4, 2, 2))
+    module = torch.nn.Module()
+    module.config, module.proj = SimpleNamespace(), torch.nn.Linear(2, 2)  # get_target_dtype: fp32 stays fp32
+    tree = {k: packed[k] for k in ("tree_kv_index", "tree_cu_seqlens_q", "tree_cu_seqlens_k")}
+    max_q, max_k = packed["tree_max_seqlens"].tolist()
+    via_kernel = _varlen_tree_attention(varlen_stand_in, module, query, key, value, **tree, tree_max_seqlen_q=max_q,
+                                        tree_max_seqlen_k=max_k, scaling=0.25, sliding_window=sliding_window,
+                                        softcap=softcap)
+    via_sdpa = sdpa_tree_attention(query, key, value, **tree, scaling=0.25, sliding_window=sliding_window,
+                                   softcap=softcap)
+    assert via_kernel.shape == via_sdpa.shape == (1, n, 4, 16)
+    assert (via_kernel - via_sdpa).abs().max().item() <= TOLERANCE
+
+
 def test_install_keeps_trls_trainer_off_the_hub_kernel(monkeypatch):
     """AsyncGRPOTrainer.__init__ calls `register_tree_attention()`; after install() that registers ours, and TRL's
     kernel loader (which would fetch from the Hub) is never reached by a forward."""
