@@ -219,6 +219,11 @@ def install(backend: str | None = None) -> str:
         raise ValueError(f"tree attention backend {backend!r}: use fa3, fa2 or sdpa")
     else:
         why = "asked for"
+        try:  # fail here, in one line, rather than in the first forward
+            {"fa3": _fa3, "fa2": _fa2, "sdpa": lambda: None}[backend]()
+        except Exception as e:
+            raise RuntimeError(f"tree attention backend {backend!r} does not load here ({type(e).__name__}: {e}): "
+                               "use sdpa, or install() without a backend to pick what this host has") from e
     _state["backend"], _state["fell_back"] = backend, False
     register()
     async_grpo_trainer.register_tree_attention = register

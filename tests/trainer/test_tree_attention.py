@@ -3,8 +3,9 @@
 Differential test: a tiny random Qwen3 (fp32, grouped-query attention), samples that share a prompt and, some of
 them, a first turn, packed by TRL's own `TreeRow` into one tree row; the per-token log-probs of the packed forward
 through the portable tree attention (as AsyncGRPOTrainer.compute_loss feeds the model) equal those of each sample
-run alone through transformers' own SDPA attention, within 1e-5. Also: install() keeps TRL's trainer from
-registering (and fetching) its FA3 kernel, and the TRL sources this follows are pinned.
+run alone through transformers' own SDPA attention, within 1e-5. Also: the GPU call path (TRL's varlen kernel call,
+with a torch stand-in for the kernel) agrees with the SDPA mask; install() keeps TRL's trainer from registering (and
+fetching) its FA3 kernel; the TRL sources this follows are pinned.
 """
 
 from __future__ import annotations
@@ -214,6 +215,8 @@ def test_install_keeps_trls_trainer_off_the_hub_kernel(monkeypatch):
     assert AttentionInterface._global_mapping[packing.TREE_ATTENTION] is tree_attention.tree_attention
     with pytest.raises(ValueError, match="tree attention backend 'fa4': use fa3, fa2 or sdpa"):
         tree_attention.install("fa4")
+    with pytest.raises(RuntimeError, match=r"^tree attention backend 'fa2' does not load here \(ModuleNotFoundError"):
+        tree_attention.install("fa2")  # no flash_attn on this host
 
 
 def test_choose_backend_without_cuda_says_why():
