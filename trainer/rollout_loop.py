@@ -17,6 +17,13 @@
    failed mid-way. Here the tool results that would push the input past it are rolled back, as TRL
    does at its own limits.
 
+4. **A batch's envs reset at once.** TRL's `_generate_and_score_completions` calls `reset(**row)` on each
+   rollout's env one after another (a 250 ms reset costs 16 s at batch 64). Here they all run first, at most
+   TOOL_CONCURRENCY at once, on the very instances TRL then draws from its pool; TRL's own loop then gets each
+   result back from its env's `reset`, so observations land in the same prompts in the same order. A reset that
+   raises raises there, the first in batch order, as in TRL (the later resets have run too: they are not undone).
+   Resets are local to a process (no collective), so processes stay in step as before.
+
 Everything else is TRL's: the messages and their order, tool masks, logprobs, call and failure
 counts, the overlong rollback and the iteration limit. tests/trainer/test_rollout_loop.py checks the
 result against TRL's own loop token for token, and pins the TRL source this copy follows.
@@ -133,6 +140,38 @@ class ToolRunner:
             return CallResult(name, {"error": str(e)}, failed=True, deferred=deferred)
 
 
+@dataclass
+class ResetReplay:
+    """An env's own `reset`, already run: set on the instance, it hands TRL's reset loop the outcome once and then
+    gives the instance its method back."""
+
+    env: Any
+    value: Any = None
+    error: BaseException | None = None
+
+    def __call__(self, *args, **kwargs):
+        self.env.__dict__.pop("reset", None)
+        if self.error is not None:
+            raise self.error
+        return self.value
+
+
+def reset_all(envs: list, kwargs: list[dict], concurrency: int | None) -> list[ResetReplay]:
+    """`envs[i].reset(**kwargs[i])` for every i at once (at most `concurrency` at a time), outcomes in order."""
+
+    def one(i: int) -> ResetReplay:
+        try:
+            return ResetReplay(envs[i], envs[i].reset(**kwargs[i]))
+        except Exception as e:  # kept, and raised where TRL's loop calls this env's reset
+            return ResetReplay(envs[i], error=e)
+
+    if not envs:
+        return []
+    width = min(concurrency or len(envs), len(envs))
+    with ThreadPoolExecutor(max_workers=width, thread_name_prefix="env-reset") as pool:
+        return list(pool.map(one, range(len(envs))))
+
+
 def tool_messages(results: list[CallResult]) -> list[dict]:
     """The turn's tool messages in TRL's order: sync results as they ran, then async ones."""
     ordered = [r for r in results if not r.deferred] + [r for r in results if r.deferred]
@@ -238,6 +277,43 @@ def make_rollout_loop_class(base: type) -> type:
                 iteration += 1
             self.last_tool_counts = [(calls, failures) for calls, failures in per_rollout]
             return tool_mask, completions, completion_ids, logprobs, tool_call_count, tool_failure_count, tool_images
+
+        def _generate_and_score_completions(self, inputs):
+            """TRL's, with the batch's env resets run at once beforehand (change 4 above)."""
+            replays = self._reset_batch_at_once(inputs)
+            try:
+                return super()._generate_and_score_completions(inputs)
+            finally:
+                for replay in replays:  # left over only when an earlier reset raised
+                    if replay.env.__dict__.get("reset") is replay:
+                        del replay.env.__dict__["reset"]
+
+        def _reset_batch_at_once(self, inputs) -> list[ResetReplay]:
+            """Draw the batch's envs from TRL's pool exactly as TRL is about to (so it draws these very instances),
+            reset them concurrently, and leave each outcome on its instance for TRL's reset loop to collect."""
+            if self.environment_factories is None:
+                return []
+            multi = self._multi_environment
+            names = [x.get("environment") if multi else None for x in inputs]
+            if any(name not in self.environment_factories for name in names):
+                return []  # TRL raises its own error for an unknown environment
+            envs, cursor = [], {}
+            for name in names:
+                pool = self._environment_pool[name]
+                index = cursor.get(name, 0)
+                if index == len(pool):
+                    pool.append(self.environment_factories[name]())
+                cursor[name] = index + 1
+                envs.append(pool[index])
+            if any(not hasattr(env, "__dict__") for env in envs):
+                return []  # no instance attribute to leave the outcome on (__slots__): TRL's sequential resets
+            kwargs = [{k: v for k, v in x.items() if k != "environment"} if multi else x for x in inputs]
+            if self.tool_runner is None:
+                self.configure_rollouts(None, None)
+            replays = reset_all(envs, kwargs, self.tool_runner.concurrency)
+            for replay in replays:
+                replay.env.__dict__["reset"] = replay
+            return replays
 
         def _rollout_calls(self, i: int, calls: list[dict]) -> RolloutCalls:
             env = self.environments[i] if self.environments else None
