@@ -37,6 +37,7 @@ class PreflightReport:
     warnings: list[str] = field(default_factory=list)
     ok: list[str] = field(default_factory=list)
     server_max_model_len: int | None = None  # server mode: what the vLLM server reports (it refuses beyond it)
+    served_dtype: str | None = None  # server mode: the dtype vLLM serves the weights in (/server_info); pushes cast to it
 
 
 def log(msg: str) -> None:
@@ -341,6 +342,8 @@ def run_all(cfg: RunConfig, mode: str, wait_s: float = 20.0, tokenizer=None, num
             info = gpu.preflight_vllm(cfg)
             if mode == "gpu" and isinstance(info, dict) and info.get("max_model_len"):
                 report.server_max_model_len = int(info["max_model_len"])
+            if mode == "gpu" and isinstance(info, dict):
+                report.served_dtype = info.get("dtype")
             report.ok.append(f"vLLM server {cfg.vllm_server_url}: healthy, dev mode on, weight transfer configured"
                              if mode == "gpu" else "vLLM colocated: CUDA and vllm importable")
         except Exception as exc:  # noqa: BLE001 - trainer.gpu raises with its own diagnosis
