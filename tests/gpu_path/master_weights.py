@@ -22,7 +22,7 @@ if str(ROOT) not in sys.path:  # run as a script by torch.distributed.run
 
 
 def make_model_dir(out: Path) -> Path:
-    """A tiny Qwen3 (trainer.tiny_model's shape, random init) saved in bf16, as hub checkpoints such as Qwen3-0.6B are."""
+    """A tiny Qwen3 (trainer.tiny_model's shape, random init) saved in bf16, as hub checkpoints (Qwen3-0.6B) are."""
     import torch
 
     from trainer import tiny_model
