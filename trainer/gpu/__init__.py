@@ -9,7 +9,6 @@ inside the functions that need them, so CPU runs and the host's `make doctor` ne
     watchdog     a deadline around blocking NCCL calls, with a diagnosis instead of a hang
     trl_hooks    TRL's rendezvous and weight sync, wrapped: clear errors, timings, watchdog, pushes cast to
                  the served dtype
-    memory       the trainer's GPU memory for a model and layout (standard library only)
     preflight    all of the above checked before GRPOTrainer is built
     sync_check   `make nccl-check FULL=1`: what training does, against the running vllm service
 """
