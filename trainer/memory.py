@@ -164,7 +164,7 @@ def verdict(est: Estimate, gpu_bytes: int, *, colocate: bool = False, vllm_share
              if colocate else f"{gib(gpu_bytes)}")
     fixes = []
     states = est.weights + est.gradients + est.optimizer
-    rest = est.activations + est.push + est.overhead
+    rest = est.activations + est.overhead + (est.push if est.shards > 1 else 3 * est.push)  # fsdp gathers in fp32
     if colocate and vllm_share > 0:
         fixes.append("lower VLLM_GPU_MEMORY_UTILIZATION or give vLLM its own GPU (TRAIN_MODE=gpu)")
     if not colocate and rest < room:  # the model states can be sharded down to what is left (colocate: one GPU)
