@@ -302,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
                                    timeout_s=cfg.weight_sync_timeout_s)
         pushed = gpu.push_in_served_dtype(trainer, served_dtype)
         if pushed:
-            log(f"weights: fp32 master weights, bf16 autocast; each push to vLLM is cast to {pushed}")
+            autocast = ", bf16 autocast" if grpo_args.bf16 else ""  # off only where the trainer runs on CPU
+            log(f"weights: fp32 master weights{autocast}; each push to vLLM is cast to {pushed}")
 
     trainer.train(resume_from_checkpoint=resume_ckpt)
     step = trainer.state.global_step
