@@ -160,6 +160,75 @@ def diagnose(gpus: list[Gpu], method: str | None, dotenv: dict[str, str], mode: 
     return rows
 
 
+# ------------------------------------------------------------------ the trainer's memory
+HF_CACHE_VOLUME = "grpo-stack_hf-cache"  # compose.yaml's `name:` + its `hf-cache` volume (HF_HOME of model-download)
+
+
+def trainer_gpu_ids(dotenv: dict[str, str], mode: str, count: int) -> list[str]:
+    """The GPUs the trainer's processes get (one each), as .env names them; [] when the list is bad (diagnose says)."""
+    try:
+        if mode == "colocate":
+            return gpu_layout.parse_gpu_ids(gpu_layout.colocate_trainer_gpu(dotenv.get("TRAINER_GPU"), count)[0],
+                                            "TRAINER_GPU")
+        return gpu_layout.parse_gpu_ids(dotenv.get("TRAINER_GPU") or mode_spec("gpu").trainer_gpu_default,
+                                        "TRAINER_GPU")
+    except gpu_layout.LayoutError:
+        return []
+
+
+def model_config(cfg, runner: Runner | None = None, volume: str = HF_CACHE_VOLUME) -> tuple[dict | None, str]:
+    """(config.json, where it was read) of the run's model: MODEL_NAME as a folder here, else the snapshot at
+    MODEL_REVISION in the stack's HF cache volume (read by a throw-away container; never creates the volume).
+    (None, why) before the model-download job has run."""
+    from trainer import memory
+    from trainer.config import is_hub_id
+
+    runner = runner or run
+    name, revision = cfg.resolved_model_name(cfg.resolved_train_mode()), cfg.model_revision or "main"
+    if not is_hub_id(name):
+        found = memory.read_config(name)
+        return (found, name) if found else (None, f"{name}/config.json not found")
+    if runner(["docker", "volume", "inspect", "--", volume]).returncode != 0:
+        return None, f"{name} not downloaded yet (`make up` downloads it)"
+    script = ('d="/c/hub/models--$(printf %s "$REPO" | sed "s#/#--#g")"; r="$REV"; '
+              '[ -f "$d/refs/$r" ] && r="$(cat "$d/refs/$r")"; cat "$d/snapshots/$r/config.json"')
+    r = runner(["docker", "run", "--rm", "--network", "none", "-v", f"{volume}:/c:ro", "-e", f"REPO={name}",
+                "-e", f"REV={revision}", "--entrypoint", "sh", "--", probe_image(runner), "-c", script])
+    try:
+        return (json.loads(r.stdout), f"{name}@{revision[:12]} in volume {volume}") if r.returncode == 0 \
+            else (None, f"{name}@{revision[:12]} not downloaded yet (`make up` downloads it)")
+    except ValueError:
+        return None, f"{name}@{revision[:12]}: unreadable config.json in volume {volume}"
+
+
+def memory_rows(gpus: list[Gpu], dotenv: dict[str, str], mode: str, cfg, config: dict | None,
+                where: str) -> list[tuple[bool, str, str]]:
+    """One row per trainer GPU: trainer.memory's estimate for this model, layout and lengths next to the GPU's memory;
+    a FAIL names what to change. The host does not know the prompts: DEFAULT_PROMPT_TOKENS stands in (the trainer's
+    preflight measures them)."""
+    from trainer import memory
+
+    if config is None:
+        return [(True, "trainer memory", f"not estimated: {where}; the trainer's preflight prints it")]
+    ids = trainer_gpu_ids(dotenv, mode, len(gpus))
+    by_id = {g.index: g for g in gpus} | {g.uuid: g for g in gpus}
+    share = float(cfg.vllm_gpu_memory_utilization or (0.9 if mode == "gpu" else 0.3))
+    rows = []
+    for gpu in [by_id[i] for i in ids if i in by_id]:
+        try:
+            est, problem = memory.check(config, gpu.total_mib * 1024 ** 2, mode=mode, processes=len(ids),
+                                        sharding=cfg.trainer_sharding, batch=cfg.per_device_train_batch_size,
+                                        prompt_tokens=memory.DEFAULT_PROMPT_TOKENS,
+                                        completion_tokens=cfg.max_completion_length, vllm_share=share)
+        except memory.ShapeError as exc:
+            return [(True, "trainer memory", f"not estimated ({where}): {exc}")]
+        rows.append((True, f"trainer memory GPU {gpu.index}", f"{est.breakdown()} (prompts assumed "
+                     f"{memory.DEFAULT_PROMPT_TOKENS} tokens; {where}); GPU {gpu.index} has {gpu.total_mib} MiB"))
+        if problem:
+            rows.append((False, f"trainer memory GPU {gpu.index}", problem))
+    return rows
+
+
 # ------------------------------------------------------------------ probing the host
 Runner = Callable[[list[str]], subprocess.CompletedProcess]
 

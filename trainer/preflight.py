@@ -38,6 +38,7 @@ class PreflightReport:
     warnings: list[str] = field(default_factory=list)
     ok: list[str] = field(default_factory=list)
     server_max_model_len: int | None = None  # server mode: what the vLLM server reports (it refuses beyond it)
+    served_dtype: str | None = None  # server mode: vLLM's weights dtype (/server_info); weight pushes cast to it
 
 
 def log(msg: str) -> None:
@@ -295,6 +296,37 @@ def check_lengths(cfg: RunConfig, mode: str, tokenizer, specs: dict,
     return [], f"lengths: {line} <= {what} {limit}"
 
 
+def check_memory(cfg: RunConfig, mode: str, num_processes: int, prompt_tokens: int | None,
+                 gpu_bytes: int | None = None, config: dict | None = None) -> tuple[list[str], str]:
+    """The trainer's GPU memory for this model, layout and lengths (trainer.memory: weights, gradients, AdamW,
+    activations) against its smallest GPU: (errors, the breakdown line). Nothing to check on CPU, or before the
+    model's config.json is here (the tokenizer check names that)."""
+    from trainer import memory
+
+    if mode not in ("gpu", "colocate") or cfg.trainer_on_cpu(mode):
+        return [], ""
+    config = config or memory.read_config(cfg.model_path(mode))
+    if config is None:
+        return [], ""
+    if gpu_bytes is None:
+        import torch
+
+        if not torch.cuda.is_available():
+            return [], ""  # the vLLM checks name the missing GPU
+        gpu_bytes = min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
+    from trainer.gpu.grpo_kwargs import _gpu_memory_share  # the share colocated vLLM is given (GRPOConfig's)
+
+    try:
+        est, problem = memory.check(
+            config, gpu_bytes, mode=mode, processes=num_processes, sharding=cfg.trainer_sharding,
+            batch=cfg.per_device_train_batch_size, prompt_tokens=prompt_tokens or memory.DEFAULT_PROMPT_TOKENS,
+            completion_tokens=cfg.max_completion_length, vllm_share=_gpu_memory_share(cfg, mode))
+    except memory.ShapeError as exc:
+        return [], f"trainer memory: not estimated ({exc})"
+    line = f"trainer memory: {est.breakdown()}; trainer GPU {memory.gib(gpu_bytes)}"
+    return ([f"{problem}"] if problem else []), line
+
+
 def load_tokenizer(cfg: RunConfig, mode: str):
     from transformers import AutoTokenizer
 
@@ -342,6 +374,8 @@ def run_all(cfg: RunConfig, mode: str, wait_s: float = 20.0, tokenizer=None, num
             info = gpu.preflight_vllm(cfg)
             if mode == "gpu" and isinstance(info, dict) and info.get("max_model_len"):
                 report.server_max_model_len = int(info["max_model_len"])
+            if mode == "gpu" and isinstance(info, dict):
+                report.served_dtype = info.get("dtype")
             report.ok.append(f"vLLM server {cfg.vllm_server_url}: healthy, dev mode on, weight transfer configured"
                              if mode == "gpu" else "vLLM colocated: CUDA and vllm importable")
         except Exception as exc:  # noqa: BLE001 - trainer.gpu raises with its own diagnosis
@@ -354,6 +388,15 @@ def run_all(cfg: RunConfig, mode: str, wait_s: float = 20.0, tokenizer=None, num
             length_errors, fits = check_lengths(cfg, mode, tokenizer, report.specs, report.server_max_model_len)
             errors += length_errors
             report.ok += [fits] if fits else []
+    if mode in ("gpu", "colocate"):
+        try:  # the activations scale with the real prompt; a template error is reported above
+            prompt = longest_prompt(cfg, tokenizer, report.specs)[0] if tokenizer is not None and report.specs else None
+        except Exception:  # noqa: BLE001
+            prompt = None
+        memory_errors, breakdown = check_memory(cfg, mode, num_processes, prompt)
+        errors += memory_errors
+        if breakdown:
+            log(breakdown)
     for line in report.ok:
         log(f"ok: {line}")
     for line in report.warnings:

@@ -196,9 +196,10 @@ def load_model_and_tokenizer(cfg: RunConfig, mode: str):
     tokenizer = AutoTokenizer.from_pretrained(name, **cfg.model_load_kwargs(mode))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    bf16 = mode != "cpu" and torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-    dtype = torch.bfloat16 if bf16 else torch.float32  # matches GRPOConfig.bf16 (trainer.config)
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **cfg.model_load_kwargs(mode))
+    # fp32 master weights in every layout; GRPOConfig(bf16=True) runs the forward and backward under bf16 autocast.
+    # bf16 weights would not train: at lr 1e-5 an AdamW step rounds back to the same bf16 value for any |w| above
+    # ~0.004 (norm weights, most matrix entries). Pushes to vLLM are cast to its dtype (gpu.push_in_served_dtype).
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, **cfg.model_load_kwargs(mode))
     return model, tokenizer
 
 
@@ -250,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     if not dist.is_main():  # rank 0 checked servers, capacity for every process and the template
         report = preflight.resolve_envs(cfg)
     server_max_model_len = dist.from_main(report.server_max_model_len if dist.is_main() else None)
+    served_dtype = dist.from_main(report.served_dtype if dist.is_main() else None)
 
     import torch  # noqa: F401  (heavy imports only after the cheap checks passed)
 
@@ -299,6 +301,10 @@ def main(argv: list[str] | None = None) -> int:
 
         gpu.instrument_weight_sync(trainer, lambda seconds: STATS.add_time("weight_sync", seconds),
                                    timeout_s=cfg.weight_sync_timeout_s)
+        pushed = gpu.push_in_served_dtype(trainer, served_dtype)
+        if pushed:
+            autocast = ", bf16 autocast" if grpo_args.bf16 else ""  # off only where the trainer runs on CPU
+            log(f"weights: fp32 master weights{autocast}; each push to vLLM is cast to {pushed}")
 
     trainer.train(resume_from_checkpoint=resume_ckpt)
     step = trainer.state.global_step

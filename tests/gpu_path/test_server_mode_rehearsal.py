@@ -12,6 +12,7 @@ on both sides (`make nccl-check` on a GPU host covers that part).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import uuid
 
@@ -85,6 +86,8 @@ def test_server_mode_trains_through_the_twin__weights_by_reload_not_nccl(rehears
     assert "generating through the vLLM server at http://vllm:8000" in log  # TRAIN_MODE=gpu's path
     assert "[weight-sync] WEIGHT_TRANSFER=reload: no NCCL group" in log  # the one stand-in, said so
     assert "[weight-sync] vLLM reloaded" in log
+    assert re.search(r"fp32 master weights; each push to vLLM is cast to (bfloat16|float16|float32)\n", log), \
+        "the push's dtype was not read from the twin's /server_info"  # the trainer runs on CPU here: no autocast
     if processes == 2:
         assert "[launch] 2 trainer processes (ddp, gloo)" in log
     rows = [json.loads(line) for line in (outputs / f"rehearsal-{processes}" / "metrics.jsonl").read_text().splitlines()

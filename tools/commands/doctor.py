@@ -45,5 +45,20 @@ def run(rest: list[str]) -> int:
         report("ENV_FLEET=swarm", fleet.swarm_problem(), f"this node manages the swarm; fleet {fleet.stack_name(dotenv)}")
     if mode in ("gpu", "colocate") or gpus.count:  # the GPUs detected above, not a second probe
         ok = gpu_doctor.print_report(gpus, dotenv) and ok
+    if mode in ("gpu", "colocate") and gpus.count:
+        ok = trainer_memory(gpus, dotenv, mode) and ok
     print("all good" if ok else "doctor found problems: fix the FAIL lines above")
     return 0 if ok else 1
+
+
+def trainer_memory(gpus: gpu_doctor.DockerGpus, dotenv: dict[str, str], mode: str) -> bool:
+    """The trainer's memory for the model and layout next to each trainer GPU's (trainer.memory); False: cannot fit."""
+    try:
+        cfg = stack.run_config(dotenv, mode)
+    except Exception:  # noqa: BLE001 - a bad .env is reported by the `.env values` row
+        return True
+    config, where = gpu_doctor.model_config(cfg)
+    rows = gpu_doctor.memory_rows(gpus.gpus, dotenv, mode, cfg, config, where)
+    for fine, name, msg in rows:
+        print(f"  {'ok  ' if fine else 'FAIL'} {name}: {msg}")
+    return all(fine for fine, _, _ in rows)

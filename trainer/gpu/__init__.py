@@ -7,7 +7,8 @@ inside the functions that need them, so CPU runs and the host's `make doctor` ne
     server       HTTP checks of the vLLM server (the calls TRL's client makes)
     nccl         NCCL settings of this process, the rendezvous address and port
     watchdog     a deadline around blocking NCCL calls, with a diagnosis instead of a hang
-    trl_hooks    TRL's rendezvous and weight sync, wrapped: clear errors, timings, watchdog
+    trl_hooks    TRL's rendezvous and weight sync, wrapped: clear errors, timings, watchdog, pushes cast to
+                 the served dtype
     preflight    all of the above checked before GRPOTrainer is built
     sync_check   `make nccl-check FULL=1`: what training does, against the running vllm service
 """
@@ -15,6 +16,7 @@ inside the functions that need them, so CPU runs and the host's `make doctor` ne
 from trainer.gpu.grpo_kwargs import describe_mode, grpo_vllm_kwargs
 from trainer.gpu.server_checks import preflight_vllm
 from trainer.gpu.server import VLLMPreflightError
-from trainer.gpu.trl_hooks import instrument_weight_sync
+from trainer.gpu.trl_hooks import instrument_weight_sync, push_in_served_dtype
 
-__all__ = ["describe_mode", "grpo_vllm_kwargs", "instrument_weight_sync", "preflight_vllm", "VLLMPreflightError"]
+__all__ = ["describe_mode", "grpo_vllm_kwargs", "instrument_weight_sync", "preflight_vllm", "push_in_served_dtype",
+           "VLLMPreflightError"]

@@ -18,6 +18,7 @@ class ServerReport:
     world_size: int | None = None
     weight_transfer_config: dict | None = None
     logprobs_mode: str | None = None
+    dtype: str | None = None  # the served weights' dtype (model_config.dtype, e.g. "bfloat16"): what a push sends
     vllm_version: str | None = None
     torch_version: str | None = None
     server_has_cuda: bool | None = None
@@ -84,6 +85,7 @@ def check_vllm_server(url: str, timeout_s: float, session=None) -> ServerReport:
         )
     model_cfg = cfg.get("model_config") or {}
     rep.logprobs_mode = model_cfg.get("logprobs_mode")
+    rep.dtype = dtype_name(model_cfg.get("dtype"))
     if rep.logprobs_mode not in (None, "processed_logprobs"):
         rep.warnings.append(
             f"vLLM runs with --logprobs-mode {rep.logprobs_mode}: TRL's importance-sampling correction "
@@ -105,6 +107,13 @@ def check_vllm_server(url: str, timeout_s: float, session=None) -> ServerReport:
         first = r.json()["data"][0]
         rep.model, rep.max_model_len = first.get("id"), first.get("max_model_len")
     return rep
+
+
+def dtype_name(value) -> str | None:
+    """vLLM's /server_info writes a torch dtype as str() ("torch.bfloat16"): the bare name, or None when absent."""
+    if not value or not isinstance(value, str):
+        return None
+    return value.removeprefix("torch.")
 
 
 def version_skew(report: ServerReport, local_vllm: str | None, local_torch: str | None) -> list[str]:

@@ -74,7 +74,7 @@ def preflight_vllm(cfg: "RunConfig") -> dict[str, Any]:
         use_weight_reload(str(cfg.weight_reload_dir), float(cfg.weight_sync_timeout_s))
         return {"mode": "gpu", "url": url, "model": rep.model, "world_size": rep.world_size,
                 "vllm_version": rep.vllm_version, "max_model_len": rep.max_model_len,
-                "weight_transfer": f"reload from {cfg.weight_reload_dir}", "warnings": rep.warnings}
+                "weight_transfer": f"reload from {cfg.weight_reload_dir}", "warnings": rep.warnings, "dtype": rep.dtype}
     if rep.server_has_cuda is False:
         problems.append(explain_init_failure(None, "", rep))
 
@@ -99,5 +99,5 @@ def preflight_vllm(cfg: "RunConfig") -> dict[str, Any]:
         "vllm_version": rep.vllm_version, "max_model_len": rep.max_model_len, "host_ip": host_ip,
         "group_port": int(cfg.vllm_group_port),
         "nccl": {k: os.environ.get(k) for k in NCCL_BRIDGE_DEFAULTS}, "warnings": rep.warnings,
-        "waited_s": round(rep.waited_s, 1),
+        "waited_s": round(rep.waited_s, 1), "dtype": rep.dtype,
     }

@@ -1,6 +1,7 @@
 """Where the trainer wraps TRL: the NCCL rendezvous inside GRPOTrainer.__init__ (a watchdog and a clear
-error), every weight sync (timed, logged, watched), and, for server mode's CPU rehearsal, the weight push by
-reload from a shared folder instead of NCCL."""
+error), every weight sync (timed, logged, watched), every weight push cast to the dtype vLLM serves (the trainer
+keeps fp32 master weights), and, for server mode's CPU rehearsal, the weight push by reload from a shared folder
+instead of NCCL."""
 
 from __future__ import annotations
 
@@ -109,6 +110,57 @@ def instrument_weight_sync(trainer: Any, log_fn: Callable[[float], None],
     sync_weights._grpo_timed = True  # type: ignore[attr-defined]
     gen.sync_weights = sync_weights
     return True
+
+
+def colocated_dtype(gen: Any) -> str | None:
+    """The dtype of the vLLM engine TRL built inside this process (colocate): its `LLM(model=...)` passes no dtype,
+    so vLLM's "auto" picks it from the model's config.json (an fp32 config is served in bf16 on GPUs that have it)."""
+    llm = getattr(gen, "llm", None)
+    engine = getattr(llm, "llm_engine", None)
+    model_config = getattr(engine, "model_config", None) or getattr(getattr(engine, "vllm_config", None),
+                                                                     "model_config", None)
+    dtype = getattr(model_config, "dtype", None)
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def push_in_served_dtype(trainer: Any, served_dtype: str | None) -> str | None:
+    """Cast every tensor a weight push sends to the dtype vLLM serves, names unchanged.
+
+    The trainer keeps fp32 master weights (bf16 ones would not move under AdamW at lr 1e-5), so TRL would stream
+    fp32: twice the bytes against WEIGHT_SYNC_TIMEOUT_S. All of TRL 1.16's pushes read one iterator,
+    `VLLMGeneration._iter_named_params` (plain, DeepSpeed-gathered, or FSDP2 `full_tensor()` parameters): server
+    mode's metadata (dtype names the server allocates by) and NCCL broadcast, colocate's `load_weights`, and the
+    CPU rehearsal's reload file (use_weight_reload). Wrapping it here covers them all.
+
+    served_dtype: server mode's /server_info model_config.dtype (trainer.gpu.server); colocate reads its own engine
+    (colocated_dtype). Returns the dtype pushes are cast to, or None (no vLLM, or the server did not say: the
+    tensors go as they are and vLLM casts them on load)."""
+    import torch
+
+    gen = getattr(trainer, "vllm_generation", None)
+    if gen is None or not hasattr(gen, "_iter_named_params"):
+        return None
+    if getattr(gen, "mode", None) == "colocate":
+        served_dtype = colocated_dtype(gen) or served_dtype
+    if not served_dtype:
+        logger.warning("the vLLM server did not report its dtype (/server_info model_config.dtype): weight pushes "
+                       "go in the trainer's dtype, and vLLM casts them on load")
+        return None
+    target = getattr(torch, served_dtype, None)
+    if not isinstance(target, torch.dtype):
+        raise ValueError(f"vLLM serves dtype {served_dtype!r}, which torch does not know; the weight push cannot "
+                         "cast to it (check the vllm service's --dtype)")
+    original = getattr(gen._iter_named_params, "__wrapped__", gen._iter_named_params)
+
+    def _iter_named_params():
+        for name, tensor in original():
+            if tensor.is_floating_point() and tensor.dtype != target:
+                tensor = tensor.to(target)  # one tensor at a time: a second copy of one parameter, never the model
+            yield name, tensor
+
+    _iter_named_params.__wrapped__ = original  # type: ignore[attr-defined]
+    gen._iter_named_params = _iter_named_params
+    return served_dtype
 
 
 def use_weight_reload(folder: str, timeout_s: float) -> None:

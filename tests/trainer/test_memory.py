@@ -1,0 +1,92 @@
+"""trainer.memory: the trainer's GPU memory for a model and layout, and the preflight's verdict on it."""
+
+from __future__ import annotations
+
+import pytest
+
+from trainer import memory
+from trainer.config import RunConfig
+
+GIB = memory.GIB
+# Qwen3-0.6B's config.json (the shape numbers; the hub model has ~0.596B parameters with its tied embeddings)
+QWEN3_06B = {"model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072,
+             "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+             "tie_word_embeddings": True, "attention_bias": False}
+
+
+def test_qwen3_06b_parameter_count_is_within_1_percent_of_0_596b_and_exactly_transformers_own():
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    n = memory.ModelShape.from_config(QWEN3_06B).params()
+    assert abs(n - 0.596e9) / 0.596e9 < 0.01
+    with torch.device("meta"):  # the real module tree, no memory: tied weights counted once by parameters()
+        model = Qwen3ForCausalLM(Qwen3Config(**{k: v for k, v in QWEN3_06B.items() if k != "model_type"}))
+    assert n == sum(p.numel() for p in model.parameters())
+
+
+def test_untied_gqa_and_a_multimodal_text_config_are_read():
+    untied = memory.ModelShape.from_config({**QWEN3_06B, "tie_word_embeddings": False})
+    assert untied.params() - memory.ModelShape.from_config(QWEN3_06B).params() == 151936 * 1024
+    nested = memory.ModelShape.from_config({"text_config": QWEN3_06B, "tie_word_embeddings": True})
+    assert nested.params() == memory.ModelShape.from_config(QWEN3_06B).params()
+    with pytest.raises(memory.ShapeError, match="hidden_size"):
+        memory.ModelShape.from_config({"vocab_size": 10})
+
+
+def test_the_breakdown_is_16_bytes_per_parameter_plus_activations_and_names_every_part():
+    shape = memory.ModelShape.from_config(QWEN3_06B)
+    est = memory.estimate(shape, batch=8, prompt_tokens=512, completion_tokens=256)
+    p = shape.params()
+    assert (est.weights, est.gradients, est.optimizer) == (4 * p, 4 * p, 8 * p)
+    t, c = 8 * (512 + 256), 8 * 256
+    assert est.activations == t * (2 * 1024 * 28 + 34 * 1024) + c * 4 * 151936  # the docstring's formula
+    off = memory.estimate(shape, batch=8, prompt_tokens=512, completion_tokens=256, gradient_checkpointing=False)
+    assert off.activations > est.activations
+    line = est.breakdown()
+    print(f"\nQwen3-0.6B, defaults: {line}")
+    for part in ("weights", "gradients", "AdamW", "activations", "gradient checkpointing on", "per trainer GPU"):
+        assert part in line
+    assert 10 * GIB < est.total < 14 * GIB
+    sharded = memory.estimate(shape, processes=4, sharding="fsdp")
+    assert sharded.weights == pytest.approx(est.weights / 4, abs=1) and sharded.shards == 4
+    assert memory.estimate(shape, processes=4, sharding="ddp").weights == est.weights  # ddp: a full copy each
+    with pytest.raises(memory.ShapeError, match="lora"):
+        memory.estimate(shape, method="lora")
+
+
+def test_verdicts_fit_on_a_24_gib_gpu_and_say_what_to_change_on_smaller_ones():
+    shape = memory.ModelShape.from_config(QWEN3_06B)
+    est = memory.estimate(shape)
+    assert memory.verdict(est, 24 * GIB) is None
+    assert memory.verdict(est, 80 * GIB, colocate=True, vllm_share=0.3) is None
+    small = memory.verdict(est, 8 * GIB)
+    assert small and "\n" not in small
+    assert "2 trainer GPUs with TRAINER_SHARDING=fsdp" in small and "a smaller model (MODEL_NAME)" in small
+    colocated = memory.verdict(est, 16 * GIB, colocate=True, vllm_share=0.3)
+    assert "VLLM_GPU_MEMORY_UTILIZATION=0.3" in colocated and "lower VLLM_GPU_MEMORY_UTILIZATION" in colocated
+    assert "TRAINER_SHARDING" not in colocated  # colocate is one GPU
+    long = memory.estimate(shape, batch=32, completion_tokens=4096)
+    assert "MAX_COMPLETION_LENGTH" in memory.verdict(long, 24 * GIB)
+    # the fix it names is enough: two fsdp GPUs of 8 GiB hold what one could not
+    assert memory.verdict(memory.estimate(shape, processes=2, sharding="fsdp"), 8 * GIB) is None
+
+
+def test_gradient_checkpointing_assumed_is_what_the_project_hands_trl():
+    cfg = RunConfig.load([], train_mode="cpu")
+    assert cfg.to_grpo_config("cpu").gradient_checkpointing is memory.GRADIENT_CHECKPOINTING
+
+
+def test_preflight_prints_the_breakdown_and_fails_with_one_line_when_it_cannot_fit(capsys):
+    from trainer import preflight
+
+    cfg = RunConfig.load([], train_mode="colocate", max_completion_length=256)
+    errors, line = preflight.check_memory(cfg, "colocate", 1, 300, gpu_bytes=80 * GIB, config=QWEN3_06B)
+    assert errors == [] and line.startswith("trainer memory: 0.60B params") and "trainer GPU 80.0 GiB" in line
+    errors, line = preflight.check_memory(cfg, "colocate", 1, 300, gpu_bytes=12 * GIB, config=QWEN3_06B)
+    assert len(errors) == 1 and "lower VLLM_GPU_MEMORY_UTILIZATION" in errors[0] and line
+    cfg = RunConfig.load([], train_mode="gpu", trainer_sharding="fsdp")
+    assert preflight.check_memory(cfg, "gpu", 2, 300, gpu_bytes=8 * GIB, config=QWEN3_06B)[0] == []
+    assert preflight.check_memory(cfg, "gpu", 1, 300, gpu_bytes=8 * GIB, config=QWEN3_06B)[0]
+    rehearsal = RunConfig.load([], train_mode="gpu", weight_transfer="reload")  # trainer on CPU: nothing to size
+    assert preflight.check_memory(rehearsal, "gpu", 1, 300, gpu_bytes=8 * GIB, config=QWEN3_06B) == ([], "")
