@@ -217,4 +217,7 @@ class MetricsCallback(TrainerCallback):
                 f"tool_calls/ep {f('tools/call_frequency', '{:.2f}')} tool_fail {f('tools/failure_frequency', '{:.2f}')} "
                 f"loss {f('loss', '{:.4f}')} step {f('time/step_s', '{:.2f}')}s "
                 f"(gen {f('time/generation_s', '{:.2f}')} env {f('time/env_s', '{:.2f}')} "
-                f"train {f('time/training_s', '{:.2f}')})")
+                f"train {f('time/training_s', '{:.2f}')})"
+                # vLLM modes: how far vLLM's sampling is from the trainer's policy (trainer.sampling_health)
+                + (f" is_ratio {f(sampling_health.RATIO_MEAN)} masked {f(sampling_health.MASKED_FRACTION, '{:.0%}')}"
+                   if sampling_health.has_figures(r) else ""))

@@ -106,3 +106,12 @@ def test_masked_share_logged_by_the_trainer__stand_in_trainer_and_batch():
     trunc = stand_in("sequence_truncate")
     log_masked(trunc, {"importance_sampling_ratio": torch.tensor([[3.0]])})
     assert sh.MASKED_FRACTION not in trunc._metrics["train"]  # truncation masks nothing
+
+
+def test_the_step_line_shows_the_ratio_only_where_vllm_generates():
+    from trainer.metrics import MetricsCallback
+
+    args = types.SimpleNamespace(max_steps=3)
+    line = MetricsCallback._progress_line(row(2, 0.981, 0.05, reward=0.5), args)
+    assert line.endswith(" is_ratio 0.981 masked 5%")
+    assert "is_ratio" not in MetricsCallback._progress_line(row(2, reward=0.5), args)  # the CPU profile
