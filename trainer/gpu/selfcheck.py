@@ -308,7 +308,7 @@ def check_colocate_budget(device, tiny: bool) -> Result:
     what = "tiny shape, tensor bytes (activations not counted on CPU)" if tiny or not cuda else "Qwen3-0.6B shape"
     detail = (f"{what}, batch {batch} x ({prompt} prompt + {completion} completion) tokens, fp32 weights + AdamW: "
               f"peak GB weights {peaks['weights']:.2f}, forward {peaks['forward']:.2f}, backward {peaks['backward']:.2f},"
-              f" optimizer {peaks['optimizer']:.2f}; CUDA context {context:.2f}; left for vLLM at "
+              f" optimizer {peaks['optimizer']:.2f}; CUDA context and other processes {context:.2f}; left for vLLM at "
               f"VLLM_GPU_MEMORY_UTILIZATION={share:g}: " + "; ".join(cards))
     verdict = "PASS"
     if this_card is not None:
