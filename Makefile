@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # Build one of compose.yaml's build-only image services (profile `build`), quietly.
 BUILD_IMAGE := $(STACK) compose --progress quiet --profile build build
 
-.PHONY: help up train down logs ps config build test clean doctor report rollouts eval export baseline dashboard nccl-check gpu-smoke soak bench \
+.PHONY: help up train down logs ps config build test clean doctor report rollouts eval export baseline dashboard nccl-check gpu-smoke gpu-selfcheck soak bench \
 	fleet-up fleet-ps fleet-logs fleet-down bench-fleet bench-learning
 
 help: ## List every target with one line each
@@ -86,6 +86,9 @@ dashboard: $(VENV)/.host-ok ## Start TensorBoard on 127.0.0.1:$DASHBOARD_PORT (o
 
 nccl-check: $(VENV)/.host-ok ## GPU hosts: NCCL broadcast as the weight sync does; FULL=1: TRL's rendezvous + weight push + generation against the running vllm
 	@$(STACK) nccl-check $(if $(FULL),--full) $(ARGS)
+
+gpu-selfcheck: ## GPU owners, no Docker, vLLM server or Hub: the trainer's CUDA path checked in a plain env (PYTHON=/path/to/python; README "GPU self-check")
+	@$(PYTHON) -m trainer.gpu.selfcheck $(ARGS)
 
 gpu-smoke: $(VENV)/.host-ok ## GPU hosts, first thing: 3 steps on the default model, pass/FAIL with timings per stage (README "First run on a GPU host")
 	@$(STACK) smoke --gpu

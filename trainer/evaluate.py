@@ -29,7 +29,8 @@ UNFINISHED_PENALTY shaping is left out), success = reward above --threshold (def
 failed calls per episode (as the rollout loop counts them: calls of an unknown tool fail too) and tokens the model
 generated per episode (tool results excluded, as TRL's completions/mean_length). Writes <run>/eval.json and prints
 the table (trainer.eval_report.markdown_table). Exit codes: 0 done, 1 no such run or checkpoint, 2 bad config or
-flags, 3 an env server not ready.
+flags, 3 an env server not ready, 4 (GPU hosts) too little free GPU memory for the eval: training, or another
+eval, still holds the GPU (checked before vLLM loads: gpu_memory_verdict).
 """
 
 from __future__ import annotations
@@ -161,6 +162,46 @@ def _generation_kwargs(cfg: RunConfig, mode: str) -> dict[str, Any]:
     colocated = cfg.model_copy(update={"train_mode": "colocate", "vllm_gpu_memory_utilization":
                                        cfg.vllm_gpu_memory_utilization if mode == "colocate" else None})
     return {**gpu.grpo_vllm_kwargs(colocated), "vllm_importance_sampling_correction": False}
+
+
+def weights_bytes(model_dir: str | os.PathLike) -> int:
+    """The model's weight files on disk (a checkpoint or a downloaded snapshot); 0 when it is not a local folder."""
+    folder = Path(model_dir)
+    return sum(p.stat().st_size for p in folder.glob("*.safetensors")) if folder.is_dir() else 0
+
+
+def gpu_memory_verdict(free_b: int, total_b: int, vllm_share: float, model_b: int, device: str = "GPU 0") -> str | None:
+    """None when the eval fits, else the one line to stop with. Each model is played in its own process: the trainer's
+    copy of the weights, then vLLM, which refuses to start unless share x total is free."""
+    need = vllm_share * total_b + model_b
+    if free_b >= need:
+        return None
+    gb = 1e9
+    return (f"{device}: {free_b / gb:.1f} of {total_b / gb:.1f} GB free, and the eval needs {need / gb:.1f} GB (vLLM's "
+            f"{vllm_share:g} x {total_b / gb:.1f} GB + the model's {model_b / gb:.1f} GB): something still holds the "
+            "GPU, most likely training (`make ps`); wait for it to finish or stop it (`make down`), then run "
+            "`make eval` again")
+
+
+def check_gpu_memory(cfg: RunConfig, mode: str, models: list[str]) -> str | None:
+    """On GPU hosts, before any vLLM loads: gpu_memory_verdict for the largest of the models played."""
+    if cfg.trainer_on_cpu(mode):
+        return None
+    measured = _isolated(_cuda_memory)  # in a child: a CUDA context here would hold memory the models need
+    if measured is None:
+        return None  # no CUDA here: the model's own start fails with its message
+    free_b, total_b, device = measured
+    share = _generation_kwargs(cfg, mode)["vllm_gpu_memory_utilization"]
+    return gpu_memory_verdict(free_b, total_b, share, max(weights_bytes(m) for m in models), device)
+
+
+def _cuda_memory() -> tuple[int, int, str] | None:
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    free_b, total_b = torch.cuda.mem_get_info()
+    return free_b, total_b, f"GPU {torch.cuda.current_device()} ({torch.cuda.get_device_name()})"
 
 
 def play_model(cfg: RunConfig, mode: str, label: str, model_name: str,
@@ -315,6 +356,10 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{name} ({len(rows)} held-out tasks x {g})" for name, (_, rows) in tasks.items())
         + f"; success: reward > {args.threshold:g}; generation: "
         + ("transformers" if cfg.trainer_on_cpu(mode) else "vLLM in this process"))
+    held = check_gpu_memory(cfg, mode, [base, str(checkpoint)])
+    if held:
+        print(f"[eval] {held}", file=sys.stderr, flush=True)
+        return 4
     isolate = args.isolate or not cfg.trainer_on_cpu(mode)
     rows = []
     for label, model in (("base", base), ("trained", str(checkpoint))):

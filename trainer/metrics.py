@@ -24,7 +24,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from trainer import stages
+from trainer import sampling_health, stages
 from trainer.trackers import RunInfo, Trackers
 
 METRICS_FILE = "metrics.jsonl"
@@ -148,6 +148,8 @@ class MetricsCallback(TrainerCallback):
                                                                       resume_step=resume_step))
         self._step_start: float | None = None
         self._step_times: list[float] = []
+        # vLLM's vs the trainer's log-probs: the smoke's stage after step 3, one warning when a step leaves bounds.
+        self.sampling = sampling_health.Watch(stages.mark, lambda line: self.print(f"[train] {line}"))
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -193,6 +195,7 @@ class MetricsCallback(TrainerCallback):
                     f"reward {record.get('reward')}")
         self.trackers.log_record(record)
         self.print(self._progress_line(record, args))
+        self.sampling.observe(record)
 
     def on_train_end(self, args, state, control, **kwargs):
         self.trackers.close()
@@ -214,4 +217,7 @@ class MetricsCallback(TrainerCallback):
                 f"tool_calls/ep {f('tools/call_frequency', '{:.2f}')} tool_fail {f('tools/failure_frequency', '{:.2f}')} "
                 f"loss {f('loss', '{:.4f}')} step {f('time/step_s', '{:.2f}')}s "
                 f"(gen {f('time/generation_s', '{:.2f}')} env {f('time/env_s', '{:.2f}')} "
-                f"train {f('time/training_s', '{:.2f}')})")
+                f"train {f('time/training_s', '{:.2f}')})"
+                # vLLM modes: how far vLLM's sampling is from the trainer's policy (trainer.sampling_health)
+                + (f" is_ratio {f(sampling_health.RATIO_MEAN)} masked {f(sampling_health.MASKED_FRACTION, '{:.0%}')}"
+                   if sampling_health.has_figures(r) else ""))

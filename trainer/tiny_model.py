@@ -106,14 +106,14 @@ class Demo:
 
 # ---------------------------------------------------------------------------- in-process env server
 @contextmanager
-def local_env_server(env_name: str):
+def local_env_server(env_name: str, max_sessions: int = 4):
     """Our real env server on a free loopback port, in a thread, for the duration of the block."""
     import uvicorn
 
     from envs.core.server import build_app
     from envs.core.settings import ServerSettings
 
-    app, _ = build_app(ServerSettings.load({}, env_name=env_name, max_concurrent_envs=4))
+    app, _ = build_app(ServerSettings.load({}, env_name=env_name, max_concurrent_envs=max_sessions))
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))

@@ -145,7 +145,31 @@ def make_trainer_class():
 
         def _generate_and_score_completions(self, *args, **kwargs):
             with STATS.timer("generate_and_score"):
-                return super()._generate_and_score_completions(*args, **kwargs)
+                output = super()._generate_and_score_completions(*args, **kwargs)
+            self._log_masked_fraction(output)
+            return output
+
+        def _log_masked_fraction(self, output) -> None:
+            """TRL's `*_mask` modes zero the importance-sampling ratio of what they mask but log no share of it:
+            log the share of sequences (sequence_mask) or completion tokens (token_mask) masked
+            (trainer.sampling_health judges it). Every process reaches this together: the gather is safe."""
+            ratio = output.get("importance_sampling_ratio")
+            if ratio is None or not self.vllm_importance_sampling_mode.endswith("_mask"):
+                return
+            import torch
+
+            from trainer.sampling_health import MASKED_FRACTION
+
+            if self.vllm_importance_sampling_mode.startswith("sequence"):  # (B, 1): one ratio per sequence
+                masked, count = (ratio == 0).sum(), ratio.new_tensor(ratio.numel())
+            else:
+                valid = output["completion_mask"].bool()
+                if output.get("tool_mask") is not None:
+                    valid &= output["tool_mask"].bool()
+                masked, count = ((ratio == 0) & valid).sum(), valid.sum()
+            totals = self.accelerator.gather(torch.stack([masked.float(), count.float()]).unsqueeze(0)).sum(0)
+            mode = "train" if self.model.training else "eval"
+            self._metrics[mode][MASKED_FRACTION].append((totals[0] / totals[1].clamp(min=1)).item())
 
     return InstrumentedGRPOTrainer
 

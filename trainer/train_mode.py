@@ -33,10 +33,10 @@ MODE_SPECS: dict[str, ModeSpec] = {
                     ("first_generation", "first_optimizer_step", "tool_calls")),
     "gpu": ModeSpec(2, "trainer", "trainer-gpu-image", True, False, "0", "1",
                     ("model_download", "vllm_healthy", "rendezvous", "first_generation", "first_optimizer_step",
-                     "first_weight_sync", "tool_calls")),
+                     "first_weight_sync", "importance_sampling", "tool_calls")),
     "colocate": ModeSpec(1, "trainer", "trainer-gpu-image", False, False, "", "0",
                          ("model_download", "first_generation", "first_optimizer_step", "first_weight_sync",
-                          "tool_calls")),
+                          "importance_sampling", "tool_calls")),
 }
 NEEDS_GPUS = {mode: spec.gpus_needed for mode, spec in MODE_SPECS.items()}
 

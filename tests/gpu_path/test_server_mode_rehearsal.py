@@ -21,6 +21,7 @@ import requests
 
 from tests.gpu_path.conftest import TRAINER_STANDIN_IMAGE, ensure_trainer_standin_image, start_twin, stop_twin
 from tests.helpers import build_images
+from trainer import sampling_health, stages
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -98,3 +99,10 @@ def test_server_mode_trains_through_the_twin__weights_by_reload_not_nccl(rehears
     assert any(r["grad_norm"] > 0 for r in rows[:2]), [(r["reward_std"], r["grad_norm"]) for r in rows]
     after = served_logprobs(twin)
     assert after != before, "the served model did not change after the trainer's weight push"
+    # vLLM's sampling log-probs vs the trainer's (TRL's importance-sampling ratio, the masked share the trainer adds):
+    # the figures `make gpu-smoke` judges, here after weight pushes by reload.
+    print(f"[rehearsal {processes}] " + "; ".join(f"step {r['step']}: {sampling_health.describe(r)}" for r in rows))
+    assert all(sampling_health.MASKED_FRACTION in r and sampling_health.has_figures(r) for r in rows), rows[-1]
+    ok, detail = sampling_health.verdict(rows)
+    assert ok is True, detail
+    assert stages.parse(log)["importance_sampling"]["ok"] is True

@@ -97,3 +97,31 @@ def test_a_bad_run_or_no_checkpoint_is_one_clear_line(evaluated, capsys):
     assert evaluate.main(["--train-mode", "cpu", "--outputs", str(out), "--run", "ev", "--checkpoint", "9"]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "checkpoint-2" in err
+
+
+# ------------------------------------------------------------------ GPU hosts: free memory before vLLM loads
+def test_gpu_memory_verdict_fits_when_vllms_share_and_the_model_are_free():
+    from trainer.evaluate import gpu_memory_verdict
+
+    gb = 10**9
+    assert gpu_memory_verdict(30 * gb, 80 * gb, 0.3, 2 * gb) is None  # needs 24 + 2
+    assert gpu_memory_verdict(26 * gb, 80 * gb, 0.3, 2 * gb) is None  # exactly enough
+
+
+def test_gpu_memory_verdict_held_by_training_is_one_line_saying_what_to_do():
+    from trainer.evaluate import gpu_memory_verdict
+
+    gb = 10**9
+    line = gpu_memory_verdict(5 * gb, 80 * gb, 0.3, 2 * gb, "GPU 0 (H100)")
+    assert line is not None and "\n" not in line
+    assert line.startswith("GPU 0 (H100): 5.0 of 80.0 GB free, and the eval needs 26.0 GB")
+    assert "training" in line and "`make down`" in line and "`make eval` again" in line
+
+
+def test_no_gpu_check_where_the_trainer_runs_on_cpu(tmp_path):
+    from trainer.config import RunConfig
+    from trainer.evaluate import check_gpu_memory, weights_bytes
+
+    assert check_gpu_memory(RunConfig.load([]), "cpu", [str(tmp_path)]) is None  # no child process, no CUDA asked
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 1000)
+    assert weights_bytes(tmp_path) == 1000 and weights_bytes(tmp_path / "missing") == 0

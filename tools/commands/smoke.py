@@ -7,6 +7,7 @@ import subprocess
 import time
 
 from tools import stack
+from trainer import sampling_health
 from tools.commands.up import bring_up
 from tools.prepare import Prepared, prepare
 
@@ -25,6 +26,12 @@ SMOKE_STAGES = {
                              "trainer GPU memory (PER_DEVICE_TRAIN_BATCH_SIZE, MAX_COMPLETION_LENGTH)"),
     "first_weight_sync": ("first weight sync", "new weights pushed into vLLM (seconds)",
                           "NCCL transport; `make nccl-check FULL=1` repeats it with timings"),
+    "importance_sampling": ("importance sampling", "vLLM's and the trainer's log-probs agree at steps "
+                            f"{'-'.join(map(str, sampling_health.JUDGED_STEPS))} (mean ratio in "
+                            f"[{sampling_health.RATIO_BOUNDS[0]}, {sampling_health.RATIO_BOUNDS[1]}], at most "
+                            f"{sampling_health.MAX_MASKED:.0%} of sequences masked)",
+                            "a garbled weight sync or numeric drift (masked sequences do not train): `make nccl-check "
+                            "FULL=1`, the trainer's weight dtype, the model revision vLLM serves"),
     "tool_calls": ("tool calls per episode", "the model calls the env's tools (> 0)",
                    "0: the model never calls a tool (chat template, ENABLE_THINKING, MAX_COMPLETION_LENGTH)"),
 }
@@ -36,7 +43,8 @@ def smoke_table(mode: str, found: dict[str, dict], failed_rc: int | None) -> tup
     for key in stack.mode_spec(mode).smoke_stages:
         title, proves, meaning = SMOKE_STAGES[key]
         record = found.get(key)
-        passed = record is not None and (key != "tool_calls" or (record.get("value") or 0) > 0)
+        passed = record is not None and (key != "tool_calls" or (record.get("value") or 0) > 0) \
+            and (key != "importance_sampling" or record.get("ok") is True)  # trainer.sampling_health's verdict
         if passed:
             took = f" {record['seconds']:.1f}s" if record.get("seconds") is not None else ""
             detail = record.get("detail") or proves
@@ -89,7 +97,7 @@ def smoke(prepared: Prepared, require_gpu: bool) -> int:
             stack.say(f"the CPU profile's model-init job failed (exit {rc}); the messages above say why")
             return rc
     args = [*stack.TRAINER_PYTHON, "-m", "trainer.launch", "--max-steps", str(SMOKE_STEPS), "--run-name", f"smoke-{mode}",
-            "--resume", "fresh"]
+            "--resume", "fresh", "--logging-steps", "1"]  # every step's metrics: the importance-sampling stage reads 2-3
     stack.say(f"stage: {SMOKE_STEPS} training steps with `{service}` (mode {mode}), run smoke-{mode}")
     rc, text = run_logged(stack.compose_command(compose_vars, "run", "--rm", "-T", "--no-deps", service, *args)[0], compose_vars)
     lines, ok = smoke_table(mode, stages.parse(log_text + text), rc)

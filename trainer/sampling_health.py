@@ -1,0 +1,98 @@
+"""Importance-sampling health: do vLLM's log-probs still match the trainer's? (standard library only)
+
+With vLLM, TRL weighs each sequence by exp(trainer logp - vLLM logp) and, in its default `sequence_mask` mode, zeroes
+the sequences whose ratio leaves [clip_min, clip_max]. A garbled weight sync or numeric drift then shows up only as
+a reward that never moves. TRL logs `sampling/importance_sampling_ratio/{min,mean,max}` (the mean counts masked
+sequences as 0); the trainer adds `sampling/importance_sampling_masked_fraction` (trainer.train). Healthy: mean ratio
+in RATIO_BOUNDS and at most MAX_MASKED of the sequences masked.
+
+`make gpu-smoke` judges steps 2-3 (after the first weight sync) through the `importance_sampling` stage line; a
+later step out of bounds is one warning in the training log.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Iterable
+
+RATIO_MEAN = "sampling/importance_sampling_ratio/mean"
+MASKED_FRACTION = "sampling/importance_sampling_masked_fraction"
+RATIO_BOUNDS = (0.8, 1.25)
+MAX_MASKED = 0.10
+JUDGED_STEPS = (2, 3)  # the steps after the first weight sync: what `make gpu-smoke` judges
+
+
+def _number(row: dict[str, Any], key: str) -> float | None:
+    value = row.get(key)
+    return float(value) if isinstance(value, (int, float)) and not math.isnan(value) else None
+
+
+def has_figures(row: dict[str, Any]) -> bool:
+    """Whether TRL logged the ratio for this step (vLLM generation with its importance-sampling correction)."""
+    return _number(row, RATIO_MEAN) is not None
+
+
+def problems(row: dict[str, Any]) -> list[str]:
+    """What is out of bounds in one metric row (empty: healthy, or no figures)."""
+    found = []
+    mean, masked = _number(row, RATIO_MEAN), _number(row, MASKED_FRACTION)
+    low, high = RATIO_BOUNDS
+    if mean is not None and not low <= mean <= high:
+        found.append(f"mean importance-sampling ratio {mean:.3f} outside [{low}, {high}]")
+    if masked is not None and masked > MAX_MASKED:
+        found.append(f"{masked:.0%} of sequences masked (> {MAX_MASKED:.0%})")
+    return found
+
+
+def describe(row: dict[str, Any]) -> str:
+    mean, masked = _number(row, RATIO_MEAN), _number(row, MASKED_FRACTION)
+    parts = [f"ratio mean {mean:.3f}" if mean is not None else "no ratio"]
+    for key, label in (("sampling/importance_sampling_ratio/min", "min"),
+                       ("sampling/importance_sampling_ratio/max", "max")):
+        value = _number(row, key)
+        if value is not None:
+            parts.append(f"{label} {value:.3f}")
+    if masked is not None:
+        parts.append(f"masked {masked:.0%}")
+    return ", ".join(parts)
+
+
+def verdict(rows: Iterable[dict[str, Any]], steps: tuple[int, ...] = JUDGED_STEPS) -> tuple[bool | None, str]:
+    """The smoke's judgement over the metric rows of `steps`: (True, figures) in bounds, (False, what is wrong),
+    or (None, why) when those steps carry no importance-sampling figures (no vLLM: the CPU profile)."""
+    picked = [r for r in rows if r.get("step") in steps and has_figures(r)]
+    if not picked:
+        return None, f"no importance-sampling figures at steps {'-'.join(map(str, steps))}"
+    figures = "; ".join(f"step {r['step']}: {describe(r)}" for r in picked)
+    bad = [f"step {r['step']}: {p}" for r in picked for p in problems(r)]
+    if bad:
+        return False, "; ".join(bad) + f" ({figures})"
+    return True, figures
+
+
+class Watch:
+    """Fed every metric row as training logs it: marks the smoke's stage once steps 2-3 are in, and warns once when
+    any step leaves the bounds."""
+
+    def __init__(self, mark: Callable[..., Any], warn: Callable[[str], Any]) -> None:
+        self.mark, self.warn = mark, warn
+        self.rows: list[dict[str, Any]] = []
+        self.judged = False
+        self.warned = False
+
+    def observe(self, row: dict[str, Any]) -> None:
+        if not has_figures(row):
+            return
+        step = row.get("step") or 0
+        if step in JUDGED_STEPS:
+            self.rows.append(row)
+        if not self.judged and step >= max(JUDGED_STEPS):
+            self.judged = True
+            ok, detail = verdict(self.rows)
+            self.mark("importance_sampling", None, detail, ok=ok)
+        found = problems(row)
+        if found and not self.warned:
+            self.warned = True
+            self.warn(f"WARNING step {step}: {'; '.join(found)} ({describe(row)}). vLLM's log-probs no longer match "
+                      "the trainer's: a garbled weight sync or numeric drift; masked sequences do not train (`make "
+                      "nccl-check FULL=1` checks the sync). Warned once per run.")
