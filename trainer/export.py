@@ -12,6 +12,7 @@ Default: the run written last, its last complete checkpoint, written to <run>/ex
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -39,9 +40,26 @@ class ExportError(RuntimeError):
     pass
 
 
-def write_model(ckpt: Path, out: Path) -> None:
-    """The model folder from the checkpoint: its safetensors as they are (byte for byte), else the weights loaded
-    and saved as safetensors; config (use_cache on again for inference), generation config, tokenizer + template."""
+def write_weights(path: Path, out: Path, dtype: str | None) -> int:
+    """One safetensors file of the checkpoint into `out`: byte for byte, or with its floating tensors cast to `dtype`
+    (the base model's published dtype: training keeps fp32 master weights, the export is served like the base).
+    Returns the bytes of the tensors written when cast, else 0."""
+    if path.suffix != ".safetensors" or dtype not in ("bfloat16", "float16"):
+        shutil.copyfile(path, out / path.name)
+        return 0
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    target = getattr(torch, dtype)
+    tensors = {name: t.to(target) if t.is_floating_point() else t for name, t in load_file(path).items()}
+    save_file(tensors, out / path.name, metadata={"format": "pt"})
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+def write_model(ckpt: Path, out: Path, dtype: str | None = None) -> None:
+    """The model folder from the checkpoint: its safetensors (in `dtype` when given: run.json's base_dtype), else the
+    weights loaded and saved as safetensors; config (use_cache on again for inference), generation config,
+    tokenizer + template."""
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     weights = [p for pattern in WEIGHT_FILES for p in ckpt.glob(pattern)]
@@ -52,17 +70,24 @@ def write_model(ckpt: Path, out: Path) -> None:
                           f"run); make it readable once: `docker run --rm -v grpo-stack_outputs:/outputs "
                           f"grpo-stack/trainer:cpu chmod -R a+r /outputs/{run}`, then export again")
     if weights:
-        for path in weights:
-            shutil.copyfile(path, out / path.name)
+        written = sum(write_weights(path, out, dtype) for path in weights)
+        index = out / "model.safetensors.index.json"
+        if written and index.exists():  # its total_size counted the fp32 bytes
+            meta = json.loads(index.read_text())
+            meta.setdefault("metadata", {})["total_size"] = written
+            index.write_text(json.dumps(meta, indent=2) + "\n")
     elif (ckpt / "pytorch_model.bin").exists():
         from transformers import AutoModelForCausalLM
 
-        AutoModelForCausalLM.from_pretrained(ckpt, dtype="auto").save_pretrained(out)
+        AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype if dtype in ("bfloat16", "float16") else "auto"
+                                             ).save_pretrained(out)
     else:
         raise ExportError(f"{ckpt} holds no full model weights (model.safetensors or pytorch_model.bin); an adapter "
                           "checkpoint needs merging into its base model first")
     config = AutoConfig.from_pretrained(ckpt)
     config.use_cache = True  # training turns the KV cache off; generation wants it
+    if dtype in ("bfloat16", "float16"):
+        config.dtype = dtype  # the checkpoint's says float32 (the master weights)
     config.save_pretrained(out)
     if (ckpt / "generation_config.json").exists():
         GenerationConfig.from_pretrained(ckpt).save_pretrained(out)
@@ -145,7 +170,7 @@ def export(run_dir: Path, ckpt: Path, step: int, out: Path, repo_id: str | None 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(mode=0o755)
     try:
-        write_model(ckpt, tmp)
+        write_model(ckpt, tmp, (run_info.read(run_dir) or {}).get("base_dtype"))
         (tmp / "README.md").write_text(model_card(run_dir, ckpt, step, repo_id or "PATH"))
         for path in tmp.iterdir():  # readable by whoever serves it (vLLM's container runs as another uid)
             path.chmod(0o644)

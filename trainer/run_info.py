@@ -1,8 +1,10 @@
 """run.json in the run folder: what a run was trained from and with, written by each training session's start
 (rank 0) for what reads the run later (`make export`'s model card). The latest session's settings win.
 
-{"base_model": str, "model_revision": str | null, "mode": str, "envs": [str, ...], "learning_rate": float,
- "settings": {RunConfig field: value, ...}, "written": ISO time}
+{"base_model": str, "model_revision": str | null, "base_dtype": str | null, "mode": str, "envs": [str, ...],
+ "learning_rate": float, "settings": {RunConfig field: value, ...}, "written": ISO time}
+base_dtype: the dtype the base model is published in (its config.json); training keeps fp32 master weights, so
+checkpoints are fp32 and `make export` writes the weights back in this dtype.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ RUN_INFO_FILE = "run.json"
 ADDRESS = re.compile(r"_(url|urls|uri)$")
 
 
-def write(cfg, mode: str) -> Path:
+def write(cfg, mode: str, base_dtype: str | None = None) -> Path:
     path = Path(cfg.run_dir) / RUN_INFO_FILE
-    info = {"base_model": cfg.resolved_model_name(mode), "model_revision": cfg.model_revision, "mode": mode,
+    info = {"base_model": cfg.resolved_model_name(mode), "model_revision": cfg.model_revision,
+            "base_dtype": base_dtype, "mode": mode,
             "envs": cfg.env_names, "learning_rate": cfg.resolved_learning_rate(mode),
             "settings": cfg.model_dump(mode="json", exclude=set(filter(ADDRESS.search, type(cfg).model_fields))),
             "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}

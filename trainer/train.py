@@ -212,6 +212,18 @@ def make_control_callback():
     return RunControl()
 
 
+def published_dtype(cfg: RunConfig, mode: str) -> str | None:
+    """The dtype the base model is published in (its config.json), for run.json: checkpoints hold the fp32 master
+    weights, `make export` writes them back in this dtype."""
+    from transformers import AutoConfig
+
+    try:
+        dtype = AutoConfig.from_pretrained(cfg.model_path(mode), **cfg.model_load_kwargs(mode)).dtype
+    except (OSError, ValueError):  # no readable config: the export then keeps the checkpoint's dtype
+        return None
+    return str(dtype).removeprefix("torch.") if dtype is not None else None
+
+
 def load_model_and_tokenizer(cfg: RunConfig, mode: str):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -268,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 from trainer import run_info
 
-                run_info.write(cfg, mode)  # base model, envs, settings: for the model card of `make export`
+                # base model, envs, settings: for the model card of `make export`
+                run_info.write(cfg, mode, published_dtype(cfg, mode))
     stop, resume_ckpt, resume_step = dist.from_main(verdict)
     if stop is not None:
         return stop

@@ -67,6 +67,18 @@ def test_the_folder_is_the_last_checkpoints_model_and_nothing_of_the_trainers(ou
     assert json.loads((exported / "config.json").read_text())["use_cache"] is True  # off while training
 
 
+def test_fp32_master_weights_go_out_in_the_base_models_published_dtype(outputs, tmp_path):
+    """Training keeps fp32 master weights, so a bf16 base's checkpoints are fp32; run.json records the published
+    dtype (the tiny CPU model is fp32: copied byte for byte above) and the export casts back to it."""
+    assert run_info.read(outputs / RUN)["base_dtype"] == "float32"
+    ckpt = outputs / RUN / "checkpoint-2"
+    export.write_model(ckpt, tmp_path, "bfloat16")
+    ours, master = tensors(tmp_path), tensors(ckpt)
+    assert ours.keys() == master.keys()
+    assert all(ours[k].dtype == torch.bfloat16 and torch.equal(ours[k], master[k].to(torch.bfloat16)) for k in master)
+    assert json.loads((tmp_path / "config.json").read_text())["dtype"] == "bfloat16"
+
+
 def test_it_loads_and_chats_in_transformers_with_the_runs_template(exported, tiny_model_dir, outputs):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
