@@ -144,6 +144,7 @@ def env_services(dotenv: dict[str, str]) -> dict[str, dict]:
             "profiles": [n],
             "image": f"${{{var}_IMAGE}}",
             "deploy": {"replicas": f"${{{var}_REPLICAS:-1}}"},
+            "user": f"${{{naming.user_var(n)}:-{naming.SERVER_USER}}}",
         }
         if registry.is_builtin(n):
             service.update(image=f"${{{var}_IMAGE:-{LOCAL_ENV_IMAGE}}}", environment={"ENV_NAME": n})
@@ -396,7 +397,8 @@ def resolve_auto_replicas(dotenv: dict[str, str], mode: str, processes: int) -> 
             if measured is None or not measured.covers(needed):
                 builtin = name if name in builtin_served_here(dotenv) else None
                 try:
-                    measured = env_replicas.measure(image, needed, dotenv, run, say, builtin_env=builtin)
+                    measured = env_replicas.measure(image, needed, dotenv, run, say, builtin_env=builtin,
+                                                    user=dotenv.get(naming.user_var(name)) or naming.SERVER_USER)
                 except env_replicas.ReplicasError as exc:  # the service's own start and checks say what is wrong
                     say(f"env {name}: not measured ({exc}); starting 1 container")
                     counts[naming.replicas_var(name)] = "1"
