@@ -10,7 +10,7 @@ vLLM's side joins the same store as rank 1, as its workers do.
 With several trainer processes (TRAINER_PROCESSES=2, gloo on CPU), a second trainer container runs trainer.launch's
 own launcher command and environment (launch_argv, pin_interfaces); stand-in, named: its ranks run a script that
 holds after forming the group instead of trainer.train. Every TCP port either trainer container listens on (read from
-its /proc/net/tcp{,6}) is probed from the env server: none answers.
+its /proc/net/tcp{,6}) is probed from the env server, on each of its addresses: none answers.
 """
 
 from __future__ import annotations
@@ -131,6 +131,10 @@ def printed(line: str):
     return lambda _state, name: line in sh("docker", "logs", name, check=False).stdout
 
 
+def listening_ports(container: str) -> list[int]:
+    return [int(p) for p in sh("docker", "exec", container, "python3", "-c", LISTEN_PORTS).stdout.split()]
+
+
 def probe(container: str, *targets: str) -> dict[str, dict]:
     out = sh("docker", "exec", container, "python3", "-c", PROBE, *targets).stdout
     return {row["target"]: row for row in map(json.loads, out.splitlines())}
@@ -193,9 +197,11 @@ def test_env_container_reaches_neither_vllm_nor_the_rendezvous_while_the_trainer
     assert listening == trainer["agentnet"]  # the address vLLM reaches the trainer at, chosen by prepare_rendezvous
 
     # From the env server (what any ENV_<NAME>_IMAGE runs as): by name, by address, on every network.
+    ports = listening_ports(stack["trainer"])  # every one, the rendezvous among them
+    assert GROUP_PORT in ports, ports
     seen = probe(stack["env"], "vllm-cpu:8000", "vllm:8000", f"{vllm['agentnet']}:8000",
-                 f"{trainer['agentnet']}:{GROUP_PORT}", f"{trainer['envnet']}:{GROUP_PORT}")
-    assert not [row for row in seen.values() if row["reached"]], seen
+                 *(f"{ip}:{port}" for ip in trainer.values() for port in ports))
+    assert len(seen) == 3 + 2 * len(ports) and not [row for row in seen.values() if row["reached"]], seen
     assert seen["vllm-cpu:8000"]["why"] == "no such name"
 
     # The trainer: vLLM's routes and the env server both answer.
@@ -210,15 +216,10 @@ def test_env_container_reaches_neither_vllm_nor_the_rendezvous_while_the_trainer
 
 def test_env_container_reaches_no_port_the_trainer_listens_on__two_trainer_processes(stack):
     """Issue #30 item 1: torchrun's store (unauthenticated barriers, NCCL ids) and gloo's sockets, with 2 processes."""
-    targets = []
-    for name in (stack["ranks"], stack["trainer"]):
-        ports = [int(p) for p in sh("docker", "exec", name, "python3", "-c", LISTEN_PORTS).stdout.split()]
-        if name == stack["ranks"]:
-            from trainer.launch import RENDEZVOUS_PORT
+    from trainer.launch import RENDEZVOUS_PORT
 
-            assert RENDEZVOUS_PORT in ports and len(ports) >= 3, ports  # the store + each rank's gloo listener
-        else:
-            assert GROUP_PORT in ports, ports
-        targets += [f"{ip}:{port}" for ip in addresses(name).values() for port in ports]
+    ports = listening_ports(stack["ranks"])
+    assert RENDEZVOUS_PORT in ports and len(ports) >= 3, ports  # the store + each rank's gloo listener
+    targets = [f"{ip}:{port}" for ip in addresses(stack["ranks"]).values() for port in ports]
     seen = probe(stack["env"], *targets)
     assert len(seen) == len(targets) and not [row for row in seen.values() if row["reached"]], seen
