@@ -10,6 +10,8 @@ STACK := $(HOST_PY) -m tools
 PYTEST_ARGS ?=
 # Build one of compose.yaml's build-only image services (profile `build`), quietly.
 BUILD_IMAGE := $(STACK) compose --progress quiet --profile build build
+# A make variable as ONE shell word, single-quoted: `make export PUSH='x;id'` must not run `id`.
+shq = '$(subst ','"'"',$(1))'
 
 .PHONY: help up train down logs ps config build test clean doctor report rollouts eval export baseline dashboard nccl-check gpu-smoke gpu-selfcheck soak bench \
 	fleet-up fleet-ps fleet-logs fleet-down bench-fleet bench-learning
@@ -65,16 +67,16 @@ report: $(VENV)/.host-ok ## Plot reward and tool-call curves of a run to reports
 	@# as your own uid, so reports/ needs no opening to others (the outputs volume is world-readable)
 	@$(STACK) compose run --rm --no-deps --user "$$(id -u):$$(id -g)" -e MPLCONFIGDIR=/tmp \
 		-v "$(CURDIR)/reports:/reports" trainer-cpu \
-		python3 -m trainer.report --outputs /outputs $(if $(RUN),--run $(RUN)) --out-dir /reports
+		python3 -m trainer.report --outputs /outputs $(if $(RUN),--run $(call shq,$(RUN))) --out-dir /reports
 
 rollouts: $(VENV)/.host-ok ## Print a run's traced rollouts: turns, tool calls, results, rewards (RUN=name, STEP=n; default latest)
-	@$(STACK) rollouts $(if $(RUN),--run $(RUN)) $(if $(STEP),--step $(STEP))
+	@$(STACK) rollouts $(if $(RUN),--run $(call shq,$(RUN))) $(if $(STEP),--step $(call shq,$(STEP)))
 
 eval: $(VENV)/.host-ok ## Score a run's checkpoint and its base model on held-out episodes: reward, success, pass@k, tool use; <run>/eval.json (RUN=, CHECKPOINT=, TASKS=32, THRESHOLD=0.5)
-	@$(STACK) eval $(if $(RUN),--run $(RUN)) $(if $(CHECKPOINT),--checkpoint $(CHECKPOINT)) $(if $(TASKS),--tasks $(TASKS)) $(if $(THRESHOLD),--threshold $(THRESHOLD)) $(ARGS)
+	@$(STACK) eval $(if $(RUN),--run $(call shq,$(RUN))) $(if $(CHECKPOINT),--checkpoint $(call shq,$(CHECKPOINT))) $(if $(TASKS),--tasks $(call shq,$(TASKS))) $(if $(THRESHOLD),--threshold $(call shq,$(THRESHOLD))) $(ARGS)
 
 export: $(VENV)/.host-ok ## Write a run's checkpoint as a model folder in exports/<run>/ (RUN=name CHECKPOINT=N, default the last; PUSH=org/name also uploads it)
-	@$(STACK) export $(if $(RUN),--run $(RUN)) $(if $(CHECKPOINT),--checkpoint $(CHECKPOINT)) $(if $(PUSH),--push $(PUSH))
+	@$(STACK) export $(if $(RUN),--run $(call shq,$(RUN))) $(if $(CHECKPOINT),--checkpoint $(call shq,$(CHECKPOINT))) $(if $(PUSH),--push $(call shq,$(PUSH)))
 
 baseline: $(VENV)/.host-ok ## Play each env with a random/scripted policy; print mean reward and episode length
 	@$(STACK) up

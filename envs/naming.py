@@ -66,3 +66,12 @@ def image_var(name: str) -> str:
 
 def replicas_var(name: str) -> str:
     return f"ENV_{name.upper()}_REPLICAS"
+
+
+# The uid:gid every env server runs as (compose.yaml's env-template says the same), whatever its image's USER says;
+# ENV_<NAME>_USER=0 only for an image that needs root.
+SERVER_USER = "10001:10001"
+
+
+def user_var(name: str) -> str:
+    return f"ENV_{name.upper()}_USER"

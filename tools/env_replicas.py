@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable
 
 from envs.core.settings import DEFAULT_MAX_CONCURRENT_ENVS
+from envs import naming
 from envs.naming import replicas_var
 
 AUTO = "auto"
@@ -105,16 +106,16 @@ def save_cache(path: Path, cache: dict[str, Measurement]) -> None:
 
 
 # ------------------------------------------------------------------------------------ measuring
-def hardening_flags(dotenv: dict[str, str]) -> list[str]:
+def hardening_flags(dotenv: dict[str, str], user: str = naming.SERVER_USER) -> list[str]:
     """compose.yaml's env-server hardening, as `docker run` flags (the measured container runs untrusted code too)."""
-    return ["--read-only", "--tmpfs", "/tmp:size=64m", "--cap-drop", "ALL", "--security-opt", "no-new-privileges:true",
+    return ["--user", user, "--read-only", "--tmpfs", "/tmp:size=64m", "--cap-drop", "ALL", "--security-opt", "no-new-privileges:true",
             "--memory", dotenv.get("ENV_MEM_LIMIT") or "4g", "--pids-limit", "512",
             "-e", f"MAX_CONCURRENT_ENVS={dotenv.get('MAX_CONCURRENT_ENVS') or DEFAULT_MAX_CONCURRENT_ENVS}",
             "-e", f"SESSION_TIMEOUT_S={dotenv.get('ENV_SESSION_TIMEOUT_S') or '600'}"]
 
 
 def measure(image: str, needed: int, dotenv: dict[str, str], run: Callable[..., subprocess.CompletedProcess],
-            say: Callable[[str], None], builtin_env: str | None = None) -> Measurement:
+            say: Callable[[str], None], builtin_env: str | None = None, user: str = naming.SERVER_USER) -> Measurement:
     """Start one container of `image` on a private network with a loopback port, wait for its /health, and measure.
     `builtin_env`: our env-server image serves the env its ENV_NAME names (an upstream image is not told one)."""
     from envs.core import probe
@@ -125,7 +126,7 @@ def measure(image: str, needed: int, dotenv: dict[str, str], run: Callable[..., 
         raise ReplicasError(f"measuring {image}: `docker network create` failed")
     try:
         r = run(["docker", "run", "-d", "--name", tag, "--label", "grpo-capacity=1", "--network", tag,
-                 "-p", "127.0.0.1::8000", *hardening_flags(dotenv),
+                 "-p", "127.0.0.1::8000", *hardening_flags(dotenv, user),
                  *(["-e", f"ENV_NAME={builtin_env}"] if builtin_env else []), "--", image])
         if r.returncode != 0:
             raise ReplicasError(f"measuring {image}: the container did not start ({(r.stderr.strip() or '?')[-300:]})")

@@ -8,7 +8,8 @@ resolves it (same image, environment, health check, limits), reshaped for Swarm:
   * replicas spread over nodes, and kept off nodes labelled grpo.role=gpu (the GPU host);
   * restarted on any exit; rolling updates start a new task before stopping an old one, one at a time, so the
     capacity the trainer needs never drops; a failed update rolls back;
-  * memory and pids limits, read-only root with a tmpfs /tmp, no capabilities, the image's non-root user;
+  * memory and pids limits, read-only root with a tmpfs /tmp, no capabilities, env-template's non-root user;
+  * no-new-privileges, which Swarm drops from `security_opt`, through `setpriv --no-new-privs` (no_new_privs_start);
   * one encrypted, attachable overlay network named FLEET_STACK, which the trainer (under Compose) joins.
 vLLM never joins it: its unauthenticated dev routes stay on the GPU host's private network.
 """
@@ -147,10 +148,30 @@ def swarm_service(svc: dict) -> dict:
             "resources": {"limits": limits},
         },
     }
-    for key in ("user", "command", "entrypoint"):  # as Compose runs it; none of ours sets them
+    for key in ("user", "command", "entrypoint"):  # as Compose runs it (user: env-template's non-root uid)
         if svc.get(key):
             out[key] = svc[key]
+    out.update(no_new_privs_start(svc))
     return out
+
+
+def no_new_privs_start(svc: dict) -> dict:
+    """Swarm ignores `security_opt` (`docker stack deploy`: "Ignoring unsupported options"), so a task would run
+    without no-new-privileges: its process starts through `setpriv --no-new-privs` instead, the image's own entrypoint
+    and command after it. Needs the image here (its entrypoint) and setpriv in it (util-linux: every Debian-based
+    image, ours included); without either the task keeps cap_drop ALL and a non-root user, and `fleet up` says so."""
+    image = svc["image"]
+    r = run(["docker", "image", "inspect", "--format", "{{json .Config}}", "--", image])
+    if r.returncode != 0:
+        return {}
+    config = json.loads(r.stdout or "{}")
+    has = run(["docker", "run", "--rm", "--network", "none", "--cap-drop", "ALL", "--user", naming.SERVER_USER,
+               "--entrypoint", "setpriv", "--", image, "--no-new-privs", "--", "true"], timeout=120)
+    if has.returncode != 0:
+        return {}
+    entrypoint = svc.get("entrypoint") or config.get("Entrypoint") or []
+    command = svc.get("command") or (config.get("Cmd") or [] if not svc.get("entrypoint") else [])
+    return {"entrypoint": ["setpriv", "--no-new-privs", "--", *entrypoint], "command": list(command)}
 
 
 def stack_file(dotenv: dict[str, str]) -> dict:
@@ -243,6 +264,11 @@ def cmd_up(dotenv: dict[str, str], mode: str | None = None, processes: int | Non
     processes = processes or int(dotenv.get("TRAINER_PROCESSES") or 1)
     dotenv = {**dotenv, **stack.resolve_auto_replicas(dotenv, mode or dotenv.get("TRAIN_MODE") or "auto", processes)}
     path, spec = write_stack_file(dotenv)
+    plain = [n for n, svc in spec["services"].items() if (svc.get("entrypoint") or [""])[0] != "setpriv"]
+    if plain:  # Swarm drops security_opt; no_new_privs_start could not put setpriv in front
+        say(f"note: {', '.join(plain)} run(s) without no-new-privileges (Swarm ignores security_opt, and the image is "
+            "not on this node or has no setpriv); they keep no capabilities and a non-root user. To add it on every "
+            'node: "no-new-privileges": true in /etc/docker/daemon.json, then restart Docker')
     images = sorted({svc["image"] for svc in spec["services"].values()})
     local = [i for i in images if local_only(i)]
     nodes = len([line for line in run(["docker", "node", "ls", "-q"]).stdout.split() if line])

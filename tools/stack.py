@@ -144,6 +144,7 @@ def env_services(dotenv: dict[str, str]) -> dict[str, dict]:
             "profiles": [n],
             "image": f"${{{var}_IMAGE}}",
             "deploy": {"replicas": f"${{{var}_REPLICAS:-1}}"},
+            "user": f"${{{naming.user_var(n)}:-{naming.SERVER_USER}}}",
         }
         if registry.is_builtin(n):
             service.update(image=f"${{{var}_IMAGE:-{LOCAL_ENV_IMAGE}}}", environment={"ENV_NAME": n})
@@ -248,6 +249,43 @@ def check_compose() -> str | None:
     if r.returncode != 0:
         return "Docker Compose v2 plugin missing: install docker-compose-plugin, or run `bash .ci/provision`"
     return compose_too_old(r.stdout.strip())
+
+
+# Docker's promise that a port published on 127.0.0.1 stays on this machine: engines before 28.0 route packets a LAN
+# neighbour addresses to 127.0.0.1 into the container (28.0 adds a raw-table drop), and 28.0-28.3.2 lose that drop
+# when firewalld reloads (CVE-2025-54388). Every env server and TensorBoard rely on it (SECURITY.md).
+LOOPBACK_SAFE_ENGINE = (28, 0, 0)
+LOOPBACK_SAFE_ENGINE_FIREWALLD = (28, 3, 3)
+
+
+def loopback_exposure(version: str, firewalld: bool) -> str | None:
+    """A warning (with what to do) when engine `version` lets the LAN reach ports published on 127.0.0.1."""
+    m = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", version.strip())
+    if not m:
+        return None  # not a version we can read (a dev build): nothing to say
+    have = (int(m[1]), int(m[2]), int(m[3] or 0))
+    need = LOOPBACK_SAFE_ENGINE_FIREWALLD if firewalld else LOOPBACK_SAFE_ENGINE
+    if have >= need:
+        return None
+    why = ("with firewalld running, a firewalld reload drops the rule that keeps 127.0.0.1 ports local "
+           "(CVE-2025-54388)" if firewalld and have >= LOOPBACK_SAFE_ENGINE else
+           "it lets machines on your LAN reach ports published on 127.0.0.1")
+    return (f"Docker Engine {version.strip()}: {why}, so neighbours can open env-server sessions and read TensorBoard. "
+            f"Upgrade Docker Engine to >= {'.'.join(map(str, need))}; until then, on a machine others share a network "
+            "with, drop such packets yourself: `sudo iptables -t raw -I PREROUTING -d 127.0.0.0/8 ! -i lo -j DROP`"
+            + (" (again after every firewalld reload)" if firewalld else ""))
+
+
+def firewalld_running() -> bool:
+    return run(["firewall-cmd", "--state"]).stdout.strip() == "running"
+
+
+def check_loopback_guarantee() -> str | None:
+    """loopback_exposure() for the engine answering here (None when docker does not answer: check_docker says so)."""
+    r = run(["docker", "version", "--format", "{{.Server.Version}}"])
+    if r.returncode != 0 or not r.stdout.strip():
+        return None
+    return loopback_exposure(r.stdout, firewalld_running())
 
 
 def compose_too_old(version: str) -> str | None:
@@ -359,7 +397,8 @@ def resolve_auto_replicas(dotenv: dict[str, str], mode: str, processes: int) -> 
             if measured is None or not measured.covers(needed):
                 builtin = name if name in builtin_served_here(dotenv) else None
                 try:
-                    measured = env_replicas.measure(image, needed, dotenv, run, say, builtin_env=builtin)
+                    measured = env_replicas.measure(image, needed, dotenv, run, say, builtin_env=builtin,
+                                                    user=dotenv.get(naming.user_var(name)) or naming.SERVER_USER)
                 except env_replicas.ReplicasError as exc:  # the service's own start and checks say what is wrong
                     say(f"env {name}: not measured ({exc}); starting 1 container")
                     counts[naming.replicas_var(name)] = "1"

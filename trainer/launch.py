@@ -52,9 +52,31 @@ def launch_argv(n: int, mode: str, sharding: str, args: list[str], port: int = R
     if sharding == "zero3" and importlib.util.find_spec("deepspeed") is None:
         raise LaunchError("TRAINER_SHARDING=zero3 needs DeepSpeed, which the trainer image does not carry; use "
                           "TRAINER_SHARDING=fsdp (PyTorch's own sharding, in the image) or ddp (edit .env)")
-    return [sys.executable, "-m", "accelerate.commands.launch", "--num_processes", str(n), "--num_machines", "1",
-            "--main_process_port", str(port), "--dynamo_backend", "no", *SHARDING_FLAGS[sharding],
-            "-m", "trainer.train", *args]
+    # accelerate launch with torchrun's store on 127.0.0.1 only (trainer/loopback_launch.py says why)
+    return [sys.executable, "-m", "trainer.loopback_launch", "--num_processes", str(n), "--num_machines", "1",
+            "--main_process_port", str(port), "--rdzv_backend", "loopback", "--rdzv_conf", f"port={port}",
+            "--dynamo_backend", "no", *SHARDING_FLAGS[sharding], "-m", "trainer.train", *args]
+
+
+def pin_interfaces(mode: str, vllm_url: str, environ: dict[str, str] | None = None) -> dict[str, str]:
+    """Keep the sockets the trainer processes open among themselves off envnet, on every rank (they inherit this
+    environment): gloo on loopback (all ranks share this container); NCCL on the interface vLLM reaches us on in
+    server mode (rank 0's weight sync needs it; prepare_rendezvous), on loopback when colocated. A value the user
+    set wins for NCCL. Returns what it set."""
+    environ = os.environ if environ is None else environ
+    before = dict(environ)
+    environ["GLOO_SOCKET_IFNAME"] = "lo"  # by default gloo listens on the hostname's address: envnet's or agentnet's
+    if mode == "gpu":
+        from trainer.gpu.nccl import prepare_rendezvous
+        from trainer.gpu.server import VLLMPreflightError
+
+        try:
+            prepare_rendezvous(vllm_url, environ)
+        except VLLMPreflightError:
+            pass  # rank 0's preflight runs it again and reports the problem with its fix
+    elif mode != "cpu" and not environ.get("NCCL_SOCKET_IFNAME"):
+        environ["NCCL_SOCKET_IFNAME"] = "lo"
+    return {k: v for k, v in environ.items() if before.get(k) != v}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,6 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[launch] {n} trainer processes ({cfg.trainer_sharding}, {backend}) through "
           "accelerate; each opens its own env sessions, rank 0 logs and checkpoints", flush=True)
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(WORKER_STOP_GRACE_S))
+    pin_interfaces("cpu" if cfg.trainer_on_cpu(mode) else mode, cfg.vllm_server_url)
     os.execv(cmd[0], cmd)  # the launcher becomes this container's process: signals reach every rank
     return 0  # pragma: no cover
 

@@ -6,6 +6,11 @@ twin serving a tiny model, the GPU trainer image (built on the twin: vLLM's own 
 rendezvous exactly as TRL's weight sync makes it listen: trainer.gpu.nccl.prepare_rendezvous picks the address,
 vLLM's StatelessProcessGroup.create binds it. Stand-in, named: the group never goes on to NCCL (that needs GPUs);
 vLLM's side joins the same store as rank 1, as its workers do.
+
+With several trainer processes (TRAINER_PROCESSES=2, gloo on CPU), a second trainer container runs trainer.launch's
+own launcher command and environment (launch_argv, pin_interfaces); stand-in, named: its ranks run a script that
+holds after forming the group instead of trainer.train. Every TCP port either trainer container listens on (read from
+its /proc/net/tcp{,6}) is probed from the env server, on each of its addresses: none answers.
 """
 
 from __future__ import annotations
@@ -43,6 +48,35 @@ import sys
 from vllm.distributed.utils import StatelessProcessGroup
 pg = StatelessProcessGroup.create(host=sys.argv[1], port=int(sys.argv[2]), rank=1, world_size=2, store_timeout=120)
 print("JOINED", pg.broadcast_obj(None, src=0), flush=True)
+"""
+
+# trainer.launch with TRAINER_PROCESSES=2, up to the point the ranks have formed their group; then they hold.
+RANKS_HOLD = """
+import os, pathlib
+from trainer.launch import launch_argv, pin_interfaces
+pathlib.Path("/tmp/ranks.py").write_text(
+    "import signal, torch.distributed as dist\\n"
+    "from accelerate import PartialState\\n"
+    "s = PartialState(cpu=True)\\n"
+    "dist.barrier()\\n"
+    "print('RANKS READY', s.num_processes, flush=True)\\n"
+    "signal.pause()\\n")
+argv = launch_argv(2, "cpu", "ddp", [])
+at = argv.index("trainer.train") - 1
+argv[at:at + 2] = ["/tmp/ranks.py"]
+pin_interfaces("cpu", "http://vllm-cpu:8000")
+os.execv(argv[0], argv)
+"""
+
+# Every TCP port a container listens on, from its own network namespace.
+LISTEN_PORTS = """
+ports = set()
+for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+    for row in open(table).read().splitlines()[1:]:
+        local, state = row.split()[1], row.split()[3]
+        if state == "0A":
+            ports.add(int(local.rsplit(":", 1)[1], 16))
+print(" ".join(map(str, sorted(ports))))
 """
 
 # From an env server's container: name lookups and TCP connects, each on its own line as JSON.
@@ -97,6 +131,10 @@ def printed(line: str):
     return lambda _state, name: line in sh("docker", "logs", name, check=False).stdout
 
 
+def listening_ports(container: str) -> list[int]:
+    return [int(p) for p in sh("docker", "exec", container, "python3", "-c", LISTEN_PORTS).stdout.split()]
+
+
 def probe(container: str, *targets: str) -> dict[str, dict]:
     out = sh("docker", "exec", container, "python3", "-c", PROBE, *targets).stdout
     return {row["target"]: row for row in map(json.loads, out.splitlines())}
@@ -119,18 +157,22 @@ def stack(tmp_path_factory):
     override.write_text(f"services:\n  trainer:\n    image: {TRAINER_STANDIN_IMAGE}\n    deploy: !reset {{}}\n")
     base = ["docker", "compose", "--env-file", str(env_file), "-p", project,
             *compose_file_args([*stack_compose_files(["echo"], tmp), override])]
-    names = {"vllm": f"{project}-vllm", "trainer": f"{project}-trainer", "env": f"{project}-env-echo-1"}
+    names = {"vllm": f"{project}-vllm", "trainer": f"{project}-trainer", "env": f"{project}-env-echo-1",
+             "ranks": f"{project}-ranks"}
     try:
         sh(*base, "up", "-d", "--wait", "env-echo")
         sh(*base, "run", "-d", "--no-deps", "--use-aliases", "--name", names["vllm"], "-v", f"{model}:/tiny-model:ro",
            "vllm-cpu")
         sh(*base, "run", "-d", "--no-deps", "--use-aliases", "--name", names["trainer"], "--entrypoint", "python3",
            "trainer", "-c", TRAINER_LISTENS)
+        sh(*base, "run", "-d", "--no-deps", "--use-aliases", "--name", names["ranks"], "--entrypoint", "python3",
+           "trainer", "-c", RANKS_HOLD)
         wait_for("healthy", names["vllm"], healthy)
         wait_for("listening for the rendezvous", names["trainer"], printed("LISTENING"))
+        wait_for("formed the group of 2 ranks", names["ranks"], printed("RANKS READY 2"))
         yield names
     finally:
-        for name in (names["vllm"], names["trainer"]):
+        for name in (names["vllm"], names["trainer"], names["ranks"]):
             sh("docker", "rm", "-f", name, check=False)
         sh(*base, "down", "--volumes", "--remove-orphans", check=False)
 
@@ -155,9 +197,11 @@ def test_env_container_reaches_neither_vllm_nor_the_rendezvous_while_the_trainer
     assert listening == trainer["agentnet"]  # the address vLLM reaches the trainer at, chosen by prepare_rendezvous
 
     # From the env server (what any ENV_<NAME>_IMAGE runs as): by name, by address, on every network.
+    ports = listening_ports(stack["trainer"])  # every one, the rendezvous among them
+    assert GROUP_PORT in ports, ports
     seen = probe(stack["env"], "vllm-cpu:8000", "vllm:8000", f"{vllm['agentnet']}:8000",
-                 f"{trainer['agentnet']}:{GROUP_PORT}", f"{trainer['envnet']}:{GROUP_PORT}")
-    assert not [row for row in seen.values() if row["reached"]], seen
+                 *(f"{ip}:{port}" for ip in trainer.values() for port in ports))
+    assert len(seen) == 3 + 2 * len(ports) and not [row for row in seen.values() if row["reached"]], seen
     assert seen["vllm-cpu:8000"]["why"] == "no such name"
 
     # The trainer: vLLM's routes and the env server both answer.
@@ -168,3 +212,14 @@ def test_env_container_reaches_neither_vllm_nor_the_rendezvous_while_the_trainer
     joined = sh("docker", "exec", stack["vllm"], "python3", "-c", VLLM_JOINS, listening, str(GROUP_PORT))
     assert "JOINED weights-follow" in joined.stdout, joined.stderr[-2000:]
     wait_for("finished forming the group", stack["trainer"], printed("GROUP FORMED"))
+
+
+def test_env_container_reaches_no_port_the_trainer_listens_on__two_trainer_processes(stack):
+    """Issue #30 item 1: torchrun's store (unauthenticated barriers, NCCL ids) and gloo's sockets, with 2 processes."""
+    from trainer.launch import RENDEZVOUS_PORT
+
+    ports = listening_ports(stack["ranks"])
+    assert RENDEZVOUS_PORT in ports and len(ports) >= 3, ports  # the store + each rank's gloo listener
+    targets = [f"{ip}:{port}" for ip in addresses(stack["ranks"]).values() for port in ports]
+    seen = probe(stack["env"], *targets)
+    assert len(seen) == len(targets) and not [row for row in seen.values() if row["reached"]], seen

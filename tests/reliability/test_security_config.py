@@ -192,3 +192,47 @@ def test_env_images_never_share_a_network_with_vllm(full, every):
         for name, svc in cfg["services"].items():
             if name.startswith("env-") or name == "model-init":
                 assert not set(svc.get("networks", {})) & vllm_nets, (name, svc.get("networks"))
+
+
+# ------------------------------------------------------------------ issue #30 item 7
+def test_gpu_vllm_drops_every_capability_and_has_limits_like_its_cpu_twin(every):
+    vllm, twin = every["services"]["vllm"], every["services"]["vllm-cpu"]
+    assert vllm["cap_drop"] == twin["cap_drop"] == ["ALL"]
+    assert "no-new-privileges:true" in vllm["security_opt"]
+    assert 0 < int(vllm["pids_limit"]) and 0 < int(vllm["mem_limit"])
+    assert 0 < int(twin["mem_limit"])
+
+
+def test_env_servers_run_as_a_non_root_user_whatever_their_image_says(full, every):
+    # An upstream image without a USER line would run as root; env-template names the user (ENV_<NAME>_USER=0 opts out).
+    for cfg, names in ((full, ENV_SERVERS), (every, ("env-template",))):
+        for name in names:
+            assert cfg["services"][name]["user"] == "10001:10001", name
+
+
+def test_an_image_that_needs_root_is_opted_in_by_name(tmp_path):
+    env_file = tmp_path / "root.env"
+    env_file.write_text((ROOT / ".env.example").read_text() + "\nENV_CATCH_IMAGE=x/catch:1\nENV_CATCH_USER=0\n")
+    cfg = resolved("echo", "catch", env_file=str(env_file))
+    assert cfg["services"]["env-catch"]["user"] == "0" and cfg["services"]["env-echo"]["user"] == "10001:10001"
+
+
+def test_the_dashboard_has_its_own_network_and_reads_the_runs_read_only(full):
+    dash = full["services"]["dashboard"]
+    assert set(dash["networks"]) == {"dashnet"} and dash["cap_drop"] == ["ALL"]
+    assert not [name for name, svc in full["services"].items() if name != "dashboard" and "dashnet" in svc["networks"]]
+    mounts = {v["target"]: v for v in dash["volumes"]}
+    assert mounts["/outputs"]["source"] == "outputs" and mounts["/outputs"]["read_only"] is True
+    writable = [t for t, v in mounts.items() if not v.get("read_only")]
+    assert writable == ["/trackio"] and mounts["/trackio"]["source"] == "trackio"
+    assert dash["environment"]["TRACKIO_DIR"] == "/trackio"
+    for trainer in ("trainer", "trainer-cpu"):  # the trainers write trackio's store where the dashboard reads it
+        svc = full["services"][trainer]
+        assert svc["environment"]["TRACKIO_DIR"] == "/trackio", trainer
+        assert {v["target"]: v["source"] for v in svc["volumes"]}["/trackio"] == "trackio", trainer
+
+
+def test_envnet_is_not_internal_because_env_servers_publish_loopback_ports(full):
+    # The reason (an internal network publishes no port) is shown on the engine in test_security_runtime.py.
+    assert not full["networks"]["envnet"].get("internal")
+    assert all(full["services"][name]["ports"] for name in ENV_SERVERS)

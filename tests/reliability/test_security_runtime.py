@@ -201,3 +201,52 @@ def test_env_servers_read_and_write_no_client_paths(env_stack):
             Path(canary).unlink()
     report(f"security: {sent} path-bearing frames/requests to {len(env_stack.urls)} env servers; "
            f"no file content came back, nothing was written")
+
+
+# ------------------------------------------------------------------ issue #30 item 7
+def _run(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, check=check, timeout=300)
+
+
+def test_fact__an_internal_network_publishes_no_port_so_envnet_is_not_internal(docker):
+    """compose.yaml keeps envnet non-internal: on an `internal` network Docker publishes no port, and the env
+    servers' 127.0.0.1 ports are how bench, the tests and users reach them."""
+    image = _need_image("env-server")
+    tag = f"grpo-test-secinfra-{uuid.uuid4().hex[:8]}"
+    published = {}
+    try:
+        for internal in (False, True):
+            name = f"{tag}-{int(internal)}"
+            _run("docker", "network", "create", *(["--internal"] if internal else []), name)
+            _run("docker", "run", "-d", "--name", name, "--network", name, "-p", "127.0.0.1::8000", "-e",
+                 "ENV_NAME=echo", image)
+            ports = json.loads(_run("docker", "inspect", name).stdout)[0]["NetworkSettings"]["Ports"] or {}
+            published[internal] = [p["HostPort"] for p in ports.get("8000/tcp") or []]
+    finally:
+        for internal in (False, True):
+            _run("docker", "rm", "-f", f"{tag}-{int(internal)}", check=False)
+            _run("docker", "network", "rm", f"{tag}-{int(internal)}", check=False)
+    assert published[False] and published[True] == [], published
+
+
+def test_fleet_tasks_start_through_setpriv_and_get_no_new_privileges_that_swarm_drops(docker):
+    """tools.fleet's Swarm service for an env server: Swarm ignores security_opt, so its process starts through
+    `setpriv --no-new-privs`. Run here as `docker run` with what Swarm keeps (no security_opt at all)."""
+    from tools import fleet
+
+    image = _need_image("env-server")
+    svc = fleet.swarm_service({"image": image, "healthcheck": {}, "cap_drop": ["ALL"], "user": "10001:10001",
+                               "environment": {"ENV_NAME": "echo"}})
+    assert svc["entrypoint"] == ["setpriv", "--no-new-privs", "--"] and svc["command"] == ["python3", "-m", "envs.serve"]
+    script = "grep NoNewPrivs /proc/1/status; exec " + " ".join(svc["command"])
+    name = f"grpo-test-secinfra-nnp-{uuid.uuid4().hex[:8]}"
+    try:
+        _run("docker", "run", "-d", "--name", name, "--cap-drop", "ALL", "--user", svc["user"], "--read-only",
+             "-e", "ENV_NAME=echo", "--entrypoint", svc["entrypoint"][0], image, *svc["entrypoint"][1:],
+             "bash", "-c", script)
+        status = _run("docker", "exec", name, "grep", "NoNewPrivs", "/proc/1/status").stdout
+        plain = _run("docker", "run", "--rm", "--entrypoint", "grep", image, "NoNewPrivs", "/proc/self/status").stdout
+    finally:
+        _run("docker", "rm", "-f", name, check=False)
+    assert status.split() == ["NoNewPrivs:", "1"], status
+    assert plain.split() == ["NoNewPrivs:", "0"], plain  # without it (or security_opt), the flag is off

@@ -136,7 +136,8 @@ def test_every_env_service_is_generated_from_the_one_template(tmp_path, monkeypa
         assert generated[f"env-{name}"] == {
             "extends": {"file": str(ROOT / "compose.yaml"), "service": "env-template"}, "profiles": [name],
             "image": f"${{ENV_{name.upper()}_IMAGE:-grpo-stack/env-server:local}}",
-            "deploy": {"replicas": f"${{ENV_{name.upper()}_REPLICAS:-1}}"}, "environment": {"ENV_NAME": name}}
+            "deploy": {"replicas": f"${{ENV_{name.upper()}_REPLICAS:-1}}"}, "environment": {"ENV_NAME": name},
+            "user": f"${{ENV_{name.upper()}_USER:-10001:10001}}"}  # non-root whatever the image says (SECURITY.md)
     assert generated["env-connect4"]["image"] == "${ENV_CONNECT4_IMAGE}"
     assert generated["env-connect4"]["extends"] == generated["env-echo"]["extends"]
     assert set(generated["trainer-cpu"]["depends_on"]) == {"env-echo", "env-maze", "env-connect4"}

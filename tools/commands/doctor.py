@@ -20,6 +20,9 @@ def run(rest: list[str]) -> int:
     report("docker engine", docker, stack.run(["docker", "info", "--format", "{{.ServerVersion}}"]).stdout.strip())
     report("compose v2", stack.check_compose() if not docker or shutil.which("docker") else docker,
            stack.run(["docker", "compose", "version", "--short"]).stdout.strip())
+    exposure = None if docker else stack.check_loopback_guarantee()
+    if exposure:  # a warning, not a failure: the stack still works, and the fix is the host's (SECURITY.md)
+        print(f"  WARN docker loopback ports: {exposure}")
     if not settings.ENV_FILE.exists():
         print("  note .env: not created yet; checking .env.example (`make up` creates .env)")
     try:

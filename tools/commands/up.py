@@ -13,6 +13,9 @@ def bring_up(prepared: Prepared) -> None:
     plan, values = prepared.plan, prepared.plan.values
     if plan.fleet:
         fleet.role(values)  # no swarm: say so before any build
+    exposure = stack.check_loopback_guarantee()
+    if exposure:  # warn, do not stop: CI's Debian engine is 20.10, and the fix is the host's (SECURITY.md)
+        stack.say(f"WARNING: {exposure}")
     build(prepared)
     processes = int(prepared.compose_vars.get("TRAINER_PROCESSES") or values.get("TRAINER_PROCESSES") or 1)
     if plan.fleet:

@@ -1,0 +1,19 @@
+"""Run by tests/trainer/test_loopback_rendezvous.py under trainer.launch's launcher: rank 0 prints every TCP
+socket that this run's processes (the launcher agent and both ranks) listen on, after gloo has connected."""
+
+import os
+import subprocess
+
+import torch.distributed as dist
+from accelerate import PartialState
+
+state = PartialState(cpu=True)
+pids = [None] * state.num_processes
+dist.all_gather_object(pids, os.getpid())
+if state.is_main_process:
+    mine = {os.getppid(), *pids}  # the agent (torchrun, inside `python -m trainer.loopback_launch`) and the ranks
+    for line in subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout.splitlines():
+        if any(f"pid={pid}," in line for pid in mine):
+            print("LISTEN", line.split()[3], flush=True)
+    print("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME"), flush=True)
+dist.barrier()

@@ -1,0 +1,81 @@
+"""Several trainer processes: what they listen on stays on loopback (issue #30 item 1, SECURITY.md).
+
+Real: trainer.launch's own command (accelerate launch with the `loopback` torchrun backend, 2 gloo processes) on
+this machine, and `ss` listing what the agent and both ranks listen on. The container version, probed from an env
+server's container, is tests/reliability/test_env_network_isolation.py."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from datetime import timedelta
+
+from tests.helpers import ROOT, free_port
+
+
+def listeners(pid: int) -> list[str]:
+    out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
+    return [line.split()[3] for line in out.splitlines() if f"pid={pid}," in line]
+
+
+def test_fact__torch_tcpstore_given_loopback_still_listens_on_every_interface():
+    """Why the launcher hands the store a socket: TCPStore(host_name="127.0.0.1") binds `*` (torch 2.13)."""
+    import torch.distributed as dist
+
+    port = free_port()
+    store = dist.TCPStore("127.0.0.1", port, 1, True, timedelta(seconds=10))
+    assert listeners(os.getpid()) == [f"*:{port}"]
+    del store
+
+
+def test_the_loopback_backend_store_listens_on_127_0_0_1_only():
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    from trainer.loopback_launch import BACKEND, create_handler
+
+    port = free_port()
+    params = RendezvousParameters(BACKEND, "", "run", 1, 1, port=str(port), timeout="10")
+    handler = create_handler(params)
+    info = handler.next_rendezvous()
+    assert handler.get_backend() == BACKEND and (info.rank, info.world_size) == (0, 1)
+    assert (info.bootstrap_store_info.master_addr, info.bootstrap_store_info.master_port) == ("127.0.0.1", port)
+    info.store.set("k", "v")
+    assert info.store.get("k") == b"v"
+    assert listeners(os.getpid()) == [f"127.0.0.1:{port}"]
+
+
+def test_two_processes_from_trainer_launch_listen_on_loopback_only(tmp_path):
+    from trainer.launch import launch_argv, pin_interfaces
+
+    port = free_port()
+    argv = launch_argv(2, "cpu", "ddp", [], port=port)
+    at = argv.index("trainer.train") - 1  # "-m trainer.train" -> the script that reports the listeners
+    argv[at:at + 2] = [str(ROOT / "tests" / "trainer" / "rank_listeners.py")]
+    env = {k: v for k, v in os.environ.items() if k != "GLOO_SOCKET_IFNAME"}
+    pin_interfaces("cpu", "http://vllm:8000", env)  # what trainer.launch does before it execs the launcher
+    env["PYTHONPATH"] = str(ROOT)
+    res = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    seen = [line.split()[1] for line in res.stdout.splitlines() if line.startswith("LISTEN ")]
+    assert f"127.0.0.1:{port}" in seen, res.stdout  # the store, found
+    assert len(seen) >= 3 and all(addr.startswith("127.0.0.1:") for addr in seen), seen  # + gloo's, per rank
+    assert "GLOO_SOCKET_IFNAME lo" in res.stdout
+
+
+def test_pin_interfaces_sets_gloo_on_loopback_and_nccl_on_every_rank():
+    from trainer.launch import pin_interfaces
+
+    cpu = {"GLOO_SOCKET_IFNAME": "eth1"}
+    assert pin_interfaces("cpu", "http://vllm:8000", cpu) == {"GLOO_SOCKET_IFNAME": "lo"}
+    assert "NCCL_SOCKET_IFNAME" not in cpu
+    colocate: dict[str, str] = {}
+    pin_interfaces("colocate", "http://vllm:8000", colocate)
+    assert colocate["NCCL_SOCKET_IFNAME"] == "lo"  # no peer outside the container
+    # server mode: the interface holding the address vLLM reaches (here: loopback's, by the address given)
+    gpu = {"VLLM_HOST_IP": "127.0.0.1"}
+    pin_interfaces("gpu", "http://vllm:8000", gpu)
+    assert gpu["NCCL_SOCKET_IFNAME"] == "lo" and gpu["NCCL_IB_DISABLE"] == "1"
+    mine = {"NCCL_SOCKET_IFNAME": "ens5"}
+    pin_interfaces("colocate", "http://vllm:8000", mine)
+    assert mine["NCCL_SOCKET_IFNAME"] == "ens5"  # the user's value wins
