@@ -100,6 +100,9 @@ def run(url: str, model_name: str, group_port: int, server_timeout_s: float, syn
     def rendezvous() -> str:
         from trl.generation.vllm_client import VLLMClient
 
+        from trainer.gpu.trl_hooks import require_prefix_cache_reset
+
+        require_prefix_cache_reset()  # as in training: vLLM's {"success": false} is an error, not ignored
         if reload_dir:  # the CPU rehearsal: TRL's client, its weight push replaced by a reload from reload_dir
             from trainer.gpu.trl_hooks import use_weight_reload
 
