@@ -48,7 +48,7 @@ def test_gpu_mode_is_trl_server_mode_with_the_configured_url_port_and_timeout():
 
 
 # vllm 0.31 CompletionRequest._DEFAULT_SAMPLING_PARAMS: the fields the server fills from the model's generation_config
-# when a request leaves them out (read in the vllm-cpu image; test_generation_config_on_twin shows it happen).
+# when a request leaves them out (read in the vllm-cpu image; test_weight_push_lands_on_twin.py shows it happen).
 VLLM_FILLED_FROM_GENERATION_CONFIG = ("repetition_penalty", "presence_penalty", "frequency_penalty", "temperature",
                                       "top_p", "top_k", "min_p")
 
