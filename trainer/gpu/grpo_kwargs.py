@@ -8,14 +8,16 @@ if TYPE_CHECKING:
     from trainer.config import RunConfig
 
 
-# vLLM's OpenAI server fills every sampling field a request leaves out from the model's generation_config.json
-# (vllm 0.31 CompletionRequest.to_sampling_params: repetition/presence/frequency penalty, temperature, top_p/k, min_p).
-# TRL's server client sends all of them but presence_penalty and frequency_penalty, while colocate builds
-# SamplingParams whose defaults are 0: a model whose generation config sets either would roll out from another
-# policy in server mode than the one trained (and bias the importance-sampling ratio). So the trainer sends them
-# explicitly, in both modes, rather than relying on `--generation-config vllm` on the server: the sampling policy is
-# then set in one place, the trainer, whatever server it talks to (that flag would keep the model's EOS ids too:
-# vllm still reads generation_config.json for them, InputProcessor.generation_config_fields).
+# vLLM's OpenAI server fills every sampling field a request leaves out from the model's generation config
+# (vllm 0.31 CompletionRequest.to_sampling_params: repetition/presence/frequency penalty, temperature, top_p/k, min_p;
+# ModelConfig.get_diff_sampling_param, plus --override-generation-config). TRL's server client sends all of them but
+# presence_penalty and frequency_penalty, while colocate builds SamplingParams whose defaults are 0: where the server
+# has either as a default, server mode rolls out from another policy than the one trained (and biases the
+# importance-sampling ratio). (vLLM reads generation_config.json through transformers' GenerationConfig, which in 5.17
+# drops those two; an override flag or another transformers brings them back.) So the trainer sends them explicitly,
+# in both modes, rather than relying on `--generation-config vllm` on the server: the sampling policy is set in one
+# place, the trainer, whatever server it talks to. (That flag would keep the model's EOS ids: vLLM still reads them,
+# InputProcessor.generation_config_fields.)
 NEUTRAL_SAMPLING = {"presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
