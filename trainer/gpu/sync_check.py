@@ -6,9 +6,12 @@ Runs in the trainer container (`tools/nccl_check.py --full` starts it there): vL
 dev mode and NCCL weight transfer -> a GPU on both ends -> TRL's own
 `VLLMClient.init_communicator()` (the rendezvous, under the watchdog) -> a real push of every
 parameter of the model (`VLLMClient.update_model_params`, the call TRL's sync makes per tensor
-group) -> a generation, to show the server still answers with the pushed weights. Prints one line
-per stage with its time, and the push's bytes and bytes/s. Stops at the first failure with what to
-do; exit 0 all passed, 1 a stage failed.
+group) and a prefix-cache reset that must succeed -> proof the weights land (trainer.gpu.weight_check:
+perturbed weights change the served output and match the trainer's own forward, the originals pushed
+back give the same greedy tokens and the trainer's logprobs). Prints one line per stage with its time,
+and the push's bytes and bytes/s. Stops at the first failure with what to do; exit 0 all passed, 1 a
+stage failed. With WEIGHT_TRANSFER=reload (server mode rehearsed on CPU) the same stages run with the
+weights pushed by reload (trl_hooks.use_weight_reload) instead of NCCL, and no GPU stage.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import time
 from typing import Callable
 
 from trainer.config import ConfigError, RunConfig
+from trainer.gpu import weight_check
 from trainer.gpu.nccl import prepare_rendezvous
 from trainer.gpu.server import VLLMPreflightError, check_vllm_server, explain_init_failure, version_skew
 from trainer.gpu.watchdog import rendezvous_diagnosis, watchdog
@@ -55,9 +59,12 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
-def run(url: str, model_name: str, group_port: int, server_timeout_s: float, sync_timeout_s: float) -> int:
+def run(url: str, model_name: str, group_port: int, server_timeout_s: float, sync_timeout_s: float,
+        reload_dir: str | None = None) -> int:
+    """`reload_dir`: WEIGHT_TRANSFER=reload's folder (the CPU rehearsal); None: NCCL, as on a GPU host."""
     state: dict = {}
-    print(f"nccl-check --full: {url}, model {model_name}, rendezvous port {group_port}", flush=True)
+    how = f"weights by reload from {reload_dir}" if reload_dir else f"rendezvous port {group_port}"
+    print(f"nccl-check --full: {url}, model {model_name}, {how}", flush=True)
 
     def server() -> str:
         try:
@@ -93,6 +100,18 @@ def run(url: str, model_name: str, group_port: int, server_timeout_s: float, syn
     def rendezvous() -> str:
         from trl.generation.vllm_client import VLLMClient
 
+        from trainer.gpu.trl_hooks import require_prefix_cache_reset
+
+        require_prefix_cache_reset()  # as in training: vLLM's {"success": false} is an error, not ignored
+        if reload_dir:  # the CPU rehearsal: TRL's client, its weight push replaced by a reload from reload_dir
+            from trainer.gpu.trl_hooks import use_weight_reload
+
+            use_weight_reload(reload_dir, sync_timeout_s)
+            client = VLLMClient(base_url=url, connection_timeout=server_timeout_s)
+            client.init_communicator()
+            state["client"] = client
+            return f"no NCCL group: each push writes {reload_dir}/model.safetensors and vLLM reloads it"
+
         host_ip = prepare_rendezvous(url)
         client = VLLMClient(base_url=url, group_port=group_port, connection_timeout=server_timeout_s)
         with watchdog(sync_timeout_s, lambda s: rendezvous_diagnosis(host_ip, group_port, s)):
@@ -108,11 +127,15 @@ def run(url: str, model_name: str, group_port: int, server_timeout_s: float, syn
 
     def load_model() -> str:
         import torch
-        from transformers import AutoModelForCausalLM
+        from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-        model = AutoModelForCausalLM.from_pretrained(model_name, dtype=dtype).to("cuda")
-        state["model"] = model
+        if reload_dir:  # as the rehearsal's trainer: fp32 on the CPU
+            model = AutoModelForCausalLM.from_pretrained(model_name, dtype=torch.float32)
+        else:
+            dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+            model = AutoModelForCausalLM.from_pretrained(model_name, dtype=dtype).to("cuda")
+        state["model"] = model.eval()
+        state["prompt_ids"] = AutoTokenizer.from_pretrained(model_name)(weight_check.PROBE_TEXT)["input_ids"]
         state["bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
         return f"{sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, {human_bytes(state['bytes'])}"
 
@@ -122,21 +145,36 @@ def run(url: str, model_name: str, group_port: int, server_timeout_s: float, syn
         start = time.perf_counter()
         with watchdog(sync_timeout_s, lambda s: rendezvous_diagnosis(None, group_port, s, what="weight sync")):
             state["client"].update_model_params(state["model"])
-            torch.cuda.synchronize()
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()
         seconds = time.perf_counter() - start
-        state["client"].reset_prefix_cache()
+        state["client"].reset_prefix_cache()  # checked: raises unless vLLM answers {"success": true}
         return (f"pushed {human_bytes(state['bytes'])} in {seconds:.2f}s = "
-                f"{human_bytes(state['bytes'] / max(seconds, 1e-9))}/s")
+                f"{human_bytes(state['bytes'] / max(seconds, 1e-9))}/s; prefix cache reset")
 
-    def generate() -> str:
-        out = state["client"].generate(prompts=["The capital of France is"], max_tokens=8, temperature=0.0)
-        ids = (out.get("completion_ids") or [[]])[0]
-        if not ids:
-            raise StageFailed(f"the server answered without tokens after the push: {str(out)[:200]}")
-        return f"{len(ids)} tokens generated after the push: the server still serves"
+    def weights_land() -> str:
+        import requests
+
+        client, model, ids = state["client"], state["model"], state["prompt_ids"]
+        session = requests.Session()
+        served_name = state["report"].model or model_name
+        with watchdog(sync_timeout_s * 3, lambda s: rendezvous_diagnosis(None, group_port, s, what="weight sync")):
+            try:
+                figures = weight_check.check_weights_land(
+                    model, ids, push=lambda: client.update_model_params(model),
+                    reset=client.reset_prefix_cache,
+                    ask=lambda: weight_check.query(session, url, served_name, ids),
+                    say=lambda text: print(f"       {text}", flush=True))
+            except weight_check.WeightCheckFailed as exc:
+                raise StageFailed(str(exc)) from None
+        return (f"perturbed weights changed the output ({figures['perturbed_moved']}) and matched the trainer's; "
+                f"the originals pushed back match the trainer's own logprobs ({figures['restored_vs_trainer']}) "
+                f"with the same {len(figures['tokens'])} greedy tokens")
 
     stages = [("vLLM server", server), ("server GPU", server_gpu), ("trainer GPU", trainer_side),
-              ("rendezvous", rendezvous), ("model", load_model), ("weight push", push), ("generation", generate)]
+              ("rendezvous", rendezvous), ("model", load_model), ("weight push", push), ("weights land", weights_land)]
+    if reload_dir:  # the rehearsal has no GPU on either side
+        stages = [stage for stage in stages if stage[0] not in ("server GPU", "trainer GPU")]
     try:
         for name, fn in stages:
             timed(name, fn)
@@ -147,7 +185,8 @@ def run(url: str, model_name: str, group_port: int, server_timeout_s: float, syn
         client = state.get("client")
         if client is not None:
             client.close_communicator()
-    print("nccl-check --full: OK: rendezvous, weight push and generation work as in training", flush=True)
+    print("nccl-check --full: OK: rendezvous, weight push, prefix-cache reset work as in training, and the pushed "
+          "weights land in every layer", flush=True)
     return 0
 
 
@@ -162,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error:\n{exc}", file=sys.stderr)
         return 2
     return run(args.url or cfg.vllm_server_url, args.model or cfg.model_path("gpu"), cfg.vllm_group_port,
-               cfg.vllm_server_timeout_s, cfg.weight_sync_timeout_s)
+               cfg.vllm_server_timeout_s, cfg.weight_sync_timeout_s,
+               reload_dir=str(cfg.weight_reload_dir) if cfg.weight_transfer == "reload" else None)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ def guard_weight_transfer_init(timeout_s: float, host_ip: str | None, port: int,
     from trl.generation import vllm_client as trl_vllm_client
 
     _GUARD.update(timeout_s=timeout_s, host_ip=host_ip, port=port, report=report)
+    require_prefix_cache_reset()
     cls = trl_vllm_client.VLLMClient
     if getattr(cls.init_communicator, "_grpo_guarded", False):
         return
@@ -174,6 +175,7 @@ def use_weight_reload(folder: str, timeout_s: float) -> None:
     import requests
     from trl.generation import vllm_client as trl_vllm_client
 
+    require_prefix_cache_reset()
     cls = trl_vllm_client.VLLMClient
     if getattr(cls.update_named_params, "_grpo_reload", False):
         return
@@ -203,3 +205,23 @@ def use_weight_reload(folder: str, timeout_s: float) -> None:
     cls.init_communicator = init_communicator
     cls.update_named_params = update_named_params
     cls.close_communicator = lambda self: None
+
+
+def require_prefix_cache_reset() -> None:
+    """TRL 1.16 calls VLLMClient.reset_prefix_cache() after every weight sync and drops vLLM's `{"success": false}`:
+    the next rollouts would then reuse KV computed with the old weights. Make that answer an error
+    (weight_check.PrefixCacheResetFailed, its message says what to do). Idempotent."""
+    from trl.generation import vllm_client as trl_vllm_client
+
+    from trainer.gpu.weight_check import reset_prefix_cache
+
+    cls = trl_vllm_client.VLLMClient
+    if getattr(cls.reset_prefix_cache, "_grpo_checked", False):
+        return
+
+    def checked_reset(self):
+        reset_prefix_cache(self.session, self.base_url)
+
+    checked_reset._grpo_checked = True  # type: ignore[attr-defined]
+    checked_reset.__wrapped__ = cls.reset_prefix_cache  # type: ignore[attr-defined]
+    cls.reset_prefix_cache = checked_reset
