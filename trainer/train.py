@@ -251,6 +251,14 @@ def main(argv: list[str] | None = None) -> int:
     dist.init(cfg.trainer_on_cpu(mode))
     verdict = None  # (exit code to stop with, or None to train; checkpoint; step): decided once, by rank 0
     if dist.is_main():
+        from trainer import run_lock
+
+        try:  # before RESUME=fresh deletes anything; held until this process exits
+            run_lock.acquire(cfg.output_dir, cfg.resolved_run_name)
+        except run_lock.RunLocked as exc:
+            print(f"[train] {exc}", file=sys.stderr, flush=True)
+            verdict = (4, None, 0)
+    if dist.is_main() and verdict is None:
         resume_ckpt, resume_step = prepare_run_dir(cfg)
         verdict = (None, resume_ckpt, resume_step)
         if resume_step >= cfg.max_steps:
