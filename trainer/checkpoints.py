@@ -1,26 +1,69 @@
 """A run's checkpoints: which are complete, the last one (resume, eval and export default to it), and the one a user
-names (`checkpoint-N`, `N` or a path)."""
+names (`checkpoint-N`, `N` or a path).
+
+Complete means: the trainer wrote MARKER last, after every file of the folder and the folder itself were fsynced
+(`seal`, from the trainer's on_save), and trainer_state.json parses. A host crash or a full disk mid-save leaves a
+folder without it (or with an empty trainer_state.json): resume, eval and export fall back to the previous complete
+one with one line. Checkpoints older than the run's first marked one were saved before markers existed: for them
+the old rule holds (weights there and a trainer_state.json that parses).
+"""
 
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import sys
 from pathlib import Path
 
 PREFIX = "checkpoint-"
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "adapter_model.safetensors")
+MARKER = "checkpoint-complete.json"
+OPTIMIZER_FACTOR = 2  # AdamW keeps two fp32 moments per parameter (save-size estimate before the first checkpoint)
 
 
 class CheckpointError(RuntimeError):
     """One line: what is wrong and what to pick instead."""
 
 
+def _state(path: Path) -> dict | None:
+    try:
+        state = json.loads((path / "trainer_state.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return state if isinstance(state, dict) else None
+
+
+def why_incomplete(path: Path) -> str | None:
+    """None for a complete checkpoint, else why not (for a log line)."""
+    marked = (path / MARKER).exists()
+    if not marked and _marked_before(path):
+        return "it was cut short while saving (no completion marker)"
+    if not marked and not any((path / n).exists() for n in WEIGHTS):
+        return "it has no weights (cut short while saving)"
+    if not (path / "trainer_state.json").exists():
+        return "it has no trainer_state.json (cut short while saving)"
+    if _state(path) is None:
+        return "its trainer_state.json is empty or unreadable (a full disk or a crash while saving)"
+    return None
+
+
 def is_complete(path: Path) -> bool:
-    # HF Trainer writes trainer_state.json last (after weights, optimizer, RNG): its presence marks a whole checkpoint.
-    return any((path / n).exists() for n in WEIGHTS) and (path / "trainer_state.json").exists()
+    return why_incomplete(path) is None
+
+
+def _marked_before(path: Path) -> bool:
+    """Whether a checkpoint of the same run older than `path` carries the marker (so `path` should too)."""
+    try:
+        step = int(path.name[len(PREFIX):])
+    except ValueError:
+        return False
+    return any((p / MARKER).exists() for s, p in numbered(path.parent) if s < step)
 
 
 def step_of(path: Path) -> int:
-    return int(json.loads((path / "trainer_state.json").read_text()).get("global_step", path.name[len(PREFIX):]))
+    state = _state(path) or {}
+    return int(state.get("global_step", path.name[len(PREFIX):]))
 
 
 def numbered(run_dir: Path) -> list[tuple[int, Path]]:
@@ -31,13 +74,14 @@ def numbered(run_dir: Path) -> list[tuple[int, Path]]:
                   if p.is_dir() and p.name.startswith(PREFIX) and p.name[len(PREFIX):].isdigit())
 
 
-def last_complete(run_dir: Path) -> tuple[Path | None, int, list[Path]]:
-    """(last complete checkpoint, its global_step, incomplete checkpoints newer than it)."""
+def last_complete(run_dir: Path) -> tuple[Path | None, int, list[tuple[Path, str]]]:
+    """(last complete checkpoint, its global_step, [(incomplete checkpoint newer than it, why)])."""
     incomplete = []
     for step, path in reversed(numbered(run_dir)):
-        if is_complete(path):
+        why = why_incomplete(path)
+        if why is None:
             return path, step_of(path), incomplete
-        incomplete.append(path)
+        incomplete.append((path, why))
     return None, 0, incomplete
 
 
@@ -45,10 +89,13 @@ def pick(run_dir: Path, checkpoint: str | None) -> tuple[Path, int]:
     """(checkpoint folder, its global step): the one named, else the last complete one."""
     have = f"checkpoints there: {', '.join(p.name for _, p in numbered(run_dir)) or 'none'}"
     if checkpoint is None:
-        path, step, _ = last_complete(run_dir)
+        path, step, skipped = last_complete(run_dir)
         if path is None:
             raise CheckpointError(f"run {run_dir.name} has no complete checkpoint yet ({have}); one is written every "
                                   "SAVE_STEPS steps and at the end of training")
+        for newer, why in skipped:
+            print(f"[checkpoints] skipping {newer.name} of run {run_dir.name}: {why}; using {path.name}",
+                  file=sys.stderr, flush=True)
         return path, step
     if "/" in checkpoint:
         path = Path(checkpoint)
@@ -57,7 +104,63 @@ def pick(run_dir: Path, checkpoint: str | None) -> tuple[Path, int]:
     if not path.is_dir():
         raise CheckpointError(f"run {run_dir.name} has no {path.name} ({have}); pick one of them, or leave CHECKPOINT "
                               "empty for the last complete one")
-    if not is_complete(path):
-        raise CheckpointError(f"{path.name} of run {run_dir.name} is incomplete (cut short while saving); pick another "
-                              f"({have})")
+    why = why_incomplete(path)
+    if why is not None:
+        raise CheckpointError(f"{path.name} of run {run_dir.name} is incomplete: {why}; pick another ({have})")
     return path, step_of(path)
+
+
+# ---------------------------------------------------------------------------- writing (the trainer's rank 0)
+def _fsync(path: Path, directory: bool = False) -> None:
+    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def seal(path: Path, step: int) -> None:
+    """Mark a saved checkpoint complete: fsync its files and folders, then write MARKER (temp, fsync, rename) and
+    fsync the folder again, so the marker cannot reach the disk before what it vouches for."""
+    folders = [path] + [p for p in path.rglob("*") if p.is_dir()]
+    for p in path.rglob("*"):
+        if p.is_file():
+            _fsync(p)
+    for d in folders:
+        _fsync(d, directory=True)
+    tmp = path / f".{MARKER}.tmp"
+    with open(tmp, "w") as f:
+        json.dump({"global_step": step, "files": sorted(str(p.relative_to(path)) for p in path.rglob("*")
+                                                        if p.is_file() and p != tmp)}, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path / MARKER)
+    _fsync(path, directory=True)
+    _fsync(path.parent, directory=True)  # the checkpoint folder's own entry in the run folder
+
+
+def size_of(path: Path) -> int:
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+def save_estimate(run_dir: Path, parameter_bytes: int, save_only_model: bool = False) -> int:
+    """Bytes the next save needs: the last complete checkpoint's size, else the model's parameters plus the
+    optimizer's state (OPTIMIZER_FACTOR times the parameters) unless only the model is saved."""
+    last, _, _ = last_complete(run_dir)
+    if last is not None:
+        return size_of(last)
+    return parameter_bytes * (1 + (0 if save_only_model else OPTIMIZER_FACTOR))
+
+
+def check_free_space(run_dir: Path, needed: int) -> None:
+    """Raise CheckpointError when the run folder's filesystem has less free than `needed` bytes."""
+    free = shutil.disk_usage(run_dir).free
+    if free < needed:
+        raise CheckpointError(f"not enough disk for the next checkpoint in {run_dir}: it needs about "
+                              f"{_gib(needed)}, {_gib(free)} is free; free space there (or delete old runs' "
+                              "checkpoints), then run again to resume from the last checkpoint")
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"

@@ -123,6 +123,10 @@ class RunConfig(BaseSettings):
         None, gt=0, le=86400, description="A tool call that runs longer fails: the model sees the error, and the "
         "rollout's env session is closed (a fresh one opens at its next reset). Empty: no limit of our own."
     )
+    reset_timeout_s: float = Field(
+        120.0, gt=0, le=86400, description="An env's answer to one reset (its episode setup) may take this long; "
+        "past it the reset fails and its session is closed."
+    )
     tool_concurrency: int | None = Field(
         None, ge=1, description="Most tool calls in flight at once per trainer process. Empty: a whole round, every "
         "rollout that called a tool (one rollout's calls always run in the model's order)."

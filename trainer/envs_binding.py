@@ -27,6 +27,7 @@ import threading
 from collections import Counter
 from typing import Any
 
+from envs.core.client import SessionClient
 from envs.core.replicas import ReplicaSet, ResolveError, resolve
 from envs.core.untrusted import BadReward, check_reward, safe_text, strip_credentials
 from trainer.metrics import STATS, RolloutStats
@@ -72,9 +73,12 @@ def encode_row(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS, text_chars: int = 2000) -> type:
+def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS, text_chars: int = 2000,
+         step_timeout_s: float | None = None, reset_timeout_s: float | None = 120.0) -> type:
     """A no-arg subclass of `tool_class` whose instances each open one session on the env at `url`.
-    `text_chars`: ENV_OBSERVATION_CHARS, the most of an env's text the model sees per tool result."""
+    `text_chars`: ENV_OBSERVATION_CHARS, the most of an env's text the model sees per tool result.
+    `step_timeout_s` / `reset_timeout_s`: TOOL_TIMEOUT_S (None: none) and RESET_TIMEOUT_S, the session client's
+    bound on one reply: the only ones, so a tool allowed 3 minutes gets 3 minutes."""
     limit = text_chars + TEXT_ALLOWANCE
 
     def __init__(self) -> None:
@@ -84,6 +88,9 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS,
         self._abandoned = False
         with stats.timer("env"):
             tool_class.__init__(self, url)
+        client = getattr(self, "_client", None)  # every tool class in envs/ keeps its SessionClient there
+        if isinstance(client, SessionClient):
+            client.message_timeout_s, client.reset_timeout_s = step_timeout_s, reset_timeout_s
 
     def reset(self, **row: Any):
         encoded = row.pop(ENV_ROW_COLUMN, None)
@@ -220,6 +227,7 @@ def _count_failure(env, episode: int) -> None:
 def build_factories(cfg, specs: dict[str, Any], stats: RolloutStats = STATS):
     """Single env: the bound class. Several: {name: bound class} (rows routed by their `environment` column).
     `specs`: name -> EnvSpec or GenericSpec, as preflight resolved them."""
-    bound = {name: bind(name, specs[name].tool_class, cfg.env_url(name), stats, cfg.env_observation_chars)
+    bound = {name: bind(name, specs[name].tool_class, cfg.env_url(name), stats, cfg.env_observation_chars,
+                        cfg.tool_timeout_s, cfg.reset_timeout_s)
              for name in cfg.env_names}
     return bound[cfg.env_names[0]] if len(bound) == 1 else bound

@@ -2,7 +2,8 @@
 
 config -> resume decision -> preflight -> model + dataset + env factories -> GRPOTrainer.train().
 Writes OUTPUT_DIR/RUN_NAME/{checkpoint-N/, metrics.jsonl, rollouts.jsonl, tensorboard/} (+ REPORT_TO's trackers).
-Exit codes: 0 done, 2 bad config, 3 preflight failed, 143 stopped by SIGTERM/Ctrl-C (checkpoint saved).
+Exit codes: 0 done, 2 bad config, 3 preflight failed, 4 another trainer holds the run folder (trainer.run_lock),
+5 too little disk for a checkpoint (stopped before saving), 143 stopped by SIGTERM/Ctrl-C (checkpoint saved).
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ def prepare_run_dir(cfg: RunConfig) -> tuple[str | None, int]:
         shutil.rmtree(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     ckpt, step, incomplete = checkpoints.last_complete(run_dir)
-    for path in incomplete:  # cut short by a kill mid-save: unusable, and it would shadow the good one
-        log(f"removing incomplete {path.name} (interrupted while saving)")
+    for path, why in incomplete:  # cut short by a kill mid-save: unusable, and it would shadow the good one
+        log(f"removing incomplete {path.name}: {why}" + (f"; resuming from {ckpt.name}" if ckpt else ""))
         shutil.rmtree(path, ignore_errors=True)
     if ckpt is None:
         dropped = truncate_metrics(run_dir, 0)
@@ -182,6 +183,7 @@ def make_control_callback():
 
         def __init__(self) -> None:
             self.stop_requested = False
+            self.disk_short: str | None = None  # why a save could not start (trainer.checkpoints.check_free_space)
 
         def request_stop(self, signum, frame) -> None:
             if self.stop_requested and signum == signal.SIGINT:
@@ -200,14 +202,35 @@ def make_control_callback():
             if dist.any_rank(self.stop_requested, args.device):
                 control.should_save = True
                 control.should_training_stop = True
+            if control.should_save:  # the same on every process (by step, or agreed above)
+                short = self._check_disk(args, kwargs.get("model")) if state.is_world_process_zero else None
+                if dist.any_rank(short is not None, args.device):
+                    self.disk_short = short or "rank 0 found too little disk for the checkpoint"
+                    control.should_save = False  # a half-written checkpoint would cost more than this step
+                    control.should_training_stop = True
             return control
+
+        @staticmethod
+        def _check_disk(args, model) -> str | None:
+            run_dir = Path(args.output_dir)
+            params = sum(p.numel() * p.element_size() for p in model.parameters()) if model is not None else 0
+            try:
+                checkpoints.check_free_space(run_dir, checkpoints.save_estimate(run_dir, params, args.save_only_model))
+            except checkpoints.CheckpointError as exc:
+                return str(exc)
+            return None
 
         def on_save(self, args, state, control, **kwargs):
             # The weights are saved owner-only (a temp file renamed); like the rest of the run folder they are for
             # readers under other uids too: `make export` runs as the host user, `vllm serve` as its own.
+            from trainer import dist
+
+            dist.any_rank(False, args.device)  # a barrier: every process has written its files (rng_state_<rank>)
             if state.is_world_process_zero:
-                for path in (Path(args.output_dir) / f"{checkpoints.PREFIX}{state.global_step}").rglob("*"):
+                folder = Path(args.output_dir) / f"{checkpoints.PREFIX}{state.global_step}"
+                for path in folder.rglob("*"):
                     path.chmod(path.stat().st_mode | 0o444)
+                checkpoints.seal(folder, state.global_step)  # complete only now: synced, then marked
 
     return RunControl()
 
@@ -265,6 +288,14 @@ def main(argv: list[str] | None = None) -> int:
     dist.init(cfg.trainer_on_cpu(mode))
     verdict = None  # (exit code to stop with, or None to train; checkpoint; step): decided once, by rank 0
     if dist.is_main():
+        from trainer import run_lock
+
+        try:  # before RESUME=fresh deletes anything; held until this process exits
+            run_lock.acquire(cfg.output_dir, cfg.resolved_run_name)
+        except run_lock.RunLocked as exc:
+            print(f"[train] {exc}", file=sys.stderr, flush=True)
+            verdict = (4, None, 0)
+    if dist.is_main() and verdict is None:
         resume_ckpt, resume_step = prepare_run_dir(cfg)
         verdict = (None, resume_ckpt, resume_step)
         if resume_step >= cfg.max_steps:
@@ -345,6 +376,9 @@ def main(argv: list[str] | None = None) -> int:
 
     trainer.train(resume_from_checkpoint=resume_ckpt)
     step = trainer.state.global_step
+    if control.disk_short:
+        log(f"stopped at step {step} without saving it: {control.disk_short}")
+        return 5
     bound = factories if isinstance(factories, dict) else {cfg.env_names[0]: factories}
     who = f"rank {dist.rank()}: " if dist.world_size() > 1 else ""  # every process opens its own sessions
     for name, cls in bound.items():  # TRL's pool: one instance (= one env session) per rollout slot

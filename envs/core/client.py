@@ -27,6 +27,10 @@ from envs.core.replicas import ReplicaSet
 from envs.core.untrusted import MAX_REPLY_BYTES, UntrustedReply, loads_reply, one_line, safe_text, strip_credentials
 
 ERROR_CHARS = 2000  # an env's error text kept (the tool binding trims it again to ENV_OBSERVATION_CHARS)
+# A reply's bound when the caller names none (probes, tests). The trainer always names its own: TOOL_TIMEOUT_S for
+# steps, RESET_TIMEOUT_S for resets (trainer.envs_binding); read at construction, so a test can lower it.
+DEFAULT_REPLY_TIMEOUT_S = 120.0
+_DEFAULT: Any = object()
 
 _loop: Optional[asyncio.AbstractEventLoop] = None
 _loop_lock = threading.Lock()
@@ -72,6 +76,13 @@ class open_session(connect):
         return exc
 
 
+def _deadline(reply_s: Optional[float], connect_s: float, twice: bool = False) -> Optional[float]:
+    """The whole call's bound past the reply's own (sending into a server that does not read is not bounded by it)."""
+    if reply_s is None:
+        return None
+    return (2 if twice else 1) * (connect_s + reply_s) + 5
+
+
 def ws_url(base_url: str) -> str:
     url = base_url.rstrip("/")
     for http, ws in (("http://", "ws://"), ("https://", "wss://")):
@@ -90,7 +101,8 @@ class SessionClient:
         base_url: str,
         *,
         connect_timeout_s: float = 30.0,
-        message_timeout_s: float = 120.0,
+        message_timeout_s: Optional[float] = _DEFAULT,
+        reset_timeout_s: Optional[float] = _DEFAULT,
         ping_interval_s: Optional[float] = 20.0,
         ping_timeout_s: Optional[float] = 60.0,
         capacity_wait_s: float = 30.0,
@@ -101,7 +113,9 @@ class SessionClient:
         self._replicas = ReplicaSet.for_url(base_url)  # None: connect to base_url itself (TLS)
         self._replica: Optional[str] = None  # the replica this session is counted on
         self.connect_timeout_s = connect_timeout_s
-        self.message_timeout_s = message_timeout_s
+        # A step's reply bound (None: none; the pings still find a dead server) and a reset's (default: the same).
+        self.message_timeout_s = DEFAULT_REPLY_TIMEOUT_S if message_timeout_s is _DEFAULT else message_timeout_s
+        self.reset_timeout_s = self.message_timeout_s if reset_timeout_s is _DEFAULT else reset_timeout_s
         self.ping_interval_s = ping_interval_s
         self.ping_timeout_s = ping_timeout_s
         self.capacity_wait_s = capacity_wait_s
@@ -122,7 +136,8 @@ class SessionClient:
         while True:
             try:
                 self._choose_replica(avoid=full)
-                return self._run(self._reset(data))
+                # a reset may reconnect once: two connects and two replies
+                return self._run(self._reset(data), _deadline(self.reset_timeout_s, self.connect_timeout_s, twice=True))
             except EnvServerError as e:
                 # A slot may free soon (a dropped client, a reaped session): wait a little, then say so.
                 if e.code != "CAPACITY_REACHED" or time.monotonic() + delay > start + self.capacity_wait_s:
@@ -157,12 +172,13 @@ class SessionClient:
                 "this episode cannot continue. Stop calling tools.",
                 code="SESSION_LOST",
             )
-        return self._run(self._request({"type": "step", "data": action}))
+        return self._run(self._request({"type": "step", "data": action}, self.message_timeout_s),
+                         _deadline(self.message_timeout_s, self.connect_timeout_s))
 
     def close(self) -> None:
         if self._ws is not None:
             try:
-                self._run(self._close())
+                self._run(self._close(), self.connect_timeout_s + 10)
             except Exception:
                 pass
             self._ws = None
@@ -180,15 +196,16 @@ class SessionClient:
         return self._ws is not None and self._ws.state is State.OPEN
 
     # -- async internals (run on the shared loop) --------------------------------------------------
-    def _run(self, coro: Any) -> Any:
+    def _run(self, coro: Any, deadline_s: Optional[float]) -> Any:
         """Run `coro` on the shared loop and wait for it. Past the deadline it is cancelled and the session closed,
         so a reset that answers late cannot take a server slot nobody uses (the caller got a TimeoutError)."""
         loop = _background_loop()
         future = asyncio.run_coroutine_threadsafe(coro, loop)
-        deadline_s = 2 * (self.connect_timeout_s + self.message_timeout_s) + 5  # a reset may reconnect once
         try:
             return future.result(timeout=deadline_s)
-        except concurrent.futures.TimeoutError:
+        except concurrent.futures.TimeoutError:  # in 3.11 also the call's own (asyncio's) TimeoutError
+            if future.done():
+                raise  # the reply's bound: its message names it
             future.cancel()  # runs before the close below: the loop takes callbacks in order
             asyncio.run_coroutine_threadsafe(self._close(), loop)
             raise TimeoutError(f"{self.shown_url}: no answer within {deadline_s:g} s; the session was closed") from None
@@ -227,7 +244,7 @@ class SessionClient:
             if not self.connected:
                 await self._connect()
             try:
-                return await self._request({"type": "reset", "data": data})
+                return await self._request({"type": "reset", "data": data}, self.reset_timeout_s)
             except (ConnectionClosed, EnvServerError) as e:
                 expired = isinstance(e, ConnectionClosed) or e.code in ("SESSION_EXPIRED", "SESSION_ERROR")
                 if attempt == 0 and expired:
@@ -238,7 +255,7 @@ class SessionClient:
                 raise
         raise AssertionError("unreachable")
 
-    async def _request(self, message: dict) -> dict:
+    async def _request(self, message: dict, timeout_s: Optional[float]) -> dict:
         ws = self._ws
         assert ws is not None
         try:
@@ -246,10 +263,10 @@ class SessionClient:
         except ConnectionClosed:
             pass  # a refused/expired session sends an error frame then closes: read it below
         try:
-            raw = await asyncio.wait_for(ws.recv(), timeout=self.message_timeout_s)
+            raw = await asyncio.wait_for(ws.recv(), timeout=timeout_s)
         except asyncio.TimeoutError:
             await self._close()  # a late reply would pair with the next request: drop the socket
-            raise TimeoutError(f"No reply from {self.shown_url} within {self.message_timeout_s:g} s") from None
+            raise TimeoutError(f"No reply from {self.shown_url} within {timeout_s:g} s") from None
         except ConnectionClosed as e:
             if self._ws is ws:  # not a session opened since (a call abandoned on timeout fails late)
                 self._ws = None

@@ -89,6 +89,8 @@ def test_sigterm_saves_a_checkpoint_then_resume_continues(tmp_path, tiny_model_d
     ckpts = sorted(run_dir.glob("checkpoint-*"))
     assert len(ckpts) == 1  # SAVE_STEPS=1000 never fired: this one is the SIGTERM save
     stopped_at = int(ckpts[0].name.split("-")[1])
+    marked = json.loads((ckpts[0] / "checkpoint-complete.json").read_text())["files"]  # sealed after every rank saved
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(marked) if processes == 2 else "rng_state.pth" in marked
     assert [r["step"] for r in read_metrics(run_dir)] == list(range(1, stopped_at + 1))
 
     argv[argv.index("--max-steps") + 1] = str(stopped_at + 2)
