@@ -119,9 +119,10 @@ class RunConfig(BaseSettings):
     max_tool_calling_iterations: int | None = Field(
         4, ge=1, description="Tool calls allowed per episode (empty: unlimited)."
     )
-    tool_timeout_s: float | None = Field(
-        None, gt=0, le=86400, description="A tool call that runs longer fails: the model sees the error, and the "
-        "rollout's env session is closed (a fresh one opens at its next reset). Empty: no limit of our own."
+    tool_timeout_s: float = Field(
+        120.0, gt=0, le=86400, description="A tool call that runs longer fails: the model sees the error, and the "
+        "rollout's env session is closed (a fresh one opens at its next reset). Bounded by default so a hung env "
+        "cannot stall a run for ever; raise it for tools that legitimately take longer (a test suite, a build)."
     )
     reset_timeout_s: float = Field(
         120.0, gt=0, le=86400, description="An env's answer to one reset (its episode setup) may take this long; "

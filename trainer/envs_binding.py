@@ -77,7 +77,7 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS,
          step_timeout_s: float | None = None, reset_timeout_s: float | None = 120.0) -> type:
     """A no-arg subclass of `tool_class` whose instances each open one session on the env at `url`.
     `text_chars`: ENV_OBSERVATION_CHARS, the most of an env's text the model sees per tool result.
-    `step_timeout_s` / `reset_timeout_s`: TOOL_TIMEOUT_S (None: none) and RESET_TIMEOUT_S, the session client's
+    `step_timeout_s` / `reset_timeout_s`: TOOL_TIMEOUT_S and RESET_TIMEOUT_S (None: no bound), the session client's
     bound on one reply: the only ones, so a tool allowed 3 minutes gets 3 minutes."""
     limit = text_chars + TEXT_ALLOWANCE
 

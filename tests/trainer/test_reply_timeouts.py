@@ -32,8 +32,8 @@ def bound_echo(url: str, **settings) -> object:
 def test_tool_and_reset_timeouts_reach_the_session_client():
     env = bound_echo("http://127.0.0.1:9", tool_timeout_s=300, reset_timeout_s=200)
     assert (env._client.message_timeout_s, env._client.reset_timeout_s) == (300, 200)
-    env = bound_echo("http://127.0.0.1:9")  # TOOL_TIMEOUT_S empty: no bound of ours on a step; a reset's default
-    assert (env._client.message_timeout_s, env._client.reset_timeout_s) == (None, 120)
+    env = bound_echo("http://127.0.0.1:9")  # both empty: the defaults, bounded (no step waits for ever)
+    assert (env._client.message_timeout_s, env._client.reset_timeout_s) == (120, 120)
 
 
 def test_a_call_longer_than_the_client_default_runs_to_its_configured_bound(monkeypatch):
