@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import re
 import sys
+import typing
 from typing import Any, Literal
 from urllib.parse import urlparse
 
@@ -381,6 +382,12 @@ class RunConfig(BaseSettings):
         return CPU_DEFAULT_LR if (mode or self.resolved_train_mode()) == "cpu" else GPU_DEFAULT_LR
 
     # ------------------------------------------------------------------ loading
+    @classmethod
+    def accepts_none(cls, field: str) -> bool:
+        """Whether `field` takes None (empty in .env) as a value of its own rather than falling back to its default."""
+        annotation = cls.model_fields[field].annotation
+        return annotation is None or type(None) in typing.get_args(annotation)
+
     @classmethod
     def load(cls, argv: list[str] | None = None, **overrides: Any) -> "RunConfig":
         """Environment variables, then CLI flags (`--max-steps 3`). Raises ConfigError with a clear message."""

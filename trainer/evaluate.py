@@ -325,7 +325,8 @@ def main(argv: list[str] | None = None) -> int:
         info = run_info.read(cfg.run_dir)
         if info:  # what the run trained on and with (a flag given here wins); where the servers are is this host's
             given = {arg[2:].split("=")[0].replace("-", "_") for arg in rest if arg.startswith("--")}
-            recorded = {k: v for k, v in info.get("settings", {}).items() if k in RUN_SETTINGS and k not in given}
+            recorded = {k: v for k, v in info.get("settings", {}).items() if k in RUN_SETTINGS and k not in given
+                        and (v is not None or RunConfig.accepts_none(k))}  # an older run's null: then the default
             cfg = RunConfig.load(rest, **{**overrides, "run_name": run}, **recorded)
     except ConfigError as exc:
         print(f"[eval] config error:\n{exc}", file=sys.stderr, flush=True)

@@ -161,3 +161,9 @@ def test_auto_mode_with_one_gpu_picks_server_or_colocate(monkeypatch):
     assert load(monkeypatch, VLLM_SERVER_URL="http://vllm.invalid:8000").resolved_train_mode() == "colocate"
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert load(monkeypatch, VLLM_SERVER_URL="http://vllm.invalid:8000").resolved_train_mode() == "gpu"
+
+
+def test_accepts_none_tells_a_nullable_setting_from_one_with_a_bounded_default():
+    # make eval re-applies an older run.json's settings: its null TOOL_TIMEOUT_S (no bound then) means the default now
+    assert not RunConfig.accepts_none("tool_timeout_s")
+    assert RunConfig.accepts_none("max_tool_calling_iterations") and RunConfig.accepts_none("tool_concurrency")
