@@ -300,6 +300,10 @@ def main(argv: list[str] | None = None) -> int:
                                    timeout_s=cfg.weight_sync_timeout_s)
 
     trainer.train(resume_from_checkpoint=resume_ckpt)
+    if mode == "gpu":  # no push in flight: the next run needs no vLLM restart (trainer.gpu.push_state)
+        from trainer.gpu import push_state
+
+        push_state.clean_finish()
     step = trainer.state.global_step
     bound = factories if isinstance(factories, dict) else {cfg.env_names[0]: factories}
     who = f"rank {dist.rank()}: " if dist.world_size() > 1 else ""  # every process opens its own sessions
