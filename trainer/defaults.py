@@ -4,3 +4,6 @@ checks that they agree. The env servers' session cap is theirs: envs.core.settin
 
 GPU_MODEL = "Qwen/Qwen3-0.6B"
 VLLM_IMAGE = "vllm/vllm-openai:v0.31.0"  # trl's vllm extra pins vllm<=0.31.0: both sides of NCCL run this vLLM
+# trainer.launch exits with this when the vllm service must restart before training (a weight push left unfinished,
+# or no one-token answer: trainer.gpu.push_state); `make train` restarts it and trains again (tools/commands/train.py).
+EXIT_VLLM_RESTART = 76

@@ -87,6 +87,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[launch] config error:\n{exc}", file=sys.stderr, flush=True)
         return 2
     mode = cfg.resolved_train_mode()
+    if mode == "gpu":  # before any process starts: the container's exit code is this one, whatever the count
+        from trainer.gpu.push_state import EXIT_VLLM_RESTART, restart_line, restart_reason
+
+        reason = restart_reason(cfg.output_dir, cfg.vllm_server_url, float(cfg.vllm_server_timeout_s))
+        if reason:
+            print(restart_line(reason), file=sys.stderr, flush=True)
+            return EXIT_VLLM_RESTART
     visible = 0
     if not cfg.trainer_on_cpu(mode):
         import torch

@@ -375,6 +375,10 @@ def main(argv: list[str] | None = None) -> int:
             log(f"weights: fp32 master weights{autocast}; each push to vLLM is cast to {pushed}")
 
     trainer.train(resume_from_checkpoint=resume_ckpt)
+    if mode == "gpu":  # no push in flight: the next run needs no vLLM restart (trainer.gpu.push_state)
+        from trainer.gpu import push_state
+
+        push_state.clean_finish()
     step = trainer.state.global_step
     if control.disk_short:
         log(f"stopped at step {step} without saving it: {control.disk_short}")

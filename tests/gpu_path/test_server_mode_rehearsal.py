@@ -14,12 +14,21 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 import uuid
 
 import pytest
 import requests
 
-from tests.gpu_path.conftest import TRAINER_STANDIN_IMAGE, ensure_trainer_standin_image, start_twin, stop_twin
+from tests.gpu_path.conftest import (
+    TRAINER_STANDIN_IMAGE,
+    ensure_trainer_standin_image,
+    published_url,
+    served_model,
+    start_twin,
+    stop_twin,
+    wait_until_healthy,
+)
 from tests.helpers import build_images
 from trainer import sampling_health, stages
 
@@ -33,7 +42,7 @@ def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def rehearsal_stack(gpu_config, tiny_model_dir, tmp_path_factory):
+def rehearsal_stack(gpu_config, tiny_model_dir, twin_hf_cache, tmp_path_factory):
     """A network with an echo env server and the twin, and a weights folder both the twin and the trainer mount."""
     build = ensure_trainer_standin_image()
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
@@ -46,7 +55,7 @@ def rehearsal_stack(gpu_config, tiny_model_dir, tmp_path_factory):
     docker("run", "-d", "--name", env_name, "--label", "grpo-test=1", "--network", network,
            "--network-alias", "env-echo", "-e", "ENV_NAME=echo", "-e", "MAX_CONCURRENT_ENVS=64",
            "grpo-stack/env-server:local")
-    twin = start_twin(gpu_config, tiny_model_dir, docker_args=("--network", network, "--network-alias", "vllm",
+    twin = start_twin(gpu_config, twin_hf_cache, docker_args=("--network", network, "--network-alias", "vllm",
                                                                "-v", f"{weights}:/weights:ro"))
     try:
         yield network, twin, tiny_model_dir, weights
@@ -58,7 +67,7 @@ def rehearsal_stack(gpu_config, tiny_model_dir, tmp_path_factory):
 
 def served_logprobs(twin) -> list[float]:
     r = requests.post(f"{twin.url}/v1/completions", timeout=120, json={
-        "model": "/models/tiny-qwen3", "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "logprobs": 1})
+        "model": twin.model, "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "logprobs": 1})
     r.raise_for_status()
     return r.json()["choices"][0]["logprobs"]["token_logprobs"]
 
@@ -106,3 +115,97 @@ def test_server_mode_trains_through_the_twin__weights_by_reload_not_nccl(rehears
     ok, detail = sampling_health.verdict(rows)
     assert ok is True, detail
     assert stages.parse(log)["importance_sampling"]["ok"] is True
+
+
+def trainer_run(network: str, model_dir, weights, outputs, run: str, max_steps: int, *docker_args: str) -> list[str]:
+    """`docker run` of the GPU trainer image in server mode through the twin, weights by reload (small batches)."""
+    settings = {"TRAIN_MODE": "gpu", "WEIGHT_TRANSFER": "reload", "WEIGHT_RELOAD_DIR": "/weights",
+                "MODEL_NAME": "/models/tiny-qwen3", "ENV_NAME": "echo", "ENV_URLS": "echo=http://env-echo:8000",
+                "VLLM_SERVER_URL": "http://vllm:8000", "VLLM_SERVER_TIMEOUT_S": "300", "MAX_STEPS": str(max_steps),
+                "RUN_NAME": run, "OUTPUT_DIR": "/outputs", "DATASET_SIZE": "8", "SAVE_STEPS": "100",
+                "NUM_GENERATIONS": "4", "PER_DEVICE_TRAIN_BATCH_SIZE": "4"}
+    env_flags = [flag for key, value in settings.items() for flag in ("-e", f"{key}={value}")]
+    return ["run", *docker_args, "--network", network, "--label", "grpo-test=1", "-v",
+            f"{model_dir}:/models/tiny-qwen3:ro", "-v", f"{weights}:/weights", "-v", f"{outputs}:/outputs", *env_flags,
+            TRAINER_STANDIN_IMAGE, "python3", "-m", "trainer.launch"]
+
+
+def test_the_twin_serves_the_vllm_services_model_at_its_revision_offline_from_a_read_only_hf_cache(
+        rehearsal_stack, gpu_config, twin_hf_cache):
+    """#29 item 6a: what the real service runs (`vllm serve MODEL_NAME --revision ...`, HF_HUB_OFFLINE=1, the
+    hf-cache volume read-only at HF_HOME) is what the twin runs; only the cached files are a tiny stand-in."""
+    _, twin, _, _ = rehearsal_stack
+    vllm = gpu_config["services"]["vllm"]
+    model, revision = served_model(gpu_config)
+    inspect = json.loads(docker("inspect", twin.name).stdout)[0]
+    assert inspect["Args"] == [*vllm["entrypoint"][2:], *vllm["command"]]  # MODEL_NAME, then every flag
+    assert f"--revision={revision}" in inspect["Args"] and f"--tokenizer-revision={revision}" in inspect["Args"]
+    env = dict(item.split("=", 1) for item in inspect["Config"]["Env"])
+    for key in ("HF_HOME", "HF_HUB_OFFLINE", "VLLM_SERVER_DEV_MODE"):
+        assert env[key] == str(vllm["environment"][key]), key
+    assert env["HF_HUB_OFFLINE"] == "1"
+    cache = next(v for v in vllm["volumes"] if v.get("source") == "hf-cache")
+    mount = next(m for m in inspect["Mounts"] if m["Destination"] == cache["target"])
+    assert cache["read_only"] is True and mount["RW"] is False
+    repo = twin_hf_cache / "hub" / f"models--{model.replace('/', '--')}"
+    assert [p.name for p in (repo / "snapshots").iterdir()] == [revision] and not (repo / "refs").exists()
+    assert requests.get(f"{twin.url}/v1/models", timeout=30).json()["data"][0]["id"] == model
+
+
+def test_a_trainer_killed_mid_push_wedges_vllm_and_the_next_train_restarts_it_and_trains(rehearsal_stack, tmp_path):
+    """#29 item 2 on the twin: a trainer killed once its weight-transfer group formed, vLLM left with a weight update
+    begun and never finished (what a push cut short leaves on the GPU path: /health still 200, the next start
+    "already active"); then the next `make train`'s own restart rule (tools/commands/train.recovering) with the
+    real trainer: it exits 76 naming the run it found, the twin restarts, health-gated, and the run trains.
+    Differs from `make train` in one place: the twin restarts by `docker restart`, the vllm service by compose's
+    `up --force-recreate --wait`."""
+    from tools.commands.train import recovering
+    from trainer.defaults import EXIT_VLLM_RESTART
+    from trainer.gpu.push_state import MARKER_NAME
+
+    network, twin, model_dir, weights = rehearsal_stack
+    outputs = tmp_path / "outputs"
+    outputs.mkdir()
+    outputs.chmod(0o777)
+    marker = outputs / MARKER_NAME
+    killed = f"{network}-killed"
+    docker(*trainer_run(network, model_dir, weights, outputs, "killed", 1000, "-d", "--name", killed))
+    try:
+        deadline = time.monotonic() + 1200
+        while not marker.exists():  # the weight-transfer group formed: from here a kill leaves vLLM in doubt
+            state = docker("inspect", "-f", "{{.State.Running}}", killed, check=False).stdout.strip()
+            if state != "true" or time.monotonic() > deadline:
+                pytest.fail(f"the trainer never formed its group (running={state}):\n{docker('logs', killed).stderr[-4000:]}")
+            time.sleep(1)
+        docker("kill", killed)
+    finally:
+        docker("rm", "-f", killed, check=False)
+    left = json.loads(marker.read_text())
+    assert left["run"] == "killed" and left["state"] in ("group", "push"), left
+
+    assert requests.post(f"{twin.url}/start_weight_update", json={}, timeout=120).status_code == 200
+    again = requests.post(f"{twin.url}/start_weight_update", json={}, timeout=120)
+    assert again.status_code == 500 and "already active" in again.text, again.text
+    assert requests.get(f"{twin.url}/health", timeout=30).status_code == 200  # /health cannot tell
+
+    attempts: list[subprocess.CompletedProcess] = []
+
+    def run_trainer() -> int:
+        attempts.append(docker(*trainer_run(network, model_dir, weights, outputs, "recovered", 1, "--rm"), check=False))
+        return attempts[-1].returncode
+
+    def restart_vllm() -> int:
+        docker("restart", twin.name)
+        twin.url = published_url(twin.name)  # a restart may publish another host port
+        wait_until_healthy(twin)
+        return 0
+
+    rc = recovering(run_trainer, restart_vllm)
+    logs = "\n----\n".join((a.stdout + a.stderr)[-4000:] for a in attempts)
+    assert [a.returncode for a in attempts] == [EXIT_VLLM_RESTART, 0] and rc == 0, logs
+    assert "the last run (killed) ended without a clean finish" in attempts[0].stderr, logs
+    assert "[weight-sync] vLLM reloaded" in attempts[1].stdout + attempts[1].stderr  # pushed into the restarted twin
+    rows = [json.loads(line) for line in (outputs / "recovered" / "metrics.jsonl").read_text().splitlines()
+            if '"kind": "step"' in line]
+    assert [r["step"] for r in rows] == [1]
+    assert not marker.exists()  # a clean finish: the run after this one starts without a restart

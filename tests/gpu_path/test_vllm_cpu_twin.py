@@ -78,7 +78,7 @@ def test_commands_for_vllm_based_images_say_python3():
 
 def test_health_and_served_model_through_trl_vllmclient(vllm_cpu, trl_client_cls):
     client = trl_client_cls(base_url=vllm_cpu.url, connection_timeout=30)
-    assert client.model == "/models/tiny-qwen3"
+    assert client.model == vllm_cpu.model
     assert requests.get(f"{vllm_cpu.url}/health", timeout=5).status_code == 200
 
 
@@ -144,7 +144,7 @@ def test_pause_holds_requests_and_resume_releases_them(vllm_cpu, monkeypatch):
 
         def generate():
             r = requests.post(f"{vllm_cpu.url}/v1/completions", timeout=120, json={
-                "model": "/models/tiny-qwen3", "prompt": PROMPTS[0], "max_tokens": 3})
+                "model": vllm_cpu.model, "prompt": PROMPTS[0], "max_tokens": 3})
             result["status"] = r.status_code
 
         worker = threading.Thread(target=generate)
@@ -206,7 +206,7 @@ def test_preflight_accepts_the_twins_routes_and_refuses_a_gpuless_trainer(vllm_c
     report = server.check_vllm_server(vllm_cpu.url, timeout_s=30)
     assert report.weight_transfer_config == {"backend": "nccl"}
     assert report.world_size == 1 and report.vllm_version == "0.31.0"
-    assert report.model == "/models/tiny-qwen3" and report.warnings == []
+    assert report.model == vllm_cpu.model and report.warnings == []
 
     for key in [*nccl.NCCL_BRIDGE_DEFAULTS, "VLLM_HOST_IP"]:
         monkeypatch.delenv(key, raising=False)

@@ -13,6 +13,7 @@ import pytest
 from trainer import preflight, stages
 from trainer.config import RunConfig
 from trainer.download_model import check_downloaded
+from tests.helpers import commit_download_cache
 
 THINK_OFF_SUFFIX = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 
@@ -121,24 +122,6 @@ def test_stage_lines_are_printed_once_and_parsed_back(capsys, monkeypatch):
 def test_enable_thinking_reads_the_env_file_values(monkeypatch, env_value, expected):
     monkeypatch.setenv("ENABLE_THINKING", env_value)
     assert RunConfig.load([]).enable_thinking is expected
-
-
-def commit_download_cache(cache, model_dir, repo_id: str, commit: str):
-    """A hub cache exactly as `snapshot_download(repo_id, revision=<commit>)` leaves it: files in blobs/ named by
-    their hash, snapshots/<commit>/ linking to them, and no refs/ (only a branch or tag download writes refs)."""
-    import hashlib
-    import os
-
-    repo = cache / f"models--{repo_id.replace('/', '--')}"
-    (repo / "blobs").mkdir(parents=True)
-    snapshot = repo / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    for path in sorted(model_dir.iterdir()):
-        data = path.read_bytes()
-        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.write_bytes(data)
-        os.symlink(os.path.relpath(blob, snapshot), snapshot / path.name)
-    return snapshot
 
 
 def test_a_pinned_revision_loads_offline_from_a_commit_download(tiny_model_dir, tmp_path, monkeypatch):

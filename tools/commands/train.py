@@ -3,7 +3,10 @@ Extra arguments go to `trainer.launch` (e.g. --max-steps 3)."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 from tools import stack
+from trainer.defaults import EXIT_VLLM_RESTART
 from tools.commands.up import bring_up
 from tools.prepare import Prepared, prepare
 
@@ -19,8 +22,15 @@ def train(prepared: Prepared, args: list[str]) -> int:
             return rc
         deps = ["--no-deps"]  # env servers are up and healthy (above), the model is made
     stack.say(f"training with `{spec.trainer_service}` (mode {mode}); outputs go to the `outputs` volume")
-    rc = prepared.compose("run", "--rm", *deps, spec.trainer_service,
-                       *([*stack.TRAINER_PYTHON, "-m", "trainer.launch", *args] if args else []))
+
+    def run_trainer() -> int:
+        return prepared.compose("run", "--rm", *deps, spec.trainer_service,
+                                *([*stack.TRAINER_PYTHON, "-m", "trainer.launch", *args] if args else []))
+
+    def restart_vllm() -> int:  # a fresh container, not the wedged one restarted; `--wait`: until healthy
+        return prepared.compose("up", "-d", "--no-deps", "--force-recreate", "--wait", "vllm")
+
+    rc = recovering(run_trainer, restart_vllm) if spec.runs_vllm_service else run_trainer()
     where = "the CPU profile (tiny local model, no vLLM)" if mode == "cpu" else f"mode {mode}"
     if rc == 0:
         stack.say(f"training finished on {where}; `make rollouts` shows what the model did, `make eval` scores it, "
@@ -29,6 +39,21 @@ def train(prepared: Prepared, args: list[str]) -> int:
         stack.say(f"training on {where} stopped with exit code {rc}; the messages above say why. "
                   "`make train` again resumes from the last checkpoint")
     return rc
+
+
+def recovering(run_trainer: Callable[[], int], restart_vllm: Callable[[], int]) -> int:
+    """Run the trainer; when it exits with EXIT_VLLM_RESTART (the last run left a weight push unfinished, or vLLM
+    gives no one-token answer: trainer.gpu.push_state), restart the vllm service, health-gated, and run it once
+    more. Once: a vLLM that a fresh start does not cure is a failure to read, not to loop on."""
+    rc = run_trainer()
+    if rc != EXIT_VLLM_RESTART:
+        return rc
+    stack.say("restarting the vllm service (the trainer's line above says why), health-gated, then training again")
+    restarted = restart_vllm()
+    if restarted != 0:
+        stack.say(f"restarting the vllm service failed (exit {restarted}); `docker compose logs vllm` says why")
+        return restarted
+    return run_trainer()
 
 
 def run(rest: list[str]) -> int:

@@ -10,6 +10,7 @@ inside the functions that need them, so CPU runs and the host's `make doctor` ne
     trl_hooks    TRL's rendezvous and weight sync, wrapped: clear errors, timings, watchdog, pushes cast to
                  the served dtype
     preflight    all of the above checked before GRPOTrainer is built
+    push_state   the weight-push marker: a run that left a push unfinished gets vLLM restarted before the next
     sync_check   `make nccl-check FULL=1`: what training does, against the running vllm service
 """
 

@@ -56,6 +56,36 @@ def wait_healthy(url: str, timeout_s: float, session=None, poll_s: float = 2.0) 
         time.sleep(poll_s)
 
 
+# Token ids every vocabulary has. Five, not one: on the CPU twin a one-token prompt as the very first request of a
+# fresh engine killed its worker (twice of two tries here); five ids as the first request never did in the tests.
+PROBE_PROMPT = [11, 12, 13, 14, 15]
+
+
+def one_token(url: str, timeout_s: float, session=None) -> str | None:
+    """Ask vLLM for a one-token completion (a deadline per read, timeout_s); None when it answers, else what went
+    wrong. /health only says the engine process lives; this says it generates. vLLM 0.31 exposes no "weight update
+    active" state: workers blocked in NCCL leave this unanswered; after a `start_weight_update` with no finish, the
+    twin's engine dies on it (HTTP 500, EngineDeadError). Either way the cure is a restart."""
+    import requests
+
+    session = session or requests.Session()
+    url = url.rstrip("/")
+    try:
+        models = session.get(f"{url}/v1/models", timeout=timeout_s)
+        model = models.json()["data"][0]["id"] if models.status_code == 200 else None
+        r = session.post(f"{url}/v1/completions", timeout=timeout_s,
+                         json={"model": model, "prompt": PROBE_PROMPT, "max_tokens": 1, "temperature": 0})
+    except requests.Timeout:
+        return f"no one-token completion within {timeout_s:.0f}s (engine hung? blocked in a weight update?)"
+    except requests.RequestException as exc:
+        return f"the one-token completion failed ({type(exc).__name__}: {str(exc)[:160]})"
+    except (ValueError, KeyError, IndexError):
+        return f"/v1/models answered HTTP {models.status_code} with no model: {models.text[:160]}"
+    if r.status_code != 200:
+        return f"the one-token completion answered HTTP {r.status_code}: {r.text[:200]}"
+    return None
+
+
 def check_vllm_server(url: str, timeout_s: float, session=None) -> ServerReport:
     """HTTP-only checks of a vLLM server, the calls TRL's client makes: /health, /server_info
     (dev mode, nccl weight transfer, logprobs mode), /get_world_size, /v1/models."""

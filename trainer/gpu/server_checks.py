@@ -14,10 +14,12 @@ from trainer.gpu.server import (
     VLLMPreflightError,
     check_vllm_server,
     explain_init_failure,
+    one_token,
     version_skew,
     world_size_mismatch,
 )
-from trainer.gpu.trl_hooks import guard_weight_transfer_init, use_weight_reload
+from trainer.gpu import push_state
+from trainer.gpu.trl_hooks import guard_generation, guard_weight_transfer_init, use_weight_reload
 
 if TYPE_CHECKING:
     from trainer.config import RunConfig
@@ -65,12 +67,19 @@ def preflight_vllm(cfg: "RunConfig") -> dict[str, Any]:
         rep = check_vllm_server(url, timeout_s=float(cfg.vllm_server_timeout_s))
     except VLLMPreflightError as exc:
         raise VLLMPreflightError("\n".join([*problems, str(exc)])) from None
+    generates = one_token(url, float(cfg.vllm_server_timeout_s))
+    if generates:  # healthy by /health, yet no answer: wedged (trainer.launch normally catches this first)
+        raise VLLMPreflightError("\n".join([*problems, f"vLLM at {url} is healthy by /health but {generates}; "
+                                             "restart it: `docker compose up -d --no-deps --force-recreate --wait "
+                                             "vllm` (`make train` does it by itself)"]))
     stages.mark("vllm_healthy", rep.waited_s, f"{url} serves {rep.model} (world size {rep.world_size})")
     problems += version_skew(rep, local_vllm, torch.__version__)
     problems += world_size_mismatch(rep, int(cfg.vllm_world_size))
     if reload:
         if problems:
             raise VLLMPreflightError("\n".join(problems))
+        push_state.configure(str(cfg.output_dir), cfg.resolved_run_name)
+        guard_generation(float(cfg.generation_timeout_s))
         use_weight_reload(str(cfg.weight_reload_dir), float(cfg.weight_sync_timeout_s))
         return {"mode": "gpu", "url": url, "model": rep.model, "world_size": rep.world_size,
                 "vllm_version": rep.vllm_version, "max_model_len": rep.max_model_len,
@@ -91,6 +100,8 @@ def preflight_vllm(cfg: "RunConfig") -> dict[str, Any]:
         raise VLLMPreflightError("\n".join(problems))
 
     timeout = float(cfg.weight_sync_timeout_s)
+    push_state.configure(str(cfg.output_dir), cfg.resolved_run_name)  # rank 0: the one process that pushes
+    guard_generation(float(cfg.generation_timeout_s))
     guard_weight_transfer_init(timeout, host_ip, int(cfg.vllm_group_port), rep)
     for w in rep.warnings:
         logger.warning(w)

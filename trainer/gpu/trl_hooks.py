@@ -11,6 +11,7 @@ import time
 from typing import Any, Callable
 
 from trainer import stages
+from trainer.gpu import push_state
 from trainer.gpu.server import ServerReport, explain_init_failure
 from trainer.gpu.watchdog import WeightSyncTimeout, rendezvous_diagnosis, watchdog
 
@@ -54,6 +55,7 @@ def guard_weight_transfer_init(timeout_s: float, host_ip: str | None, port: int,
                 status = 500 if "Request failed: 500" in text else None
                 raise WeightTransferInitError(explain_init_failure(status, text, g["report"])) from exc
         seconds = time.monotonic() - started
+        push_state.group_formed(f"NCCL, trainer at {g['host_ip']}:{g['port']}")
         logger.info("NCCL weight-transfer group ready in %.1fs", seconds)
         stages.mark("rendezvous", seconds, "NCCL weight-transfer group formed (trainer = rank 0)")
         return result
@@ -87,9 +89,12 @@ def instrument_weight_sync(trainer: Any, log_fn: Callable[[float], None],
 
     def sync_weights(*a, **kw):
         start = time.perf_counter()
+        step = int(getattr(getattr(trainer, "state", None), "global_step", 0) or 0)
         if server:
+            push_state.push_started(step)  # rank 0 only (the others have no marker): cleared when the push returns
             with watchdog(timeout_s, lambda s: rendezvous_diagnosis(None, port, s, what="weight sync")):
                 result = original(*a, **kw)
+            push_state.push_done(step)
         else:
             result = original(*a, **kw)
         seconds = time.perf_counter() - start
@@ -185,6 +190,7 @@ def use_weight_reload(folder: str, timeout_s: float) -> None:
         print(f"[weight-sync] WEIGHT_TRANSFER=reload: no NCCL group; each sync writes {target}/model.safetensors "
               "and has vLLM reload it", flush=True)
         stages.mark("rendezvous", 0.0, f"weight transfer by reload from {target} (CPU rehearsal, no NCCL)")
+        push_state.group_formed(f"reload from {target}")
 
     def update_named_params(self, metadata, named_params):
         from safetensors.torch import save_file
@@ -225,3 +231,33 @@ def require_prefix_cache_reset() -> None:
     checked_reset._grpo_checked = True  # type: ignore[attr-defined]
     checked_reset.__wrapped__ = cls.reset_prefix_cache  # type: ignore[attr-defined]
     cls.reset_prefix_cache = checked_reset
+
+
+def guard_generation(timeout_s: float, grace_s: float = 15.0) -> None:
+    """Server mode: TRL's VLLMClient.generate (one POST /v1/completions, no timeout of its own) runs under the same
+    watchdog as the weight sync, so a hung vLLM ends the run with a diagnosis (exit 75) instead of a silent hang.
+    Call before GRPOTrainer is built. Idempotent; a later call only changes the deadline."""
+    from trl.generation import vllm_client as trl_vllm_client
+
+    _GUARD.update(generation_timeout_s=timeout_s, generation_grace_s=grace_s)
+    cls = trl_vllm_client.VLLMClient
+    if getattr(cls.generate, "_grpo_watched", False):
+        return
+    original = cls.generate
+
+    def generate(self, *args, **kwargs):
+        limit, grace = float(_GUARD["generation_timeout_s"]), float(_GUARD["generation_grace_s"])
+        # a request blocked reading the socket sees no Python exception: past the grace the process exits (75)
+        with watchdog(limit, lambda s: generation_diagnosis(self.base_url, s), grace_s=grace):
+            return original(self, *args, **kwargs)
+
+    generate._grpo_watched = True  # type: ignore[attr-defined]
+    generate.__wrapped__ = original  # type: ignore[attr-defined]
+    cls.generate = generate
+
+
+def generation_diagnosis(url: str, seconds: float) -> str:
+    return (f"vLLM at {url} did not answer a generation request in {seconds:.0f}s: hung? `docker compose logs vllm` "
+            "says why (a weight update left unfinished, the engine stuck, out of memory). The next `make train` "
+            "restarts the vllm service and resumes from the last checkpoint; for very long completions raise "
+            "GENERATION_TIMEOUT_S")

@@ -1,0 +1,190 @@
+"""A failed push must not leave the next run a wedged vLLM (#29 item 2), without Docker: the weight-push marker
+(trainer.gpu.push_state), trainer.launch's exit code for "restart vLLM first", the one-token probe and the
+generation watchdog against stub HTTP servers, and `make train`'s restart-once rule (tools/commands/train.py).
+The docker rehearsal on the twin is tests/gpu_path/test_vllm_recovery_rehearsal.py.
+
+Test doubles, named so: a Python loop stands in for an NCCL broadcast; stub HTTP servers stand in for a vLLM that
+answers, errs or hangs; plain functions stand in for `docker compose run` / `up` in the restart rule."""
+
+from __future__ import annotations
+
+import json
+import threading
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from tests.gpu_path.test_gpu_side import fake_trainer
+from trainer.defaults import EXIT_VLLM_RESTART
+from trainer.gpu import push_state, trl_hooks, watchdog
+
+
+@pytest.fixture
+def marker_dir(tmp_path, monkeypatch):
+    monkeypatch.setattr(push_state, "_STATE", {})
+    push_state.configure(str(tmp_path), "run-a")
+    return tmp_path
+
+
+def test_the_marker_follows_the_group_and_each_push_and_a_clean_finish_removes_it(marker_dir):
+    assert push_state.read(str(marker_dir)) is None
+    push_state.group_formed("NCCL, trainer at 172.20.0.7:51216")
+    assert push_state.read(str(marker_dir))["state"] == "group"
+    push_state.push_started(3)
+    left = push_state.read(str(marker_dir))
+    assert left["state"] == "push" and left["run"] == "run-a" and "before step 4" in left["detail"]
+    push_state.push_done(3)
+    assert push_state.read(str(marker_dir))["state"] == "group"
+    assert [p.name for p in marker_dir.iterdir()] == [push_state.MARKER_NAME]  # atomic: no .partial left
+    push_state.clean_finish()
+    assert push_state.read(str(marker_dir)) is None
+
+
+def test_a_process_that_does_not_push_writes_no_marker(tmp_path, monkeypatch):
+    monkeypatch.setattr(push_state, "_STATE", {})  # ranks > 0: preflight (rank 0 only) never configured them
+    push_state.group_formed("x")
+    push_state.push_started(0)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_sync_marks_its_push_and_one_past_its_deadline_stays_marked_test_double_for_nccl_broadcast(marker_dir):
+    trainer = fake_trainer(seconds=0.0)
+    trl_hooks.instrument_weight_sync(trainer, lambda s: None, timeout_s=10)
+    trainer.vllm_generation.sync_weights()
+    assert push_state.read(str(marker_dir))["state"] == "group"
+    stuck = fake_trainer(seconds=0.02, loops=500)
+    trl_hooks.instrument_weight_sync(stuck, lambda s: None, timeout_s=0.3)
+    with pytest.raises(watchdog.WeightSyncTimeout):
+        stuck.vllm_generation.sync_weights()
+    assert push_state.read(str(marker_dir))["state"] == "push"  # what the next launch finds
+
+
+# ------------------------------------------------------------------ vLLM stand-ins over HTTP
+@contextmanager
+def stub_vllm(completion: tuple[int, dict] | None = (200, {"choices": [{"text": "x"}]}), health: int = 200):
+    """GET /health, /v1/models and POST /v1/completions; completion None: the request hangs until the stub closes."""
+    release = threading.Event()
+
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, status, body):
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):  # noqa: N802
+            path = self.path.split("?")[0]
+            if path == "/health":
+                self._send(health, {})
+            elif path == "/v1/models":
+                self._send(200, {"data": [{"id": "org/tiny", "max_model_len": 512}]})
+            else:
+                self._send(404, {"detail": "Not Found"})
+
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers.get("content-length") or 0))
+            if completion is None:
+                release.wait()  # a hung engine: no byte until the test ends
+                return
+            self._send(*completion)
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", release
+    finally:
+        release.set()
+        server.shutdown()
+
+
+def test_a_marker_left_behind_asks_for_a_restart_once_without_asking_vllm(tmp_path, monkeypatch):
+    monkeypatch.setattr(push_state, "_STATE", {})
+    push_state.configure(str(tmp_path), "run-a")
+    push_state.push_started(7)
+    monkeypatch.setattr(push_state, "_STATE", {})  # the next run's launcher: it only reads
+    reason = push_state.restart_reason(str(tmp_path), "http://127.0.0.1:9", timeout_s=1)  # nothing listens there
+    assert "the last run (run-a)" in reason and "weight push in flight (before step 8)" in reason
+    assert push_state.read(str(tmp_path)) is None  # consumed: the host restarts vLLM on this exit code
+    line = push_state.restart_line(reason)
+    assert f"exit {EXIT_VLLM_RESTART}" in line and "docker compose up -d --no-deps --force-recreate --wait vllm" in line
+
+
+def test_the_one_token_probe_passes_a_generating_server_and_names_an_erring_or_hung_one_stub_servers(tmp_path):
+    with stub_vllm() as (url, _):
+        assert push_state.restart_reason(str(tmp_path), url, timeout_s=5) is None
+    dead = (500, {"error": {"message": "EngineCore encountered an issue."}})
+    with stub_vllm(completion=dead) as (url, _):
+        assert "answered HTTP 500: " in push_state.restart_reason(str(tmp_path), url, timeout_s=5)
+    with stub_vllm(completion=None) as (url, _):
+        assert "no one-token completion within 1s" in push_state.restart_reason(str(tmp_path), url, timeout_s=1)
+
+
+def test_a_server_that_is_not_up_is_left_to_preflight_not_restarted_stub_server(tmp_path):
+    with stub_vllm(health=503) as (url, _):
+        assert push_state.restart_reason(str(tmp_path), url, timeout_s=0.5) is None
+
+
+def test_launch_exits_with_the_restart_code_before_starting_any_process(tmp_path, monkeypatch, capsys):
+    from trainer import launch
+
+    monkeypatch.setattr(push_state, "_STATE", {})
+    push_state.configure(str(tmp_path), "run-a")
+    push_state.group_formed("reload from /weights")
+    monkeypatch.setattr(push_state, "_STATE", {})
+    for key, value in {"TRAIN_MODE": "gpu", "OUTPUT_DIR": str(tmp_path), "ENV_NAME": "echo",
+                       "VLLM_SERVER_URL": "http://127.0.0.1:9"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(launch, "process_count", lambda *a: pytest.fail("a trainer process was about to start"))
+    assert launch.main([]) == EXIT_VLLM_RESTART
+    assert "The vllm service needs a restart" in capsys.readouterr().err
+
+
+def test_a_generation_vllm_never_answers_ends_with_a_diagnosis_stub_server(trl_client_cls, monkeypatch, capsys):
+    expired = []
+    with stub_vllm(completion=None) as (url, release):
+        def expire(code):  # instead of os._exit(75): record it and let the hung request return
+            expired.append(code)
+            release.set()
+
+        monkeypatch.setattr(watchdog, "_hard_exit", expire)
+        monkeypatch.setattr(trl_client_cls, "generate", trl_client_cls.generate)  # undone after the test
+        trl_hooks.guard_generation(0.3, grace_s=0.2)
+        client = trl_client_cls(base_url=url, connection_timeout=5)
+        with pytest.raises(watchdog.WeightSyncTimeout, match="did not answer a generation request in 0s"):
+            client.generate([[11, 12, 13]], max_tokens=1)
+    assert expired == [watchdog.EXIT_WEIGHT_SYNC_TIMEOUT]
+    err = capsys.readouterr().err
+    assert "docker compose logs vllm" in err and "GENERATION_TIMEOUT_S" in err
+
+
+def test_make_train_restarts_vllm_once_on_the_restart_code_stand_in_commands():
+    from tools.commands.train import recovering
+
+    def scripted(codes):
+        calls = []
+
+        def run_trainer():
+            calls.append("trainer")
+            return codes.pop(0)
+
+        def restart_vllm():
+            calls.append("restart")
+            return 0
+
+        return calls, run_trainer, restart_vllm
+
+    calls, trainer, restart = scripted([EXIT_VLLM_RESTART, 0])
+    assert recovering(trainer, restart) == 0 and calls == ["trainer", "restart", "trainer"]
+    calls, trainer, restart = scripted([EXIT_VLLM_RESTART, EXIT_VLLM_RESTART])
+    assert recovering(trainer, restart) == EXIT_VLLM_RESTART and calls == ["trainer", "restart", "trainer"]  # no loop
+    calls, trainer, restart = scripted([3])
+    assert recovering(trainer, restart) == 3 and calls == ["trainer"]
+    calls, trainer, _ = scripted([EXIT_VLLM_RESTART])
+    assert recovering(trainer, lambda: 1) == 1 and calls == ["trainer"]  # a failed restart: stop, say so
