@@ -109,6 +109,9 @@ def test_fleet_up_deploys_what_the_issue_asks_for(fleet):
     assert net["Driver"] == "overlay" and net["Attachable"] is True and "encrypted" in net["Options"]
     cid = next(iter(task_containers(fleet).values()))
     assert cli("exec", cid, "id", "-u").stdout.strip() == "10001"  # non-root
+    # Swarm drops security_opt; tools.fleet starts the task through setpriv to keep no-new-privileges
+    assert container["Command"][:3] == ["setpriv", "--no-new-privs", "--"], container.get("Command")
+    assert cli("exec", cid, "grep", "NoNewPrivs", "/proc/1/status").stdout.split() == ["NoNewPrivs:", "1"]
     assert len(running_tasks(fleet)) == TASKS
 
 
