@@ -36,6 +36,7 @@ from trainer.rollouts import Trace
 ENV_ROW_COLUMN = "env_row"
 FAILED_EPISODE_REWARD = 0.0  # what every tool class scores an episode that failed before its env rewarded it
 TEXT_ALLOWANCE = 200  # room past ENV_OBSERVATION_CHARS for a tool class's own words ("The episode is over ...")
+REPLY_GRACE_S = 5.0  # the session client's step bound past TOOL_TIMEOUT_S (see bind)
 LOGGED_BAD_REWARDS = 10  # per env, then every 100th: a hostile env cannot flood the log
 
 log = logging.getLogger("trainer.envs")
@@ -78,7 +79,9 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS,
     """A no-arg subclass of `tool_class` whose instances each open one session on the env at `url`.
     `text_chars`: ENV_OBSERVATION_CHARS, the most of an env's text the model sees per tool result.
     `step_timeout_s` / `reset_timeout_s`: TOOL_TIMEOUT_S and RESET_TIMEOUT_S (None: no bound), the session client's
-    bound on one reply: the only ones, so a tool allowed 3 minutes gets 3 minutes."""
+    bound on one reply: the only ones, so a tool allowed 3 minutes gets 3 minutes. A step's reply gets
+    REPLY_GRACE_S more than TOOL_TIMEOUT_S: the rollout loop's bound (trainer.rollout_loop) is the one that acts and
+    speaks to the model; the client's stops the socket waiting for ever outside the loop."""
     limit = text_chars + TEXT_ALLOWANCE
 
     def __init__(self) -> None:
@@ -86,11 +89,14 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS,
         self._episode_failures = 0
         self._episode = 0  # which episode a (possibly late) tool call belongs to
         self._abandoned = False
+        self._call_failure_counted = False  # the current call's failure: counted once, by it or by the loop's timeout
+        self._count_lock = threading.Lock()  # the call runs in a worker thread, the loop's timeout in another
         with stats.timer("env"):
             tool_class.__init__(self, url)
         client = getattr(self, "_client", None)  # every tool class in envs/ keeps its SessionClient there
         if isinstance(client, SessionClient):
-            client.message_timeout_s, client.reset_timeout_s = step_timeout_s, reset_timeout_s
+            client.message_timeout_s = None if step_timeout_s is None else step_timeout_s + REPLY_GRACE_S
+            client.reset_timeout_s = reset_timeout_s
 
     def reset(self, **row: Any):
         encoded = row.pop(ENV_ROW_COLUMN, None)
@@ -107,8 +113,11 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS,
 
     def _abandon_session(self) -> None:
         """A call outran TOOL_TIMEOUT_S (trainer.rollout_loop): it failed, and the session closes."""
-        self._abandoned = True
-        self._episode_failures += 1
+        with self._count_lock:
+            self._abandoned = True
+            if not self._call_failure_counted:  # it may have failed by itself as the loop gave up on it
+                self._call_failure_counted = True
+                self._episode_failures += 1
         client = getattr(self, "_client", None)  # every tool class in envs/ keeps its SessionClient there
         if client is not None and callable(getattr(client, "close", None)):
             client.close()
@@ -211,17 +220,21 @@ SESSION_CLOSED = ("The env session was closed after a tool call timed out; this 
 
 
 def _start_call(env) -> int:
-    env._episode_calls += 1
-    if env._abandoned:
-        env._episode_failures += 1
-        raise RuntimeError(SESSION_CLOSED)
-    return env._episode
+    with env._count_lock:
+        env._episode_calls += 1
+        if env._abandoned:
+            env._episode_failures += 1
+            raise RuntimeError(SESSION_CLOSED)
+        env._call_failure_counted = False
+        return env._episode
 
 
 def _count_failure(env, episode: int) -> None:
     # A call the loop gave up on was counted then; one that fails after the next reset is not that episode's.
-    if env._episode == episode and not env._abandoned:
-        env._episode_failures += 1
+    with env._count_lock:
+        if env._episode == episode and not env._abandoned and not env._call_failure_counted:
+            env._call_failure_counted = True
+            env._episode_failures += 1
 
 
 def build_factories(cfg, specs: dict[str, Any], stats: RolloutStats = STATS):

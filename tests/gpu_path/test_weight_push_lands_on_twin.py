@@ -17,7 +17,8 @@ import shutil
 
 import pytest
 
-from tests.gpu_path.conftest import ensure_vllm_cpu_image, start_twin, stop_twin
+from tests.gpu_path.conftest import ensure_vllm_cpu_image, served_model, start_twin, stop_twin
+from tests.helpers import commit_download_cache
 from trainer.gpu import weight_check as wc
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -59,10 +60,12 @@ def twin(docker, gpu_config, penalised_model, tmp_path_factory):
     """The twin serving the penalised model, with a weights folder mounted at the same path as here (the trainer
     writes it, vLLM reads it: WEIGHT_RELOAD_DIR's contract)."""
     ensure_vllm_cpu_image()
+    home = tmp_path_factory.mktemp("penalised-hf-home")  # served as the vllm service serves its model (conftest)
+    commit_download_cache(home / "hub", penalised_model, *served_model(gpu_config))
     weights = tmp_path_factory.mktemp("reload-weights")
     # the twin runs as this test's uid: safetensors writes the pushed file 0600, and in the rehearsal the trainer and
     # vLLM containers share one uid (10001) the same way
-    t = start_twin(gpu_config, penalised_model, docker_args=("-v", f"{weights}:{weights}:ro",
+    t = start_twin(gpu_config, home, docker_args=("-v", f"{weights}:{weights}:ro",
                                                              "--user", f"{os.getuid()}:{os.getgid()}"))
     try:
         yield t, weights
@@ -116,7 +119,7 @@ def test_a_layer_that_keeps_its_old_weights_fails_the_check__reload_path(twin, p
     try:
         with pytest.raises(wc.WeightCheckFailed, match="part of the perturbed push did not land") as failed:
             wc.check_weights_land(model, ids, push=push_keeping_one_layer_old, reset=client.reset_prefix_cache,
-                                  ask=lambda: wc.query(session, t.url, "/models/tiny-qwen3", ids))
+                                  ask=lambda: wc.query(session, t.url, t.model, ids))
         print(failed.value)
     finally:  # leave the twin serving the original weights
         client.update_model_params(AutoModelForCausalLM.from_pretrained(penalised_model, dtype=torch.float32))
@@ -161,7 +164,7 @@ def test_generation_config_penalties_do_not_change_server_mode_sampling(twin, pe
                           generation_kwargs={**args.generation_kwargs, "ignore_eos": True})
     trained = gap_to_trainer(out["completion_ids"], out["logprobs"])
     bare = requests.post(f"{t.url}/v1/completions", timeout=120, json={
-        "model": "/models/tiny-qwen3", "prompt": ids, "n": 4, "temperature": args.temperature, "max_tokens": 32,
+        "model": t.model, "prompt": ids, "n": 4, "temperature": args.temperature, "max_tokens": 32,
         "logprobs": 0, "ignore_eos": True, "return_token_ids": True}).json()["choices"]
     control = gap_to_trainer([c["token_ids"] for c in bare], [c["logprobs"]["token_logprobs"] for c in bare])
     print(f"\nserved vs trainer logprobs: the trainer's request {trained}; fields left out {control}")

@@ -17,7 +17,7 @@ from envs.core import client as client_module
 from envs.echo.tool import EchoTool
 from tests.trainer.test_hostile_env import hostile, wait_all_closed
 from trainer.config import RunConfig
-from trainer.envs_binding import build_factories
+from trainer.envs_binding import REPLY_GRACE_S, build_factories
 from trainer.metrics import RolloutStats
 
 GUARD_S = 60  # failure guard only: every bound below is at most 10 s
@@ -30,10 +30,11 @@ def bound_echo(url: str, **settings) -> object:
 
 
 def test_tool_and_reset_timeouts_reach_the_session_client():
+    # a step's reply: TOOL_TIMEOUT_S plus the grace that leaves the rollout loop's bound the one that acts
     env = bound_echo("http://127.0.0.1:9", tool_timeout_s=300, reset_timeout_s=200)
-    assert (env._client.message_timeout_s, env._client.reset_timeout_s) == (300, 200)
+    assert (env._client.message_timeout_s, env._client.reset_timeout_s) == (300 + REPLY_GRACE_S, 200)
     env = bound_echo("http://127.0.0.1:9")  # both empty: the defaults, bounded (no step waits for ever)
-    assert (env._client.message_timeout_s, env._client.reset_timeout_s) == (120, 120)
+    assert (env._client.message_timeout_s, env._client.reset_timeout_s) == (120 + REPLY_GRACE_S, 120)
 
 
 def test_a_call_longer_than_the_client_default_runs_to_its_configured_bound(monkeypatch):
@@ -53,8 +54,9 @@ def test_a_call_past_its_configured_bound_fails_and_its_session_closes(kind):
     with hostile("slow_reply", **delays) as url:
         env = bound_echo(url, tool_timeout_s=0.5 if kind == "step" else 10,
                          reset_timeout_s=0.5 if kind == "reset" else 10)
+        bound = 0.5 + REPLY_GRACE_S if kind == "step" else 0.5
         t0 = time.monotonic()
-        with pytest.raises(TimeoutError, match=r"No reply from ws://127\.0\.0\.1:\d+/ws within 0\.5 s"):
+        with pytest.raises(TimeoutError, match=rf"No reply from ws://127\.0\.0\.1:\d+/ws within {bound:g} s"):
             if kind == "reset":
                 env.reset()
             else:
