@@ -22,6 +22,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -148,6 +149,7 @@ class ReloadWeightTransfer:
 
 
 def _rollout_loop_base():
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # chosen on purpose (ROLLOUTS=async), said once in the log
     from trl.experimental.async_grpo.async_rollout_worker import _AsyncRolloutLoop
 
     return _AsyncRolloutLoop

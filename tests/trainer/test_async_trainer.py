@@ -103,7 +103,7 @@ def test_a_built_in_envs_factory_pickles_and_binds_in_a_fresh_process():
     factory = factories("echo", {"echo": get("echo")})
     assert isinstance(factory, EnvFactory)
     assert rebuilt_in_a_fresh_process(factory) == [
-        "None echo EchoTool echo_message True http://127.0.0.1:9 True"]
+        "None echo EchoTool echo_message,echo_with_length True http://127.0.0.1:9 True"]
 
 
 def test_a_learned_envs_factory_pickles_and_rebuilds_its_tool_class_in_a_fresh_process():
@@ -120,7 +120,7 @@ def test_a_multi_env_dict_of_factories_pickles_whole():
     mcp, _ = generic_spec()
     bound = factories("echo,grid_world", {"echo": get("echo"), "grid_world": mcp})
     lines = rebuilt_in_a_fresh_process(bound)
-    assert [line.split()[:4] for line in lines] == [["echo", "echo", "EchoTool", "echo_message"],
+    assert [line.split()[:4] for line in lines] == [["echo", "echo", "EchoTool", "echo_message,echo_with_length"],
                                                    ["grid_world", "grid_world", "GridWorldTool", "move"]]
 
 
