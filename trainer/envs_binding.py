@@ -43,12 +43,12 @@ FAILED_EPISODE_REWARD = 0.0  # what every tool class scores an episode that fail
 TEXT_ALLOWANCE = 200  # room past ENV_OBSERVATION_CHARS for a tool class's own words ("The episode is over ...")
 REPLY_GRACE_S = 5.0  # the session client's step bound past TOOL_TIMEOUT_S (see bind)
 LOGGED_BAD_REWARDS = 10  # per env, then every 100th: a hostile env cannot flood the log
-LOGGED_INFRA = 10  # failed resets per env, then every 100th
+LOGGED_INFRA = 10  # infra-ended episodes logged per env, then every 100th
 
 log = logging.getLogger("trainer.envs")
 _bad_rewards: Counter[str] = Counter()
 _bad_rewards_lock = threading.Lock()
-_failed_resets: Counter[str] = Counter()
+_infra_logged: Counter[str] = Counter()
 
 
 class BindingError(RuntimeError):
@@ -125,7 +125,6 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS,
                 raise  # a setup error (a redirect, a bad row): it stops the run as before
             why = f"reset failed: {guard.infra}"
             _mark_infra(self, self._episode, why)
-            _log_failed_reset(env_name, why)
             infra_failures.WINDOWS.check(env_name, why)  # a dead env stops the run (EnvDown)
             return None  # the prompt as the dataset wrote it; the episode runs on without its env
         return safe_text(text, limit) if isinstance(text, str) else text
@@ -143,6 +142,8 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS,
                 self._call_failure_counted = True
                 self._episode_failures += 1
         client = getattr(self, "_client", None)  # every tool class in envs/ keeps its SessionClient there
+        where = getattr(client, "shown_url", url)
+        _log_infra(env_name, f"{self._infra_failure} ({where})")  # the stall's one-line diagnosis
         if client is not None and callable(getattr(client, "close", None)):
             client.close()
 
@@ -184,12 +185,13 @@ def _log_bad_reward(env_name: str, exc: BadReward) -> None:
                     env_name, exc, FAILED_EPISODE_REWARD, n)
 
 
-def _log_failed_reset(env_name: str, why: str) -> None:
+def _log_infra(env_name: str, why: str) -> None:
+    """One line per episode the env side ended where the trainer saw it first (a failed reset, a call given up on)."""
     with _bad_rewards_lock:
-        _failed_resets[env_name] += 1
-        n = _failed_resets[env_name]
+        _infra_logged[env_name] += 1
+        n = _infra_logged[env_name]
     if n <= LOGGED_INFRA or n % 100 == 0:
-        log.warning("env %s: %s; this episode is left out of training [%d failed reset(s) so far]", env_name, why, n)
+        log.warning("env %s: %s; this episode is left out of training [%d so far]", env_name, why, n)
 
 
 class _safe_errors:
@@ -288,6 +290,7 @@ def _mark_infra(env, episode: int, why: str) -> None:
         if env._episode != episode or env._infra_failure is not None:
             return
         env._infra_failure = why
+    _log_infra(env.env_name, why)
     trace = getattr(env, "_trace", None)
     if trace is not None:
         trace.infra_failure = why
