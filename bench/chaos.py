@@ -92,17 +92,124 @@ class ComposeEnvs:
     def targets(self) -> list[str]:
         return sh(*self.compose, "ps", "-q", "env-echo").split()
 
+    def proxy(self, backends, seed: int) -> tuple[ChaosProxy, str]:
+        proxy = ChaosProxy(backends, seed=seed)
+        return proxy, f"http://127.0.0.1:{proxy.port}"
+
+    def held(self, backends, proxy) -> dict[str, int]:
+        return {f"{h}:{p}": health(h, p).get("active_sessions", -1) for h, p in backends}
+
     def down(self) -> None:
         sh(*self.compose, "down", "-v", "--remove-orphans", check=False)
 
 
 class SwarmEnvs:
-    """The same env service as a one-node Swarm fleet (tools/fleet.py's stack file), N tasks; the host reaches each
-    task's port through a published port per replica (`mode: host`, bound to 127.0.0.1 by a tiny socat-free trick:
-    the proxy talks to the tasks' addresses on the fleet's overlay from a helper container)."""
+    """The same env service as a one-node Swarm fleet (tools/fleet.py, the `make fleet-up` path), N tasks restarted
+    by Swarm. The host cannot route to the fleet's overlay, so the proxy runs in a container on it
+    (bench/chaos_proxy.py resolving `tasks.env-echo` per connection) with its port and control port on 127.0.0.1.
+    A kill is a task's: its server process dies and Swarm replaces the task."""
+
+    IMAGE = "grpo-stack/env-server:local"
 
     def __init__(self, replicas: int, project: str, work: Path) -> None:
-        raise SystemExit("--fleet swarm: not implemented in this bench yet (see the README's chaos section)")
+        import contextlib
+
+        self.stack, self.replicas = project, replicas
+        self.env_file = work / "chaos-fleet.env"
+        self.env_file.write_text(f"ENV_NAME=echo\nENV_FLEET=swarm\nFLEET_STACK={project}\nENV_ECHO_REPLICAS={replicas}\n"
+                                 f"MAX_CONCURRENT_ENVS=64\nENV_SESSION_TIMEOUT_S={SESSION_TIMEOUT_S}\nENV_MEM_LIMIT=1g\n")
+        self.exits = contextlib.ExitStack()
+        self.proxy_name = f"{project}-proxy"
+
+    def _fleet(self, command: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "tools", "fleet", command], cwd=ROOT, capture_output=True,
+                              text=True, env=dict(os.environ, STACK_ENV_FILE=str(self.env_file)))
+
+    def up(self) -> None:
+        from tools import fleet
+
+        created = self.exits.enter_context(fleet.local_swarm())
+        log(f"swarm: {'initialised for this run' if created else 'this engine is a manager already'}")
+        res = self._fleet("up")
+        if res.returncode != 0:
+            raise SystemExit(f"fleet up failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
+        return None
+
+    def targets(self) -> list[str]:
+        return sh("docker", "ps", "-q", "--filter", f"label=com.docker.swarm.service.name={self.stack}_env-echo").split()
+
+    def proxy(self, backends, seed: int) -> tuple["RemoteProxy", str]:
+        sh("docker", "rm", "-f", self.proxy_name, check=False)
+        sh("docker", "run", "-d", "--name", self.proxy_name, "--network", self.stack, "-p", "127.0.0.1::9000",
+           "-p", "127.0.0.1::9001", "-v", f"{ROOT}:/src:ro", "-w", "/src", "--read-only", "--cap-drop", "ALL",
+           "-e", "PYTHONDONTWRITEBYTECODE=1", "--entrypoint", "python", self.IMAGE, "bench/chaos_proxy.py",
+           "--backends", "tasks.env-echo:8000", "--seed", str(seed))
+        listen = sh("docker", "port", self.proxy_name, "9000").splitlines()[0]
+        control = sh("docker", "port", self.proxy_name, "9001").splitlines()[0]
+        return RemoteProxy(control), f"http://{listen}"
+
+    def held(self, backends, proxy) -> dict[str, int]:
+        return proxy.held()
+
+    def down(self) -> None:
+        sh("docker", "rm", "-f", self.proxy_name, check=False)
+        self._fleet("down")
+        self.exits.close()
+
+
+class RemoteProxy:
+    """bench/chaos_proxy.py in a container, driven over its control port (one JSON line per command)."""
+
+    def __init__(self, address: str) -> None:
+        import socket as socket_module
+
+        host, port = address.rsplit(":", 1)
+        deadline = time.monotonic() + 60  # the container's python starting: a hang guard only
+        while True:
+            try:
+                self.sock = socket_module.create_connection((host, int(port)), timeout=30)
+                self.file = self.sock.makefile("rw")
+                self._ask("held")
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        self.lock = threading.Lock()
+        self.frozen: list = []
+
+    def _ask(self, line: str):
+        self.file.write(line + "\n")
+        self.file.flush()
+        answer = self.file.readline()
+        if not answer:
+            raise ConnectionError("the chaos proxy's control port closed")
+        return json.loads(answer)
+
+    def ask(self, line: str):
+        with self.lock:
+            return self._ask(line)
+
+    def drop(self):
+        return self.ask("drop")
+
+    def half_open(self):
+        return self.ask("half_open")
+
+    def delay(self, seconds: float, for_s: float) -> None:
+        self.ask(f"delay {seconds} {for_s}")
+
+    def frozen_link(self, link_id: int):
+        from types import SimpleNamespace
+
+        got = self.ask(f"frozen {link_id}")
+        return None if got is None else SimpleNamespace(**got)
+
+    def held(self) -> dict[str, int]:
+        return self.ask("held")
+
+    def close(self) -> None:
+        self.ask("close")
 
 
 def pid_of(container: str) -> int:
@@ -344,9 +451,9 @@ def run(args) -> dict:
     t0 = time.monotonic()
     try:
         backends = envs.up()
-        log(f"{args.replicas} env-echo replicas on {', '.join(f'{h}:{p}' for h, p in backends)}")
-        proxy = ChaosProxy(backends, seed=args.seed)
-        url = f"http://127.0.0.1:{proxy.port}"
+        log(f"{args.replicas} env-echo replicas ({args.fleet})"
+            + (f" on {', '.join(f'{h}:{p}' for h, p in backends)}" if backends else ""))
+        proxy, url = envs.proxy(backends, args.seed)
         trainer = Trainer(model, url, work / "outputs", args.steps, args.seed)
         generation_batch = RunConfig.load([], **{"env_name": "echo"}).generation_batch_size
         injector = Injector(envs, proxy, args.seed, args.rate, work / "chaos-log.jsonl")
@@ -377,7 +484,7 @@ def run(args) -> dict:
         proxy.close()  # frozen links stay: the servers must free their slots by themselves
         start = time.monotonic()
         while True:  # until every replica shows no session, or the bound
-            held = {f"{h}:{p}": health(h, p).get("active_sessions", -1) for h, p in backends}
+            held = envs.held(backends, proxy)
             if all(v == 0 for v in held.values()) or time.monotonic() - start > SLOTS_BOUND_S:
                 break
             time.sleep(1)
@@ -389,7 +496,7 @@ def run(args) -> dict:
         log(f"log of faults: {work / 'chaos-log.jsonl'}; trainer log: {work / 'trainer.log'}")
         return result
     finally:
-        if proxy is not None:
+        if isinstance(proxy, ChaosProxy):
             for link in proxy.frozen:
                 link.server.transport.abort()
         if not args.keep:

@@ -7,13 +7,18 @@ that refuses is skipped, as Docker's DNS drops a dead one). Faults, asked from a
     replica's side, so the server holds a session whose client is gone (OpenEnv #1000) until its own keepalive or
     idle reaping notices; the client's side sees silence until its own bound fires;
   * delay(seconds, for_s): every reply chunk waits `seconds` before it is forwarded, for `for_s` (a slow tail).
-Loopback only: it listens on 127.0.0.1 and connects to the replicas' 127.0.0.1 ports.
+Loopback only: it listens on 127.0.0.1 and connects to the replicas' 127.0.0.1 ports. On a Swarm fleet (whose
+overlay the host cannot route to) it runs in a container on the fleet's network, `python bench/chaos_proxy.py
+--backends tasks.env-echo:8000`, resolving the tasks for each connection, with its port and a control port published
+on 127.0.0.1; the injector sends it one command per line on the control port (RemoteProxy in bench/chaos.py).
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import itertools
+import json
 import random
 import socket
 import struct
@@ -34,8 +39,9 @@ class Link:
 
 
 class ChaosProxy:
-    def __init__(self, backends: list[tuple[str, int]], seed: int = 0) -> None:
-        self.backends = backends
+    def __init__(self, backends, seed: int = 0, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.backends = backends  # [(host, port)], or a function giving them now (a fleet's tasks)
+        self.host, self.listen_port = host, port
         self.random = random.Random(seed)
         self.links: dict[int, Link] = {}
         self.frozen: list[Link] = []
@@ -74,7 +80,7 @@ class ChaosProxy:
     # -- internals (the proxy's loop) ---------------------------------------------------------------
     def _run(self, ready: threading.Event) -> None:
         asyncio.set_event_loop(self.loop)
-        self._server = self.loop.run_until_complete(asyncio.start_server(self._accept, "127.0.0.1", 0))
+        self._server = self.loop.run_until_complete(asyncio.start_server(self._accept, self.host, self.listen_port))
         ready.set()
         self.loop.run_forever()
 
@@ -112,11 +118,18 @@ class ChaosProxy:
         self.frozen.append(link)
         return {"link": link.id, "backend": link.backend[1]}
 
+    def current_backends(self) -> list[tuple[str, int]]:
+        return list(self.backends()) if callable(self.backends) else list(self.backends)
+
     async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
-        load = {b: 0 for b in self.backends}
+        try:
+            backends = self.current_backends()
+        except OSError:
+            backends = []
+        load = {b: 0 for b in backends}
         for link in self.links.values():
             load[link.backend] = load.get(link.backend, 0) + 1
-        order = sorted(self.backends, key=lambda b: (load[b], self.random.random()))
+        order = sorted(backends, key=lambda b: (load[b], self.random.random()))
         for backend in order:
             try:
                 server_r, server_w = await asyncio.wait_for(asyncio.open_connection(*backend), 3)
@@ -160,3 +173,71 @@ class ChaosProxy:
                 writer.close()
             except OSError:
                 pass
+
+
+# ---------------------------------------------------------------------------- in a container on a fleet's network
+def tasks_of(name: str, port: int):
+    def resolve() -> list[tuple[str, int]]:
+        return sorted((ip, port) for ip in set(socket.gethostbyname_ex(name)[2]))
+    return resolve
+
+
+def sessions_held(backends: list[tuple[str, int]]) -> dict[str, int]:
+    import urllib.request
+
+    out = {}
+    for host, port in backends:
+        try:
+            with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=3) as r:
+                out[f"{host}:{port}"] = json.loads(r.read()).get("active_sessions", -1)
+        except (OSError, ValueError):
+            out[f"{host}:{port}"] = -1
+    return out
+
+
+def serve_control(proxy: ChaosProxy, port: int) -> None:
+    """One command per line, one JSON answer per line: drop | half_open | delay S FOR_S | frozen ID | close | held."""
+
+    def answer(line: str):
+        cmd, *rest = line.split()
+        if cmd == "drop":
+            return proxy.drop()
+        if cmd == "half_open":
+            return proxy.half_open()
+        if cmd == "delay":
+            proxy.delay(float(rest[0]), float(rest[1]))
+            return {}
+        if cmd == "frozen":
+            link = proxy.frozen_link(int(rest[0]))
+            return None if link is None else {"frozen_at": link.frozen_at, "client_gone_at": link.client_gone_at}
+        if cmd == "close":
+            proxy.close()
+            return {}
+        if cmd == "held":
+            return sessions_held(proxy.current_backends())
+        return {"error": f"unknown command {cmd}"}
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while line := (await reader.readline()).decode().strip():
+            reply = await asyncio.to_thread(answer, line)
+            writer.write((json.dumps(reply) + "\n").encode())
+            await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, "0.0.0.0", port)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(main())
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description="the chaos proxy in a container on a fleet's network")
+    p.add_argument("--backends", required=True, help="NAME:PORT resolved for each connection (tasks.env-echo:8000)")
+    p.add_argument("--listen", type=int, default=9000)
+    p.add_argument("--control", type=int, default=9001)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    name, _, backend_port = a.backends.rpartition(":")
+    serve_control(ChaosProxy(tasks_of(name, int(backend_port)), a.seed, "0.0.0.0", a.listen), a.control)
