@@ -6,7 +6,8 @@
   resets are in, and the trainer is frozen with `docker pause` once it waits on it). Compose's
   `restart: unless-stopped` brings the server back while the trainer is still frozen, so it cannot run
   ahead of the restart however fast or slow this machine is; thawed, its in-flight tool calls fail
-  (counted in metrics as tool failures), its sessions reconnect on their next episode, and training
+  (counted in metrics as tool failures; their episodes as infrastructure failures: `rollout/infra_failures`,
+  marked in their traces, not scored), its sessions reconnect on their next episode, and training
   finishes with every step logged once. Every wait is on an event (/health counters, the kernel's
   socket queues, metrics.jsonl, Docker's restart count and health status); deadlines only stop a hang.
   Note: `docker kill` / `docker stop` count as a *manual* stop, and Docker does not restart a
