@@ -18,7 +18,7 @@ from tests.reliability.common import report
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
 
-def test_short_chaos_run_keeps_its_figures(tmp_path):
+def test_short_chaos_run_keeps_its_figures(docker, tmp_path):
     from bench import chaos
 
     build_images("env-server")
