@@ -14,7 +14,7 @@ BUILD_IMAGE := $(STACK) compose --progress quiet --profile build build
 shq = '$(subst ','"'"',$(1))'
 
 .PHONY: help up train down logs ps config build test clean doctor report rollouts eval export baseline dashboard nccl-check gpu-smoke gpu-selfcheck soak bench \
-	fleet-up fleet-ps fleet-logs fleet-down bench-fleet bench-learning
+	fleet-up fleet-ps fleet-logs fleet-down bench-fleet bench-learning chaos
 
 help: ## List every target with one line each
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -110,6 +110,10 @@ bench-learning: $(VENV)/.test-ok ## The CPU profile's learning curve on echo (se
 bench-fleet: $(VENV)/.test-ok ## Fleet figures on this machine's swarm: 4,096 sessions on 16 tasks; steps/s on 1, 2, 4 tasks
 	@$(BUILD_IMAGE) env-server-image
 	@$(VENV)/bin/python bench/fleet_figures.py $(ARGS)
+
+chaos: $(VENV)/.test-ok ## A CPU training run through injected faults (env kills, stops, dropped/half-open/slow links, a trainer kill): the fault figures next to their goals (several minutes; ARGS="--steps 60 --seed 7")
+	@$(BUILD_IMAGE) env-server-image
+	@$(VENV)/bin/python bench/chaos.py $(ARGS)
 
 $(VENV)/.test-ok: $(VENV)/.host-ok pyproject.toml
 	@$(STACK) setup

@@ -14,7 +14,11 @@ every instance (one env-server session each) for the whole run. We:
   * treat what comes back as an untrusted env's (envs.core.untrusted): every text a tool or reset returns, and every
     error message, reaches the model with control characters escaped and trimmed to ENV_OBSERVATION_CHARS (plus
     room for the tool class's own words), and a reward that is not finite or out of range makes a failed episode
-    (FAILED_EPISODE_REWARD, as an episode whose env never scored it) with one log line.
+    (FAILED_EPISODE_REWARD, as an episode whose env never scored it) with one log line;
+  * mark an episode the env side ended (a failed reset, a lost session, a reply that never came: trainer.infra_failures)
+    with its reason: its later calls fail at once, its trace says why, `get_reward` gives None (TRL: not scored) and
+    the trainer leaves it out of the loss; a failed reset is such an episode, not the end of the run, unless the env
+    looks dead (infra_failures.WINDOWS).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from typing import Any
 from envs.core.client import SessionClient
 from envs.core.replicas import ReplicaSet, ResolveError, resolve
 from envs.core.untrusted import BadReward, check_reward, safe_text, strip_credentials
+from trainer import infra_failures
 from trainer.metrics import STATS, RolloutStats
 from trainer.rollouts import Trace
 
@@ -38,10 +43,12 @@ FAILED_EPISODE_REWARD = 0.0  # what every tool class scores an episode that fail
 TEXT_ALLOWANCE = 200  # room past ENV_OBSERVATION_CHARS for a tool class's own words ("The episode is over ...")
 REPLY_GRACE_S = 5.0  # the session client's step bound past TOOL_TIMEOUT_S (see bind)
 LOGGED_BAD_REWARDS = 10  # per env, then every 100th: a hostile env cannot flood the log
+LOGGED_INFRA = 10  # infra-ended episodes logged per env, then every 100th
 
 log = logging.getLogger("trainer.envs")
 _bad_rewards: Counter[str] = Counter()
 _bad_rewards_lock = threading.Lock()
+_infra_logged: Counter[str] = Counter()
 
 
 class BindingError(RuntimeError):
@@ -89,6 +96,7 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS,
         self._episode_failures = 0
         self._episode = 0  # which episode a (possibly late) tool call belongs to
         self._abandoned = False
+        self._infra_failure: str | None = None  # why the env side ended this episode (trainer.infra_failures)
         self._call_failure_counted = False  # the current call's failure: counted once, by it or by the loop's timeout
         self._count_lock = threading.Lock()  # the call runs in a worker thread, the loop's timeout in another
         with stats.timer("env"):
@@ -106,23 +114,45 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS,
         self._episode_failures = 0
         self._episode += 1
         self._abandoned = False
+        self._infra_failure = None
         self._trace = Trace(env_name, {k: v for k, v in row.items() if k != "prompt"})  # trainer.rollouts
-        with stats.timer("env"), _safe_errors(limit):
-            text = tool_class.reset(self, **row)
+        guard = _safe_errors(limit)
+        try:
+            with stats.timer("env"), guard:
+                text = tool_class.reset(self, **row)
+        except Exception:
+            if guard.infra is None:
+                raise  # a setup error (a redirect, a bad row): it stops the run as before
+            why = f"reset failed: {guard.infra}"
+            _mark_infra(self, self._episode, why)
+            infra_failures.WINDOWS.check(env_name, why)  # a dead env stops the run (EnvDown)
+            return None  # the prompt as the dataset wrote it; the episode runs on without its env
         return safe_text(text, limit) if isinstance(text, str) else text
 
     def _abandon_session(self) -> None:
         """A call outran TOOL_TIMEOUT_S (trainer.rollout_loop): it failed, and the session closes."""
         with self._count_lock:
             self._abandoned = True
+            if self._infra_failure is None:
+                bound = "" if step_timeout_s is None else f" ({step_timeout_s:g} s)"
+                self._infra_failure = f"no reply within TOOL_TIMEOUT_S{bound}; the session was closed"
+                if getattr(self, "_trace", None) is not None:
+                    self._trace.infra_failure = self._infra_failure
             if not self._call_failure_counted:  # it may have failed by itself as the loop gave up on it
                 self._call_failure_counted = True
                 self._episode_failures += 1
         client = getattr(self, "_client", None)  # every tool class in envs/ keeps its SessionClient there
+        where = getattr(client, "shown_url", url)
+        _log_infra(env_name, f"{self._infra_failure} ({where})")  # the stall's one-line diagnosis
         if client is not None and callable(getattr(client, "close", None)):
             client.close()
 
-    def get_reward(self) -> float:
+    def get_reward(self) -> float | None:
+        if self._infra_failure is not None:  # not the model's: no reward (TRL leaves a NaN row out)
+            stats.add_infra_failure(env_name)
+            infra_failures.WINDOWS.record(env_name, self._infra_failure)
+            return None
+        infra_failures.WINDOWS.record(env_name, None)
         with stats.timer("env"):
             reward = tool_class.get_reward(self)
         try:
@@ -155,18 +185,30 @@ def _log_bad_reward(env_name: str, exc: BadReward) -> None:
                     env_name, exc, FAILED_EPISODE_REWARD, n)
 
 
+def _log_infra(env_name: str, why: str) -> None:
+    """One line per episode the env side ended where the trainer saw it first (a failed reset, a call given up on)."""
+    with _bad_rewards_lock:
+        _infra_logged[env_name] += 1
+        n = _infra_logged[env_name]
+    if n <= LOGGED_INFRA or n % 100 == 0:
+        log.warning("env %s: %s; this episode is left out of training [%d so far]", env_name, why, n)
+
+
 class _safe_errors:
     """An exception whose message the model (TRL shows `str(e)`), a trace or a log would see, escaped and trimmed
-    (raised again as RuntimeError only when that changes it: an honest env's errors pass untouched)."""
+    (raised again as RuntimeError only when that changes it: an honest env's errors pass untouched). `infra`: why the
+    original exception says the env side failed (trainer.infra_failures), else None."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
+        self.infra: str | None = None
 
     def __enter__(self) -> None:
         return None
 
     def __exit__(self, kind, exc, tb) -> bool:
         if isinstance(exc, Exception):
+            self.infra = infra_failures.reason(exc)
             message = str(exc)
             shown = strip_credentials(safe_text(message, self.limit))
             if shown != message:
@@ -180,11 +222,14 @@ def _instrumented(method, limit: int):
         @functools.wraps(method)
         async def async_wrapper(self, *args, **kwargs):
             episode = _start_call(self)
+            guard = _safe_errors(limit)
             try:
-                with _safe_errors(limit):
+                with guard:
                     result = await method(self, *args, **kwargs)
             except Exception as exc:
                 _count_failure(self, episode)
+                if guard.infra is not None:
+                    _mark_infra(self, episode, f"{method.__name__}: {guard.infra}")
                 _traced(self, episode, method.__name__, kwargs, f"{type(exc).__name__}: {exc}", failed=True)
                 raise
             result = safe_text(result, limit) if isinstance(result, str) else result
@@ -195,11 +240,14 @@ def _instrumented(method, limit: int):
     @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
         episode = _start_call(self)
+        guard = _safe_errors(limit)
         try:
-            with _safe_errors(limit):
+            with guard:
                 result = method(self, *args, **kwargs)
         except Exception as exc:
             _count_failure(self, episode)
+            if guard.infra is not None:
+                _mark_infra(self, episode, f"{method.__name__}: {guard.infra}")
             _traced(self, episode, method.__name__, kwargs, f"{type(exc).__name__}: {exc}", failed=True)
             raise
         result = safe_text(result, limit) if isinstance(result, str) else result
@@ -219,14 +267,33 @@ SESSION_CLOSED = ("The env session was closed after a tool call timed out; this 
                   "Stop calling tools and give your final answer.")
 
 
+ENV_UNAVAILABLE = ("The env is unavailable ({why}); this episode cannot continue and does not count. "
+                   "Stop calling tools and give your final answer.")
+
+
 def _start_call(env) -> int:
     with env._count_lock:
         env._episode_calls += 1
         if env._abandoned:
             env._episode_failures += 1
             raise RuntimeError(SESSION_CLOSED)
+        if env._infra_failure is not None:  # its reset failed, or an earlier call lost the session
+            env._episode_failures += 1
+            raise RuntimeError(ENV_UNAVAILABLE.format(why=env._infra_failure))
         env._call_failure_counted = False
         return env._episode
+
+
+def _mark_infra(env, episode: int, why: str) -> None:
+    """The env side ended `episode` (its first reason is kept); a late failure of an earlier episode is not this one's."""
+    with env._count_lock:
+        if env._episode != episode or env._infra_failure is not None:
+            return
+        env._infra_failure = why
+    _log_infra(env.env_name, why)
+    trace = getattr(env, "_trace", None)
+    if trace is not None:
+        trace.infra_failure = why
 
 
 def _count_failure(env, episode: int) -> None:

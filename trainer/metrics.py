@@ -41,6 +41,7 @@ class RolloutStats:
         with self._lock:
             self.timers: dict[str, float] = defaultdict(float)
             self.episodes: dict[str, list[dict[str, float]]] = defaultdict(list)
+            self.infra_failures: dict[str, int] = defaultdict(int)
 
     def add_time(self, name: str, seconds: float) -> None:
         with self._lock:
@@ -60,12 +61,22 @@ class RolloutStats:
                 {"reward": float(reward), "tool_calls": tool_calls, "tool_failures": tool_failures}
             )
 
+    def add_infra_failure(self, env: str) -> None:
+        """An episode the env side ended (trainer.infra_failures): counted apart, not in the env's reward."""
+        with self._lock:
+            self.infra_failures[env] += 1
+
     def drain(self) -> tuple[dict[str, float], dict[str, list[dict[str, float]]]]:
         with self._lock:
             timers, episodes = dict(self.timers), {k: list(v) for k, v in self.episodes.items()}
             self.timers = defaultdict(float)
             self.episodes = defaultdict(list)
         return timers, episodes
+
+    def drain_infra_failures(self) -> dict[str, int]:
+        with self._lock:
+            counts, self.infra_failures = dict(self.infra_failures), defaultdict(int)
+        return counts
 
 
 # One per process: the binding's bound classes and the trainer subclass both write here.
@@ -154,6 +165,7 @@ class MetricsCallback(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.stats.drain()  # discard probe-instance noise from trainer init
+        self.stats.drain_infra_failures()
 
     def on_step_begin(self, args, state, control, **kwargs):
         self._step_start = time.perf_counter()
@@ -167,6 +179,7 @@ class MetricsCallback(TrainerCallback):
         if not state.is_world_process_zero or not logs:
             return
         timers, episodes = self.stats.drain()
+        infra = self.stats.drain_infra_failures()
         if "train_runtime" in logs:  # end-of-session summary from Trainer.train
             self._append({"kind": "summary", "step": state.global_step, "time": time.time(),
                           **{k: _clean(v) for k, v in logs.items()}})
@@ -182,6 +195,7 @@ class MetricsCallback(TrainerCallback):
         record: dict[str, Any] = {"kind": "step", "step": state.global_step, "time": time.time(), "mode": self.mode}
         record.update({k: _clean(v) for k, v in logs.items()})
         record.update(summarize_episodes(episodes))
+        record.update({f"env/{env}/infra_failures": n for env, n in sorted(infra.items())})  # trainer.infra_failures
         if step_s is not None:
             record["time/step_s"] = step_s
             record["time/generation_s"] = gen

@@ -22,12 +22,18 @@ def stop_token_ids(model, tokenizer) -> frozenset[int]:
     return frozenset(i for i in (*ids, tokenizer.eos_token_id, tokenizer.pad_token_id) if i is not None)
 
 
-def unfinished_penalty(penalty: float, stop_ids: frozenset[int]) -> Callable[..., list[float]]:
-    """A TRL reward function: -penalty for a completion that does not end in a stop token, else 0. A partial of a
-    module-level function, not a closure: ROLLOUTS=async pickles reward functions into its spawned rollout worker
-    (TRL names it by the function: `rewards/unfinished/mean` in both modes)."""
+def unfinished_penalty(penalty: float, stop_ids: frozenset[int]) -> Callable[..., list[float | None]]:
+    """A TRL reward function: -penalty for a completion that does not end in a stop token, else 0; None (not scored)
+    for an episode the env side ended (trainer.infra_failures), so that, with the env's own None, every reward
+    function leaves it unscored: TRL's sync and async trainers then keep it out of the group's baseline. A partial
+    of a module-level function, not a closure: ROLLOUTS=async pickles reward functions into its spawned rollout
+    worker (TRL names it by the function: `rewards/unfinished/mean` in both modes)."""
     return functools.partial(unfinished, penalty=penalty, stop_ids=stop_ids)
 
 
-def unfinished(completion_ids: list[list[int]], *, penalty: float, stop_ids: frozenset[int], **_: object) -> list[float]:
-    return [-penalty if ids and ids[-1] not in stop_ids else 0.0 for ids in completion_ids]
+def unfinished(completion_ids: list[list[int]], *, penalty: float, stop_ids: frozenset[int],
+               environments: list | None = None, **_: object) -> list[float | None]:
+    ended = [getattr(env, "_infra_failure", None) is not None for env in environments or []] \
+        or [False] * len(completion_ids)
+    return [None if gone else -penalty if ids and ids[-1] not in stop_ids else 0.0
+            for ids, gone in zip(completion_ids, ended)]

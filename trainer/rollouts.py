@@ -6,7 +6,9 @@ group, so the rollouts compared with each other are seen together), one JSON obj
     step, env, reset (the row's reset kwargs or seed), prompt (chat messages), turns (the assistant turns and tool
     results, as TRL's completion messages), tool_calls ([{tool, arguments, result, failed}] in order), step_rewards
     (the env's per-step rewards where it reports them, else null), env_reward (the episode's reward from the env),
-    reward (what GRPO used: the sum of every reward function), rewards ({function: value})
+    reward (what GRPO used: the sum of every reward function; null for an episode left out), rewards ({function:
+    value}), infra_failure (why the env side ended the episode, which training then left out: trainer.infra_failures;
+    else null)
 
 `python -m trainer.rollouts --outputs /outputs [--run NAME] [--step N]` prints them readably (`make rollouts`).
 """
@@ -23,7 +25,7 @@ from envs.core.untrusted import escape_controls, one_line
 
 ROLLOUTS_FILE = "rollouts.jsonl"
 REQUIRED = {"step": int, "env": str, "reset": dict, "prompt": list, "turns": list, "tool_calls": list,
-            "env_reward": (int, float, type(None)), "reward": (int, float), "rewards": dict}
+            "env_reward": (int, float, type(None)), "reward": (int, float, type(None)), "rewards": dict}
 RESULT_CHARS = 2000  # a tool result kept in a trace; longer ones are cut (the model saw them whole)
 
 
@@ -34,6 +36,7 @@ class Trace:
         self.env, self.reset = env, reset
         self.calls: list[dict[str, Any]] = []
         self.env_reward: float | None = None
+        self.infra_failure: str | None = None  # set by the binding: why the env side ended the episode
 
     def call(self, tool: str, arguments: dict[str, Any], result: Any, failed: bool) -> None:
         self.calls.append({"tool": tool, "arguments": arguments, "result": _text(result)[:RESULT_CHARS],
@@ -66,8 +69,9 @@ def rows(step: int, prompts: list, completions: list, environments: list, reward
             "tool_calls": trace.calls if trace else [],
             "step_rewards": list(step_rewards) if isinstance(step_rewards, list) else None,
             "env_reward": trace.env_reward if trace else None,
-            "reward": total[i],
+            "reward": None if trace and trace.infra_failure else total[i],
             "rewards": {k: (None if v != v else v) for k, v in rewards[i].items()},  # NaN (not scored): null
+            "infra_failure": trace.infra_failure if trace else None,
         }))
     return out
 
@@ -97,8 +101,11 @@ def read(path: Path) -> list[dict[str, Any]]:
 
 def render(row: dict[str, Any]) -> str:
     """One rollout as a terminal reader wants it: the prompt's last user turn, each turn, each call and result."""
-    lines = [f"── step {row['step']} · env {row['env']} · reward {row['reward']:+.3f} "
+    reward = f"{row['reward']:+.3f}" if row["reward"] is not None else "none"
+    lines = [f"── step {row['step']} · env {row['env']} · reward {reward} "
              f"(env {row['env_reward'] if row['env_reward'] is not None else '-'}) · reset {json.dumps(row['reset'])}"]
+    if row.get("infra_failure"):
+        lines.append(f"  LEFT OUT (the env side ended it): {_one_line(row['infra_failure'])}")
     user = [m for m in row["prompt"] if isinstance(m, dict) and m.get("role") == "user"]
     if user:
         lines.append(f"  user: {_one_line(user[-1].get('content'))}")

@@ -79,7 +79,7 @@ def build_dataset(cfg: RunConfig, specs: dict):
 def make_trainer_class():
     from trl import GRPOTrainer
 
-    from trainer import stages
+    from trainer import infra_failures, stages
     from trainer.metrics import STATS
     from trainer.rollout_loop import make_rollout_loop_class
 
@@ -102,6 +102,8 @@ def make_trainer_class():
             """TRL's, then (every TRACE_EVERY steps) a sample of the batch's rollouts to rollouts.jsonl (trainer.rollouts).
             Every process reaches this together for the same step, so gathering here keeps them in step."""
             rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+            # episodes the env side ended: no reward, out of the baseline (trainer.infra_failures)
+            rewards_per_func = infra_failures.leave_out_rewards(self, rewards_per_func)
             every = getattr(self, "_trace_every", 0)
             step = self.state.global_step + 1  # the optimizer step this batch trains
             if self.model.training and every and step % every == 0 and step != getattr(self, "_traced_step", None):
@@ -147,6 +149,7 @@ def make_trainer_class():
         def _generate_and_score_completions(self, *args, **kwargs):
             with STATS.timer("generate_and_score"):
                 output = super()._generate_and_score_completions(*args, **kwargs)
+            output = infra_failures.leave_out_of_loss(self, output)  # and out of the loss
             self._log_masked_fraction(output)
             return output
 
@@ -421,7 +424,13 @@ def main(argv: list[str] | None = None) -> int:
                                       grpo_args, server_max_model_len, served_dtype, trackers)
     trainer.remove_callback(PrinterCallback)  # MetricsCallback prints one readable line per step instead
 
-    trainer.train(resume_from_checkpoint=resume_ckpt)
+    from trainer.infra_failures import EnvDown
+
+    try:
+        trainer.train(resume_from_checkpoint=resume_ckpt)
+    except EnvDown as exc:  # a dead env, not a blip (trainer.infra_failures): one line, resume once it is back
+        print(f"[train] stopped: {exc}", file=sys.stderr, flush=True)
+        return 6
     if mode == "gpu":  # no push in flight: the next run needs no vLLM restart (trainer.gpu.push_state)
         from trainer.gpu import push_state
 

@@ -128,16 +128,26 @@ class SessionClient:
 
         Waits, with backoff, up to capacity_wait_s for a free slot and up to reconnect_wait_s for a
         server that is down (crashed and being restarted by Compose or Swarm), then raises. A full or
-        dead replica is left for another live one first.
+        dead replica is left for another live one first. A reset with no reply within reset_timeout_s (a
+        hung server, a half-open socket) is tried once more on a fresh session, elsewhere when another
+        replica is live: no episode has started, so nothing is lost by it.
         """
         start = time.monotonic()
         delay = 0.25
         full: set[str] = set()
+        timed_out = False
         while True:
             try:
                 self._choose_replica(avoid=full)
                 # a reset may reconnect once: two connects and two replies
                 return self._run(self._reset(data), _deadline(self.reset_timeout_s, self.connect_timeout_s, twice=True))
+            except TimeoutError:
+                if timed_out:
+                    raise
+                timed_out = True  # the socket is closed already: the next try opens a fresh session
+                if self._replicas is not None and self._replica is not None:
+                    self._replicas.refused(self._replica)  # a hung replica is skipped for a while, unless alone
+                continue
             except EnvServerError as e:
                 # A slot may free soon (a dropped client, a reaped session): wait a little, then say so.
                 if e.code != "CAPACITY_REACHED" or time.monotonic() + delay > start + self.capacity_wait_s:

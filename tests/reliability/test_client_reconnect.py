@@ -82,3 +82,35 @@ def test_reset_gives_up_on_a_server_that_stays_down():
     with pytest.raises(ConnectionError, match="Cannot reach env server"):
         client.reset()
     assert time.monotonic() - t0 >= 0.75  # it retried (backoff sleeps 0.25 + 0.5 s) before giving up
+
+
+def test_a_reset_on_a_half_open_socket_is_tried_again_on_a_fresh_session():
+    """#33: a socket that went half-open between episodes (a NAT dropped it: nothing comes back) costs one
+    RESET_TIMEOUT_S, then the reset opens a fresh session; the episode is not lost. A second timeout fails."""
+    pytest.importorskip("openenv")
+    from bench.chaos_proxy import ChaosProxy
+    from envs.core.client import SessionClient
+
+    port = free_port()
+    server = start_server(port)
+    try:
+        proxy = ChaosProxy([("127.0.0.1", port)])
+        client = SessionClient(f"http://127.0.0.1:{proxy.port}", reset_timeout_s=1.0, reconnect_wait_s=30)
+        deadline = time.monotonic() + 60  # the server starting: a hang guard only
+        while True:
+            try:
+                client.reset()
+                break
+            except (ConnectionError, OSError):
+                assert time.monotonic() < deadline, "server did not start"
+                time.sleep(0.2)
+        assert proxy.opened == 1
+        assert proxy.half_open() is not None  # the session's socket: nothing passes either way from now on
+        t0 = time.monotonic()
+        obs = client.reset()  # times out once (1 s), then a fresh session through the proxy answers
+        assert isinstance(obs, dict) and time.monotonic() - t0 >= 1.0
+        assert proxy.opened == 2 and client.connected
+        client.close()
+    finally:
+        server.terminate()
+        server.wait(10)

@@ -6,7 +6,8 @@
   resets are in, and the trainer is frozen with `docker pause` once it waits on it). Compose's
   `restart: unless-stopped` brings the server back while the trainer is still frozen, so it cannot run
   ahead of the restart however fast or slow this machine is; thawed, its in-flight tool calls fail
-  (counted in metrics as tool failures), its sessions reconnect on their next episode, and training
+  (counted in metrics as tool failures; their episodes as infrastructure failures: `rollout/infra_failures`,
+  marked in their traces, not scored), its sessions reconnect on their next episode, and training
   finishes with every step logged once. Every wait is on an event (/health counters, the kernel's
   socket queues, metrics.jsonl, Docker's restart count and health status); deadlines only stop a hang.
   Note: `docker kill` / `docker stop` count as a *manual* stop, and Docker does not restart a
@@ -80,7 +81,8 @@ def steps_logged(text: str) -> list[dict]:
 def project(docker, tmp_path_factory):
     build_images("env-server", "trainer-cpu")
     tmp = tmp_path_factory.mktemp("faults")
-    overrides = {"RUN_NAME": RUN, "MAX_CONCURRENT_ENVS": "16", "TRAIN_MODE": "cpu", "SAVE_STEPS": "4"}
+    overrides = {"RUN_NAME": RUN, "MAX_CONCURRENT_ENVS": "16", "TRAIN_MODE": "cpu", "SAVE_STEPS": "4",
+                 "TRACE_EVERY": "1", "TRACE_SAMPLES": str(IN_FLIGHT)}  # every rollout traced: the crashed ones too
     with compose_stack(tmp, ["cpu", "echo"], services=["env-echo"], overrides=overrides) as stack:
         proj = Project(stack, tmp / f"{stack.project}.env")
         init = f"{stack.project}-model-init"
@@ -286,6 +288,14 @@ def test_env_server_crash_mid_training_is_survived(project):
     assert failed, (f"no step after the crash (after step {crashed_after}, {held['episodes_awaiting_step']} "
                     f"episodes reset and {held['unread_requests']} requests unanswered) shows a tool failure: "
                     f"{[(r['step'], r.get('tools/failure_frequency')) for r in rows]}")
+    # the crashed episodes are the env side's failures (#33 item 3): counted, marked in their traces, not scored
+    infra = {r["step"]: r.get("rollout/infra_failures") for r in rows if (r.get("rollout/infra_failures") or 0) > 0}
+    assert any(step > crashed_after for step in infra), f"no infra failure counted after the crash: {infra}"
+    traces = [json.loads(line) for line in project.read(f"/outputs/{RUN}/rollouts.jsonl").splitlines() if line.strip()]
+    marked = [t for t in traces if t.get("infra_failure")]
+    assert marked and all(t["reward"] is None and t["step"] in infra for t in marked), \
+        [(t["step"], t["reward"], t["infra_failure"]) for t in marked]
+    assert len(marked) == sum(int(v) for v in infra.values()), (len(marked), infra)
     tail = rows[-3:]
     assert all((r.get("tools/call_frequency") or 0) > 0 and (r.get("tools/failure_frequency") or 0) == 0
                for r in tail), f"sessions did not recover: {[(r['step'], r.get('tools/call_frequency'), r.get('tools/failure_frequency')) for r in tail]}"
@@ -294,5 +304,6 @@ def test_env_server_crash_mid_training_is_survived(project):
            f"{held['episodes_awaiting_step']} episodes reset there and {held['unread_requests']} requests of the "
            f"trainer unanswered (held from step {reached[-1]} after {held['exchanges']} exchanges, batches "
            f"let go: {len(held['let_go'])}); healthy again {healthy_s:.1f}s later; tool "
-           f"failure frequency {fail_freq}; training finished (exit 0), all {MAX_STEPS} steps logged once; "
+           f"failure frequency {fail_freq}; infra failures counted {infra} (traces marked, not scored); training "
+           f"finished (exit 0), all {MAX_STEPS} steps logged once; "
            "last 3 steps: tools called, no failures")

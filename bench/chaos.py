@@ -1,0 +1,551 @@
+"""`make chaos`: a real CPU training run against several env replicas while a seeded injector breaks things (#33).
+
+    .venv/bin/python bench/chaos.py [--steps 40] [--replicas 3] [--seed 1] [--rate 1.0] [--fleet compose|swarm]
+
+What runs: the env-echo service of the real compose.yaml with --replicas replicas (Compose's restart policy), or
+(--fleet swarm) the same service as a one-node Swarm fleet (tools/fleet.py; its tasks are restarted by Swarm), and
+`python -m trainer.train` on this machine (the CPU profile: the tiny model, TRL's GRPOTrainer, our rollout loop),
+reaching the replicas through bench/chaos_proxy.py on 127.0.0.1 (nothing leaves this machine). The injector (seeded,
+every event logged to <out>/chaos-log.jsonl with its time) draws one fault every `30 / rate` seconds on average:
+  kill      SIGKILL an env container's server process from the host (a crash: Compose or Swarm restarts it);
+  stop      SIGSTOP one for TOOL_TIMEOUT_S + 3 s, then SIGCONT (a hung server);
+  drop      reset one live connection on both sides (proxy);
+  half_open freeze one live connection (proxy): the trainer's side times out, the server's stays open;
+  delay     every reply 1.5 s late for 10 s (a tail of slow steps, under TOOL_TIMEOUT_S);
+and, once, kills the trainer (SIGKILL) mid-step after step --kill-after, then starts it again (RESUME=auto).
+
+Figures, each beside its goal (a benchmark: it prints, it never fails on a figure; tests/reliability/test_chaos.py
+runs a short version and asserts what must hold):
+  replies paired with the wrong request   0     every traced call's result checked against its own request
+  episodes lost to infrastructure         <=1 % rollout/infra_failures over every episode trained
+  session slots held at the end           0     every replica's /health once the trainer is gone (bounded wait)
+  optimizer steps lost or repeated        0     across the trainer kill: steps 1..N logged once each, the resumed
+                                                  run continues from its checkpoint, trainer_state ends at N
+  stalls ended within bound, diagnosed    all   each stop/half_open: the next step came within its bound and a
+                                                  one-line diagnosis is in the trainer's log after it
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.chaos_proxy import ChaosProxy  # noqa: E402
+
+TOOL_TIMEOUT_S = 6.0
+RESET_TIMEOUT_S = 10.0
+SESSION_TIMEOUT_S = 30  # the env servers reap a session idle this long (a half-open one included)
+SLOTS_BOUND_S = 100  # a freed slot shows in /health within: the server's ping (20 s) + its timeout (60 s) + margin
+KINDS = {"kill": 1.0, "stop": 1.0, "drop": 2.0, "half_open": 1.0, "delay": 1.0}
+PING_S = 20 + 60  # the session client's keepalive: an idle socket nobody answers is closed within ping interval + timeout
+DIAGNOSIS = ("no reply", "reset failed", "connection lost", "env session failed", "left out of training")
+
+
+def log(msg: str) -> None:
+    print(f"[chaos] {msg}", flush=True)
+
+
+def sh(*args: str, check: bool = True, timeout: float = 600) -> str:
+    res = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    if check and res.returncode != 0:
+        raise RuntimeError(f"{' '.join(args[:4])}... -> {res.returncode}: {res.stderr[-2000:]}")
+    return res.stdout.strip()
+
+
+# ---------------------------------------------------------------------------- the env replicas
+class ComposeEnvs:
+    """env-echo of the real compose.yaml, N replicas, each on a 127.0.0.1 port (restart: unless-stopped)."""
+
+    def __init__(self, replicas: int, project: str, work: Path) -> None:
+        from tools import stack
+
+        self.project, self.replicas = project, replicas
+        env_file = work / "chaos.env"
+        env_file.write_text(f"COMPOSE_PROJECT_NAME={project}\nCOMPOSE_PROFILES=echo\nMAX_CONCURRENT_ENVS=64\n"
+                            f"ENV_SESSION_TIMEOUT_S={SESSION_TIMEOUT_S}\n")
+        envs_file = work / "compose.envs.yaml"  # the env services `make` generates from env-template
+        envs_file.write_text(stack.yaml_text({"services": stack.env_services({"ENV_NAME": "echo"})}))
+        self.compose = ["docker", "compose", "-f", str(ROOT / "compose.yaml"), "-f", str(envs_file),
+                        "--env-file", str(env_file)]
+
+    def up(self) -> list[tuple[str, int]]:
+        sh(*self.compose, "up", "-d", "--wait", "--scale", f"env-echo={self.replicas}", "env-echo")
+        self.containers = self.targets()
+        self._published = self._read_ports()
+        threading.Thread(target=self._follow_ports, name="chaos-ports", daemon=True).start()
+        return self.backends()
+
+    def _read_ports(self) -> dict[str, tuple[str, int]]:
+        out = {}
+        for cid in self.containers:
+            lines = sh("docker", "port", cid, "8000", check=False).splitlines()
+            if lines:  # none while the container restarts
+                host, port = lines[0].rsplit(":", 1)
+                out[cid] = (host, int(port))
+        return out
+
+    def _follow_ports(self) -> None:
+        """A restarted container gets a new ephemeral host port: the proxy must follow it, as Docker's DNS follows
+        a restarted replica's address."""
+        while True:
+            time.sleep(1)
+            self._published = {**self._published, **self._read_ports()}
+
+    def backends(self) -> list[tuple[str, int]]:
+        return sorted(self._published.values())
+
+    def targets(self) -> list[str]:
+        return sh(*self.compose, "ps", "-q", "env-echo").split()
+
+    def proxy(self, backends, seed: int) -> tuple[ChaosProxy, str]:
+        proxy = ChaosProxy(self.backends, seed=seed)  # read for every connection
+        return proxy, f"http://127.0.0.1:{proxy.port}"
+
+    def held(self, backends, proxy) -> dict[str, int]:
+        return {f"{h}:{p}": health(h, p).get("active_sessions", -1) for h, p in self.backends()}
+
+    def down(self) -> None:
+        sh(*self.compose, "down", "-v", "--remove-orphans", check=False)
+
+
+class SwarmEnvs:
+    """The same env service as a one-node Swarm fleet (tools/fleet.py, the `make fleet-up` path), N tasks restarted
+    by Swarm. The host cannot route to the fleet's overlay, so the proxy runs in a container on it
+    (bench/chaos_proxy.py resolving `tasks.env-echo` per connection) with its port and control port on 127.0.0.1.
+    A kill is a task's: its server process dies and Swarm replaces the task."""
+
+    IMAGE = "grpo-stack/env-server:local"
+
+    def __init__(self, replicas: int, project: str, work: Path) -> None:
+        import contextlib
+
+        self.stack, self.replicas = project, replicas
+        self.env_file = work / "chaos-fleet.env"
+        self.env_file.write_text(f"ENV_NAME=echo\nENV_FLEET=swarm\nFLEET_STACK={project}\nENV_ECHO_REPLICAS={replicas}\n"
+                                 f"MAX_CONCURRENT_ENVS=64\nENV_SESSION_TIMEOUT_S={SESSION_TIMEOUT_S}\nENV_MEM_LIMIT=1g\n")
+        self.exits = contextlib.ExitStack()
+        self.proxy_name = f"{project}-proxy"
+
+    def _fleet(self, command: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "tools", "fleet", command], cwd=ROOT, capture_output=True,
+                              text=True, env=dict(os.environ, STACK_ENV_FILE=str(self.env_file)))
+
+    def up(self) -> None:
+        from tools import fleet
+
+        created = self.exits.enter_context(fleet.local_swarm())
+        log(f"swarm: {'initialised for this run' if created else 'this engine is a manager already'}")
+        res = self._fleet("up")
+        if res.returncode != 0:
+            raise SystemExit(f"fleet up failed:\n{res.stdout[-2000:]}\n{res.stderr[-2000:]}")
+        return None
+
+    def targets(self) -> list[str]:
+        return sh("docker", "ps", "-q", "--filter", f"label=com.docker.swarm.service.name={self.stack}_env-echo").split()
+
+    def proxy(self, backends, seed: int) -> tuple["RemoteProxy", str]:
+        sh("docker", "rm", "-f", self.proxy_name, check=False)
+        sh("docker", "run", "-d", "--name", self.proxy_name, "--network", self.stack, "-p", "127.0.0.1::9000",
+           "-p", "127.0.0.1::9001", "-v", f"{ROOT}:/src:ro", "-w", "/src", "--read-only", "--cap-drop", "ALL",
+           "-e", "PYTHONDONTWRITEBYTECODE=1", "--entrypoint", "python", self.IMAGE, "bench/chaos_proxy.py",
+           "--backends", "tasks.env-echo:8000", "--seed", str(seed))
+        listen = sh("docker", "port", self.proxy_name, "9000").splitlines()[0]
+        control = sh("docker", "port", self.proxy_name, "9001").splitlines()[0]
+        return RemoteProxy(control), f"http://{listen}"
+
+    def held(self, backends, proxy) -> dict[str, int]:
+        return proxy.held()
+
+    def down(self) -> None:
+        sh("docker", "rm", "-f", self.proxy_name, check=False)
+        self._fleet("down")
+        self.exits.close()
+
+
+class RemoteProxy:
+    """bench/chaos_proxy.py in a container, driven over its control port (one JSON line per command)."""
+
+    def __init__(self, address: str) -> None:
+        import socket as socket_module
+
+        host, port = address.rsplit(":", 1)
+        deadline = time.monotonic() + 60  # the container's python starting: a hang guard only
+        while True:
+            try:
+                self.sock = socket_module.create_connection((host, int(port)), timeout=30)
+                self.file = self.sock.makefile("rw")
+                self._ask("held")
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        self.lock = threading.Lock()
+        self.frozen: list = []
+
+    def _ask(self, line: str):
+        self.file.write(line + "\n")
+        self.file.flush()
+        answer = self.file.readline()
+        if not answer:
+            raise ConnectionError("the chaos proxy's control port closed")
+        return json.loads(answer)
+
+    def ask(self, line: str):
+        with self.lock:
+            return self._ask(line)
+
+    def drop(self):
+        return self.ask("drop")
+
+    def half_open(self):
+        return self.ask("half_open")
+
+    def delay(self, seconds: float, for_s: float) -> None:
+        self.ask(f"delay {seconds} {for_s}")
+
+    def frozen_link(self, link_id: int):
+        from types import SimpleNamespace
+
+        got = self.ask(f"frozen {link_id}")
+        return None if got is None else SimpleNamespace(**got)
+
+    def held(self) -> dict[str, int]:
+        return self.ask("held")
+
+    def close(self) -> None:
+        self.ask("close")
+
+
+def pid_of(container: str) -> int:
+    return int(sh("docker", "inspect", "-f", "{{.State.Pid}}", container))
+
+
+def health(host: str, port: int) -> dict:
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=3) as r:
+            return json.loads(r.read())
+    except (OSError, ValueError):
+        return {}
+
+
+# ---------------------------------------------------------------------------- the injector
+class Injector:
+    """Seeded faults at random times while `active`; every event logged (JSONL) with its wall time."""
+
+    def __init__(self, envs, proxy: ChaosProxy, seed: int, rate: float, log_path: Path) -> None:
+        self.envs, self.proxy = envs, proxy
+        self.random = random.Random(seed)
+        self.mean_gap_s = 30.0 / rate
+        self.log_path = log_path
+        self.events: list[dict] = []
+        self.stop_event = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="chaos-injector", daemon=True)
+
+    def record(self, kind: str, **detail) -> dict:
+        event = {"time": time.time(), "kind": kind, **detail}
+        self.events.append(event)
+        with open(self.log_path, "a") as fh:
+            fh.write(json.dumps(event) + "\n")
+        log(f"inject {kind} {json.dumps(detail)}")
+        return event
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def end(self) -> None:
+        self.stop_event.set()
+        self.thread.join(60)
+
+    def _run(self) -> None:
+        kinds, weights = list(KINDS), list(KINDS.values())
+        while not self.stop_event.wait(self.random.expovariate(1 / self.mean_gap_s)):
+            kind = self.random.choices(kinds, weights)[0]
+            try:
+                getattr(self, f"fault_{kind}")()
+            except Exception as exc:  # a container mid-restart: logged, the run goes on
+                self.record(kind, error=f"{type(exc).__name__}: {exc}")
+
+    def fault_kill(self) -> None:
+        target = self.random.choice(self.envs.targets())
+        pid = pid_of(target)
+        if pid:
+            os.kill(pid, signal.SIGKILL)
+        self.record("kill", container=target[:12], pid=pid)
+
+    def fault_stop(self) -> None:
+        target = self.random.choice(self.envs.targets())
+        pid = pid_of(target)
+        hold = TOOL_TIMEOUT_S + 3
+        os.kill(pid, signal.SIGSTOP)
+        event = self.record("stop", container=target[:12], pid=pid, hold_s=hold)
+        time.sleep(hold)  # the fault's length, not a synchronisation
+        try:
+            os.kill(pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        event["continued"] = time.time()
+
+    def fault_drop(self) -> None:
+        self.record("drop", **(self.proxy.drop() or {"link": None}))
+
+    def fault_half_open(self) -> None:
+        self.record("half_open", **(self.proxy.half_open() or {"link": None}))
+
+    def fault_delay(self) -> None:
+        self.proxy.delay(1.5, 10.0)
+        self.record("delay", seconds=1.5, for_s=10.0)
+
+
+
+# ---------------------------------------------------------------------------- the trainer
+class Trainer:
+    """`python -m trainer.train` on this machine; each output line kept with the time it was read."""
+
+    def __init__(self, model: Path, url: str, out: Path, steps: int, seed: int) -> None:
+        self.out, self.steps = out, steps
+        self.env = dict(os.environ, TRAIN_MODE="cpu", MODEL_NAME=str(model), OUTPUT_DIR=str(out), RUN_NAME="chaos",
+                        ENV_NAME="echo", ENV_URLS=f"echo={url}", MAX_STEPS=str(steps), SAVE_STEPS="2",
+                        TOOL_TIMEOUT_S=str(TOOL_TIMEOUT_S), RESET_TIMEOUT_S=str(RESET_TIMEOUT_S), TRACE_EVERY="1",
+                        TRACE_SAMPLES="64", SEED=str(seed), REPORT_TO="none", TRL_EXPERIMENTAL_SILENCE="1",
+                        PYTHONPATH=str(ROOT))
+        self.lines: list[tuple[float, str]] = []
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    def start(self, resume: str) -> None:
+        self.starts += 1
+        self.proc = subprocess.Popen([sys.executable, "-m", "trainer.train", "--resume", resume], cwd=ROOT,
+                                     env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
+
+    def _read(self, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            self.lines.append((time.time(), line.rstrip()))
+
+    def steps_logged(self) -> list[dict]:
+        from trainer.metrics import read_metrics
+
+        return read_metrics(self.out / "chaos")
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+
+
+def make_model(cache: Path) -> Path:
+    """The CPU profile's tiny model, made once per cache folder (trainer.tiny_model skips a complete one)."""
+    model = cache / "tiny-qwen3"
+    log(f"the tiny model in {model}")
+    subprocess.run([sys.executable, "-m", "trainer.tiny_model", "--out", str(model), "--env", "echo"], cwd=ROOT,
+                   check=True, stdout=subprocess.DEVNULL, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    return model
+
+
+# ---------------------------------------------------------------------------- figures
+def paired_wrong(rows: list[dict]) -> tuple[int, int]:
+    """(calls checked, calls whose reply is not their own request's): echo answers with the message it was sent."""
+    checked = wrong = 0
+    for row in rows:
+        for call in row.get("tool_calls", []):
+            if call.get("failed"):
+                continue
+            message = (call.get("arguments") or {}).get("message")
+            if not isinstance(message, str):
+                continue
+            checked += 1
+            result = call.get("result")
+            if call["tool"] == "echo_message":
+                ok = result == message
+            else:
+                try:
+                    ok = json.loads(result).get("message") == message
+                except (ValueError, AttributeError):
+                    ok = False
+            wrong += not ok
+    return checked, wrong
+
+
+def figures(args, trainer: Trainer, injector: Injector, killed_at: dict, slots: dict, wall_s: float,
+            generation_batch: int) -> dict:
+    from trainer import rollouts
+
+    rows = trainer.steps_logged()
+    steps = [r["step"] for r in rows]
+    traces = rollouts.read(trainer.out / "chaos" / rollouts.ROLLOUTS_FILE) \
+        if (trainer.out / "chaos" / rollouts.ROLLOUTS_FILE).exists() else []
+    checked, wrong = paired_wrong(traces)
+    infra = sum(int(r.get("rollout/infra_failures") or 0) for r in rows)
+    episodes = len(rows) * generation_batch
+    state = json.loads((trainer.out / "chaos" / f"checkpoint-{args.steps}" / "trainer_state.json").read_text()) \
+        if (trainer.out / "chaos" / f"checkpoint-{args.steps}" / "trainer_state.json").exists() else {}
+    lost = sorted(set(range(1, args.steps + 1)) - set(steps))
+    repeated = sorted({s for s in steps if steps.count(s) > 1})
+    # stalls: a stopped server: the next step came within its bound; a half-open link: the trainer's side closed it
+    # within its bound (a call's TOOL_TIMEOUT_S, a reset's RESET_TIMEOUT_S, an idle socket's keepalive). Diagnosis:
+    # a line of the trainer's saying what failed, from the stall's start to its end (+5 s).
+    bounds = {"stop": TOOL_TIMEOUT_S + 5 + 2 * RESET_TIMEOUT_S + args.step_allowance_s,
+              "half_open": max(TOOL_TIMEOUT_S + 5, 2 * RESET_TIMEOUT_S, PING_S) + 5}
+    stalls = []
+    for event in injector.events:
+        if event["kind"] not in bounds or event.get("error") or event.get("link", 1) is None:
+            continue
+        start = event["time"]
+        if event["kind"] == "stop":
+            after = [r["time"] for r in rows if r["time"] > start]
+            end = after[0] if after else None
+        else:
+            link = injector.proxy.frozen_link(event["link"])
+            end = link.client_gone_at if link is not None else None
+        took = None if end is None else end - start
+        window_end = (end if end is not None else time.time()) + 5
+        if event["kind"] == "stop":
+            window_end = max(window_end, event.get("continued", start) + 5)
+        diagnosed = [text for t, text in trainer.lines if start <= t <= window_end and any(d in text for d in DIAGNOSIS)]
+        stalls.append({"kind": event["kind"], "ended_after_s": took, "bound_s": bounds[event["kind"]],
+                       "within": took is not None and took <= bounds[event["kind"]],
+                       "diagnosis": diagnosed[0][:240] if diagnosed else None})
+    return {
+        "wall_s": round(wall_s), "steps": args.steps, "replicas": args.replicas, "seed": args.seed, "rate": args.rate,
+        "faults": {k: sum(1 for e in injector.events if e["kind"] == k and not e.get("error")) for k in KINDS},
+        "trainer_kill": killed_at,
+        "calls_checked": checked, "replies_paired_wrong": wrong,
+        "episodes": episodes, "infra_failures": infra, "infra_share": infra / episodes if episodes else None,
+        "slots_held_at_end": slots,
+        "steps_lost": lost, "steps_repeated": repeated, "final_global_step": state.get("global_step"),
+        "stalls": stalls,
+    }
+
+
+def print_figures(f: dict) -> None:
+    def line(name, value, goal, ok):
+        print(f"  {name:<44} {value:<28} goal {goal:<8} {'ok' if ok else 'MISSED'}")
+
+    print(f"== chaos figures: {f['steps']} steps, {f['replicas']} replicas, seed {f['seed']}, rate {f['rate']}, "
+          f"{f['wall_s']} s; faults {f['faults']}; trainer killed {f['trainer_kill']}")
+    line("replies paired with the wrong request", f"{f['replies_paired_wrong']} of {f['calls_checked']} checked",
+         "0", f["replies_paired_wrong"] == 0)
+    share = f["infra_share"]
+    line("episodes lost to infrastructure", f"{f['infra_failures']} of {f['episodes']} ({(share or 0):.1%})", "<=1 %",
+         share is not None and share <= 0.01)
+    held = f["slots_held_at_end"]
+    line("session slots held at the end", f"{sum(held['held'].values())} ({held['after_s']:.0f} s after exit)", "0",
+         sum(held["held"].values()) == 0)
+    lr = len(f["steps_lost"]) + len(f["steps_repeated"])
+    line("optimizer steps lost/repeated (trainer kill)", f"{len(f['steps_lost'])}/{len(f['steps_repeated'])}, "
+         f"final step {f['final_global_step']}", "0", lr == 0 and f["final_global_step"] == f["steps"])
+    within = [s for s in f["stalls"] if s["within"]]
+    line("stalls ended within their bound", f"{len(within)} of {len(f['stalls'])}", "all",
+         len(within) == len(f["stalls"]))
+    diagnosed = [s for s in f["stalls"] if s["diagnosis"]]
+    # no call failed on it: a half-open link the trainer closed at an episode boundary (or its exit), a stopped server
+    # whose waiting calls were answered within their bound once it continued: nothing to diagnose
+    idle = [s for s in f["stalls"] if not s["diagnosis"] and s["within"]]
+    line("  ... with a one-line diagnosis (or none failed)", f"{len(diagnosed)} + {len(idle)} of {len(f['stalls'])}",
+         "all", len(diagnosed) + len(idle) == len(f["stalls"]))
+    for s in f["stalls"]:
+        took = "never" if s["ended_after_s"] is None else f"{s['ended_after_s']:.1f} s"
+        print(f"    {s['kind']}: ended after {took} (bound {s['bound_s']:.0f} s); diagnosis: {s['diagnosis']}")
+
+
+# ---------------------------------------------------------------------------- the run
+def run(args) -> dict:
+    from trainer.config import RunConfig
+
+    work = Path(args.out or tempfile.mkdtemp(prefix="chaos-"))
+    work.mkdir(parents=True, exist_ok=True)
+    model = make_model(Path(args.model_cache))
+    envs = (SwarmEnvs if args.fleet == "swarm" else ComposeEnvs)(args.replicas, args.project, work)
+    proxy = None
+    t0 = time.monotonic()
+    try:
+        backends = envs.up()
+        log(f"{args.replicas} env-echo replicas ({args.fleet})"
+            + (f" on {', '.join(f'{h}:{p}' for h, p in backends)}" if backends else ""))
+        proxy, url = envs.proxy(backends, args.seed)
+        trainer = Trainer(model, url, work / "outputs", args.steps, args.seed)
+        generation_batch = RunConfig.load([], **{"env_name": "echo"}).generation_batch_size
+        injector = Injector(envs, proxy, args.seed, args.rate, work / "chaos-log.jsonl")
+        trainer.start("fresh")
+        injector.start()
+        killed_at: dict = {}
+        rng = random.Random(args.seed + 1)
+        deadline = time.monotonic() + args.guard_s  # a hang guard only
+        while trainer.proc.poll() is None:
+            done = trainer.steps_logged()
+            if not killed_at and done and done[-1]["step"] >= args.kill_after:
+                time.sleep(rng.uniform(0.5, 2.0))  # somewhere inside the next step (the fault's timing, drawn)
+                if trainer.proc.poll() is None:
+                    last = trainer.steps_logged()[-1]["step"]
+                    trainer.kill()
+                    killed_at = {"after_step": last, "time": time.time()}
+                    injector.record("trainer_kill", after_step=last)
+                    trainer.start("auto")
+            if time.monotonic() > deadline:
+                trainer.kill()
+                raise SystemExit(f"the run did not finish in {args.guard_s} s (a hang): see {work}")
+            time.sleep(0.5)
+        injector.end()
+        exit_code = trainer.proc.returncode
+        if exit_code != 0:
+            tail = "\n".join(text for _, text in trainer.lines[-30:])
+            raise SystemExit(f"the trainer exited {exit_code}:\n{tail}")
+        proxy.close()  # frozen links stay: the servers must free their slots by themselves
+        start = time.monotonic()
+        while True:  # until every replica shows no session, or the bound
+            held = envs.held(backends, proxy)
+            if all(v == 0 for v in held.values()) or time.monotonic() - start > SLOTS_BOUND_S:
+                break
+            time.sleep(1)
+        slots = {"held": held, "after_s": time.monotonic() - start}
+        result = figures(args, trainer, injector, killed_at, slots, time.monotonic() - t0, generation_batch)
+        (work / "chaos-figures.json").write_text(json.dumps(result, indent=2))
+        (work / "trainer.log").write_text("\n".join(f"{t:.3f} {text}" for t, text in trainer.lines))
+        print_figures(result)
+        log(f"log of faults: {work / 'chaos-log.jsonl'}; trainer log: {work / 'trainer.log'}")
+        return result
+    finally:
+        if isinstance(proxy, ChaosProxy):
+            for link in proxy.frozen:
+                link.server.transport.abort()
+        if not args.keep:
+            envs.down()
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--replicas", type=int, default=3)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--rate", type=float, default=1.0, help="faults per 30 s (default 1: the default injection rate)")
+    p.add_argument("--kill-after", type=int, default=None, help="kill the trainer after this step (default: steps/2)")
+    p.add_argument("--fleet", choices=["compose", "swarm"], default="compose")
+    p.add_argument("--project", default="grpo-test-chaos")
+    p.add_argument("--out", default=None, help="work folder (default: a new temporary one)")
+    p.add_argument("--model-cache", default=str(Path(tempfile.gettempdir()) / "grpo-chaos-model"))
+    p.add_argument("--step-allowance-s", type=float, default=60.0, help="a step's own time on this machine, added to "
+                   "the stall bound (a busy 2-core machine takes tens of seconds per step)")
+    p.add_argument("--guard-s", type=float, default=3600)
+    p.add_argument("--keep", action="store_true", help="leave the env containers running")
+    args = p.parse_args(argv)
+    if args.kill_after is None:
+        args.kill_after = max(1, args.steps // 2)
+    return args
+
+
+if __name__ == "__main__":
+    run(parse_args())

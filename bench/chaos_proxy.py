@@ -1,0 +1,243 @@
+"""A TCP proxy between the trainer and the env replicas that can drop, half-open and delay connections (bench/chaos.py).
+
+One listening address on 127.0.0.1; each connection goes to the live replica with the fewest connections (a replica
+that refuses is skipped, as Docker's DNS drops a dead one). Faults, asked from any thread:
+  * drop(): one live connection reset on both sides (RST: SO_LINGER 0), as a crashed NAT or a pulled cable does;
+  * half_open(): one live connection frozen: nothing more is forwarded either way and the proxy never closes the
+    replica's side, so the server holds a session whose client is gone (OpenEnv #1000) until its own keepalive or
+    idle reaping notices; the client's side sees silence until its own bound fires;
+  * delay(seconds, for_s): every reply chunk waits `seconds` before it is forwarded, for `for_s` (a slow tail).
+Loopback only: it listens on 127.0.0.1 and connects to the replicas' 127.0.0.1 ports. On a Swarm fleet (whose
+overlay the host cannot route to) it runs in a container on the fleet's network, `python bench/chaos_proxy.py
+--backends tasks.env-echo:8000`, resolving the tasks for each connection, with its port and a control port published
+on 127.0.0.1; the injector sends it one command per line on the control port (RemoteProxy in bench/chaos.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import json
+import random
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Link:
+    id: int
+    backend: tuple[str, int]
+    client: asyncio.StreamWriter
+    server: asyncio.StreamWriter
+    opened: float = field(default_factory=time.monotonic)
+    frozen_at: float | None = None  # wall clock (time.time), as the injector's log
+    client_gone_at: float | None = None  # a frozen link: when the trainer's side gave up on it
+
+
+class ChaosProxy:
+    def __init__(self, backends, seed: int = 0, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.backends = backends  # [(host, port)], or a function giving them now (a fleet's tasks)
+        self.host, self.listen_port = host, port
+        self.random = random.Random(seed)
+        self.links: dict[int, Link] = {}
+        self.frozen: list[Link] = []
+        self.delay_s = 0.0
+        self.delay_until = 0.0
+        self.refused = 0
+        self.opened = 0
+        self._ids = itertools.count(1)
+        self.loop = asyncio.new_event_loop()
+        self._server: asyncio.AbstractServer | None = None
+        ready = threading.Event()
+        threading.Thread(target=self._run, args=(ready,), name="chaos-proxy", daemon=True).start()
+        ready.wait()
+
+    # -- faults (any thread) -----------------------------------------------------------------------
+    def drop(self) -> dict | None:
+        return self._call(self._drop)
+
+    def half_open(self) -> dict | None:
+        return self._call(self._half_open)
+
+    def frozen_link(self, link_id: int) -> Link | None:
+        return next((link for link in self.frozen if link.id == link_id), None)
+
+    def delay(self, seconds: float, for_s: float) -> None:
+        self.delay_s, self.delay_until = seconds, time.monotonic() + for_s
+
+    def close(self) -> None:
+        """Stop accepting; frozen links stay as they are (the servers must free them by themselves)."""
+        self._call(self._stop)
+
+    @property
+    def port(self) -> int:
+        return self._server.sockets[0].getsockname()[1]
+
+    # -- internals (the proxy's loop) ---------------------------------------------------------------
+    def _run(self, ready: threading.Event) -> None:
+        asyncio.set_event_loop(self.loop)
+        self._server = self.loop.run_until_complete(asyncio.start_server(self._accept, self.host, self.listen_port))
+        ready.set()
+        self.loop.run_forever()
+
+    def _call(self, fn):
+        async def run():
+            return fn()
+        return asyncio.run_coroutine_threadsafe(run(), self.loop).result(10)
+
+    def _stop(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    def _live(self) -> list[Link]:
+        return [link for link in self.links.values() if link.frozen_at is None]
+
+    def _drop(self) -> dict | None:
+        live = self._live()
+        if not live:
+            return None
+        link = self.random.choice(live)
+        for writer in (link.client, link.server):
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+        self.links.pop(link.id, None)
+        return {"link": link.id, "backend": link.backend[1]}
+
+    def _half_open(self) -> dict | None:
+        live = self._live()
+        if not live:
+            return None
+        link = self.random.choice(live)
+        link.frozen_at = time.time()
+        self.frozen.append(link)
+        return {"link": link.id, "backend": link.backend[1]}
+
+    def current_backends(self) -> list[tuple[str, int]]:
+        return list(self.backends()) if callable(self.backends) else list(self.backends)
+
+    async def _accept(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        try:
+            backends = self.current_backends()
+        except OSError:
+            backends = []
+        load = {b: 0 for b in backends}
+        for link in self.links.values():
+            load[link.backend] = load.get(link.backend, 0) + 1
+        order = sorted(backends, key=lambda b: (load[b], self.random.random()))
+        for backend in order:
+            try:
+                server_r, server_w = await asyncio.wait_for(asyncio.open_connection(*backend), 3)
+                break
+            except (OSError, asyncio.TimeoutError):
+                continue
+        else:
+            self.refused += 1
+            client_w.transport.abort()
+            return
+        self.opened += 1
+        link = Link(next(self._ids), backend, client_w, server_w)
+        self.links[link.id] = link
+        await asyncio.gather(self._pump(link, client_r, server_w, to_client=False),
+                             self._pump(link, server_r, client_w, to_client=True), return_exceptions=True)
+        if link.frozen_at is None:
+            self.links.pop(link.id, None)
+
+    async def _pump(self, link: Link, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                    to_client: bool) -> None:
+        try:
+            while True:
+                data = await reader.read(65536)
+                if link.frozen_at is not None:
+                    if not data and not to_client:
+                        link.client_gone_at = time.time()  # the trainer gave up on it; the server is not told
+                        return
+                    if not data:
+                        return
+                    continue  # frozen: swallowed either way
+                if not data:
+                    break
+                if to_client and self.delay_s and time.monotonic() < self.delay_until:
+                    await asyncio.sleep(self.delay_s)
+                writer.write(data)
+                await writer.drain()
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        if link.frozen_at is None:
+            try:
+                writer.close()
+            except OSError:
+                pass
+
+
+# ---------------------------------------------------------------------------- in a container on a fleet's network
+def tasks_of(name: str, port: int):
+    def resolve() -> list[tuple[str, int]]:
+        return sorted((ip, port) for ip in set(socket.gethostbyname_ex(name)[2]))
+    return resolve
+
+
+def sessions_held(backends: list[tuple[str, int]]) -> dict[str, int]:
+    import urllib.request
+
+    out = {}
+    for host, port in backends:
+        try:
+            with urllib.request.urlopen(f"http://{host}:{port}/health", timeout=3) as r:
+                out[f"{host}:{port}"] = json.loads(r.read()).get("active_sessions", -1)
+        except (OSError, ValueError):
+            out[f"{host}:{port}"] = -1
+    return out
+
+
+def serve_control(proxy: ChaosProxy, port: int) -> None:
+    """One command per line, one JSON answer per line: drop | half_open | delay S FOR_S | frozen ID | close | held."""
+
+    def answer(line: str):
+        cmd, *rest = line.split()
+        if cmd == "drop":
+            return proxy.drop()
+        if cmd == "half_open":
+            return proxy.half_open()
+        if cmd == "delay":
+            proxy.delay(float(rest[0]), float(rest[1]))
+            return {}
+        if cmd == "frozen":
+            link = proxy.frozen_link(int(rest[0]))
+            return None if link is None else {"frozen_at": link.frozen_at, "client_gone_at": link.client_gone_at}
+        if cmd == "close":
+            proxy.close()
+            return {}
+        if cmd == "held":
+            return sessions_held(proxy.current_backends())
+        return {"error": f"unknown command {cmd}"}
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while line := (await reader.readline()).decode().strip():
+            reply = await asyncio.to_thread(answer, line)
+            writer.write((json.dumps(reply) + "\n").encode())
+            await writer.drain()
+        writer.close()
+
+    async def main() -> None:
+        server = await asyncio.start_server(handle, "0.0.0.0", port)
+        async with server:
+            await server.serve_forever()
+
+    asyncio.run(main())
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser(description="the chaos proxy in a container on a fleet's network")
+    p.add_argument("--backends", required=True, help="NAME:PORT resolved for each connection (tasks.env-echo:8000)")
+    p.add_argument("--listen", type=int, default=9000)
+    p.add_argument("--control", type=int, default=9001)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    name, _, backend_port = a.backends.rpartition(":")
+    serve_control(ChaosProxy(tasks_of(name, int(backend_port)), a.seed, "0.0.0.0", a.listen), a.control)
