@@ -213,7 +213,9 @@ def make_control_callback():
         @staticmethod
         def _check_disk(args, model) -> str | None:
             run_dir = Path(args.output_dir)
-            params = sum(p.numel() * p.element_size() for p in model.parameters()) if model is not None else 0
+            # what a checkpoint holds: every weight, or the adapter alone (LoRA: the frozen base is not saved)
+            params = (sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+                      if model is not None else 0)
             try:
                 checkpoints.check_free_space(run_dir, checkpoints.save_estimate(run_dir, params, args.save_only_model))
             except checkpoints.CheckpointError as exc:
@@ -258,7 +260,12 @@ def load_model_and_tokenizer(cfg: RunConfig, mode: str):
     # fp32 master weights in every layout; GRPOConfig(bf16=True) runs the forward and backward under bf16 autocast.
     # bf16 weights would not train: at lr 1e-5 an AdamW step rounds back to the same bf16 value for any |w| above
     # ~0.004 (norm weights, most matrix entries). Pushes to vLLM are cast to its dtype (gpu.push_in_served_dtype).
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, **cfg.model_load_kwargs(mode))
+    # QLoRA: the frozen base in 4 bits (bf16 for what stays unquantized); TRL keeps the adapters trainable.
+    from trainer import lora
+
+    dtype = torch.bfloat16 if cfg.qlora else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **cfg.model_load_kwargs(mode),
+                                                 **lora.quantization_kwargs(cfg))
     return model, tokenizer
 
 
@@ -282,6 +289,13 @@ def main(argv: list[str] | None = None) -> int:
 
         log(f"{gpu.describe_mode(cfg)}; model {model_name}")
     log(f"envs {', '.join(cfg.env_names)}; run dir {cfg.run_dir}")
+    from trainer import lora
+
+    problem = lora.adapter_problem(cfg, mode)  # the rules that need TRAIN_MODE=auto resolved
+    if problem:
+        print(f"[train] config error:\n{problem}", file=sys.stderr, flush=True)
+        return 2
+    log(f"training: {lora.describe(cfg)}, learning rate {cfg.resolved_learning_rate(mode):g}")
 
     from trainer import dist, preflight
 
@@ -359,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         train_dataset=dataset,
         processing_class=tokenizer,
         environment_factory=factories,
+        peft_config=lora.peft_config(cfg),  # None: full fine-tuning; else TRL wraps the model, saves the adapter only
         callbacks=[MetricsCallback(cfg.run_dir, STATS, resume_step=resume_step, mode=mode, trackers=trackers), control],
     )
     trainer.configure_rollouts(cfg.tool_timeout_s, cfg.tool_concurrency, server_max_model_len)
