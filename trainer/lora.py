@@ -139,3 +139,45 @@ def write_merged(adapter_dir: str | Path, out: str | Path, base: str | None = No
     merged_model(adapter_dir, base, load_kwargs).save_pretrained(out)
     AutoTokenizer.from_pretrained(adapter_dir).save_pretrained(out)
     return out
+
+
+# ---------------------------------------------------------------------------- QLoRA's weight push
+def merged_weights(model, fix_name=lambda name: name):
+    """(name, tensor) of base + adapter under the base model's names, computed per layer without touching the model:
+    an adapted linear layer's weight is its base weight (dequantized when 4-bit) + scale x B·A; the adapters' own
+    tensors are skipped. The same tensors TRL's merge-then-read yields for a plain LoRA model (tests check it), but
+    a 4-bit base is never re-quantized: TRL 1.16's push merges into the base and unmerges after
+    (VLLMGeneration._iter_named_params), which peft does for a 4-bit layer by dequantize, add, re-quantize, so every
+    push would move the frozen base by a rounding (peft warns so), and it would read the packed 4-bit tensors."""
+    import torch
+    from peft.tuners.lora import LoraLayer
+    from peft.utils.integrations import dequantize_module_weight
+
+    adapted = {name: module for name, module in model.named_modules() if isinstance(module, LoraLayer)}
+    for name, param in model.named_parameters():
+        if ".lora_" in name:
+            continue
+        owner, _, leaf = name.rpartition(".")
+        layer = adapted.get(owner.removesuffix(".base_layer")) if owner.endswith(".base_layer") else None
+        clean = fix_name(name.removeprefix("base_model.model.").replace(".base_layer", ""))
+        if layer is None or leaf != "weight":
+            yield clean, param.data
+            continue
+        with torch.no_grad():
+            weight = dequantize_module_weight(layer.get_base_layer()).to(torch.float32)
+            for adapter in layer.active_adapters:
+                if adapter in layer.lora_A:
+                    weight = weight + layer.get_delta_weight(adapter).to(torch.float32)
+        yield clean, weight
+
+
+def push_without_merging(trainer) -> bool:
+    """QLoRA: every weight push (server mode's NCCL stream and metadata, colocate's load) reads merged_weights instead
+    of TRL's merge-then-read. Install before trainer.gpu.push_in_served_dtype (which casts what this yields). Returns
+    False when the trainer has no vLLM. PINNED to trl 1.16's `VLLMGeneration._iter_named_params` (the one iterator
+    every push reads) and its `_fix_param_name_to_vllm`."""
+    gen = getattr(trainer, "vllm_generation", None)
+    if gen is None or not hasattr(gen, "_iter_named_params"):
+        return False
+    gen._iter_named_params = lambda: merged_weights(gen.model, gen._fix_param_name_to_vllm)
+    return True

@@ -384,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
 
         gpu.instrument_weight_sync(trainer, lambda seconds: STATS.add_time("weight_sync", seconds),
                                    timeout_s=cfg.weight_sync_timeout_s)
+        if cfg.qlora:  # a 4-bit base must not be re-quantized by a merge at every push (trainer.lora)
+            lora.push_without_merging(trainer)
         pushed = gpu.push_in_served_dtype(trainer, served_dtype)
         if pushed:
             autocast = ", bf16 autocast" if grpo_args.bf16 else ""  # off only where the trainer runs on CPU

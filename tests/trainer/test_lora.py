@@ -77,3 +77,41 @@ def test_lora_with_two_trainer_processes(tmp_path, tiny_model_dir, echo_server):
     assert lora.is_adapter(ckpt) and not (ckpt / "model.safetensors").exists()
     marked = json.loads((ckpt / "checkpoint-complete.json").read_text())["files"]
     assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(marked)
+
+
+def test_qloras_push_without_merging_yields_exactly_what_trls_merge_then_read_yields(tiny_model_dir):
+    """Differential, on a plain LoRA model (no 4-bit kernels on CPU): trainer.lora.merged_weights, which QLoRA's
+    pushes read, gives TRL 1.16's VLLMGeneration._iter_named_params tensors (merge, read, unmerge) name for name,
+    under the base model's names, and leaves the model as it was."""
+    from contextlib import contextmanager
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    names = set(base.state_dict())
+    model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", init_lora_weights=False))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    class NotSharded:
+        is_fsdp, fsdp_version = False, None
+
+        @contextmanager
+        def gather_params(self, params):
+            yield
+
+    gen = object.__new__(VLLMGeneration)  # only what _iter_named_params reads: no vLLM, no accelerator
+    gen.model, gen._dist = model, NotSharded()
+    ours = {name: tensor.clone() for name, tensor in lora.merged_weights(model, gen._fix_param_name_to_vllm)}
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # nothing merged in place
+    trl = {name: tensor.clone() for name, tensor in gen._iter_named_params()}
+    assert list(ours) == list(trl) and set(ours) <= names  # the base model's names, in TRL's order
+    q = next(n for n in ours if n.endswith("q_proj.weight"))
+    assert not torch.equal(ours[q], before["base_model.model." + q.replace(".weight", ".base_layer.weight")])
+    for name in ours:
+        torch.testing.assert_close(ours[name], trl[name], rtol=0, atol=1e-6)
+    drift = max((p - before[n]).abs().max().item() for n, p in model.named_parameters())
+    print(f"TRL's merge + unmerge moved the fp32 base by up to {drift:.1e} (rounding); merged_weights by 0")
