@@ -11,7 +11,7 @@ import subprocess
 import sys
 
 from tests.trainer.conftest import ROOT
-from trainer import export, first_turn, lora, train
+from trainer import eval_report, evaluate, export, first_turn, lora, train
 from trainer.metrics import read_metrics
 
 STEPS = 20
@@ -49,6 +49,14 @@ def test_lora_run_learns_checkpoints_the_adapter_alone_resumes_and_exports_both_
     assert f"resuming from {ckpt} (step {STEPS} of {STEPS + 2})" in capsys.readouterr().out
     assert [r["step"] for r in read_metrics(run)] == list(range(1, STEPS + 3))
     assert lora.is_adapter(run / f"checkpoint-{STEPS + 2}")
+
+    # make eval: the base vs base + adapter (merged into a scratch folder) on held-out episodes
+    assert evaluate.main(["--train-mode", "cpu", "--output-dir", str(tmp_path), "--env-urls",
+                          f"echo={echo_server.url}", "--run", "lora", "--tasks", "6"]) == 0
+    assert "holds a LoRA adapter: scoring the base model with it merged in" in capsys.readouterr().out
+    rows = {r["model"]: r for r in eval_report.read(run)["rows"]}
+    print(f"eval mean reward: base {rows['base']['mean_reward']:.3f}, base + adapter {rows['trained']['mean_reward']:.3f}")
+    assert rows["trained"]["mean_reward"] > rows["base"]["mean_reward"] + 0.3, rows
 
     merged, adapter = tmp_path / "merged", tmp_path / "adapter"
     assert export.main(["--outputs", str(tmp_path), "--run", "lora", "--out", str(merged)]) == 0
