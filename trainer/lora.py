@@ -64,6 +64,10 @@ def adapter_problem(cfg: "RunConfig", mode: str | None) -> str | None:
     if mode == "cpu" or (mode == "gpu" and cfg.weight_transfer == "reload"):
         return ("QLORA=true needs a GPU (bitsandbytes' 4-bit kernels); the trainer runs on CPU here: set QLORA=false "
                 "(LORA_R alone trains adapters on the full-precision base) (edit .env)")
+    if mode == "colocate":
+        return ("QLORA=true with TRAIN_MODE=colocate: TRL then runs the colocated vLLM in 4 bits too (bitsandbytes in "
+                "flight), whose layers a weight push cannot refresh (their 4-bit scales stay the old ones); use "
+                "TRAIN_MODE=gpu (vLLM serves the merged weights on its own GPU) or QLORA=false (edit .env)")
     if cfg.trainer_sharding == "fsdp":
         return ("QLORA=true with TRAINER_SHARDING=fsdp: each weight push merges the adapter into the whole base "
                 "weight, which a 4-bit base sharded by FSDP2 cannot give; use TRAINER_SHARDING=ddp (a 4-bit copy per "

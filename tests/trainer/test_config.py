@@ -179,6 +179,7 @@ def test_accepts_none_tells_a_nullable_setting_from_one_with_a_bounded_default()
     ({"QLORA": "true"}, "QLORA=true trains adapters on a 4-bit base, but LORA_R=0"),
     ({"QLORA": "true", "LORA_R": "16", "TRAIN_MODE": "cpu"}, "QLORA=true needs a GPU (bitsandbytes' 4-bit kernels)"),
     ({"QLORA": "true", "LORA_R": "16", "TRAIN_MODE": "gpu", "WEIGHT_TRANSFER": "reload"}, "QLORA=true needs a GPU"),
+    ({"QLORA": "true", "LORA_R": "16", "TRAIN_MODE": "colocate"}, "QLORA=true with TRAIN_MODE=colocate"),
     ({"QLORA": "true", "LORA_R": "16", "TRAIN_MODE": "gpu", "TRAINER_SHARDING": "fsdp"},
      "QLORA=true with TRAINER_SHARDING=fsdp"),
 ])
