@@ -88,6 +88,11 @@ def test_preflight_prints_the_breakdown_and_fails_with_one_line_when_it_cannot_f
     cfg = RunConfig.load([], train_mode="gpu", trainer_sharding="fsdp")
     assert preflight.check_memory(cfg, "gpu", 2, 300, gpu_bytes=8 * GIB, config=QWEN3_06B)[0] == []
     assert preflight.check_memory(cfg, "gpu", 1, 300, gpu_bytes=8 * GIB, config=QWEN3_06B)[0]
+    # LORA_R: the preflight sizes LoRA and stops no run full fine-tuning could not do on 12 GiB colocated
+    lora = RunConfig.load([], train_mode="colocate", max_completion_length=256, lora_r=16)
+    errors, line = preflight.check_memory(lora, "colocate", 1, 300, gpu_bytes=12 * GIB, config=QWEN3_06B)
+    assert errors == [] and "(lora r=16, 10.1M trainable)" in line
+    assert "by method: full 11.7 GiB does not fit; LoRA r=16 5.2 GiB fits; QLoRA r=16 3.5 GiB fits" in line
     rehearsal = RunConfig.load([], train_mode="gpu", weight_transfer="reload")  # trainer on CPU: nothing to size
     assert preflight.check_memory(rehearsal, "gpu", 1, 300, gpu_bytes=8 * GIB, config=QWEN3_06B) == ([], "")
 
