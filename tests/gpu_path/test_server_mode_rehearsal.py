@@ -222,8 +222,11 @@ def test_server_mode_with_lora_pushes_merged_base_weights_that_change_the_served
     outputs.mkdir()
     outputs.chmod(0o777)
     before = served_logprobs(twin)
-    run = docker(*trainer_run(network, model_dir, weights, outputs, "lora", 2, "--rm", "-e", "LORA_R=8",
-                              "-e", "LEARNING_RATE=2e-2"), check=False)
+    # groups of 8, two per step (as the full-weights test): a step whose groups all tie moves no weight
+    larger = {"NUM_GENERATIONS=4": "NUM_GENERATIONS=8", "PER_DEVICE_TRAIN_BATCH_SIZE=4": "PER_DEVICE_TRAIN_BATCH_SIZE=16"}
+    args = [larger.get(a, a) for a in trainer_run(network, model_dir, weights, outputs, "lora", 3, "--rm",
+                                                   "-e", "LORA_R=8", "-e", "LEARNING_RATE=2e-2")]
+    run = docker(*args, check=False)
     log = run.stdout + run.stderr
     assert run.returncode == 0, log[-5000:]
     assert "training: LoRA r=8, alpha=16" in log
@@ -232,8 +235,9 @@ def test_server_mode_with_lora_pushes_merged_base_weights_that_change_the_served
     assert pushed and set(pushed) == {base_tensors}, (pushed, base_tensors)  # merged base weights, no lora_A/B
     rows = [json.loads(line) for line in (outputs / "lora" / "metrics.jsonl").read_text().splitlines()
             if '"kind": "step"' in line]
-    assert [r["step"] for r in rows] == [1, 2]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert any(r["grad_norm"] > 0 for r in rows[:2]), [(r["reward_std"], r["grad_norm"]) for r in rows]
     print(f"[rehearsal lora] weight sync seconds per step: {[r.get('weight_sync/seconds') for r in rows]}")
-    ckpt = outputs / "lora" / "checkpoint-2"
+    ckpt = outputs / "lora" / "checkpoint-3"
     assert (ckpt / "adapter_model.safetensors").exists() and not (ckpt / "model.safetensors").exists()
     assert served_logprobs(twin) != before, "the merged push did not change the served model"
