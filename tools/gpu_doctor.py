@@ -219,11 +219,16 @@ def memory_rows(gpus: list[Gpu], dotenv: dict[str, str], mode: str, cfg, config:
             est, problem = memory.check(config, gpu.total_mib * 1024 ** 2, mode=mode, processes=len(ids),
                                         sharding=cfg.trainer_sharding, batch=cfg.per_device_train_batch_size,
                                         prompt_tokens=memory.DEFAULT_PROMPT_TOKENS,
-                                        completion_tokens=cfg.max_completion_length, vllm_share=share)
+                                        completion_tokens=cfg.max_completion_length, vllm_share=share,
+                                        method=cfg.training_method, lora_r=cfg.lora_r)
         except memory.ShapeError as exc:
             return [(True, "trainer memory", f"not estimated ({where}): {exc}")]
         rows.append((True, f"trainer memory GPU {gpu.index}", f"{est.breakdown()} (prompts assumed "
                      f"{memory.DEFAULT_PROMPT_TOKENS} tokens; {where}); GPU {gpu.index} has {gpu.total_mib} MiB"))
+        rows.append((True, f"trainer memory GPU {gpu.index} by method", memory.compare(
+            config, gpu.total_mib * 1024 ** 2, mode=mode, processes=len(ids), sharding=cfg.trainer_sharding,
+            batch=cfg.per_device_train_batch_size, prompt_tokens=memory.DEFAULT_PROMPT_TOKENS,
+            completion_tokens=cfg.max_completion_length, vllm_share=share, lora_r=cfg.lora_r)))
         if problem:
             rows.append((False, f"trainer memory GPU {gpu.index}", problem))
     return rows

@@ -30,6 +30,10 @@ GPU_DEFAULT_MODEL = defaults.GPU_MODEL
 # random kick per step (and 2e-3 erased tool calling in one step); 2e-4 learns the echo task in ~20 steps, stably.
 CPU_DEFAULT_LR = 2e-4
 GPU_DEFAULT_LR = 1e-5
+# LoRA (LORA_R > 0): an adapter's update B·A starts at zero and moves only through a rank-r bottleneck scaled by
+# alpha/r, so the same lr moves the policy far less than full fine-tuning does: the usual LoRA rates are ~10x higher.
+CPU_DEFAULT_LORA_LR = 2e-3
+GPU_DEFAULT_LORA_LR = 1e-4
 
 
 def is_hub_id(name: str) -> bool:
@@ -104,7 +108,8 @@ class RunConfig(BaseSettings):
     output_dir: str = Field("/outputs", description="Where runs are written (checkpoints, metrics.jsonl, tensorboard/).")
     max_steps: int = Field(30, ge=1, description="Optimizer steps to train.")
     learning_rate: float | None = Field(
-        None, gt=0, le=1, description="AdamW learning rate. Empty: 1e-5 on GPU, 2e-4 on CPU (the tiny model)."
+        None, gt=0, le=1, description="AdamW learning rate. Empty: 1e-5 on GPU, 2e-4 on CPU (the tiny model); with LORA_R set "
+        "1e-4 on GPU, 2e-3 on CPU (adapters need ~10x the full fine-tuning rate)."
     )
     num_generations: int = Field(4, ge=2, description="Completions per prompt (GRPO group size).")
     per_device_train_batch_size: int = Field(
@@ -228,6 +233,27 @@ class RunConfig(BaseSettings):
         "(DeepSpeed ZeRO-3) or fsdp (PyTorch FSDP), for models that do not fit one GPU."
     )
 
+    lora_r: int = Field(
+        0, ge=0, description="LoRA rank: 0 trains every weight (full fine-tuning); N trains rank-N adapters on a frozen "
+        "base (trainer/lora.py). vLLM serves ranks up to 512 (its --max-lora-rank choices)."
+    )
+    lora_alpha: float | None = Field(
+        None, gt=0, description="LoRA scaling numerator (the update is alpha/r x B·A). Empty: 2 x LORA_R."
+    )
+    lora_dropout: float = Field(
+        0.0, ge=0, lt=1, description="Dropout on the adapters' input while training. 0 by default: dropout makes the "
+        "policy that scores its own samples differ from the one that generated them."
+    )
+    lora_target_modules: str = Field(
+        "all-linear", description="Layers that get adapters: `all-linear` (every linear layer of the decoder: "
+        "attention q/k/v/o and MLP gate/up/down; not the embeddings or the head) or a comma list of layer names "
+        "(e.g. `q_proj,v_proj`)."
+    )
+    qlora: bool = Field(
+        False, description="LORA_R adapters on a 4-bit (NF4, bitsandbytes) base: about a quarter of the base's "
+        "memory. GPU modes only (bitsandbytes' 4-bit kernels)."
+    )
+
     # ------------------------------------------------------------------ field validators
     @field_validator("env_name")
     @classmethod
@@ -264,6 +290,13 @@ class RunConfig(BaseSettings):
             raise ValueError(f"{value!r} is not a URL; write e.g. http://vllm:8000 (edit .env)")
         return value.rstrip("/")
 
+    @field_validator("lora_target_modules")
+    @classmethod
+    def _check_lora_target_modules(cls, value: str) -> str:
+        from trainer.lora import parse_target_modules  # standard library only
+
+        return ",".join(parse_target_modules(value))
+
     @model_validator(mode="after")
     def _check_cross_fields(self) -> "RunConfig":
         unknown = set(self.env_url_overrides) - set(self.env_names)
@@ -272,8 +305,10 @@ class RunConfig(BaseSettings):
                 f"ENV_URLS names {', '.join(sorted(unknown))}, which ENV_NAME={self.env_name} does not train on; "
                 "drop it from ENV_URLS or add it to ENV_NAME (edit .env)"
             )
-        problem = self.rollouts_problem(None if self.train_mode == "auto" else self.train_mode,
-                                        self.trainer_processes)
+        from trainer.lora import adapter_problem
+
+        mode = None if self.train_mode == "auto" else self.train_mode
+        problem = self.rollouts_problem(mode, self.trainer_processes) or adapter_problem(self, mode)
         if problem:
             raise ValueError(problem)
         gen_batch = self.per_device_train_batch_size * self.effective_steps_per_generation
@@ -426,7 +461,19 @@ class RunConfig(BaseSettings):
     def resolved_learning_rate(self, mode: str | None = None) -> float:
         if self.learning_rate is not None:
             return self.learning_rate
-        return CPU_DEFAULT_LR if (mode or self.resolved_train_mode()) == "cpu" else GPU_DEFAULT_LR
+        cpu = (mode or self.resolved_train_mode()) == "cpu"
+        if self.lora_r:
+            return CPU_DEFAULT_LORA_LR if cpu else GPU_DEFAULT_LORA_LR
+        return CPU_DEFAULT_LR if cpu else GPU_DEFAULT_LR
+
+    @property
+    def resolved_lora_alpha(self) -> float:
+        return self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_r
+
+    @property
+    def training_method(self) -> str:
+        """full, lora or qlora: what trainer.memory sizes and the model card names."""
+        return "qlora" if self.qlora else "lora" if self.lora_r else "full"
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -508,7 +555,7 @@ def format_validation_error(exc: ValidationError) -> str:
         if err["type"] != "value_error":  # pydantic's own type/range messages: add the value and the fix
             got = err.get("input")
             msg = f"{msg} (got {got!r}; edit .env or the --{var.lower().replace('_', '-')} flag)"
-        if var == "CONFIG" or var.startswith("_") or msg.startswith(("PER_DEVICE", "ENV_URLS names")):
+        if var == "CONFIG" or var.startswith("_") or msg.startswith(("PER_DEVICE", "ENV_URLS names", "LORA_", "QLORA")):
             lines.append(msg)
         else:
             lines.append(f"{var}: {msg}")

@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer import checkpoints, eval_report
+from trainer import checkpoints, eval_report, lora
 from trainer.config import ConfigError, RunConfig
 from trainer.progress import Progress
 
@@ -363,9 +363,14 @@ def main(argv: list[str] | None = None) -> int:
         return 4
     isolate = args.isolate or not cfg.trainer_on_cpu(mode)
     rows = []
-    for label, model in (("base", base), ("trained", str(checkpoint))):
-        call = (cfg, mode, label, model, tasks, args.threshold)
-        rows += _isolated(play_model, *call) if isolate else play_model(*call)
+    with tempfile.TemporaryDirectory(prefix="eval-merged-") as scratch:
+        trained = str(checkpoint)
+        if lora.is_adapter(checkpoint):  # a LoRA run: base + adapter, merged (what vLLM and transformers load alike)
+            trained = str(lora.write_merged(checkpoint, Path(scratch) / "model", base))
+            log(f"{checkpoint.name} holds a LoRA adapter: scoring the base model with it merged in")
+        for label, model in (("base", base), ("trained", trained)):
+            call = (cfg, mode, label, model, tasks, args.threshold)
+            rows += _isolated(play_model, *call) if isolate else play_model(*call)
     data = {"run": run, "checkpoint": checkpoint.name, "step": step, "base_model": cfg.resolved_model_name(mode),
             "threshold": args.threshold, "episodes_per_env": max(len(r) for _, r in tasks.values()) * g,
             "ks": list(range(1, g + 1)),

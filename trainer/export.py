@@ -1,11 +1,13 @@
 """Export a run's checkpoint as a standalone Hugging Face model folder, optionally pushed to the Hub.
 
     python -m trainer.export --outputs /outputs [--run R] [--checkpoint checkpoint-N|N] [--out DIR | --out-dir D]
-                             [--push org/name]
+                             [--push org/name] [--adapter]
 
 The folder holds the weights (safetensors), config, generation config, tokenizer with its chat template and a model
 card (README.md: base model, envs, steps, reward curve, settings, eval table) and nothing of the trainer's own
-(optimizer, scheduler, RNG, trainer state). It loads in transformers and in `vllm serve`.
+(optimizer, scheduler, RNG, trainer state). It loads in transformers and in `vllm serve`. A LoRA run's checkpoints hold the adapter only: by default the export
+merges it into the base model (a standalone folder like a full fine-tune's); `--adapter` (EXPORT_ADAPTER=1) writes the
+adapter alone (peft's folder: `vllm serve BASE --enable-lora --lora-modules NAME=FOLDER`).
 Default: the run written last, its last complete checkpoint, written to <run>/export (--out-dir D: D/<run>).
 """
 
@@ -23,6 +25,7 @@ from trainer import eval_report, run_info
 from trainer.metrics import read_metrics
 from trainer.report import ReportError, find_run
 from trainer.checkpoints import CheckpointError, pick
+from trainer.lora import is_adapter
 
 SECRET = Path("/run/secrets/hf_token")
 CARD_MARKER = "<!-- written by trainer.export -->"  # only a folder carrying it is replaced by a new export
@@ -33,7 +36,8 @@ WEIGHT_FILES = ("model.safetensors", "model-*-of-*.safetensors", "model.safetens
 CARD_SETTINGS = ("max_steps", "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
                  "steps_per_generation", "max_completion_length", "max_tool_calling_iterations", "temperature",
                  "unfinished_penalty", "enable_thinking", "dataset_size", "seed", "trainer_processes",
-                 "trainer_sharding")
+                 "trainer_sharding", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "qlora")
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 
 class ExportError(RuntimeError):
@@ -69,7 +73,16 @@ def write_model(ckpt: Path, out: Path, dtype: str | None = None) -> None:
         raise ExportError(f"{run}/{ckpt.name}/{unreadable[0].name} is readable by the trainer's uid only (an older "
                           f"run); make it readable once: `docker run --rm -v grpo-stack_outputs:/outputs "
                           f"grpo-stack/trainer:cpu chmod -R a+r /outputs/{run}`, then export again")
-    if weights:
+    from trainer import lora
+
+    if lora.is_adapter(ckpt):  # a LoRA run: base + adapter, merged, in the base's published dtype
+        import torch
+
+        model = lora.merged_model(ckpt)
+        if dtype in ("bfloat16", "float16"):
+            model = model.to(getattr(torch, dtype))
+        model.save_pretrained(out)
+    elif weights:
         written = sum(write_weights(path, out, dtype) for path in weights)
         index = out / "model.safetensors.index.json"
         if written and index.exists():  # its total_size counted the fp32 bytes
@@ -82,9 +95,8 @@ def write_model(ckpt: Path, out: Path, dtype: str | None = None) -> None:
         AutoModelForCausalLM.from_pretrained(ckpt, dtype=dtype if dtype in ("bfloat16", "float16") else "auto"
                                              ).save_pretrained(out)
     else:
-        raise ExportError(f"{ckpt} holds no full model weights (model.safetensors or pytorch_model.bin); an adapter "
-                          "checkpoint needs merging into its base model first")
-    config = AutoConfig.from_pretrained(ckpt)
+        raise ExportError(f"{ckpt} holds no model weights (model.safetensors, pytorch_model.bin or a LoRA adapter)")
+    config = AutoConfig.from_pretrained(out if lora.is_adapter(ckpt) else ckpt)
     config.use_cache = True  # training turns the KV cache off; generation wants it
     if dtype in ("bfloat16", "float16"):
         config.dtype = dtype  # the checkpoint's says float32 (the master weights)
@@ -92,6 +104,38 @@ def write_model(ckpt: Path, out: Path, dtype: str | None = None) -> None:
     if (ckpt / "generation_config.json").exists():
         GenerationConfig.from_pretrained(ckpt).save_pretrained(out)
     AutoTokenizer.from_pretrained(ckpt).save_pretrained(out)  # tokenizer files and chat_template.jinja
+
+
+def write_adapter(ckpt: Path, out: Path, info: dict[str, Any]) -> None:
+    """The adapter alone (peft's folder) and the tokenizer; its base recorded as the Hub id it was trained from (at
+    the pinned revision) when there is one, so a reader loads it on that base anywhere."""
+    from transformers import AutoTokenizer
+
+    from trainer import lora
+
+    if not lora.is_adapter(ckpt):
+        raise ExportError(f"EXPORT_ADAPTER=1: {ckpt.name} holds full weights, not an adapter (the run trained with "
+                          "LORA_R=0); export without EXPORT_ADAPTER")
+    for name in ADAPTER_FILES:
+        shutil.copyfile(ckpt / name, out / name)
+    adapter = lora.adapter_info(ckpt)
+    base = info.get("base_model")
+    if base and not base.startswith(("/", ".")) and base.count("/") == 1:
+        adapter.update(base_model_name_or_path=base, revision=info.get("model_revision"))
+    (out / "adapter_config.json").write_text(json.dumps(adapter, indent=2) + "\n")
+    AutoTokenizer.from_pretrained(ckpt).save_pretrained(out)
+
+
+def training_line(settings: dict[str, Any], adapter_only: bool) -> str:
+    """The card's line on what was trained: every weight, or a LoRA adapter and its settings."""
+    r = settings.get("lora_r") or 0
+    if not r:
+        return "full fine-tuning (every weight trained)"
+    alpha = settings.get("lora_alpha") or 2 * r
+    what = (f"LoRA{' on a 4-bit base (QLoRA)' if settings.get('qlora') else ''}: r={r}, alpha={alpha:g}, dropout="
+            f"{settings.get('lora_dropout') or 0:g}, target modules `{settings.get('lora_target_modules')}`")
+    return what + ("; this folder is the adapter alone" if adapter_only else "; the adapter is merged into the base "
+                   "weights in this folder")
 
 
 def reward_curve(rows: list[dict[str, Any]], step: int) -> list[tuple[str, int, float, int, float]]:
@@ -106,7 +150,7 @@ def reward_curve(rows: list[dict[str, Any]], step: int) -> list[tuple[str, int, 
     return curves
 
 
-def model_card(run_dir: Path, ckpt: Path, step: int, where: str = "PATH") -> str:
+def model_card(run_dir: Path, ckpt: Path, step: int, where: str = "PATH", adapter_only: bool = False) -> str:
     """README.md of the folder; `where`: how a reader names the model (its Hub repo, else a placeholder)."""
     from huggingface_hub import ModelCardData
 
@@ -117,8 +161,10 @@ def model_card(run_dir: Path, ckpt: Path, step: int, where: str = "PATH") -> str
     base = info.get("base_model")
     revision = info.get("model_revision")
     hub_base = base if base and not base.startswith(("/", ".")) and base.count("/") == 1 else None
-    meta = ModelCardData(base_model=hub_base, library_name="transformers", pipeline_tag="text-generation",
-                         tags=["grpo", "trl", "tool-use", "agent", *envs])
+    settings = info.get("settings") or {}
+    lora_tags = ["lora", "peft"] if settings.get("lora_r") else []
+    meta = ModelCardData(base_model=hub_base, library_name="peft" if adapter_only else "transformers",
+                         pipeline_tag="text-generation", tags=["grpo", "trl", "tool-use", "agent", *lora_tags, *envs])
     base_line = (f"`{base}`" + (f" at revision `{revision}`" if revision and hub_base else "")) if base else \
         "not recorded (the run predates run.json)"
     lines = [f"---\n{meta.to_yaml()}\n---", CARD_MARKER, "", f"# {run_dir.name}", "",
@@ -127,6 +173,7 @@ def model_card(run_dir: Path, ckpt: Path, step: int, where: str = "PATH") -> str
              f"- **Base model**: {base_line}",
              f"- **Environments**: {', '.join(f'`{e}`' for e in envs) or 'not recorded'}",
              f"- **Steps**: {step} optimizer steps" + (f" (TRAIN_MODE `{info['mode']}`)" if info.get("mode") else ""),
+             f"- **Training**: {training_line(settings, adapter_only)}",
              ""]
     curves = reward_curve(rows, step)
     lines += ["## Reward during training", ""]
@@ -137,7 +184,6 @@ def model_card(run_dir: Path, ckpt: Path, step: int, where: str = "PATH") -> str
     else:
         lines.append("No logged steps in metrics.jsonl.")
     lines += ["", "## Training settings", ""]
-    settings = info.get("settings") or {}
     if settings:
         lines += ["| setting | value |", "|---|---|", f"| learning_rate | {info.get('learning_rate')} |"]
         lines += [f"| {key} | {settings[key]} |" for key in CARD_SETTINGS if settings.get(key) is not None]
@@ -150,6 +196,18 @@ def model_card(run_dir: Path, ckpt: Path, step: int, where: str = "PATH") -> str
             lines += [f"Measured on {evaluation.get('checkpoint')} (step {evaluation.get('step')}), not on the "
                       f"exported {ckpt.name}.", ""]
         lines.append(eval_report.markdown_table(evaluation))
+    if adapter_only:
+        rank = max(settings.get("lora_r") or 1, 1)
+        from trainer.lora import served_max_lora_rank
+
+        base_name = hub_base or base or "BASE"
+        lines += ["", "## Use", "", "The adapter of a LoRA run, on its base model `" + base_name + "`.", "", "```python",
+                  "from peft import AutoPeftModelForCausalLM",
+                  f'model = AutoPeftModelForCausalLM.from_pretrained("{where}")  # loads the base, then the adapter',
+                  "```", "", "```bash",
+                  f"vllm serve {base_name} --enable-lora --max-lora-rank {served_max_lora_rank(rank)} "
+                  f"--lora-modules {run_dir.name}={where}", "```", ""]
+        return "\n".join(lines)
     lines += ["", "## Use", "", "```python",
               "from transformers import AutoModelForCausalLM, AutoTokenizer",
               f'model = AutoModelForCausalLM.from_pretrained("{where}")',
@@ -158,7 +216,8 @@ def model_card(run_dir: Path, ckpt: Path, step: int, where: str = "PATH") -> str
     return "\n".join(lines)
 
 
-def export(run_dir: Path, ckpt: Path, step: int, out: Path, repo_id: str | None = None) -> Path:
+def export(run_dir: Path, ckpt: Path, step: int, out: Path, repo_id: str | None = None,
+           adapter_only: bool = False) -> Path:
     """Write the folder next to `out` and swap it in whole, so a failed export leaves the previous one intact."""
     if out.exists():
         card = out / "README.md"
@@ -170,8 +229,12 @@ def export(run_dir: Path, ckpt: Path, step: int, out: Path, repo_id: str | None 
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(mode=0o755)
     try:
-        write_model(ckpt, tmp, (run_info.read(run_dir) or {}).get("base_dtype"))
-        (tmp / "README.md").write_text(model_card(run_dir, ckpt, step, repo_id or "PATH"))
+        info = run_info.read(run_dir) or {}
+        if adapter_only:
+            write_adapter(ckpt, tmp, info)
+        else:
+            write_model(ckpt, tmp, info.get("base_dtype"))
+        (tmp / "README.md").write_text(model_card(run_dir, ckpt, step, repo_id or "PATH", adapter_only))
         for path in tmp.iterdir():  # readable by whoever serves it (vLLM's container runs as another uid)
             path.chmod(0o644)
         tmp.chmod(0o755)
@@ -231,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="the folder to write (default: <out-dir>/<run>, else <run>/export)")
     p.add_argument("--out-dir", help="write <out-dir>/<run>")
     p.add_argument("--push", metavar="ORG/NAME", help="also upload the folder to this Hub repo (private when new)")
+    p.add_argument("--adapter", action="store_true", help="a LoRA run: write the adapter alone instead of base + "
+                   "adapter merged (EXPORT_ADAPTER=1)")
     p.add_argument("--token-file", default=str(SECRET), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     try:
@@ -238,8 +303,9 @@ def main(argv: list[str] | None = None) -> int:
         run_dir = find_run(Path(args.outputs), args.run)
         ckpt, step = pick(run_dir, args.checkpoint)
         out = Path(args.out) if args.out else Path(args.out_dir) / run_dir.name if args.out_dir else run_dir / "export"
-        export(run_dir, ckpt, step, out, args.push)
-        print(f"[export] {run_dir.name}/{ckpt.name} (step {step}) -> {out}")
+        export(run_dir, ckpt, step, out, args.push, args.adapter)
+        what = "adapter" if args.adapter else "merged base + adapter" if is_adapter(ckpt) else "model"
+        print(f"[export] {run_dir.name}/{ckpt.name} (step {step}) -> {out} ({what})")
         if args.push:
             print(f"[export] pushed to {push(out, args.push, token)}")
     except (ExportError, ReportError, CheckpointError) as exc:

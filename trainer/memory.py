@@ -19,8 +19,19 @@ Per trainer GPU, for `method="full"` (every weight trained, fp32 master weights,
 shards = trainer processes under TRAINER_SHARDING=fsdp (or zero3), else 1 (ddp: a full copy per GPU). Available: the
 whole GPU with TRAIN_MODE=gpu (vLLM has its own), (1 - VLLM_GPU_MEMORY_UTILIZATION) of it when colocated.
 
-`method` is where LoRA/QLoRA plug in: `BYTES_PER_PARAM` says what each method keeps per frozen and per trainable
-parameter; only "full" exists for now.
+LoRA and QLoRA (`method="lora"` / `"qlora"`, LORA_R = r) train adapters only: A = r x in and B = out x r on every
+targeted linear layer (default all of the decoder's: L = r x (in + out) per layer), so gradients and AdamW shrink to
+the adapters' share, while the frozen base stays:
+
+    lora    weights 4 B x P + 4 B x L    the base in fp32: TRL merges the adapter into it for every weight push and
+                                         unmerges after; a bf16 base would drift by a rounding at each push
+            gradients 4 B x L, optimizer 8 B x L
+    qlora   weights 0.52 B x P_lin       the base's linear layers in NF4 (4 bits + double-quantized block scales)
+                    + 2 B x (P - P_lin)  the rest (embeddings, norms) in bf16
+                    + 4 B x L            fp32 adapters
+            gradients 4 B x L, optimizer 8 B x L
+    activations as for full (the backward still runs through every frozen layer); push as for full (the merged
+    weight is streamed one tensor at a time).
 """
 
 from __future__ import annotations
@@ -36,9 +47,9 @@ SHARDED = ("fsdp", "zero3")  # TRAINER_SHARDING values that split weights, gradi
 GRADIENT_CHECKPOINTING = True  # TRL's GRPOConfig default, which the project keeps (tests check it)
 DEFAULT_PROMPT_TOKENS = 512  # the host's assumption; the trainer's preflight measures the longest prompt
 
-# bytes per parameter: (weights, gradients, optimizer) for trainable parameters. A method that freezes the base
-# (LoRA) would add its frozen bytes and a trainable share here.
-BYTES_PER_PARAM: dict[str, tuple[int, int, int]] = {"full": (4, 4, 8)}
+METHODS = ("full", "lora", "qlora")
+DEFAULT_LORA_R = 16  # the host's table and `make doctor` when LORA_R is 0 (full) but a LoRA row is shown
+NF4_BYTES = 0.52  # 4 bits + one fp8 scale per 64 weights + fp32 per 256 scales (double quantization): ~4.13 bits
 
 
 class ShapeError(ValueError):
@@ -94,6 +105,21 @@ class ModelShape:
         embeddings = self.vocab * self.hidden * (1 if self.tied else 2)
         return embeddings + self.layers * (attention + mlp + norms) + self.hidden
 
+    def linear_params(self) -> int:
+        """The decoder's linear layers (what `all-linear` adapts and QLoRA quantizes): attention and MLP projections."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        mlp = (self.experts * 3 * self.hidden * self.expert_intermediate if self.experts
+               else 3 * self.hidden * self.intermediate)
+        return self.layers * (2 * self.hidden * q + 2 * self.hidden * kv + mlp)
+
+    def lora_params(self, r: int) -> int:
+        """Adapter parameters of rank r on every linear layer of the decoder: r x (in + out) each."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        h, i = self.hidden, self.expert_intermediate if self.experts else self.intermediate
+        attention = (h + q) + 2 * (h + kv) + (q + h)
+        mlp = 3 * (h + i) * (self.experts or 1)
+        return r * self.layers * (attention + mlp)
+
     def largest_tensor(self) -> int:
         return max(self.vocab * self.hidden, self.hidden * max(self.intermediate, self.heads * self.head_dim))
 
@@ -111,6 +137,8 @@ class Estimate:
     overhead: int
     gradient_checkpointing: bool
     method: str
+    trainable: int = 0  # parameters AdamW updates: all of them (full) or the adapters' (LoRA, QLoRA)
+    lora_r: int = 0
 
     @property
     def total(self) -> int:
@@ -119,7 +147,9 @@ class Estimate:
     def breakdown(self) -> str:
         """One line: each part in GiB, and the total per trainer GPU."""
         sharded = f", sharded over {self.shards} GPUs" if self.shards > 1 else ""
-        return (f"{self.params / 1e9:.2f}B params ({self.method}{sharded}): weights {gib(self.weights)} + gradients "
+        method = self.method if self.method == "full" else \
+            f"{self.method} r={self.lora_r}, {self.trainable / 1e6:.1f}M trainable"
+        return (f"{self.params / 1e9:.2f}B params ({method}{sharded}): weights {gib(self.weights)} + gradients "
                 f"{gib(self.gradients)} + AdamW {gib(self.optimizer)} + activations {gib(self.activations)} "
                 f"({self.tokens} tokens/micro-batch, gradient checkpointing "
                 f"{'on' if self.gradient_checkpointing else 'off'})"
@@ -132,22 +162,30 @@ def gib(n: float) -> str:
 
 def estimate(shape: ModelShape, *, processes: int = 1, sharding: str = "ddp", batch: int = 8,
              prompt_tokens: int = DEFAULT_PROMPT_TOKENS, completion_tokens: int = 256,
-             gradient_checkpointing: bool = GRADIENT_CHECKPOINTING, method: str = "full") -> Estimate:
+             gradient_checkpointing: bool = GRADIENT_CHECKPOINTING, method: str = "full",
+             lora_r: int = DEFAULT_LORA_R) -> Estimate:
     """Bytes per trainer GPU (the formula is the module's docstring)."""
-    if method not in BYTES_PER_PARAM:
-        raise ShapeError(f"training method {method!r} has no memory model (known: {', '.join(BYTES_PER_PARAM)})")
-    w, g, o = BYTES_PER_PARAM[method]
+    if method not in METHODS:
+        raise ShapeError(f"training method {method!r} has no memory model (known: {', '.join(METHODS)})")
     params = shape.params()
+    if method == "full":
+        trainable, frozen_bytes, lora_r = params, 0.0, 0
+    else:
+        trainable = shape.lora_params(lora_r)
+        linear = shape.linear_params()
+        frozen_bytes = 4.0 * params if method == "lora" else NF4_BYTES * linear + 2.0 * (params - linear)
+    w, g, o = frozen_bytes + 4 * trainable, 4 * trainable, 8 * trainable
     shards = max(processes, 1) if sharding in SHARDED else 1
     tokens = batch * (prompt_tokens + completion_tokens)
     per_token = (2 * shape.hidden * shape.layers + 34 * shape.hidden if gradient_checkpointing
                  else 34 * shape.hidden * shape.layers)
     logits = batch * completion_tokens * 4 * shape.vocab
     push = shape.largest_tensor() * (2 + (4 if shards > 1 else 0))
-    return Estimate(params=params, shards=shards, tokens=tokens, weights=math.ceil(w * params / shards),
-                    gradients=math.ceil(g * params / shards), optimizer=math.ceil(o * params / shards),
+    return Estimate(params=params, shards=shards, tokens=tokens, weights=math.ceil(w / shards),
+                    gradients=math.ceil(g / shards), optimizer=math.ceil(o / shards),
                     activations=tokens * per_token + logits, push=push, overhead=OVERHEAD_BYTES,
-                    gradient_checkpointing=gradient_checkpointing, method=method)
+                    gradient_checkpointing=gradient_checkpointing, method=method, trainable=trainable,
+                    lora_r=lora_r)
 
 
 def available(total_bytes: int, colocate: bool, vllm_share: float) -> int:
@@ -169,21 +207,27 @@ def verdict(est: Estimate, gpu_bytes: int, *, colocate: bool = False, vllm_share
         fixes.append("lower VLLM_GPU_MEMORY_UTILIZATION or give vLLM its own GPU (TRAIN_MODE=gpu)")
     if not colocate and rest < room:  # the model states can be sharded down to what is left (colocate: one GPU)
         need = math.ceil(states * est.shards / (room - rest))
-        if need > est.shards:
+        if need > est.shards and est.method != "qlora":  # QLoRA cannot shard (trainer.lora.adapter_problem)
             fixes.append(f"{need} trainer GPUs with TRAINER_SHARDING=fsdp (TRAINER_GPU)")
     if est.activations > room / 4:
         fixes.append("shorter lengths (MAX_COMPLETION_LENGTH) or a smaller PER_DEVICE_TRAIN_BATCH_SIZE "
                      "(with more GRADIENT_ACCUMULATION_STEPS)")
+    if est.method == "full":
+        fixes.append(f"adapters instead of every weight (LORA_R={DEFAULT_LORA_R}, or QLORA=true with it)")
+    elif est.method == "lora":
+        fixes.append("a 4-bit base (QLORA=true)")
     fixes.append("a smaller model (MODEL_NAME)")
     return (f"the trainer needs ~{gib(est.total)} per GPU but has {where}: use "
             + ", or ".join(fixes) + " (edit .env)")
 
 
 def check(config: dict, gpu_bytes: int, *, mode: str, processes: int, sharding: str, batch: int, prompt_tokens: int,
-          completion_tokens: int, vllm_share: float, method: str = "full") -> tuple[Estimate, str | None]:
+          completion_tokens: int, vllm_share: float, method: str = "full",
+          lora_r: int = DEFAULT_LORA_R) -> tuple[Estimate, str | None]:
     """The estimate for a run's settings and its verdict on one trainer GPU of `gpu_bytes` (None: it fits)."""
     est = estimate(ModelShape.from_config(config), processes=processes, sharding=sharding, batch=batch,
-                   prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, method=method)
+                   prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, method=method,
+                   lora_r=lora_r or DEFAULT_LORA_R)
     colocate = mode == "colocate"
     return est, verdict(est, gpu_bytes, colocate=colocate, vllm_share=vllm_share if colocate else 0.0)
 
@@ -195,3 +239,54 @@ def read_config(folder: str | Path) -> dict | None:
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def compare(config: dict, gpu_bytes: int | None = None, *, lora_r: int = 0, **settings) -> str:
+    """One line: the estimate per trainer GPU for full fine-tuning, LoRA and QLoRA at these settings (`check`'s
+    keyword arguments but method), and which of them fit `gpu_bytes` when given."""
+    parts = []
+    for method in METHODS:
+        est, problem = check(config, gpu_bytes or 1 << 62, method=method, lora_r=lora_r, **settings)
+        label = {"full": "full", "lora": f"LoRA r={est.lora_r}", "qlora": f"QLoRA r={est.lora_r}"}[method]
+        fits = "" if gpu_bytes is None else (" fits" if problem is None else " does not fit")
+        parts.append(f"{label} {gib(est.total)}{fits}")
+    return "; ".join(parts)
+
+
+# README's "What fits" table: Qwen3's published shapes (config.json of each hub model), one trainer GPU with vLLM on
+# its own (TRAIN_MODE=gpu), the default lengths and batch, prompts of DEFAULT_PROMPT_TOKENS.
+QWEN3 = {
+    "Qwen3-0.6B": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       tie_word_embeddings=True),
+    "Qwen3-1.7B": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
+                       tie_word_embeddings=True),
+    "Qwen3-4B": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+                     tie_word_embeddings=True),
+    "Qwen3-8B": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                     tie_word_embeddings=False),
+    "Qwen3-14B": dict(hidden_size=5120, intermediate_size=17408, num_hidden_layers=40, num_attention_heads=40,
+                      tie_word_embeddings=False),
+}
+CARDS_MIB = {"24 GB": 24564, "48 GB": 46068, "80 GB": 81559, "141 GB": 143771}  # what nvidia-smi reports
+
+
+def qwen3_config(name: str) -> dict:
+    return {"model_type": "qwen3", "vocab_size": 151936, "num_key_value_heads": 8, "head_dim": 128,
+            "attention_bias": False, **QWEN3[name]}
+
+
+def fits_table(batch: int = 8, completion_tokens: int = 256, lora_r: int = DEFAULT_LORA_R) -> str:
+    """The Markdown table in README "What fits": per model the GiB of each method, per card which methods fit."""
+    head = ["model", "full / LoRA / QLoRA per GPU", *CARDS_MIB]
+    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name in QWEN3:
+        shape = ModelShape.from_config(qwen3_config(name))
+        ests = {m: estimate(shape, batch=batch, completion_tokens=completion_tokens, method=m, lora_r=lora_r)
+                for m in METHODS}
+        cells = [name, " / ".join(f"{e.total / GIB:.1f}" for e in ests.values()) + " GiB"]
+        for mib in CARDS_MIB.values():
+            fit = [{"full": "full", "lora": "LoRA", "qlora": "QLoRA"}[m] for m, e in ests.items()
+                   if verdict(e, mib * 1024 ** 2) is None]
+            cells.append(", ".join(fit) or "none (shard: TRAINER_SHARDING=fsdp)")
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows)

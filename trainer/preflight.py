@@ -321,10 +321,15 @@ def check_memory(cfg: RunConfig, mode: str, num_processes: int, prompt_tokens: i
         est, problem = memory.check(
             config, gpu_bytes, mode=mode, processes=num_processes, sharding=cfg.trainer_sharding,
             batch=cfg.per_device_train_batch_size, prompt_tokens=prompt_tokens or memory.DEFAULT_PROMPT_TOKENS,
-            completion_tokens=cfg.max_completion_length, vllm_share=_gpu_memory_share(cfg, mode))
+            completion_tokens=cfg.max_completion_length, vllm_share=_gpu_memory_share(cfg, mode),
+            method=cfg.training_method, lora_r=cfg.lora_r)
     except memory.ShapeError as exc:
         return [], f"trainer memory: not estimated ({exc})"
     line = f"trainer memory: {est.breakdown()}; trainer GPU {memory.gib(gpu_bytes)}"
+    line += "; by method: " + memory.compare(
+        config, gpu_bytes, mode=mode, processes=num_processes, sharding=cfg.trainer_sharding,
+        batch=cfg.per_device_train_batch_size, prompt_tokens=prompt_tokens or memory.DEFAULT_PROMPT_TOKENS,
+        completion_tokens=cfg.max_completion_length, vllm_share=_gpu_memory_share(cfg, mode), lora_r=cfg.lora_r)
     return ([f"{problem}"] if problem else []), line
 
 

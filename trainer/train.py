@@ -216,7 +216,9 @@ def make_control_callback():
         @staticmethod
         def _check_disk(args, model) -> str | None:
             run_dir = Path(args.output_dir)
-            params = sum(p.numel() * p.element_size() for p in model.parameters()) if model is not None else 0
+            # what a checkpoint holds: every weight, or the adapter alone (LoRA: the frozen base is not saved)
+            params = (sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+                      if model is not None else 0)
             try:
                 checkpoints.check_free_space(run_dir, checkpoints.save_estimate(run_dir, params, args.save_only_model))
             except checkpoints.CheckpointError as exc:
@@ -259,7 +261,12 @@ def load_model_and_tokenizer(cfg: RunConfig, mode: str):
     # fp32 master weights in every layout; GRPOConfig(bf16=True) runs the forward and backward under bf16 autocast.
     # bf16 weights would not train: at lr 1e-5 an AdamW step rounds back to the same bf16 value for any |w| above
     # ~0.004 (norm weights, most matrix entries). Pushes to vLLM are cast to its dtype (gpu.push_in_served_dtype).
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, **cfg.model_load_kwargs(mode))
+    # QLoRA: the frozen base in 4 bits (bf16 for what stays unquantized); TRL keeps the adapters trainable.
+    from trainer import lora
+
+    dtype = torch.bfloat16 if cfg.qlora else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **cfg.model_load_kwargs(mode),
+                                                 **lora.quantization_kwargs(cfg))
     return model, tokenizer
 
 
@@ -289,6 +296,7 @@ def generation_config_of(cfg: RunConfig, mode: str):
 def _build_sync_trainer(cfg: RunConfig, mode: str, model, tokenizer, dataset, factories, reward_funcs, callbacks,
                         grpo_args, server_max_model_len, served_dtype, trackers):
     """ROLLOUTS=sync: TRL's GRPOTrainer with the stack's rollout loop, traces and weight-sync hooks."""
+    from trainer import lora
     from trainer.metrics import STATS
 
     trainer = make_trainer_class()(
@@ -298,6 +306,7 @@ def _build_sync_trainer(cfg: RunConfig, mode: str, model, tokenizer, dataset, fa
         train_dataset=dataset,
         processing_class=tokenizer,
         environment_factory=factories,
+        peft_config=lora.peft_config(cfg),  # None: full fine-tuning; else TRL wraps the model, saves the adapter only
         callbacks=callbacks,
     )
     trainer.configure_rollouts(cfg.tool_timeout_s, cfg.tool_concurrency, server_max_model_len)
@@ -307,6 +316,8 @@ def _build_sync_trainer(cfg: RunConfig, mode: str, model, tokenizer, dataset, fa
 
         gpu.instrument_weight_sync(trainer, lambda seconds: STATS.add_time("weight_sync", seconds),
                                    timeout_s=cfg.weight_sync_timeout_s)
+        if cfg.qlora:  # a 4-bit base must not be re-quantized by a merge at every push (trainer.lora)
+            lora.push_without_merging(trainer)
         pushed = gpu.push_in_served_dtype(trainer, served_dtype)
         if pushed:
             autocast = ", bf16 autocast" if grpo_args.bf16 else ""  # off only where the trainer runs on CPU
@@ -334,6 +345,13 @@ def main(argv: list[str] | None = None) -> int:
 
         log(f"{gpu.describe_mode(cfg)}; model {model_name}")
     log(f"envs {', '.join(cfg.env_names)}; run dir {cfg.run_dir}")
+    from trainer import lora
+
+    problem = lora.adapter_problem(cfg, mode)  # the rules that need TRAIN_MODE=auto resolved
+    if problem:
+        print(f"[train] config error:\n{problem}", file=sys.stderr, flush=True)
+        return 2
+    log(f"training: {lora.describe(cfg)}, learning rate {cfg.resolved_learning_rate(mode):g}")
 
     from trainer import dist, preflight
 

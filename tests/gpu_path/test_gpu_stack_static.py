@@ -28,7 +28,7 @@ def dockerfile_args(path: str) -> dict[str, str]:
 def pyproject_pins() -> dict[str, str]:
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
     pins = {}
-    for spec in data["project"]["optional-dependencies"]["trainer"] + data["project"]["dependencies"]:
+    for spec in data["project"]["optional-dependencies"]["trainer"] + data["project"]["optional-dependencies"]["qlora"] + data["project"]["dependencies"]:
         req = Requirement(spec)
         exact = [s.version for s in req.specifier if s.operator == "=="]
         if exact:
@@ -77,6 +77,8 @@ def test_trainer_image_pins_match_pyproject():
     assert args["DATASETS_VERSION"] == pins["datasets"]
     assert args["ACCELERATE_VERSION"] == pins["accelerate"]
     assert args["PYDANTIC_SETTINGS_VERSION"] == pins["pydantic-settings"]
+    assert args["PEFT_VERSION"] == pins["peft"]
+    assert args["BITSANDBYTES_VERSION"] == pins["bitsandbytes"]
     text = (ROOT / "services/trainer/Dockerfile").read_text()
     assert "base-constraints.txt" in text and "torch|vllm" in text  # torch/vllm/transformers frozen
 

@@ -209,3 +209,35 @@ def test_a_trainer_killed_mid_push_wedges_vllm_and_the_next_train_restarts_it_an
             if '"kind": "step"' in line]
     assert [r["step"] for r in rows] == [1]
     assert not marker.exists()  # a clean finish: the run after this one starts without a restart
+
+
+def test_server_mode_with_lora_pushes_merged_base_weights_that_change_the_served_model(rehearsal_stack, tmp_path):
+    """#32 item 2, server mode sync with LORA_R: TRL merges the adapter, streams every base weight under the base's
+    names (the reload writes exactly the base model's tensors: vLLM needs no LoRA support) and unmerges; the served
+    model changes. The push moves the same tensors a full fine-tune's does."""
+    from transformers import AutoModelForCausalLM
+
+    network, twin, model_dir, weights = rehearsal_stack
+    outputs = tmp_path / "outputs"
+    outputs.mkdir()
+    outputs.chmod(0o777)
+    before = served_logprobs(twin)
+    # groups of 8, two per step (as the full-weights test): a step whose groups all tie moves no weight
+    larger = {"NUM_GENERATIONS=4": "NUM_GENERATIONS=8", "PER_DEVICE_TRAIN_BATCH_SIZE=4": "PER_DEVICE_TRAIN_BATCH_SIZE=16"}
+    args = [larger.get(a, a) for a in trainer_run(network, model_dir, weights, outputs, "lora", 3, "--rm",
+                                                   "-e", "LORA_R=8", "-e", "LEARNING_RATE=2e-2")]
+    run = docker(*args, check=False)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-5000:]
+    assert "training: LoRA r=8, alpha=16" in log
+    base_tensors = len(dict(AutoModelForCausalLM.from_pretrained(model_dir).named_parameters()))
+    pushed = [int(n) for n in re.findall(r"\[weight-sync\] vLLM reloaded (\d+) tensors", log)]
+    assert pushed and set(pushed) == {base_tensors}, (pushed, base_tensors)  # merged base weights, no lora_A/B
+    rows = [json.loads(line) for line in (outputs / "lora" / "metrics.jsonl").read_text().splitlines()
+            if '"kind": "step"' in line]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert any(r["grad_norm"] > 0 for r in rows[:2]), [(r["reward_std"], r["grad_norm"]) for r in rows]
+    print(f"[rehearsal lora] weight sync seconds per step: {[r.get('weight_sync/seconds') for r in rows]}")
+    ckpt = outputs / "lora" / "checkpoint-3"
+    assert (ckpt / "adapter_model.safetensors").exists() and not (ckpt / "model.safetensors").exists()
+    assert served_logprobs(twin) != before, "the merged push did not change the served model"

@@ -31,8 +31,24 @@ def rows_for(gpus, dotenv, mode, config=QWEN3_06B, where="test"):
 
 def test_two_gpu_host_prints_the_breakdown_for_the_trainer_gpu_only_test_double_for_gpu_host():
     rows = rows_for(TWO_H100, {}, "gpu")
-    assert [(ok, name) for ok, name, _ in rows] == [(True, "trainer memory GPU 1")]  # TRAINER_GPU=1 by default
+    assert [(ok, name) for ok, name, _ in rows] == [(True, "trainer memory GPU 1"),  # TRAINER_GPU=1 by default
+                                                    (True, "trainer memory GPU 1 by method")]
     assert "0.60B params" in rows[0][2] and "GPU 1 has 81559 MiB" in rows[0][2] and "prompts assumed 512" in rows[0][2]
+    assert rows[1][2].startswith("full 11.9 GiB fits; LoRA r=16 ") and "QLoRA r=16" in rows[1][2]
+
+
+def test_lora_settings_are_sized_as_lora_and_an_8b_full_fine_tune_names_lora_test_double_for_gpu_host(monkeypatch):
+    """#32 item 6: Qwen3-8B on one 80 GB trainer GPU: full fine-tuning does not fit and the line says LoRA would;
+    LORA_R=16 fits."""
+    from trainer import memory
+
+    monkeypatch.setattr(gpu_doctor, "model_config", lambda cfg: (memory.qwen3_config("Qwen3-8B"), "recorded"))
+    full = rows_for(TWO_H100, {}, "gpu", config=memory.qwen3_config("Qwen3-8B"))
+    fails = [msg for ok, _, msg in full if not ok]
+    assert len(fails) == 1 and "LORA_R=16" in fails[0], full
+    assert "full 127.9 GiB does not fit; LoRA r=16 37.0 GiB fits; QLoRA r=16 12.1 GiB fits" in full[1][2]
+    lora = rows_for(TWO_H100, {"LORA_R": "16"}, "gpu", config=memory.qwen3_config("Qwen3-8B"))
+    assert all(ok for ok, _, _ in lora) and "(lora r=16, " in lora[0][2], lora
 
 
 def test_a_12_gb_card_colocated_fails_with_one_line_naming_what_to_change_test_double_for_gpu_host(capsys, monkeypatch):

@@ -69,3 +69,15 @@ def test_make_variables_reach_the_tool_as_one_word_and_never_run(tmp_path, targe
     assert not pwned.exists(), "a make variable ran as shell code"
     argv = json.loads(r.stdout.strip().splitlines()[-1])
     assert argv[argv.index(flag) + 1] == payload.replace("$$", "$")  # make turns $$ into $; the shell nothing
+
+
+@pytest.mark.parametrize("value, adapter", [("1", True), ("true", True), ("0", False), ("", False)])
+def test_make_export_adapter_flag(tmp_path, value, adapter):
+    """`make export EXPORT_ADAPTER=1`: a LoRA run's adapter alone (trainer.export --adapter); anything else: merged."""
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / ".host-ok").touch()
+    r = subprocess.run(["make", "--no-print-directory", "export", f"VENV={venv}", f"STACK={ARGV_PRINTER}",
+                        f"EXPORT_ADAPTER={value}"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert ("--adapter" in json.loads(r.stdout.strip().splitlines()[-1])) is adapter

@@ -167,3 +167,51 @@ def test_accepts_none_tells_a_nullable_setting_from_one_with_a_bounded_default()
     # make eval re-applies an older run.json's settings: its null TOOL_TIMEOUT_S (no bound then) means the default now
     assert not RunConfig.accepts_none("tool_timeout_s")
     assert RunConfig.accepts_none("max_tool_calling_iterations") and RunConfig.accepts_none("tool_concurrency")
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({"LORA_R": "1024"}, "LORA_R=1024: vLLM serves adapters up to rank 512"),
+    ({"LORA_R": "-1"}, "LORA_R: Input should be greater than or equal to 0"),
+    ({"LORA_R": "16", "LORA_TARGET_MODULES": "q_proj,lm_head"}, "LORA_TARGET_MODULES: lm_head is not a linear layer"),
+    ({"LORA_R": "16", "LORA_TARGET_MODULES": "embed_tokens"}, "embed_tokens is not a linear layer of the decoder"),
+    ({"LORA_R": "16", "LORA_TARGET_MODULES": "all-linear,q_proj"}, "`all-linear` already takes every linear layer"),
+    ({"LORA_DROPOUT": "1"}, "LORA_DROPOUT: Input should be less than 1"),
+    ({"QLORA": "true"}, "QLORA=true trains adapters on a 4-bit base, but LORA_R=0"),
+    ({"QLORA": "true", "LORA_R": "16", "TRAIN_MODE": "cpu"}, "QLORA=true needs a GPU (bitsandbytes' 4-bit kernels)"),
+    ({"QLORA": "true", "LORA_R": "16", "TRAIN_MODE": "gpu", "WEIGHT_TRANSFER": "reload"}, "QLORA=true needs a GPU"),
+    ({"QLORA": "true", "LORA_R": "16", "TRAIN_MODE": "colocate"}, "QLORA=true with TRAIN_MODE=colocate"),
+    ({"QLORA": "true", "LORA_R": "16", "TRAIN_MODE": "gpu", "TRAINER_SHARDING": "fsdp"},
+     "QLORA=true with TRAINER_SHARDING=fsdp"),
+    ({"LORA_R": "16", "TRAIN_MODE": "gpu", "ROLLOUTS": "async"}, "LORA_R with ROLLOUTS=async"),
+])
+def test_lora_settings_that_cannot_work_stop_with_one_line(monkeypatch, env, expected):
+    with pytest.raises(ConfigError) as info:
+        load(monkeypatch, **env)
+    message = str(info.value)
+    assert expected in message and "\n" not in message, message
+    assert "edit .env" in message or "Input should" in message
+
+
+def test_lora_defaults_learning_rate_and_the_adapter_trl_gets(monkeypatch):
+    from trainer import lora
+
+    full = load(monkeypatch, TRAIN_MODE="cpu")
+    assert (full.lora_r, full.training_method, lora.peft_config(full)) == (0, "full", None)
+    cfg = load(monkeypatch, TRAIN_MODE="cpu", LORA_R="8")
+    assert cfg.training_method == "lora" and cfg.resolved_lora_alpha == 16
+    assert cfg.resolved_learning_rate("cpu") == 2e-3 and cfg.resolved_learning_rate("gpu") == 1e-4
+    config = lora.peft_config(cfg)
+    assert (config.r, config.lora_alpha, config.lora_dropout, config.target_modules) == (8, 16, 0.0, "all-linear")
+    listed = lora.peft_config(load(monkeypatch, TRAIN_MODE="cpu", LORA_R="4", LORA_ALPHA="4",
+                                   LORA_TARGET_MODULES=" q_proj , v_proj"))
+    assert (listed.lora_alpha, sorted(listed.target_modules)) == (4, ["q_proj", "v_proj"])
+    assert load(monkeypatch, TRAIN_MODE="gpu", LORA_R="16", QLORA="true").training_method == "qlora"
+    assert [lora.served_max_lora_rank(r) for r in (1, 4, 8, 9, 300, 512)] == [1, 8, 8, 16, 320, 512]
+
+
+def test_qlora_on_auto_mode_is_refused_once_the_trainer_resolves_cpu(monkeypatch, tmp_path, capsys):
+    from trainer import train
+
+    monkeypatch.setattr(RunConfig, "resolved_train_mode", lambda self: "cpu")
+    assert train.main(["--lora-r", "8", "--qlora", "true", "--output-dir", str(tmp_path)]) == 2
+    assert "QLORA=true needs a GPU" in capsys.readouterr().err

@@ -146,6 +146,12 @@ def test_bad_run_or_checkpoint_is_a_one_line_error(outputs, tmp_path, capsys):
     assert "run exp has no complete checkpoint yet (checkpoints there: none)" in one_line_error(capsys)
 
 
+def test_export_adapter_of_a_full_fine_tune_is_a_one_line_error(outputs, tmp_path, capsys):
+    assert export.main(["--outputs", str(outputs), "--run", RUN, "--out", str(tmp_path / "x"), "--adapter"]) == 1
+    assert "EXPORT_ADAPTER=1: checkpoint-2 holds full weights, not an adapter" in one_line_error(capsys)
+    assert not (tmp_path / "x").exists()
+
+
 def test_it_never_replaces_a_folder_that_is_no_export(outputs, tmp_path, capsys):
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me")
@@ -225,4 +231,6 @@ def test_the_export_service_mounts_the_exports_folder_and_the_token_as_a_secret(
     assert mounts["/outputs"]["read_only"] is True and mounts["/outputs"]["type"] == "volume"
     assert mounts["/exports"]["source"] == str(ROOT / "exports") and not mounts["/exports"].get("read_only")
     assert [s["source"] for s in cfg["secrets"]] == ["hf_token"]
+    # a LoRA run's base, read-only, where the trainer read it: the export merges the adapter into it
+    assert mounts["/models"]["read_only"] is True and mounts["/cache/huggingface"]["read_only"] is True
     assert not any("TOKEN" in k for k in cfg.get("environment") or {})

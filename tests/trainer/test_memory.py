@@ -51,8 +51,8 @@ def test_the_breakdown_is_16_bytes_per_parameter_plus_activations_and_names_ever
     sharded = memory.estimate(shape, processes=4, sharding="fsdp")
     assert sharded.weights == pytest.approx(est.weights / 4, abs=1) and sharded.shards == 4
     assert memory.estimate(shape, processes=4, sharding="ddp").weights == est.weights  # ddp: a full copy each
-    with pytest.raises(memory.ShapeError, match="lora"):
-        memory.estimate(shape, method="lora")
+    with pytest.raises(memory.ShapeError, match="dora"):
+        memory.estimate(shape, method="dora")
 
 
 def test_verdicts_fit_on_a_24_gib_gpu_and_say_what_to_change_on_smaller_ones():
@@ -88,5 +88,57 @@ def test_preflight_prints_the_breakdown_and_fails_with_one_line_when_it_cannot_f
     cfg = RunConfig.load([], train_mode="gpu", trainer_sharding="fsdp")
     assert preflight.check_memory(cfg, "gpu", 2, 300, gpu_bytes=8 * GIB, config=QWEN3_06B)[0] == []
     assert preflight.check_memory(cfg, "gpu", 1, 300, gpu_bytes=8 * GIB, config=QWEN3_06B)[0]
+    # LORA_R: the preflight sizes LoRA and stops no run full fine-tuning could not do on 12 GiB colocated
+    lora = RunConfig.load([], train_mode="colocate", max_completion_length=256, lora_r=16)
+    errors, line = preflight.check_memory(lora, "colocate", 1, 300, gpu_bytes=12 * GIB, config=QWEN3_06B)
+    assert errors == [] and "(lora r=16, 10.1M trainable)" in line
+    assert "by method: full 11.7 GiB does not fit; LoRA r=16 5.2 GiB fits; QLoRA r=16 3.5 GiB fits" in line
     rehearsal = RunConfig.load([], train_mode="gpu", weight_transfer="reload")  # trainer on CPU: nothing to size
     assert preflight.check_memory(rehearsal, "gpu", 1, 300, gpu_bytes=8 * GIB, config=QWEN3_06B) == ([], "")
+
+
+def test_lora_adapter_count_equals_peft_and_its_memory_is_the_frozen_base_plus_adapter_states():
+    """The adapters' parameter count is peft's own for `all-linear` on the real module tree (meta device: no
+    memory); LoRA keeps the fp32 base and 16 B per adapter parameter, QLoRA an NF4 base."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    small = {**QWEN3_06B, "num_hidden_layers": 2}  # the count is per layer: two layers say the same as 28
+    shape = memory.ModelShape.from_config(small)
+    with torch.device("meta"):
+        model = Qwen3ForCausalLM(Qwen3Config(**{k: v for k, v in small.items() if k != "model_type"}))
+    peft_model = get_peft_model(model, LoraConfig(r=16, target_modules="all-linear"))
+    assert shape.lora_params(16) == sum(p.numel() for p in peft_model.parameters() if p.requires_grad)
+    linear = sum(m.weight.numel() for n, m in model.named_modules()
+                 if isinstance(m, torch.nn.Linear) and "lora_" not in n and not n.endswith("lm_head"))
+    assert shape.linear_params() == linear
+
+    full, lora, qlora = (memory.estimate(shape, method=m, lora_r=16) for m in memory.METHODS)
+    adapters = shape.lora_params(16)
+    assert lora.weights == 4 * shape.params() + 4 * adapters
+    assert (lora.gradients, lora.optimizer) == (4 * adapters, 8 * adapters)
+    assert qlora.weights < lora.weights / 2 and qlora.optimizer == lora.optimizer
+    assert full.activations == lora.activations == qlora.activations  # backward still runs through every layer
+    assert full.total > lora.total > qlora.total
+    assert "lora r=16" in lora.breakdown() and "trainable" in lora.breakdown()
+
+
+def test_what_fits_names_the_cheaper_method_and_the_readme_table_is_the_modules():
+    from pathlib import Path
+
+    config = memory.qwen3_config("Qwen3-8B")
+    _, problem = memory.check(config, 80 * GIB, mode="gpu", processes=1, sharding="ddp", batch=8, prompt_tokens=512,
+                              completion_tokens=256, vllm_share=0.9)
+    assert problem and "LORA_R=16" in problem  # full fine-tuning of 8B does not fit 80 GB: the line names LoRA
+    est, problem = memory.check(config, 80 * GIB, mode="gpu", processes=1, sharding="ddp", batch=8,
+                                prompt_tokens=512, completion_tokens=256, vllm_share=0.9, method="lora", lora_r=16)
+    assert problem is None, est.breakdown()
+    _, problem = memory.check(memory.qwen3_config("Qwen3-14B"), 48 * GIB, mode="gpu", processes=1, sharding="ddp",
+                              batch=8, prompt_tokens=512, completion_tokens=256, vllm_share=0.9, method="lora")
+    assert problem and "QLORA=true" in problem
+    line = memory.compare(config, 80 * GIB, mode="gpu", processes=1, sharding="ddp", batch=8, prompt_tokens=512,
+                          completion_tokens=256, vllm_share=0.9)
+    assert "full" in line and "does not fit" in line and "LoRA r=16" in line and "QLoRA r=16" in line
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert memory.fits_table() in readme, "README's 'What fits' table is stale: paste trainer.memory.fits_table()"

@@ -1,0 +1,148 @@
+"""LoRA on the CPU profile (LORA_R): a real GRPO run on the real echo server trains adapters on the frozen tiny model,
+learns what the full fine-tune learns (greedy first calls on held-out rows, 0 before, every row after), checkpoints
+hold the adapter only, resume continues from one, `make export` merges it into a standalone model or writes it alone,
+and two trainer processes (DDP over gloo) train it too."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.trainer.conftest import ROOT
+from trainer import eval_report, evaluate, export, first_turn, lora, train
+from trainer.metrics import read_metrics
+
+STEPS = 20
+
+
+def lora_argv(model, out, url, *extra):
+    return ["--train-mode", "cpu", "--model-name", str(model), "--output-dir", str(out), "--env-name", "echo",
+            "--env-urls", f"echo={url}", "--seed", "42", "--resume", "auto", "--lora-r", "8", *extra]
+
+
+def test_lora_run_learns_checkpoints_the_adapter_alone_resumes_and_exports_both_forms(
+        tmp_path, tiny_model_dir, echo_server, capsys):
+    before = first_turn.evaluate(str(tiny_model_dir))
+    assert before["exact_rate"] <= 0.2, before
+    argv = lora_argv(tiny_model_dir, tmp_path, echo_server.url, "--run-name", "lora", "--max-steps", str(STEPS),
+                     "--save-steps", "1000")
+    assert train.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "training: LoRA r=8, alpha=16, dropout=0, target modules all-linear, on a frozen base, learning rate 0.002" in out
+    run = tmp_path / "lora"
+    ckpt = run / f"checkpoint-{STEPS}"
+    assert lora.is_adapter(ckpt) and not (ckpt / "model.safetensors").exists()  # the frozen base is not saved
+    adapter_bytes = (ckpt / "adapter_model.safetensors").stat().st_size
+    base_bytes = (tiny_model_dir / "model.safetensors").stat().st_size
+    print(f"adapter {adapter_bytes} B vs the model's weights {base_bytes} B")
+    assert adapter_bytes < base_bytes / 5
+    after = first_turn.evaluate(str(ckpt))  # transformers loads base + adapter from the checkpoint folder
+    print(f"LoRA r=8, lr 2e-3: greedy exact first calls {before['exact_rate']:.2f} before, "
+          f"{after['exact_rate']:.2f} after {STEPS} steps")
+    assert after["exact_rate"] >= 0.8, (before, after)
+
+    # resume from the adapter checkpoint: two more steps, the same adapter trained on
+    argv[argv.index("--max-steps") + 1] = str(STEPS + 2)
+    assert train.main(argv) == 0
+    assert f"resuming from {ckpt} (step {STEPS} of {STEPS + 2})" in capsys.readouterr().out
+    assert [r["step"] for r in read_metrics(run)] == list(range(1, STEPS + 3))
+    assert lora.is_adapter(run / f"checkpoint-{STEPS + 2}")
+
+    # make eval: the base vs base + adapter (merged into a scratch folder) on held-out episodes
+    assert evaluate.main(["--train-mode", "cpu", "--output-dir", str(tmp_path), "--env-urls",
+                          f"echo={echo_server.url}", "--run", "lora", "--tasks", "6"]) == 0
+    assert "holds a LoRA adapter: scoring the base model with it merged in" in capsys.readouterr().out
+    rows = {r["model"]: r for r in eval_report.read(run)["rows"]}
+    print(f"eval mean reward: base {rows['base']['mean_reward']:.3f}, base + adapter {rows['trained']['mean_reward']:.3f}")
+    assert rows["trained"]["mean_reward"] > rows["base"]["mean_reward"] + 0.3, rows
+
+    merged, adapter = tmp_path / "merged", tmp_path / "adapter"
+    assert export.main(["--outputs", str(tmp_path), "--run", "lora", "--out", str(merged)]) == 0
+    assert export.main(["--outputs", str(tmp_path), "--run", "lora", "--out", str(adapter), "--adapter"]) == 0
+    assert (merged / "model.safetensors").exists() and not lora.is_adapter(merged)
+    assert lora.is_adapter(adapter) and not (adapter / "model.safetensors").exists()
+    assert json.loads((adapter / "adapter_config.json").read_text())["r"] == 8
+    merged_card, adapter_card = (merged / "README.md").read_text(), (adapter / "README.md").read_text()
+    assert "LoRA: r=8, alpha=16" in merged_card and "merged into the base weights" in merged_card
+    assert "this folder is the adapter alone" in adapter_card and "--enable-lora --max-lora-rank 8" in adapter_card
+    assert "| lora_r | 8 |" in merged_card
+    merged_score = first_turn.evaluate(str(merged), rows=20)  # a plain transformers folder: no peft needed to load it
+    assert merged_score["exact_rate"] >= 0.8, merged_score
+
+
+def test_lora_with_two_trainer_processes(tmp_path, tiny_model_dir, echo_server):
+    """DDP over gloo: only the adapters have gradients to all-reduce; rank 0 saves the adapter."""
+    argv = lora_argv(tiny_model_dir, tmp_path, echo_server.url, "--run-name", "lora2", "--max-steps", "2",
+                     "--trainer-processes", "2", "--per-device-train-batch-size", "4", "--trace-every", "0")
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    res = subprocess.run([sys.executable, "-m", "trainer.launch", *argv], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=900)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert [r["step"] for r in read_metrics(tmp_path / "lora2")] == [1, 2]
+    ckpt = tmp_path / "lora2" / "checkpoint-2"
+    assert lora.is_adapter(ckpt) and not (ckpt / "model.safetensors").exists()
+    marked = json.loads((ckpt / "checkpoint-complete.json").read_text())["files"]
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(marked)
+
+
+def test_qloras_push_without_merging_yields_exactly_what_trls_merge_then_read_yields(tiny_model_dir):
+    """Differential, on a plain LoRA model (no 4-bit kernels on CPU): trainer.lora.merged_weights, which QLoRA's
+    pushes read, gives TRL 1.16's VLLMGeneration._iter_named_params tensors (merge, read, unmerge) name for name,
+    under the base model's names, and leaves the model as it was."""
+    from contextlib import contextmanager
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    torch.manual_seed(0)
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    names = set(base.state_dict())
+    model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", init_lora_weights=False))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+    class NotSharded:
+        is_fsdp, fsdp_version = False, None
+
+        @contextmanager
+        def gather_params(self, params):
+            yield
+
+    gen = object.__new__(VLLMGeneration)  # only what _iter_named_params reads: no vLLM, no accelerator
+    gen.model, gen._dist = model, NotSharded()
+    ours = {name: tensor.clone() for name, tensor in lora.merged_weights(model, gen._fix_param_name_to_vllm)}
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())  # nothing merged in place
+    trl = {name: tensor.clone() for name, tensor in gen._iter_named_params()}
+    assert list(ours) == list(trl) and set(ours) <= names  # the base model's names, in TRL's order
+    q = next(n for n in ours if n.endswith("q_proj.weight"))
+    assert not torch.equal(ours[q], before["base_model.model." + q.replace(".weight", ".base_layer.weight")])
+    for name in ours:
+        torch.testing.assert_close(ours[name], trl[name], rtol=0, atol=1e-6)
+    drift = max((p - before[n]).abs().max().item() for n, p in model.named_parameters())
+    print(f"TRL's merge + unmerge moved the fp32 base by up to {drift:.1e} (rounding); merged_weights by 0")
+
+
+# sha256 of the dedented source of each TRL private trainer/lora.py relies on, in trl 1.16.0 (as the rollout loop's pin)
+PINNED = {
+    "trl.generation.vllm_generation.VLLMGeneration._iter_named_params": (
+        "e68f35cf66fe49f6f38d7b7084b66a9a76a0ace2bf1ad7e72836f6bc435bc7aa",
+        "the one iterator every push reads, which lora.push_without_merging replaces for QLoRA and merged_weights "
+        "must equal (names, order, merged values; the differential test above)"),
+    "trl.generation.vllm_generation.VLLMGeneration._fix_param_name_to_vllm": (
+        "35e6cb36995b927d4177adea289e49a1526708ab5005b82e2d7e6a49508a5df5",
+        "the vLLM parameter names merged_weights yields through it"),
+}
+
+
+def test_trl_sources_lora_relies_on_are_the_pinned_ones():
+    import trl
+
+    from tests.trainer.test_rollout_loop import source_digest
+    from trainer.rollout_loop import TRL_VERSION
+
+    assert trl.__version__ == TRL_VERSION
+    for dotted, (expected, what) in PINNED.items():
+        assert source_digest(dotted) == expected, f"{dotted} changed in trl {trl.__version__}: re-check {what}"

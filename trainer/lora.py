@@ -1,0 +1,190 @@
+"""LoRA and QLoRA (LORA_R > 0, QLORA): the rules a run's settings must meet, the adapter TRL trains, and adapter folders
+(checkpoints, exports) turned into standalone models.
+
+Standard library at import (trainer.config and the host's `make doctor` import the rules); peft, torch and
+transformers load inside the functions that need them.
+
+TRL 1.16 does the training side: `GRPOTrainer(peft_config=...)` wraps the model, its checkpoints hold the adapter only
+(transformers saves a PeftModel's adapter), resume loads it back, and every weight push merges the adapter into the
+base, streams the merged weights under the base's names and unmerges (`VLLMGeneration._iter_named_params`), so vLLM
+serves merged weights and needs no LoRA support in sync mode.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from trainer.config import RunConfig
+
+ALL_LINEAR = "all-linear"  # peft's name for every linear layer but the output head
+# vLLM 0.31's --max-lora-rank choices (vllm/config/lora.py MaxLoRARanks): an adapter of rank r is served under the
+# smallest one >= r; above the largest, vLLM cannot serve it.
+VLLM_MAX_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# Layers that are not linear layers of the decoder: vLLM serves adapters on linear layers only (vllm/lora/utils.py
+# get_supported_lora_modules), and the default leaves the embeddings and the head alone on purpose.
+NOT_ADAPTABLE = ("embed_tokens", "lm_head", "wte", "embed_out", "norm", "rotary_emb")
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+
+
+def parse_target_modules(value: str) -> list[str]:
+    """LORA_TARGET_MODULES as a list; raises ValueError (one line) for a layer vLLM could not serve an adapter on."""
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    if not names:
+        raise ValueError(f"empty; write `{ALL_LINEAR}` or layer names like `q_proj,v_proj` (edit .env)")
+    if ALL_LINEAR in names and len(names) > 1:
+        raise ValueError(f"`{ALL_LINEAR}` already takes every linear layer of the decoder; list names only without "
+                         "it (edit .env)")
+    bad = [n for n in names if any(part in n.lower() for part in NOT_ADAPTABLE)]
+    if bad:
+        raise ValueError(f"{', '.join(bad)} is not a linear layer of the decoder: vLLM serves adapters on linear "
+                         f"layers only, and the embeddings and the head stay frozen; use `{ALL_LINEAR}` or names like "
+                         "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj (edit .env)")
+    return names
+
+
+def served_max_lora_rank(rank: int) -> int:
+    """vLLM's --max-lora-rank for adapters of `rank`: the smallest choice it accepts that holds them."""
+    return next(r for r in VLLM_MAX_LORA_RANKS if r >= rank)
+
+
+def adapter_problem(cfg: "RunConfig", mode: str | None) -> str | None:
+    """One line naming what to change when the LoRA settings cannot work together (None: they can). `mode`: the
+    resolved TRAIN_MODE, or None while it is still `auto` (train.py asks again once it is resolved)."""
+    if cfg.lora_r and cfg.rollouts == "async":
+        return ("LORA_R with ROLLOUTS=async: the adapter-only weight sync into vLLM (--enable-lora) is not built yet; "
+                "set ROLLOUTS=sync (TRL merges the adapter and pushes merged weights) or LORA_R=0 (edit .env)")
+    if cfg.lora_r > VLLM_MAX_LORA_RANKS[-1]:
+        return (f"LORA_R={cfg.lora_r}: vLLM serves adapters up to rank {VLLM_MAX_LORA_RANKS[-1]} (--max-lora-rank); "
+                f"set LORA_R to {VLLM_MAX_LORA_RANKS[-1]} or less (edit .env)")
+    if not cfg.qlora:
+        return None
+    if not cfg.lora_r:
+        return "QLORA=true trains adapters on a 4-bit base, but LORA_R=0 asks for full fine-tuning: set LORA_R (e.g. 16) (edit .env)"
+    if mode == "cpu" or (mode == "gpu" and cfg.weight_transfer == "reload"):
+        return ("QLORA=true needs a GPU (bitsandbytes' 4-bit kernels); the trainer runs on CPU here: set QLORA=false "
+                "(LORA_R alone trains adapters on the full-precision base) (edit .env)")
+    if mode == "colocate":
+        return ("QLORA=true with TRAIN_MODE=colocate: TRL then runs the colocated vLLM in 4 bits too (bitsandbytes in "
+                "flight), whose layers a weight push cannot refresh (their 4-bit scales stay the old ones); use "
+                "TRAIN_MODE=gpu (vLLM serves the merged weights on its own GPU) or QLORA=false (edit .env)")
+    if cfg.trainer_sharding == "fsdp":
+        return ("QLORA=true with TRAINER_SHARDING=fsdp: each weight push merges the adapter into the whole base "
+                "weight, which a 4-bit base sharded by FSDP2 cannot give; use TRAINER_SHARDING=ddp (a 4-bit copy per "
+                "GPU) or QLORA=false (edit .env)")
+    return None
+
+
+def peft_config(cfg: "RunConfig"):
+    """The LoraConfig TRL wraps the model with, or None for full fine-tuning."""
+    if not cfg.lora_r:
+        return None
+    from peft import LoraConfig
+
+    modules = parse_target_modules(cfg.lora_target_modules)
+    return LoraConfig(r=cfg.lora_r, lora_alpha=cfg.resolved_lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=ALL_LINEAR if modules == [ALL_LINEAR] else modules, bias="none",
+                      task_type="CAUSAL_LM")
+
+
+def quantization_kwargs(cfg: "RunConfig") -> dict[str, Any]:
+    """from_pretrained kwargs for QLoRA's 4-bit base (NF4, double quantization, bf16 compute); {} otherwise."""
+    if not cfg.qlora:
+        return {}
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    return {"quantization_config": BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16)}
+
+
+def describe(cfg: "RunConfig") -> str:
+    """One line for the log and the model card."""
+    if not cfg.lora_r:
+        return "full fine-tuning (every weight trained)"
+    base = "4-bit NF4 base (QLoRA)" if cfg.qlora else "frozen base"
+    return (f"LoRA r={cfg.lora_r}, alpha={cfg.resolved_lora_alpha:g}, dropout={cfg.lora_dropout:g}, "
+            f"target modules {cfg.lora_target_modules}, on a {base}")
+
+
+# ---------------------------------------------------------------------------- adapter folders
+def is_adapter(folder: str | Path) -> bool:
+    """Whether a checkpoint or export folder holds a LoRA adapter rather than full weights."""
+    folder = Path(folder)
+    return (folder / ADAPTER_CONFIG).is_file() and any((folder / n).is_file() for n in ADAPTER_WEIGHTS)
+
+
+def adapter_info(folder: str | Path) -> dict[str, Any]:
+    """adapter_config.json: base_model_name_or_path, r, lora_alpha, target_modules, ..."""
+    return json.loads((Path(folder) / ADAPTER_CONFIG).read_text())
+
+
+def merged_model(adapter_dir: str | Path, base: str | None = None, load_kwargs: dict[str, Any] | None = None):
+    """The base model (fp32) with the adapter of `adapter_dir` merged in: a plain transformers model, as a full
+    fine-tune's checkpoint would load. `base`: the base model's folder or hub id (default: the one the adapter
+    records)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = base or adapter_info(adapter_dir)["base_model_name_or_path"]
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, **(load_kwargs or {}))
+    return PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+
+
+def write_merged(adapter_dir: str | Path, out: str | Path, base: str | None = None,
+                 load_kwargs: dict[str, Any] | None = None) -> Path:
+    """A standalone model folder (weights, config, generation config, tokenizer from the adapter folder) of base +
+    adapter: what `make eval` scores on GPU and `make export` writes by default."""
+    from transformers import AutoTokenizer
+
+    out = Path(out)
+    merged_model(adapter_dir, base, load_kwargs).save_pretrained(out)
+    AutoTokenizer.from_pretrained(adapter_dir).save_pretrained(out)
+    return out
+
+
+# ---------------------------------------------------------------------------- QLoRA's weight push
+def merged_weights(model, fix_name=lambda name: name):
+    """(name, tensor) of base + adapter under the base model's names, computed per layer without touching the model:
+    an adapted linear layer's weight is its base weight (dequantized when 4-bit) + scale x B·A; the adapters' own
+    tensors are skipped. The same tensors TRL's merge-then-read yields for a plain LoRA model (tests check it), but
+    a 4-bit base is never re-quantized: TRL 1.16's push merges into the base and unmerges after
+    (VLLMGeneration._iter_named_params), which peft does for a 4-bit layer by dequantize, add, re-quantize, so every
+    push would move the frozen base by a rounding (peft warns so), and it would read the packed 4-bit tensors."""
+    import torch
+    from peft.tuners.lora import LoraLayer
+    from peft.utils.integrations import dequantize_module_weight
+
+    adapted = {name: module for name, module in model.named_modules() if isinstance(module, LoraLayer)}
+    for name, param in model.named_parameters():
+        if ".lora_" in name:
+            continue
+        owner, _, leaf = name.rpartition(".")
+        layer = adapted.get(owner.removesuffix(".base_layer")) if owner.endswith(".base_layer") else None
+        clean = fix_name(name.removeprefix("base_model.model.").replace(".base_layer", ""))
+        if layer is None or leaf != "weight":
+            yield clean, param.data
+            continue
+        with torch.no_grad():
+            weight = dequantize_module_weight(layer.get_base_layer()).to(torch.float32)
+            for adapter in layer.active_adapters:
+                if adapter in layer.lora_A:
+                    weight = weight + layer.get_delta_weight(adapter).to(torch.float32)
+        yield clean, weight
+
+
+def push_without_merging(trainer) -> bool:
+    """QLoRA: every weight push (server mode's NCCL stream and metadata, colocate's load) reads merged_weights instead
+    of TRL's merge-then-read. Install before trainer.gpu.push_in_served_dtype (which casts what this yields). Returns
+    False when the trainer has no vLLM. PINNED to trl 1.16's `VLLMGeneration._iter_named_params` (the one iterator
+    every push reads) and its `_fix_param_name_to_vllm`."""
+    gen = getattr(trainer, "vllm_generation", None)
+    if gen is None or not hasattr(gen, "_iter_named_params"):
+        return False
+    gen._iter_named_params = lambda: merged_weights(gen.model, gen._fix_param_name_to_vllm)
+    return True
