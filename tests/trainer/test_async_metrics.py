@@ -139,3 +139,48 @@ def test_more_dropped_than_trained_fails_the_staleness_stage():
     ok, detail = sampling_health.staleness_verdict(rows)
     assert ok is False and "MAX_STALENESS" in detail
     assert sampling_health.staleness_verdict([{"step": 2}])[0] is False  # nothing trained: never a pass
+
+
+def test_the_trainer_mixin_logs_lag_percentiles_of_what_trls_queue_dataset_recorded(tmp_path):
+    """trainer.async_run.AfterRun over TRL's real RolloutQueueDataset (which records each trained sample's lag and
+    drops the stale ones) and TRL's real AsyncGRPOTrainer.log (which averages them): the lags reach the callbacks as
+    percentiles and a histogram, next to TRL's mean. The trainer object is built without its __init__ (no model,
+    no vLLM): only what log() reads is set."""
+    import queue as queue_module
+
+    import numpy as np
+    from transformers.trainer_callback import TrainerState
+    from trl.experimental.async_grpo.async_grpo_trainer import AsyncGRPOTrainer, RolloutQueueDataset
+    from trl.experimental.async_grpo.async_rollout_worker import RolloutSample
+
+    from accelerate.state import PartialState
+
+    from trainer.async_run import AfterRun
+
+    PartialState()  # TRL's dataset logs its drops through accelerate's logger
+
+    class Trainer(AfterRun, AsyncGRPOTrainer):
+        pass
+
+    sink, seen = defaultdict(list), []
+    trainer = object.__new__(Trainer)
+    trainer.__dict__.update(
+        _metrics={"train": sink, "eval": defaultdict(list)}, model=SimpleNamespace(training=True),
+        accelerator=SimpleNamespace(is_main_process=True), rollout_worker=None, state=TrainerState(global_step=5),
+        args=SimpleNamespace(max_staleness=2, include_num_input_tokens_seen="no"), control=None,
+        callback_handler=SimpleNamespace(on_log=lambda args, state, control, logs: seen.append(dict(logs))))
+    versions = [5, 5, 4, 5, 3, 1, 4]  # trainer at version 5, MAX_STALENESS 2: the version-1 sample is dropped
+    q = queue_module.Queue()
+    for i, v in enumerate(versions):
+        q.put(RolloutSample(prompt=[], completion=[], input_ids=np.zeros(3, dtype=np.int64),
+                            completion_mask=np.ones(3, dtype=np.int64), old_log_probs=np.zeros(3, dtype=np.float32),
+                            advantage=0.0, model_version=v, group_id=i, metrics={}))
+    dataset = RolloutQueueDataset(q, lambda: 5, lambda s: None, 60, sink, max_staleness=2)
+    taken = iter(dataset)
+    for _ in range(len(versions) - 1):
+        next(taken)
+    trainer.log({"loss": 0.1})
+    [logs] = seen
+    assert logs["sample/staleness_mean"] == pytest.approx(4 / 6) and logs["sample/dropped_stale_total"] == 1
+    assert logs["async/staleness_p50"] == 0 and logs["async/staleness_max"] == 2
+    assert [logs[f"async/samples_at_lag/{k}"] for k in range(3)] == [3, 2, 1]
