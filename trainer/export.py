@@ -33,7 +33,7 @@ WEIGHT_FILES = ("model.safetensors", "model-*-of-*.safetensors", "model.safetens
 CARD_SETTINGS = ("max_steps", "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
                  "steps_per_generation", "max_completion_length", "max_tool_calling_iterations", "temperature",
                  "unfinished_penalty", "enable_thinking", "dataset_size", "seed", "trainer_processes",
-                 "trainer_sharding")
+                 "trainer_sharding", "rollouts", "max_staleness")
 
 
 class ExportError(RuntimeError):
