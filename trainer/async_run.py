@@ -6,7 +6,8 @@ Two pieces, one per process of TRL's async design:
     averages them: trainer.async_metrics), the traces the rollout worker wrote handed to the trackers' tables, and
     the smoke's stages (rendezvous, first weight sync). `configure_traces(run_dir, every, samples, trackers)` has the
     sync trainer's signature, so trainer.train calls it the same way for both.
-  * `TracedRolloutLoop`, TRL's rollout loop in the spawned worker process (where the env sessions live): every
+  * `TracedRollouts`, a mixin for TRL's rollout loop class in the spawned worker process (where the env sessions
+    live; `TracedRolloutLoop` is TRL's loop with it, `use_traced_loop` puts it in the worker): every
     scored group sends the env binding's episode counts (trainer.metrics.STATS of that process) to the trainer as TRL
     metric rates (env/<env>/...), and every TRACE_EVERY policy versions one group goes to rollouts.jsonl
     (trainer.rollouts' schema, plus `policy_version`; `step` is policy_version + 1, the step a sync run would have
@@ -49,8 +50,7 @@ class AfterRun:
         self._trace_offset = trace_file.stat().st_size if trace_file.exists() else 0  # earlier sessions' rows
         worker = getattr(self, "rollout_worker", None)
         if isinstance(worker, AsyncRolloutWorker):  # TRL's worker (a custom one traces itself, or not at all)
-            worker._loop_cls = TracedRolloutLoop
-            worker._loop_kwargs.update(trace_dir=str(run_dir), trace_every=every, trace_samples=samples)
+            use_traced_loop(worker, trace_dir=str(run_dir), trace_every=every, trace_samples=samples)
         transfer = getattr(self, "weight_transfer", None)
         if transfer is not None and not getattr(transfer.init_weight_transfer, "_stage_timed", False):
             transfer.init_weight_transfer = _timed_init(transfer)
@@ -101,8 +101,10 @@ def _timed_init(transfer):
     return init_weight_transfer
 
 
-class TracedRolloutLoop(_AsyncRolloutLoop):
-    """TRL's rollout loop (in the spawned worker) plus the env episode counts and the traces; see the module doc."""
+class TracedRollouts:
+    """Mixin for TRL's rollout loop class (it runs in the spawned worker): the env episode counts and the traces; see
+    the module docstring. The worker pickles its loop class by name, so a stack loop class that changes other parts
+    of TRL's loop inherits this first, at module level: `class StackRolloutLoop(TracedRollouts, _AsyncRolloutLoop)`."""
 
     def __init__(self, *, trace_dir: str | None = None, trace_every: int = 0, trace_samples: int = 0,
                  **kwargs: Any) -> None:
@@ -157,3 +159,20 @@ class TracedRolloutLoop(_AsyncRolloutLoop):
         for row in rows:
             row["policy_version"] = group.model_version
         rollouts.append(self._trace_dir, rows[: self._trace_samples or len(rows)])
+
+
+class TracedRolloutLoop(TracedRollouts, _AsyncRolloutLoop):
+    """TRL's own rollout loop with the traces: what the worker runs when the trainer leaves TRL's loop in place."""
+
+
+def use_traced_loop(worker: AsyncRolloutWorker, **trace_kwargs: Any) -> None:
+    """Have TRL's rollout worker run a loop class with TracedRollouts and pass it its settings."""
+    loop_cls = worker._loop_cls
+    if not issubclass(loop_cls, TracedRollouts):
+        if loop_cls is not _AsyncRolloutLoop:
+            raise TypeError(f"the rollout worker runs {loop_cls.__qualname__}, which does not inherit "
+                            "trainer.async_run.TracedRollouts: declare it as `class "
+                            f"{loop_cls.__name__}(TracedRollouts, ...)` (the worker pickles the class by name, so it "
+                            "cannot be composed at run time)")
+        worker._loop_cls = TracedRolloutLoop
+    worker._loop_kwargs.update(trace_kwargs)

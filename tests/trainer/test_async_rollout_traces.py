@@ -100,3 +100,31 @@ def test_the_worker_sends_the_sync_per_env_figures_and_traces_one_group_per_poli
         assert call["tool"] == "echo_message" and call["arguments"] == {"message": "hello"} and not call["failed"]
         assert "hello" in call["result"]
         assert row["rewards"]["EchoTool"] == row["env_reward"] == row["reward"]  # no other reward function
+
+
+def test_the_worker_gets_a_traced_loop_class_it_can_pickle_by_name():
+    """TRL's worker pickles its loop class into the spawned child: the traced loop is composed at module level, and
+    a stack loop class that does not inherit TracedRollouts is refused with what to write."""
+    import pickle
+
+    from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, _AsyncRolloutLoop
+
+    from trainer.async_run import TracedRolloutLoop, TracedRollouts, use_traced_loop
+
+    class Composed(TracedRollouts, _AsyncRolloutLoop):
+        pass
+
+    class Untraced(_AsyncRolloutLoop):
+        pass
+
+    worker = object.__new__(AsyncRolloutWorker)  # TRL's own class (its __init__ wants vLLM installed)
+    worker._loop_kwargs = {}
+    use_traced_loop(worker, trace_every=3)
+    assert worker._loop_cls is TracedRolloutLoop and worker._loop_kwargs == {"trace_every": 3}
+    assert pickle.loads(pickle.dumps(worker._loop_cls)) is TracedRolloutLoop
+    worker._loop_cls = Composed
+    use_traced_loop(worker, trace_every=3)
+    assert worker._loop_cls is Composed  # a stack loop that already traces stays as it is
+    worker._loop_cls = Untraced
+    with pytest.raises(TypeError, match=r"class Untraced\(TracedRollouts, \.\.\.\)"):
+        use_traced_loop(worker)
