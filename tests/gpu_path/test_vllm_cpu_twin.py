@@ -237,6 +237,19 @@ def test_nccl_check_full_passes_the_http_stages_then_fails_at_the_first_gpu_only
     assert not any("rendezvous" in line for line in lines[3:-1])  # stopped before the NCCL group
 
 
+def test_nccl_check_full_async_path_stops_at_the_same_gpu_stage(vllm_cpu, capsys):
+    """ROLLOUTS=async's `make nccl-check FULL=1` path (TRL's async WeightTransferClient) against the twin: the same
+    server stage passes, the same GPU stage stops it, before the async rendezvous."""
+    from trainer.gpu import sync_check
+
+    assert sync_check.run(vllm_cpu.url, "tiny", 51216, 60, 60, rollouts="async") == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("nccl-check --full (ROLLOUTS=async)")
+    assert lines[1].startswith("  ok   vLLM server: healthy, dev mode on, NCCL weight transfer configured")
+    assert lines[2].startswith("  FAIL server GPU: the vLLM server has no GPU")
+    assert lines[-1] == "nccl-check --full: FAILED (first failing stage above)" and len(lines) == 4
+
+
 
 def test_rollouts_async_needs_nothing_the_sync_flags_lack(vllm_cpu, monkeypatch):
     """ROLLOUTS=async against the same `vllm` command line (#31 item 10): every call TRL 1.16's AsyncGRPOTrainer

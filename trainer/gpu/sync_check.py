@@ -242,9 +242,12 @@ def _run_async(url: str, model_name: str, group_port: int, server_timeout_s: flo
             state["report"] = rep = check_vllm_server(url, timeout_s=server_timeout_s)
         except VLLMPreflightError as exc:
             raise StageFailed(str(exc)) from None
-        if rep.server_has_cuda is False:
-            raise StageFailed(explain_init_failure(None, "", rep))
         return f"healthy, dev mode on, NCCL weight transfer configured; serves {rep.model}, world size {rep.world_size}"
+
+    def server_gpu() -> str:  # the first GPU-only step: stop before any NCCL call could hang
+        if state["report"].server_has_cuda is False:
+            raise StageFailed(explain_init_failure(None, "", state["report"]))
+        return "the server runs on CUDA"
 
     def load_model() -> str:
         import torch
@@ -295,7 +298,8 @@ def _run_async(url: str, model_name: str, group_port: int, server_timeout_s: flo
                 f"match the trainer's logprobs ({figures['restored_vs_trainer']})")
 
     try:
-        for name, fn in [("vLLM server", server), ("model", load_model), ("rendezvous (async)", rendezvous),
+        for name, fn in [("vLLM server", server), ("server GPU", server_gpu), ("model", load_model),
+                         ("rendezvous (async)", rendezvous),
                          ("weight push (async)", push), ("weights land", weights_land)]:
             timed(name, fn)
     except StageFailed:
