@@ -200,10 +200,12 @@ class AsyncTransfer:
     `_sync_weight_merged`: pause, send_weights(iterator), resume), so `make nccl-check FULL=1` covers it."""
 
     def __init__(self, url: str, model, server_timeout_s: float, sync_timeout_s: float) -> None:
+        from accelerate.state import PartialState
         from trl.experimental.async_grpo.async_grpo_trainer import _iter_vllm_named_params
         from trl.experimental.async_grpo.vllm_client import VLLMClient
         from trl.experimental.async_grpo.weight_transfer import WeightTransferClient
 
+        PartialState()  # TRL's async client logs through accelerate, which refuses to before this exists
         self.model, self.url = model, url
         params = list(_iter_vllm_named_params(model))
         info = {"names": [n for n, _ in params], "dtype_names": [str(p.dtype).split(".")[-1] for _, p in params],
