@@ -230,8 +230,13 @@ def test_rollouts_async_after_the_run__sigterm_resume_traces_report_export_eval(
     outputs.mkdir()
     outputs.chmod(0o777)
     run, name = "async-after", f"grpo-test-asyncafter-{uuid.uuid4().hex[:8]}"
-    extra = ["-e", "ROLLOUTS=async", "-e", "SAVE_STEPS=1", "-e", "TRACE_EVERY=1"]
-    docker(*trainer_run(network, model_dir, weights, outputs, run, 50, "-d", "--name", name, *extra))
+    extra = ["-e", "ROLLOUTS=async", "-e", "TRACE_EVERY=1"]
+
+    def async_run(max_steps: int, *docker_args: str) -> list[str]:  # trainer_run's, saving every step
+        argv = trainer_run(network, model_dir, weights, outputs, run, max_steps, *docker_args, *extra)
+        return [arg.replace("SAVE_STEPS=100", "SAVE_STEPS=1") for arg in argv]
+
+    docker(*async_run(50, "-d", "--name", name))
     marker = outputs / run / "checkpoint-2" / checkpoints.MARKER
     deadline = time.monotonic() + 900
     while not marker.exists():  # the second checkpoint sealed: the run is well under way
@@ -251,8 +256,7 @@ def test_rollouts_async_after_the_run__sigterm_resume_traces_report_export_eval(
     state = json.loads((ckpt / "rollout_state.json").read_text())  # TRL's: where the rollout worker starts again
     assert state["model_version"] >= stopped_at
 
-    resumed = docker(*trainer_run(network, model_dir, weights, outputs, run, stopped_at + 1, "--rm", *extra),
-                     check=False)
+    resumed = docker(*async_run(stopped_at + 1, "--rm"), check=False)
     log = resumed.stdout + resumed.stderr
     assert resumed.returncode == 0, log[-5000:]
     assert f"resuming from /outputs/{run}/checkpoint-{stopped_at}" in log
