@@ -6,8 +6,9 @@ thing under another name, and the step-time split is measured by other clocks. `
 dict into the metrics.jsonl record a sync run writes, so metrics.jsonl, every tracker (trainer.trackers) and
 `make report` read both modes the same way, plus what only an async run has:
 
-    async/staleness_p50, _p90, _max     lag of the samples trained in the step: how many weight updates
-                                        (policy versions) behind the trainer they were generated
+    async/staleness_p50, _p90, _max     lag of the samples the trainer took from the queue to train in the logging
+                                        window (TRL's dataloader fetches one batch ahead: step 1 counts two): how
+                                        many weight updates (policy versions) behind the trainer they were generated
     async/samples_at_lag/<k>            how many trained samples had lag k (k = 0 .. MAX_STALENESS): the histogram
     async/dropped_stale                 samples dropped because they lagged more than MAX_STALENESS
     async/queue_depth                   scored samples waiting in the rollout queue when the trainer took one
