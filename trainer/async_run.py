@@ -26,12 +26,14 @@ PINNED to trl 1.16.0 (trl/experimental/async_grpo); re-check on a TRL upgrade:
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, _AsyncRolloutLoop
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # as trainer.async_trainer: ROLLOUTS=async is chosen on purpose
+from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, _AsyncRolloutLoop  # noqa: E402
 
 from trainer import async_metrics, rollouts, stages
 

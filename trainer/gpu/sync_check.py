@@ -328,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
     return run(args.url or cfg.vllm_server_url, args.model or cfg.model_path("gpu"), cfg.vllm_group_port,
                cfg.vllm_server_timeout_s, cfg.weight_sync_timeout_s,
                reload_dir=str(cfg.weight_reload_dir) if cfg.weight_transfer == "reload" else None,
-               rollouts=getattr(cfg, "rollouts", "sync"))  # ROLLOUTS lands with async-core's RunConfig field
+               rollouts=cfg.rollouts)
 
 
 if __name__ == "__main__":
