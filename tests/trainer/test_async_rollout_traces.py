@@ -1,5 +1,6 @@
 """trainer.async_run.TracedRolloutLoop: TRL 1.16's real async rollout loop (generate loop, env pool, get_reward,
-scoring) against a real echo server with the stack's env factory (trainer.envs_binding.EnvFactory), its vLLM requests replaced by scripted turns (the
+scoring) against a real echo server with the stack's env factory (trainer.envs_binding.EnvFactory), its vLLM
+requests replaced by scripted turns (the
 one stand-in: no vLLM runs in this test). What it sends the trainer, reduced the way TRL's trainer reduces it, gives
 the sync run's per-env figures; its traces fit rollouts.jsonl's schema and hold each episode's calls and rewards."""
 
@@ -66,7 +67,8 @@ def traced_loop(tmp_path, tiny_model_dir, echo_server):
         rollout_buffer=queue.Queue(), model_version_value=SimpleNamespace(value=0),
         heartbeat_value=SimpleNamespace(value=0.0), failed_event=threading.Event(),
         exception_info_queue=queue.Queue(), metrics_queue=queue.Queue(),
-        environment_factory=EnvFactory("echo", spec.tool_class, echo_server.url), num_generations=2, max_inflight_tasks=2,
+        environment_factory=EnvFactory("echo", spec.tool_class, echo_server.url), num_generations=2,
+        max_inflight_tasks=2,
         max_tokens=64, trace_dir=str(tmp_path), trace_every=1, trace_samples=2)
     loop.eos_token_ids = [loop.tokenizer.convert_tokens_to_ids("<|im_end|>")]
     yield loop
