@@ -1,8 +1,8 @@
 """trainer.async_run.TracedRolloutLoop: TRL 1.16's real async rollout loop (generate loop, env pool, get_reward,
 scoring) against a real echo server with the stack's env factory (trainer.envs_binding.EnvFactory), its vLLM
-requests replaced by scripted turns (the
-one stand-in: no vLLM runs in this test). What it sends the trainer, reduced the way TRL's trainer reduces it, gives
-the sync run's per-env figures; its traces fit rollouts.jsonl's schema and hold each episode's calls and rewards."""
+requests replaced by scripted turns (the one stand-in: no vLLM runs in this test). What it sends the trainer, reduced
+the way TRL's trainer reduces it, gives the sync run's per-env figures; its traces fit rollouts.jsonl's schema and
+hold each episode's calls and rewards."""
 
 from __future__ import annotations
 
