@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from trainer.async_run import AfterRun, TracedRollouts
 from trainer.config import RunConfig
 
 logger = logging.getLogger("trainer.async")
@@ -155,7 +156,7 @@ def _rollout_loop_base():
     return _AsyncRolloutLoop
 
 
-class StackRolloutLoop(_rollout_loop_base()):
+class StackRolloutLoop(TracedRollouts, _rollout_loop_base()):  # traces + env counts first (trainer.async_run)
     """TRL's rollout loop (it runs in the spawned child) with the sync trainer's meanings:
 
     - TOOL_TIMEOUT_S: a tool call that runs longer fails; the model reads the rollout loop's message
@@ -232,7 +233,7 @@ def make_async_trainer_class():
     from trl.experimental.async_grpo import AsyncGRPOTrainer
     from trl.experimental.async_grpo import async_grpo_trainer as trl_async
 
-    class StackAsyncGRPOTrainer(AsyncGRPOTrainer):
+    class StackAsyncGRPOTrainer(AfterRun, AsyncGRPOTrainer):  # after-run hooks first (trainer.async_run)
         """TRL's AsyncGRPOTrainer; differs only where the stack needs it (module docstring)."""
 
         def __init__(self, *args, tool_timeout_s: float | None = None, tool_concurrency: int | None = None,

@@ -36,7 +36,8 @@ WEIGHT_FILES = ("model.safetensors", "model-*-of-*.safetensors", "model.safetens
 CARD_SETTINGS = ("max_steps", "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps",
                  "steps_per_generation", "max_completion_length", "max_tool_calling_iterations", "temperature",
                  "unfinished_penalty", "enable_thinking", "dataset_size", "seed", "trainer_processes",
-                 "trainer_sharding", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "qlora")
+                 "trainer_sharding", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "qlora",
+                 "rollouts", "max_staleness")
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
 

@@ -147,11 +147,12 @@ class MetricsCallback(TrainerCallback):
     """Writes one JSONL record per logging step, hands it to the trackers, and prints a one-line progress."""
 
     def __init__(self, run_dir: str, stats: RolloutStats = STATS, resume_step: int = 0, mode: str = "cpu",
-                 print_fn=print, trackers: Trackers | None = None) -> None:
+                 print_fn=print, trackers: Trackers | None = None, rollouts: str = "sync") -> None:
         self.run_dir = Path(run_dir)
         self.stats = stats
         self.resume_step = resume_step
         self.mode = mode
+        self.rollouts = rollouts  # async: TRL's AsyncGRPOTrainer logs, mapped to these keys by trainer.async_metrics
         self.print = print_fn
         # Opened lazily, at the first logged step: only the main process writes.
         self.trackers = trackers or Trackers(["tensorboard"], RunInfo(run_dir, self.run_dir.name,
@@ -160,7 +161,10 @@ class MetricsCallback(TrainerCallback):
         self._step_start: float | None = None
         self._step_times: list[float] = []
         # vLLM's vs the trainer's log-probs: the smoke's stage after step 3, one warning when a step leaves bounds.
-        self.sampling = sampling_health.Watch(stages.mark, lambda line: self.print(f"[train] {line}"))
+        self.sampling = sampling_health.Watch(stages.mark, lambda line: self.print(f"[train] {line}"),
+                                              ratio_key=sampling_health.ASYNC_RATIO if rollouts == "async"
+                                              else sampling_health.RATIO_MEAN)
+        self.staleness = sampling_health.StalenessWatch(stages.mark)  # async: the smoke's staleness stage
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -187,6 +191,9 @@ class MetricsCallback(TrainerCallback):
         steps = max(1, len(self._step_times))
         step_s = sum(self._step_times) / steps if self._step_times else None
         self._step_times = []
+        if self.rollouts == "async":
+            self._log_record(self._async_record(logs, episodes, step_s, state.global_step), args, state)
+            return
         sync = timers.get("weight_sync", 0.0) / steps
         # TRL syncs weights inside its generation call (vLLM modes): report the two apart.
         gen = max(0.0, timers.get("generation", 0.0) / steps - sync)
@@ -204,12 +211,29 @@ class MetricsCallback(TrainerCallback):
             record["time/training_s"] = max(0.0, step_s - score_total - sync)  # fwd/bwd/optimizer
             if self.mode != "cpu":
                 record["time/weight_sync_s"] = sync
+        self._log_record(record, args, state)
+
+    def _async_record(self, logs, episodes, step_s, step) -> dict[str, Any]:
+        from trainer import async_metrics
+
+        record: dict[str, Any] = {"kind": "step", "step": step, "time": time.time(), "mode": self.mode,
+                                  "rollouts": "async"}
+        record.update({k: _clean(v) for k, v in async_metrics.record(logs).items()})
+        record.update(summarize_episodes(episodes))  # none here unless the env binding ran in this process
+        record.update(async_metrics.time_split(logs, step_s))
+        stages.mark("first_generation", record.get("time/generation_s"),
+                    "first scored rollouts reached the trainer (async rollout worker)")
+        return record
+
+    def _log_record(self, record: dict[str, Any], args, state) -> None:
         self._append(record)
-        stages.mark("first_optimizer_step", step_s, f"step {state.global_step}: loss {record.get('loss')}, "
-                    f"reward {record.get('reward')}")
+        stages.mark("first_optimizer_step", record.get("time/step_s"), f"step {state.global_step}: loss "
+                    f"{record.get('loss')}, reward {record.get('reward')}")
         self.trackers.log_record(record)
         self.print(self._progress_line(record, args))
         self.sampling.observe(record)
+        if self.rollouts == "async":
+            self.staleness.observe(record)
 
     def on_train_end(self, args, state, control, **kwargs):
         self.trackers.close()
@@ -232,6 +256,9 @@ class MetricsCallback(TrainerCallback):
                 f"loss {f('loss', '{:.4f}')} step {f('time/step_s', '{:.2f}')}s "
                 f"(gen {f('time/generation_s', '{:.2f}')} env {f('time/env_s', '{:.2f}')} "
                 f"train {f('time/training_s', '{:.2f}')})"
+                # async: how far behind the trainer the trained samples were generated (trainer.async_metrics)
+                + (f" lag p50 {f('async/staleness_p50', '{:.0f}')} max {f('async/staleness_max', '{:.0f}')}"
+                   f" queue {f('async/queue_depth', '{:.0f}')}" if r.get("rollouts") == "async" else "")
                 # vLLM modes: how far vLLM's sampling is from the trainer's policy (trainer.sampling_health)
                 + (f" is_ratio {f(sampling_health.RATIO_MEAN)} masked {f(sampling_health.MASKED_FRACTION, '{:.0%}')}"
                    if sampling_health.has_figures(r) else ""))

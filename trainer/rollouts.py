@@ -10,6 +10,10 @@ group, so the rollouts compared with each other are seen together), one JSON obj
     value}), infra_failure (why the env side ended the episode, which training then left out: trainer.infra_failures;
     else null)
 
+ROLLOUTS=async: the rollout worker writes them (trainer.async_run), one group of each TRACE_EVERY-th policy version,
+with `policy_version` (how many weight updates the generating policy had) and `step` = policy_version + 1 (the step
+a sync run would have traced them at; the trainer may train them a few steps later, up to MAX_STALENESS).
+
 `python -m trainer.rollouts --outputs /outputs [--run NAME] [--step N]` prints them readably (`make rollouts`).
 """
 
@@ -96,7 +100,11 @@ def problems(row: dict[str, Any]) -> list[str]:
 
 # --------------------------------------------------------------------------------------------- printing
 def read(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return read_lines(path.read_text())
+
+
+def read_lines(text: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
 def render(row: dict[str, Any]) -> str:

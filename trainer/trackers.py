@@ -7,6 +7,7 @@ the order a reader wants them (TensorBoard orders its cards alphabetically by ta
     rollout/tool_calls_per_episode[/<env>], rollout/tool_failures_per_episode[/<env>], rollout/tool_failure_rate,
     rollout/episodes/<env>                                 what the agent did per episode
     time/generation_s, time/env_s, time/training_s, ...    the step time split
+    async/staleness_p50, async/samples_at_lag/<k>, ...     ROLLOUTS=async only (trainer.async_metrics)
     trl/<key>                                              everything else TRL logs (loss, kl, clip_ratio/..., ...)
 
 Trackers: tensorboard (OUTPUT_DIR/<run>/tensorboard), trackio (OUTPUT_DIR/trackio, `make dashboard`), wandb
@@ -33,7 +34,7 @@ TB_DIR = "tensorboard"  # under the run folder
 TRACKIO_DIR = "trackio"  # under OUTPUT_DIR: one store for every run (the dashboard serves it)
 WANDB_KEY_SECRET = "/run/secrets/wandb_api_key"
 IDS_FILE = "trackers.json"  # in the run folder: the W&B / MLflow run ids a resumed run continues
-RECORD_FIELDS = ("kind", "step", "time", "mode")  # bookkeeping of a metrics.jsonl row, not metrics
+RECORD_FIELDS = ("kind", "step", "time", "mode", "rollouts")  # bookkeeping of a metrics.jsonl row, not metrics
 
 
 def parse(value: str | None) -> list[str]:
@@ -100,6 +101,8 @@ def view(record: dict[str, Any]) -> dict[str, float]:
         put(f"rollout/episodes/{env}", record.get(f"env/{env}/episodes"), f"env/{env}/episodes")
     for part in ("generation_s", "env_s", "training_s", "scoring_s", "weight_sync_s", "step_s"):
         put(f"time/{part}", record.get(f"time/{part}"), f"time/{part}")
+    for key in sorted(k for k in record if k.startswith("async/")):  # ROLLOUTS=async: lag, drops, queue, pauses
+        put(key, record[key], key)
     for key, value in record.items():
         if key not in used:
             put(f"trl/{key}", value)

@@ -430,13 +430,15 @@ def main(argv: list[str] | None = None) -> int:
     stop_ids = stop_token_ids(model if model is not None else generation_config_of(cfg, mode), tokenizer)
     reward_funcs = ([unfinished_penalty(cfg.unfinished_penalty, stop_ids)]
                     if cfg.unfinished_penalty else None)  # the env's own reward comes from its tool class
-    callbacks = [MetricsCallback(cfg.run_dir, STATS, resume_step=resume_step, mode=mode, trackers=trackers), control]
+    callbacks = [MetricsCallback(cfg.run_dir, STATS, resume_step=resume_step, mode=mode, trackers=trackers,
+                                 rollouts=cfg.rollouts), control]
     if cfg.rollouts == "async":
         from trainer import async_trainer
 
         trainer = async_trainer.build_trainer(cfg, mode, tokenizer=tokenizer, dataset=dataset, factories=factories,
                                               reward_funcs=reward_funcs, callbacks=callbacks,
                                               served_dtype=served_dtype, served_model=served_model)
+        trainer.configure_traces(cfg.run_dir, cfg.trace_every, cfg.trace_samples or cfg.num_generations, trackers)
     else:
         trainer = _build_sync_trainer(cfg, mode, model, tokenizer, dataset, factories, reward_funcs, callbacks,
                                       grpo_args, server_max_model_len, served_dtype, trackers)

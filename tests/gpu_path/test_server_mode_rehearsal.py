@@ -241,3 +241,73 @@ def test_server_mode_with_lora_pushes_merged_base_weights_that_change_the_served
     ckpt = outputs / "lora" / "checkpoint-3"
     assert (ckpt / "adapter_model.safetensors").exists() and not (ckpt / "model.safetensors").exists()
     assert served_logprobs(twin) != before, "the merged push did not change the served model"
+
+
+def test_rollouts_async_after_the_run__sigterm_resume_traces_report_export_eval(rehearsal_stack, tmp_path):
+    """#31 item 4 on the twin (weights by reload, as above): an async run (TRL's AsyncGRPOTrainer) stopped by SIGTERM
+    saves a complete checkpoint with TRL's rollout_state.json and exits 143; `make train` again resumes from it and
+    logs every step once; its records carry the sync run's keys plus the staleness figures; then `make rollouts`,
+    `make report`, `make export` and `make eval` (their modules, in the trainer image) work on its folder."""
+    from trainer import async_metrics, checkpoints, rollouts, trackers
+
+    network, twin, model_dir, weights = rehearsal_stack
+    outputs = tmp_path / "outputs"
+    outputs.mkdir()
+    outputs.chmod(0o777)
+    run, name = "async-after", f"grpo-test-asyncafter-{uuid.uuid4().hex[:8]}"
+    extra = ["-e", "ROLLOUTS=async", "-e", "TRACE_EVERY=1"]
+
+    def async_run(max_steps: int, *docker_args: str) -> list[str]:  # trainer_run's, saving every step
+        argv = trainer_run(network, model_dir, weights, outputs, run, max_steps, *docker_args, *extra)
+        return [arg.replace("SAVE_STEPS=100", "SAVE_STEPS=1") for arg in argv]
+
+    docker(*async_run(50, "-d", "--name", name))
+    marker = outputs / run / "checkpoint-2" / checkpoints.MARKER
+    deadline = time.monotonic() + 900
+    while not marker.exists():  # the second checkpoint sealed: the run is well under way
+        state = json.loads(docker("inspect", name).stdout)[0]["State"]
+        assert state["Running"], docker("logs", name).stdout[-5000:] + docker("logs", name).stderr[-5000:]
+        assert time.monotonic() < deadline, "no checkpoint-2 in 900 s"
+        time.sleep(1)
+    docker("stop", "-t", "120", name)  # SIGTERM, as `docker stop` / `make down`
+    code = int(docker("wait", name).stdout.strip())
+    logs = docker("logs", name)
+    log = logs.stdout + logs.stderr
+    docker("rm", "-f", name, check=False)
+    assert code == 143, log[-5000:]
+    assert "SIGTERM: saving a checkpoint after this step" in log
+    ckpt, stopped_at, incomplete = checkpoints.last_complete(outputs / run)
+    assert ckpt is not None and stopped_at >= 2 and not incomplete
+    state = json.loads((ckpt / "rollout_state.json").read_text())  # TRL's: where the rollout worker starts again
+    assert state["model_version"] >= stopped_at
+
+    resumed = docker(*async_run(stopped_at + 1, "--rm"), check=False)
+    log = resumed.stdout + resumed.stderr
+    assert resumed.returncode == 0, log[-5000:]
+    assert f"resuming from /outputs/{run}/checkpoint-{stopped_at}" in log
+    rows = [r for r in map(json.loads, (outputs / run / "metrics.jsonl").read_text().splitlines())
+            if r.get("kind") == "step"]
+    assert [r["step"] for r in rows] == list(range(1, stopped_at + 2))  # each step once across the two sessions
+    for row in rows:
+        keys = set(trackers.view(row))
+        assert row["rollouts"] == "async" and {"reward", "reward/echo", "rollout/tool_calls_per_episode",
+                                                 "time/step_s", "time/training_s", "time/weight_sync_s"} <= keys, row
+        assert set(async_metrics.STALENESS_KEYS) <= keys and "async/vllm_paused_s" in keys, row
+    traced = rollouts.read(outputs / run / rollouts.ROLLOUTS_FILE)
+    assert traced and all(rollouts.problems(r) == [] and r["step"] == r["policy_version"] + 1 for r in traced)
+
+    def tool(*args: str) -> subprocess.CompletedProcess:
+        return docker("run", "--rm", "--network", network, "--label", "grpo-test=1", "-v", f"{outputs}:/outputs",
+                      "-v", f"{model_dir}:/models/tiny-qwen3:ro", "-e", "ENV_URLS=echo=http://env-echo:8000",
+                      TRAINER_STANDIN_IMAGE, "python3", "-m", *args, check=False)
+
+    shown = tool("trainer.rollouts", "--outputs", "/outputs", "--run", run)
+    assert shown.returncode == 0 and f"run {run}, step" in shown.stdout, shown.stderr[-2000:]
+    report = tool("trainer.report", "--outputs", "/outputs", "--run", run)
+    assert report.returncode == 0 and (outputs / run / "report.png").exists(), report.stderr[-2000:]
+    export = tool("trainer.export", "--outputs", "/outputs", "--run", run)
+    assert export.returncode == 0, export.stderr[-2000:]
+    assert not any("attn" in k for k in json.loads((outputs / run / "export" / "config.json").read_text()))
+    evaluated = tool("trainer.evaluate", "--outputs", "/outputs", "--run", run, "--tasks", "1")
+    assert evaluated.returncode == 0, (evaluated.stdout + evaluated.stderr)[-3000:]
+    assert json.loads((outputs / run / "eval.json").read_text())

@@ -236,3 +236,45 @@ def test_nccl_check_full_passes_the_http_stages_then_fails_at_the_first_gpu_only
     assert lines[-1] == "nccl-check --full: FAILED (first failing stage above)"
     assert not any("rendezvous" in line for line in lines[3:-1])  # stopped before the NCCL group
 
+
+def test_nccl_check_full_async_path_stops_at_the_same_gpu_stage(vllm_cpu, capsys):
+    """ROLLOUTS=async's `make nccl-check FULL=1` path (TRL's async WeightTransferClient) against the twin: the same
+    server stage passes, the same GPU stage stops it, before the async rendezvous."""
+    from trainer.gpu import sync_check
+
+    assert sync_check.run(vllm_cpu.url, "tiny", 51216, 60, 60, rollouts="async") == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("nccl-check --full (ROLLOUTS=async)")
+    assert lines[1].startswith("  ok   vLLM server: healthy, dev mode on, NCCL weight transfer configured")
+    assert lines[2].startswith("  FAIL server GPU: the vLLM server has no GPU")
+    assert lines[-1] == "nccl-check --full: FAILED (first failing stage above)" and len(lines) == 4
+
+
+
+def test_rollouts_async_needs_nothing_the_sync_flags_lack(vllm_cpu, monkeypatch):
+    """ROLLOUTS=async against the same `vllm` command line (#31 item 10): every call TRL 1.16's AsyncGRPOTrainer
+    makes outside the NCCL transfer, through its own client (trl.experimental.async_grpo.vllm_client), and the exact
+    request its rollout worker sends (async_rollout_worker._generate_one_turn: token ids back, one logprob per token;
+    processed logprobs, which its loss compares with the trainer's)."""
+    monkeypatch.setenv("TRL_EXPERIMENTAL_SILENCE", "1")
+    from accelerate.state import PartialState
+    from trl.experimental.async_grpo.vllm_client import VLLMClient as AsyncClient
+
+    PartialState()  # its logger is accelerate's, as in the trainer (which has its Accelerator by then)
+    client = AsyncClient(vllm_cpu.url, 60)
+    client.wait_for_server_ready()
+    limit = int(next(a for a in vllm_cpu.command if a.startswith("--max-model-len=")).split("=", 1)[1])
+    assert client.get_max_model_len() == limit  # its default token_budget
+    assert client.get_dtype()  # compared with the trainer's dtype at the first sync
+    assert client.get_world_size() == 1
+    info = client.get_server_info()
+    assert info["parallel_config"]["data_parallel_size"] == 1 and info["lora_config"] is None  # full-weight sync
+    client.pause()
+    client.resume()
+    payload = {"model": vllm_cpu.model, "prompt": PROMPTS[0], "max_tokens": 4, "temperature": 1.0, "top_p": 1.0,
+               "top_k": 0, "repetition_penalty": 1.0, "n": 1, "return_token_ids": True, "logprobs": 0, "seed": 7}
+    reply = requests.post(f"{vllm_cpu.url}/v1/completions", json=payload, timeout=120)
+    assert reply.status_code == 200, reply.text
+    choice = reply.json()["choices"][0]
+    assert 1 <= len(choice["token_ids"]) == len(choice["logprobs"]["token_logprobs"]) <= 4
+    assert all(lp <= 0 for lp in choice["logprobs"]["token_logprobs"])

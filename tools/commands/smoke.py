@@ -32,19 +32,33 @@ SMOKE_STAGES = {
                             f"{sampling_health.MAX_MASKED:.0%} of sequences masked)",
                             "a garbled weight sync or numeric drift (masked sequences do not train): `make nccl-check "
                             "FULL=1`, the trainer's weight dtype, the model revision vLLM serves"),
+    "staleness": ("staleness (async)", "ROLLOUTS=async: samples trained within MAX_STALENESS policy versions, at "
+                  f"most {sampling_health.MAX_DROPPED_SHARE:.0%} dropped as stale",
+                  "generation runs too far ahead of training: raise MAX_STALENESS, or fewer rollouts in flight"),
     "tool_calls": ("tool calls per episode", "the model calls the env's tools (> 0)",
                    "0: the model never calls a tool (chat template, ENABLE_THINKING, MAX_COMPLETION_LENGTH)"),
 }
 
 
-def smoke_table(mode: str, found: dict[str, dict], failed_rc: int | None) -> tuple[list[str], bool]:
+def smoke_stages(mode: str, rollouts: str = "sync") -> tuple[str, ...]:
+    """The mode's stages; ROLLOUTS=async adds `staleness` after the first weight sync (the importance-sampling stage
+    then judges TRL's async `ratio`: trainer.sampling_health.ASYNC_RATIO)."""
+    found = stack.mode_spec(mode).smoke_stages
+    if rollouts != "async" or "first_weight_sync" not in found:
+        return found
+    at = found.index("first_weight_sync") + 1
+    return (*found[:at], "staleness", *found[at:])
+
+
+def smoke_table(mode: str, found: dict[str, dict], failed_rc: int | None,
+                rollouts: str = "sync") -> tuple[list[str], bool]:
     """The smoke run's verdict, one line per stage: pass with its time, or FAIL with what it usually means."""
     lines, ok = [], True
-    for key in stack.mode_spec(mode).smoke_stages:
+    for key in smoke_stages(mode, rollouts):
         title, proves, meaning = SMOKE_STAGES[key]
         record = found.get(key)
         passed = record is not None and (key != "tool_calls" or (record.get("value") or 0) > 0) \
-            and (key != "importance_sampling" or record.get("ok") is True)  # trainer.sampling_health's verdict
+            and (key not in ("importance_sampling", "staleness") or record.get("ok") is True)  # sampling_health
         if passed:
             took = f" {record['seconds']:.1f}s" if record.get("seconds") is not None else ""
             detail = record.get("detail") or proves
@@ -77,6 +91,7 @@ def smoke(prepared: Prepared, require_gpu: bool) -> int:
     from trainer import stages
 
     mode, compose_vars = prepared.mode, prepared.compose_vars
+    rollouts = (prepared.plan.settings.values.get("ROLLOUTS") or "sync").strip().lower()
     if require_gpu and mode == "cpu":
         raise stack.StackError(f"make gpu-smoke checks the GPU path, and this host has {stack.detect_gpus().detail}; "
                          "`make doctor` says why, `make train` trains on the CPU profile here")
@@ -86,7 +101,7 @@ def smoke(prepared: Prepared, require_gpu: bool) -> int:
         rc, text = run_logged(stack.compose_command(compose_vars, "run", "--rm", "-T", "model-download")[0], compose_vars)
         log_text += text
         if rc != 0:
-            lines, _ = smoke_table(mode, stages.parse(log_text), rc)
+            lines, _ = smoke_table(mode, stages.parse(log_text), rc, rollouts)
             print("\n".join(["[stack] gpu-smoke: model download failed", *lines]))
             return rc
     bring_up(prepared)
@@ -98,9 +113,10 @@ def smoke(prepared: Prepared, require_gpu: bool) -> int:
             return rc
     args = [*stack.TRAINER_PYTHON, "-m", "trainer.launch", "--max-steps", str(SMOKE_STEPS), "--run-name", f"smoke-{mode}",
             "--resume", "fresh", "--logging-steps", "1"]  # every step's metrics: the importance-sampling stage reads 2-3
-    stack.say(f"stage: {SMOKE_STEPS} training steps with `{service}` (mode {mode}), run smoke-{mode}")
+    stack.say(f"stage: {SMOKE_STEPS} training steps with `{service}` (mode {mode}, ROLLOUTS={rollouts}), "
+              f"run smoke-{mode}")
     rc, text = run_logged(stack.compose_command(compose_vars, "run", "--rm", "-T", "--no-deps", service, *args)[0], compose_vars)
-    lines, ok = smoke_table(mode, stages.parse(log_text + text), rc)
+    lines, ok = smoke_table(mode, stages.parse(log_text + text), rc, rollouts)
     print(f"[stack] smoke run, mode {mode}, {time.monotonic() - t0:.0f}s in all:")
     print("\n".join(lines))
     print("[stack] smoke: " + ("PASSED: a real run will go through the same stages" if ok else

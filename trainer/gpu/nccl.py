@@ -137,3 +137,19 @@ def check_group_port(host_ip: str, port: int) -> str | None:
                     "VLLM_HOST_IP must be an address of this container, and VLLM_GROUP_PORT a free port "
                     "(another run still going? change VLLM_GROUP_PORT in .env)")
     return None
+
+
+def pin_async_rendezvous_port(port: int, environ: dict[str, str] | None = None) -> int:
+    """ROLLOUTS=async: make TRL's async weight transfer listen at VLLM_GROUP_PORT as the sync client does.
+
+    TRL 1.16's async `WeightTransferClient.init_weight_transfer` (trl/experimental/async_grpo/weight_transfer.py)
+    advertises `vllm.utils.network_utils.get_ip()` and `get_open_port()`, not TRL's `vllm_group_port`: get_ip() is
+    VLLM_HOST_IP (prepare_rendezvous sets it: the address vLLM reaches this container at), get_open_port() is a random
+    free port unless VLLM_PORT is set, then the first free one from VLLM_PORT up (vLLM 0.31.0 network_utils). So the
+    rendezvous rules hold in both modes once VLLM_PORT is VLLM_GROUP_PORT: same address, same port (or the next free
+    one; rank 0's TCPStore listens on every interface of the private network either way). A VLLM_PORT the user set
+    wins. Returns the port the transfer will start from."""
+    environ = os.environ if environ is None else environ
+    if not environ.get("VLLM_PORT"):
+        environ["VLLM_PORT"] = str(port)
+    return int(environ["VLLM_PORT"])

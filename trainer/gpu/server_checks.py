@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from trainer import stages
 from trainer.gpu.grpo_kwargs import resolve_mode
-from trainer.gpu.nccl import NCCL_BRIDGE_DEFAULTS, check_group_port, prepare_rendezvous
+from trainer.gpu.nccl import NCCL_BRIDGE_DEFAULTS, check_group_port, pin_async_rendezvous_port, prepare_rendezvous
 from trainer.gpu.server import (
     VLLMPreflightError,
     check_vllm_server,
@@ -96,6 +96,7 @@ def preflight_vllm(cfg: "RunConfig") -> dict[str, Any]:
         port_problem = check_group_port(host_ip, int(cfg.vllm_group_port))
         if port_problem:
             problems.append(port_problem)
+        pin_async_rendezvous_port(int(cfg.vllm_group_port))  # ROLLOUTS=async's transfer: the same port rule
     if problems:
         raise VLLMPreflightError("\n".join(problems))
 

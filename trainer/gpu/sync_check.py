@@ -60,9 +60,13 @@ def human_bytes(n: float) -> str:
 
 
 def run(url: str, model_name: str, group_port: int, server_timeout_s: float, sync_timeout_s: float,
-        reload_dir: str | None = None) -> int:
-    """`reload_dir`: WEIGHT_TRANSFER=reload's folder (the CPU rehearsal); None: NCCL, as on a GPU host."""
+        reload_dir: str | None = None, rollouts: str = "sync") -> int:
+    """`reload_dir`: WEIGHT_TRANSFER=reload's folder (the CPU rehearsal); None: NCCL, as on a GPU host.
+    `rollouts`: async checks the path ROLLOUTS=async trains with (AsyncTransfer: TRL's async WeightTransferClient,
+    vLLM's own NCCL trainer engine, pause -> send -> resume) instead of the sync client's init_communicator."""
     state: dict = {}
+    if rollouts == "async" and not reload_dir:
+        return _run_async(url, model_name, group_port, server_timeout_s, sync_timeout_s)
     how = f"weights by reload from {reload_dir}" if reload_dir else f"rendezvous port {group_port}"
     print(f"nccl-check --full: {url}, model {model_name}, {how}", flush=True)
 
@@ -190,6 +194,127 @@ def run(url: str, model_name: str, group_port: int, server_timeout_s: float, syn
     return 0
 
 
+class AsyncTransfer:
+    """ROLLOUTS=async's weight path, as TRL 1.16's AsyncGRPOTrainer drives it (PINNED: async_grpo_trainer.py builds
+    `WeightTransferClient(vllm_client, weight_update_info={names, dtype_names, shapes} of _iter_vllm_named_params)`;
+    `_sync_weight_merged`: pause, send_weights(iterator), resume), so `make nccl-check FULL=1` covers it."""
+
+    def __init__(self, url: str, model, server_timeout_s: float, sync_timeout_s: float) -> None:
+        from accelerate.state import PartialState
+        from trl.experimental.async_grpo.async_grpo_trainer import _iter_vllm_named_params
+        from trl.experimental.async_grpo.vllm_client import VLLMClient
+        from trl.experimental.async_grpo.weight_transfer import WeightTransferClient
+
+        PartialState()  # TRL's async client logs through accelerate, which refuses to before this exists
+        self.model, self.url = model, url
+        params = list(_iter_vllm_named_params(model))
+        info = {"names": [n for n, _ in params], "dtype_names": [str(p.dtype).split(".")[-1] for _, p in params],
+                "shapes": [list(p.shape) for _, p in params]}
+        self.client = WeightTransferClient(VLLMClient(url, server_timeout_s), weight_update_info=info,
+                                           weight_sync_timeout=int(sync_timeout_s))
+        self.paused_s = 0.0
+
+    def push(self) -> None:
+        from trl.experimental.async_grpo.async_grpo_trainer import _iter_vllm_named_params
+
+        self.client.pause()
+        paused = time.perf_counter()
+        try:
+            self.client.send_weights((name, p.detach()) for name, p in _iter_vllm_named_params(self.model))
+        finally:
+            self.client.resume()
+            self.paused_s = time.perf_counter() - paused
+
+    def reset_prefix_cache(self) -> None:
+        import requests
+
+        reply = requests.post(f"{self.url}/reset_prefix_cache", timeout=60)
+        reply.raise_for_status()
+
+
+def _run_async(url: str, model_name: str, group_port: int, server_timeout_s: float, sync_timeout_s: float) -> int:
+    """The async path's stages: the same server, GPU, model and weights-land checks around TRL's async transfer."""
+    from trainer.gpu.nccl import pin_async_rendezvous_port
+
+    state: dict = {}
+    print(f"nccl-check --full (ROLLOUTS=async): {url}, model {model_name}, rendezvous port {group_port}", flush=True)
+
+    def server() -> str:
+        try:
+            state["report"] = rep = check_vllm_server(url, timeout_s=server_timeout_s)
+        except VLLMPreflightError as exc:
+            raise StageFailed(str(exc)) from None
+        return f"healthy, dev mode on, NCCL weight transfer configured; serves {rep.model}, world size {rep.world_size}"
+
+    def server_gpu() -> str:  # the first GPU-only step: stop before any NCCL call could hang
+        if state["report"].server_has_cuda is False:
+            raise StageFailed(explain_init_failure(None, "", state["report"]))
+        return "the server runs on CUDA"
+
+    def load_model() -> str:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if not torch.cuda.is_available():
+            raise StageFailed("this container has no CUDA device: run the check in the trainer service "
+                              "(`make nccl-check FULL=1`), with TRAINER_GPU set in .env")
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+        state["model"] = AutoModelForCausalLM.from_pretrained(model_name, dtype=dtype).to("cuda").eval()
+        state["prompt_ids"] = AutoTokenizer.from_pretrained(model_name)(weight_check.PROBE_TEXT)["input_ids"]
+        state["bytes"] = sum(p.numel() * p.element_size() for p in state["model"].parameters())
+        return f"{human_bytes(state['bytes'])} on {torch.cuda.get_device_name(0)}"
+
+    def rendezvous() -> str:
+        host_ip = prepare_rendezvous(url)
+        port = pin_async_rendezvous_port(group_port)
+        state["transfer"] = AsyncTransfer(url, state["model"], server_timeout_s, sync_timeout_s)
+        with watchdog(sync_timeout_s, lambda s: rendezvous_diagnosis(host_ip, port, s)):
+            state["transfer"].client.init_weight_transfer()
+        return f"trainer (rank 0) listened on {host_ip}:{port} or the next free port; vLLM's NCCL engine joined"
+
+    def push() -> str:
+        import torch
+
+        start = time.perf_counter()
+        with watchdog(sync_timeout_s, lambda s: rendezvous_diagnosis(None, group_port, s, what="weight sync")):
+            state["transfer"].push()
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        return (f"pause -> {human_bytes(state['bytes'])} sent -> resume in {seconds:.2f}s "
+                f"({human_bytes(state['bytes'] / max(seconds, 1e-9))}/s); vLLM paused {state['transfer'].paused_s:.2f}s")
+
+    def weights_land() -> str:
+        import requests
+
+        transfer, ids = state["transfer"], state["prompt_ids"]
+        session = requests.Session()
+        served_name = state["report"].model or model_name
+        try:
+            figures = weight_check.check_weights_land(
+                state["model"], ids, push=transfer.push, reset=transfer.reset_prefix_cache,
+                ask=lambda: weight_check.query(session, url, served_name, ids),
+                say=lambda text: print(f"       {text}", flush=True))
+        except weight_check.WeightCheckFailed as exc:
+            raise StageFailed(str(exc)) from None
+        return (f"perturbed weights changed the output ({figures['perturbed_moved']}); the originals pushed back "
+                f"match the trainer's logprobs ({figures['restored_vs_trainer']})")
+
+    try:
+        for name, fn in [("vLLM server", server), ("server GPU", server_gpu), ("model", load_model),
+                         ("rendezvous (async)", rendezvous),
+                         ("weight push (async)", push), ("weights land", weights_land)]:
+            timed(name, fn)
+    except StageFailed:
+        print("nccl-check --full: FAILED (first failing stage above)", flush=True)
+        return 1
+    finally:
+        if state.get("transfer") is not None:
+            state["transfer"].client.destroy()
+    print("nccl-check --full: OK: ROLLOUTS=async's rendezvous, pause/send/resume and the pushed weights work as in "
+          "training", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.gpu.sync_check", description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="vLLM server (default: VLLM_SERVER_URL)")
@@ -202,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     return run(args.url or cfg.vllm_server_url, args.model or cfg.model_path("gpu"), cfg.vllm_group_port,
                cfg.vllm_server_timeout_s, cfg.weight_sync_timeout_s,
-               reload_dir=str(cfg.weight_reload_dir) if cfg.weight_transfer == "reload" else None)
+               reload_dir=str(cfg.weight_reload_dir) if cfg.weight_transfer == "reload" else None,
+               rollouts=cfg.rollouts)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,131 @@
+"""What an async run logs, in a sync run's words (ROLLOUTS=async; standard library only).
+
+TRL's `AsyncGRPOTrainer` (trl 1.16) logs its own key set. Most keys mean what the sync `GRPOTrainer`'s keys of the
+same name mean (reward, reward_std, tools/*, completions/*, kl, entropy, clip_ratio/*, loss); a few say the same
+thing under another name, and the step-time split is measured by other clocks. `record(logs)` turns one async `logs`
+dict into the metrics.jsonl record a sync run writes, so metrics.jsonl, every tracker (trainer.trackers) and
+`make report` read both modes the same way, plus what only an async run has:
+
+    async/staleness_p50, _p90, _max     lag of the samples the trainer took from the queue to train in the logging
+                                        window (TRL's dataloader fetches one batch ahead: step 1 counts two): how
+                                        many weight updates (policy versions) behind the trainer they were generated
+    async/samples_at_lag/<k>            how many trained samples had lag k (k = 0 .. MAX_STALENESS): the histogram
+    async/dropped_stale                 samples dropped because they lagged more than MAX_STALENESS
+    async/queue_depth                   scored samples waiting in the rollout queue when the trainer took one
+    async/vllm_paused_s                 seconds vLLM stood paused per weight sync (pause returned -> resume returned)
+    async/rollout_wait_s                seconds the trainer waited on the rollout queue in the step
+
+Time split (sync: generation / env / scoring / training / weight_sync, one after another): in an async run
+generation, env calls and scoring overlap training in the rollout worker, so only what the trainer waited for is on
+its clock: time/generation_s = the wait on the rollout queue (0 when generation keeps up), time/training_s =
+forward + backward + optimizer, time/weight_sync_s = the push to vLLM, time/step_s = wall time between step ends.
+There is no time/env_s or time/scoring_s: the worker's env seconds are `trl/env/reset_s`, `trl/tools/latency_s`.
+
+Per env (env/<env>/episodes, reward_mean, episode_length, tool_failure_frequency): the env binding counts episodes
+in the rollout worker's process; trainer.async_run sends them to the trainer as TRL metric rates (`episode_rates`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+# TRL async keys the stack shows under its async/ names (the rest keep TRL's name, as a sync run's do).
+RENAMED = {
+    "perf/rollout_wait_s": "async/rollout_wait_s",
+    "sample/dropped_stale_total": "async/dropped_stale",
+    "sample/rollout_queue_size": "async/queue_depth",
+}
+STALENESS_RAW = "sample/staleness_mean"  # TRL appends one value per trained sample to its sink under this key
+STALENESS_KEYS = ("async/staleness_p50", "async/staleness_p90", "async/staleness_max")
+LAG_PREFIX = "async/samples_at_lag/"
+EPISODES_SUFFIX = "/episodes_total"  # TRL sums a key whose last word is `total` (trl _reduce_metric)
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return None
+    return float(value)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100) of a non-empty list: a lag that some trained sample really had."""
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100 * len(ordered)))
+    return ordered[rank - 1]
+
+
+def staleness_figures(lags: Iterable[float], max_staleness: int) -> dict[str, float]:
+    """Percentiles and histogram of the lags of one logging window's trained samples (empty window: {})."""
+    lags = [v for v in (_number(x) for x in lags) if v is not None]
+    if not lags:
+        return {}
+    out = {"async/staleness_p50": percentile(lags, 50), "async/staleness_p90": percentile(lags, 90),
+           "async/staleness_max": max(lags)}
+    for k in range(max_staleness + 1):  # a fixed set of keys: every chart has every bar, 0 included
+        out[f"{LAG_PREFIX}{k}"] = float(sum(1 for v in lags if round(v) == k))
+    return out
+
+
+def episode_rates(episodes: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
+    """The env binding's episodes (trainer.metrics.RolloutStats.drain) as TRL metric values: rates as (sum, count)
+    pairs, counts as `*_total`, so TRL's reduction over a logging window gives exactly the sync trainer's figures
+    (trainer.metrics.summarize_episodes)."""
+    out: dict[str, Any] = {}
+    for env, eps in sorted(episodes.items()):
+        if not eps:
+            continue
+        n = len(eps)
+        calls = sum(e["tool_calls"] for e in eps)
+        out[f"env/{env}{EPISODES_SUFFIX}"] = float(n)
+        out[f"env/{env}/reward_mean"] = (sum(e["reward"] for e in eps), float(n))
+        out[f"env/{env}/episode_length"] = (float(calls), float(n))
+        if calls:  # no calls: no rate to add (the record fills 0, as the sync trainer writes)
+            out[f"env/{env}/tool_failure_frequency"] = (float(sum(e["tool_failures"] for e in eps)), float(calls))
+    return out
+
+
+def time_split(logs: dict[str, Any], measured_step_s: float | None) -> dict[str, float]:
+    """The step-time keys of an async step (see the module docstring). `measured_step_s`: the callback's own clock
+    (on_step_begin -> on_step_end, which starts after the batch was taken), used for the first step, which TRL gives
+    no wall time."""
+    wait = _number(logs.get("perf/rollout_wait_s"))
+    fwd_bwd, optimizer = _number(logs.get("perf/fwd_bwd_s")), _number(logs.get("perf/optimizer_s"))
+    step = _number(logs.get("perf/step_s"))
+    if step is None and measured_step_s is not None:
+        step = measured_step_s + (wait or 0.0)
+    out: dict[str, float] = {}
+    if step is not None:
+        out["time/step_s"] = step
+    if wait is not None:
+        out["time/generation_s"] = wait
+    if fwd_bwd is not None:
+        out["time/training_s"] = fwd_bwd + (optimizer or 0.0)
+    sync = _number(logs.get("perf/weight_sync_s"))
+    if sync is not None:
+        out["time/weight_sync_s"] = sync
+    return out
+
+
+def record(logs: dict[str, Any]) -> dict[str, Any]:
+    """One async `logs` dict as the sync trainer's keys (+ async/...); everything else TRL logs is kept as it is."""
+    out: dict[str, Any] = {}
+    for key, value in logs.items():
+        if key in RENAMED:
+            out[RENAMED[key]] = value
+        elif key.startswith("rewards/") and key.count("/") == 1:
+            out[f"{key}/mean"] = value  # async: rewards/<func>, per sample; sync: rewards/<func>/mean
+        elif key.startswith("env/") and key.endswith(EPISODES_SUFFIX):
+            out[key[: -len(EPISODES_SUFFIX)] + "/episodes"] = value
+        else:
+            out[key] = value
+    for key in [k for k in out if k.startswith("env/") and k.endswith("/episode_length")]:
+        failures = key[: -len("/episode_length")] + "/tool_failure_frequency"
+        if _number(out.get(failures)) is None:
+            out[failures] = 0.0  # no tool call in the window: the sync trainer writes 0 too
+    sync, pause = _number(logs.get("perf/weight_sync_s")), _number(logs.get("perf/weight_sync_pause_s"))
+    if sync is not None and pause is not None:
+        # TRL's sync: t0, pause() returns (pause_s), barrier, transfer, barrier, resume() returns (weight_sync_s):
+        # vLLM holds its requests from pause's return to resume's. Both are means over the window's syncs.
+        out["async/vllm_paused_s"] = max(0.0, sync - pause)
+    return out

@@ -1,0 +1,180 @@
+"""What an async run (ROLLOUTS=async) keeps for after the run, plugged into TRL's AsyncGRPOTrainer.
+
+Two pieces, one per process of TRL's async design:
+  * `AfterRun`, a mixin for the trainer subclass (`class X(AfterRun, AsyncGRPOTrainer)`), in the trainer process:
+    the lag percentiles and histogram of the samples a step trained (from TRL's per-sample values before it
+    averages them: trainer.async_metrics), the traces the rollout worker wrote handed to the trackers' tables, and
+    the smoke's stages (rendezvous, first weight sync). `configure_traces(run_dir, every, samples, trackers)` has the
+    sync trainer's signature, so trainer.train calls it the same way for both.
+  * `TracedRollouts`, a mixin for TRL's rollout loop class in the spawned worker process (where the env sessions
+    live; `TracedRolloutLoop` is TRL's loop with it, `use_traced_loop` puts it in the worker): every
+    scored group sends the env binding's episode counts (trainer.metrics.STATS of that process) to the trainer as TRL
+    metric rates (env/<env>/...), and every TRACE_EVERY policy versions one group goes to rollouts.jsonl
+    (trainer.rollouts' schema, plus `policy_version`; `step` is policy_version + 1, the step a sync run would have
+    traced these rollouts at).
+
+PINNED to trl 1.16.0 (trl/experimental/async_grpo); re-check on a TRL upgrade:
+  * async_grpo_trainer.py: `AsyncGRPOTrainer.log` reduces `self._metrics["train"]`, where `RolloutQueueDataset`
+    appends one `sample/staleness_mean` value per trained sample; `_sync_weight` is the method the weight-sync
+    callback calls (through `self`); `_TrainBeginCallback` calls `self.weight_transfer.init_weight_transfer()`.
+  * async_rollout_worker.py: `AsyncRolloutWorker._loop_cls` and `._loop_kwargs` (the child's loop class and its
+    kwargs, read by `start()`); `_AsyncRolloutLoop._generate_one(prompt, tool_dict=, tools=, group_id=)` returns the
+    completion list first; `_score_group(group)` returns `RolloutSample`s whose `completion` is the group's list
+    object; `_push_metrics(values)` sends floats and (numerator, denominator) rates to the trainer's `log()`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # as trainer.async_trainer: ROLLOUTS=async is chosen on purpose
+from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, _AsyncRolloutLoop  # noqa: E402
+
+from trainer import async_metrics, rollouts, stages
+
+
+class AfterRun:
+    """Mixin for the async trainer subclass; see the module docstring."""
+
+    _trace_dir: Path | None = None
+    _trace_trackers = None
+    _trace_offset = 0
+
+    def configure_traces(self, run_dir, every: int, samples: int, trackers=None) -> None:
+        """Traces by the rollout worker (rank 0 owns it), read back here for the trackers' tables."""
+        self._trace_dir, self._trace_trackers = Path(run_dir), trackers
+        trace_file = self._trace_dir / rollouts.ROLLOUTS_FILE
+        self._trace_offset = trace_file.stat().st_size if trace_file.exists() else 0  # earlier sessions' rows
+        worker = getattr(self, "rollout_worker", None)
+        if isinstance(worker, AsyncRolloutWorker):  # TRL's worker (a custom one traces itself, or not at all)
+            use_traced_loop(worker, trace_dir=str(run_dir), trace_every=every, trace_samples=samples)
+        transfer = getattr(self, "weight_transfer", None)
+        if transfer is not None and not getattr(transfer.init_weight_transfer, "_stage_timed", False):
+            transfer.init_weight_transfer = _timed_init(transfer)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if self.accelerator.is_main_process and self.model.training:
+            # One value per trained sample, until TRL reduces them to a mean and a max below.
+            lags = self._metrics["train"].get(async_metrics.STALENESS_RAW) or []
+            logs.update(async_metrics.staleness_figures(lags, self.args.max_staleness))
+            self._forward_traces()
+        super().log(logs, start_time)
+
+    def _sync_weight(self) -> None:
+        start = time.perf_counter()
+        super()._sync_weight()
+        # TRL also syncs once before the first step (unchanged weights); the smoke's stage is the first trained push.
+        if self.state.global_step >= 1:
+            stages.mark("first_weight_sync", time.perf_counter() - start,
+                        f"async: trained weights pushed by {type(self.weight_transfer).__name__}")
+
+    def _forward_traces(self) -> None:
+        """The complete rows the rollout worker appended since the last call, to the trackers' tables."""
+        if self._trace_trackers is None or self._trace_dir is None:
+            return
+        path = self._trace_dir / rollouts.ROLLOUTS_FILE
+        if not path.exists():
+            return
+        with path.open("rb") as fh:
+            fh.seek(self._trace_offset)
+            chunk = fh.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]  # the worker may be half-way through a row
+        self._trace_offset += len(complete)
+        rows = [r for r in rollouts.read_lines(complete.decode("utf-8", "replace"))]
+        for step in sorted({r["step"] for r in rows}):
+            self._trace_trackers.log_rollouts(step, [r for r in rows if r["step"] == step])
+
+
+def _timed_init(transfer):
+    original = transfer.init_weight_transfer
+
+    def init_weight_transfer() -> None:
+        start = time.perf_counter()
+        original()
+        stages.mark("rendezvous", time.perf_counter() - start,
+                    f"async: weight transfer set up ({type(transfer).__name__}, trainer = rank 0)")
+
+    init_weight_transfer._stage_timed = True  # type: ignore[attr-defined]
+    return init_weight_transfer
+
+
+class TracedRollouts:
+    """Mixin for TRL's rollout loop class (it runs in the spawned worker): the env episode counts and the traces; see
+    the module docstring. The worker pickles its loop class by name, so a stack loop class that changes other parts
+    of TRL's loop inherits this first, at module level: `class StackRolloutLoop(TracedRollouts, _AsyncRolloutLoop)`."""
+
+    def __init__(self, *, trace_dir: str | None = None, trace_every: int = 0, trace_samples: int = 0,
+                 **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._trace_dir = Path(trace_dir) if trace_dir else None
+        self._trace_every, self._trace_samples = trace_every, trace_samples
+        self._traced_steps: set[int] = set()
+        self._episode_of: dict[int, SimpleNamespace] = {}  # id(completion list) -> its env episode, until scored
+
+    async def _generate_one(self, prompt, tool_dict, tools, group_id: int = 0):
+        result = await super()._generate_one(prompt, tool_dict=tool_dict, tools=tools, group_id=group_id)
+        env = next((m.__self__ for m in tool_dict.values() if hasattr(m, "__self__")), None)
+        if env is not None:  # the env goes back to the pool after its reward; its Trace object stays this episode's
+            step_rewards = getattr(env, "_rewards", None)
+            self._episode_of[id(result[0])] = SimpleNamespace(
+                _trace=getattr(env, "_trace", None), env_name=getattr(env, "env_name", "?"),
+                _rewards=list(step_rewards) if isinstance(step_rewards, list) else None)
+        return result
+
+    async def _score_group(self, group):
+        samples = await super()._score_group(group)
+        episodes = [self._episode_of.pop(id(c), None) for c in group.completions]
+        self._push_episode_counts()
+        try:
+            self._trace(group, samples, episodes)
+        except OSError as exc:  # a full disk must not stop generation; the trainer's checkpoints will say so
+            print(f"[train] rollout traces not written: {exc}", flush=True)
+        return samples
+
+    def _push_episode_counts(self) -> None:
+        from trainer.metrics import STATS  # this process's: the env binding records into it here
+
+        _, episodes = STATS.drain()
+        rates = async_metrics.episode_rates(episodes)
+        if rates:
+            self._push_metrics(rates)
+
+    def _trace(self, group, samples, episodes) -> None:
+        step = group.model_version + 1
+        if not (self._trace_every and self._trace_dir) or step % self._trace_every or step in self._traced_steps:
+            return
+        self._traced_steps.add(step)
+        first = {}
+        for sample in samples:  # a conversation may fork into several training rows: one trace per conversation
+            first.setdefault(id(sample.completion), sample)
+        per_func, total = [], []
+        for completion in group.completions:
+            metrics = getattr(first.get(id(completion)), "metrics", {})
+            per_func.append({k[len("rewards/"):]: v for k, v in metrics.items() if k.startswith("rewards/")})
+            total.append(metrics.get("reward", math.nan))
+        rows = rollouts.rows(step, group.prompts, group.completions, episodes, per_func, total)
+        for row in rows:
+            row["policy_version"] = group.model_version
+        rollouts.append(self._trace_dir, rows[: self._trace_samples or len(rows)])
+
+
+class TracedRolloutLoop(TracedRollouts, _AsyncRolloutLoop):
+    """TRL's own rollout loop with the traces: what the worker runs when the trainer leaves TRL's loop in place."""
+
+
+def use_traced_loop(worker: AsyncRolloutWorker, **trace_kwargs: Any) -> None:
+    """Have TRL's rollout worker run a loop class with TracedRollouts and pass it its settings."""
+    loop_cls = worker._loop_cls
+    if not issubclass(loop_cls, TracedRollouts):
+        if loop_cls is not _AsyncRolloutLoop:
+            raise TypeError(f"the rollout worker runs {loop_cls.__qualname__}, which does not inherit "
+                            "trainer.async_run.TracedRollouts: declare it as `class "
+                            f"{loop_cls.__name__}(TracedRollouts, ...)` (the worker pickles the class by name, so it "
+                            "cannot be composed at run time)")
+        worker._loop_cls = TracedRolloutLoop
+    worker._loop_kwargs.update(trace_kwargs)
