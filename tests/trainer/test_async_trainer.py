@@ -164,3 +164,65 @@ def test_the_async_config_carries_the_sync_settings():
     assert args.vllm_server_base_url == cfg.vllm_server_url and args.dtype == "float32"
     assert args.use_cpu and not args.bf16  # the rehearsal trains on CPU
     assert args.chat_template_kwargs == {"enable_thinking": False}
+
+
+class SlowEnv:
+    """A bound env's surface as the rollout worker sees it: a tool that never returns until released."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.release = threading.Event()
+        self.abandoned = 0
+
+    def wait_forever(self, x: int) -> str:
+        """Block.
+
+        Args:
+            x: ignored
+        """
+        self.release.wait(60)
+        return "late"
+
+    def quick(self, x: int) -> str:
+        """Answer.
+
+        Args:
+            x: echoed
+        """
+        return f"got {x}"
+
+    def _abandon_session(self) -> None:
+        self.abandoned += 1
+
+
+def stack_loop(tool_timeout_s: float):
+    """StackRolloutLoop with only what `_execute_tool_calls` reads (TRL's counters, rates and tool pool)."""
+    from collections import defaultdict
+    from concurrent.futures import ThreadPoolExecutor
+
+    from trainer.async_trainer import StackRolloutLoop
+
+    loop = object.__new__(StackRolloutLoop)
+    loop.tool_timeout_s, loop._tool_pool = tool_timeout_s, ThreadPoolExecutor(4)
+    loop._counters, loop._rates = defaultdict(float), defaultdict(lambda: [0.0, 0.0])
+    return loop
+
+
+def test_a_tool_call_past_tool_timeout_s_fails_with_the_sync_message_and_closes_the_session():
+    import asyncio
+
+    from trainer.rollout_loop import TIMEOUT_ERROR
+
+    env, loop = SlowEnv(), stack_loop(0.2)
+    calls = [{"function": {"name": "wait_forever", "arguments": {"x": 1}}},
+             {"function": {"name": "quick", "arguments": {"x": 2}}}]
+    try:
+        messages, n_calls, n_failures = asyncio.run(
+            loop._execute_tool_calls(calls, {"wait_forever": env.wait_forever, "quick": env.quick}))
+    finally:
+        env.release.set()
+        loop._tool_pool.shutdown(wait=True)
+    assert (n_calls, n_failures, env.abandoned) == (2, 1, 1)
+    assert TIMEOUT_ERROR.format(name="wait_forever", seconds=0.2) in messages[0]["content"]
+    assert messages[1]["content"] == "got 2"  # TRL's loop went on with the turn's next call
