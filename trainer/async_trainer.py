@@ -33,8 +33,8 @@ from trainer.config import RunConfig
 
 logger = logging.getLogger("trainer.async")
 
-# TRL privates this module relies on (re-check each on a TRL upgrade; PINNED with trainer/rollout_loop.py's
-# TRL_VERSION, and tests/trainer/test_async_trainer.py fails when one is missing):
+# TRL privates this module relies on, for trl == trainer.rollout_loop.TRL_VERSION (re-check each on a TRL upgrade:
+# tests/trainer/test_async_trainer.py PINNED holds the sources' digests and fails when one changes or goes):
 #   trl.experimental.async_grpo.async_rollout_worker._AsyncRolloutLoop   subclassed: `_execute_tool_calls`, `_post`,
 #                                                                        `_tool_pool` (its thread pool for env calls)
 #   trl.experimental.async_grpo.async_rollout_worker.AsyncRolloutWorker  `_loop_cls`, `_loop_kwargs` (set per instance)

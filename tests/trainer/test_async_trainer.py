@@ -164,3 +164,107 @@ def test_the_async_config_carries_the_sync_settings():
     assert args.vllm_server_base_url == cfg.vllm_server_url and args.dtype == "float32"
     assert args.use_cpu and not args.bf16  # the rehearsal trains on CPU
     assert args.chat_template_kwargs == {"enable_thinking": False}
+
+
+class SlowEnv:
+    """A bound env's surface as the rollout worker sees it: a tool that never returns until released."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.release = threading.Event()
+        self.abandoned = 0
+
+    def wait_forever(self, x: int) -> str:
+        """Block.
+
+        Args:
+            x: ignored
+        """
+        self.release.wait(60)
+        return "late"
+
+    def quick(self, x: int) -> str:
+        """Answer.
+
+        Args:
+            x: echoed
+        """
+        return f"got {x}"
+
+    def _abandon_session(self) -> None:
+        self.abandoned += 1
+
+
+def stack_loop(tool_timeout_s: float):
+    """StackRolloutLoop with only what `_execute_tool_calls` reads (TRL's counters, rates and tool pool)."""
+    from collections import defaultdict
+    from concurrent.futures import ThreadPoolExecutor
+
+    from trainer.async_trainer import StackRolloutLoop
+
+    loop = object.__new__(StackRolloutLoop)
+    loop.tool_timeout_s, loop._tool_pool = tool_timeout_s, ThreadPoolExecutor(4)
+    loop._counters, loop._rates = defaultdict(float), defaultdict(lambda: [0.0, 0.0])
+    return loop
+
+
+def test_a_tool_call_past_tool_timeout_s_fails_with_the_sync_message_and_closes_the_session():
+    import asyncio
+
+    from trainer.rollout_loop import TIMEOUT_ERROR
+
+    env, loop = SlowEnv(), stack_loop(0.2)
+    calls = [{"function": {"name": "wait_forever", "arguments": {"x": 1}}},
+             {"function": {"name": "quick", "arguments": {"x": 2}}}]
+    try:
+        messages, n_calls, n_failures = asyncio.run(
+            loop._execute_tool_calls(calls, {"wait_forever": env.wait_forever, "quick": env.quick}))
+    finally:
+        env.release.set()
+        loop._tool_pool.shutdown(wait=True)
+    assert (n_calls, n_failures, env.abandoned) == (2, 1, 1)
+    assert TIMEOUT_ERROR.format(name="wait_forever", seconds=0.2) in messages[0]["content"]
+    assert messages[1]["content"] == "got 2"  # TRL's loop went on with the turn's next call
+
+
+# ---------------------------------------------------------------------------------------------- the pin
+# sha256 of the dedented source of each TRL function trainer/async_trainer.py relies on, in trl 1.16.0 (the same
+# digest as tests/trainer/test_rollout_loop.py's pin): a TRL upgrade names what to re-check.
+PINNED = {
+    "trl.experimental.async_grpo.async_rollout_worker._AsyncRolloutLoop._execute_tool_calls": (
+        "89feb747a530221790466cfc758761ca210279e83ab19bfdc412016686165cf9",
+        "StackRolloutLoop wraps the tools it is handed (TOOL_TIMEOUT_S): still awaited when a coroutine function, "
+            "an exception still becomes the model's {'error': ...}"),
+    "trl.experimental.async_grpo.async_rollout_worker._AsyncRolloutLoop._post": (
+        "d879b18016b977be20b1057c2023be613ee093caeeba2078f8ab0db004c1c73e",
+        "StackRolloutLoop._post adds the neutral penalties and drops the seed on the CPU twin"),
+    "trl.experimental.async_grpo.async_rollout_worker._AsyncRolloutLoop._generate_one_turn": (
+        "cc52b73f459a70923cbc305102f559d33f1b67204e2c24924a7124c173b31d8b",
+        "the completion payload (`seed`, no presence/frequency penalty, max_tokens per turn) StackRolloutLoop edits"),
+    "trl.experimental.async_grpo.async_rollout_worker._AsyncRolloutLoop.__init__": (
+        "69b0c04bd6725a1183b7c1b1fe6204422509c56b054d364f480ac6a8776daf29",
+        "`_tool_pool` (TOOL_CONCURRENCY resizes it) and the probe instance of each env factory"),
+    "trl.experimental.async_grpo.async_rollout_worker.AsyncRolloutWorker.start": (
+        "e18c56d86e4e0bf4ed77c7a551a731b5a70406421be38991c1ab203a9e414f10",
+        "spawns `self._loop_cls(**self._loop_kwargs)`: the per-instance loop class and kwargs the subclass sets"),
+    "trl.experimental.async_grpo.async_grpo_trainer.AsyncGRPOTrainer.__init__": (
+        "3da8098371b3142c38b7fd81c3bca3322e24b6930b3962d3f479d7dbe64f84e6",
+        "get_peak_flops_per_device (replaced while it runs, CPU), the worker's `model_name` kwarg (the served id), "
+            "`weight_transfer` taking over the sync"),
+    "trl.experimental.async_grpo.async_grpo_trainer.AsyncGRPOTrainer._sync_weight_merged": (
+        "b9b5fa4dd30ac95069bb757fc152e6e28545e490b5cc2037553f3488e78920a4",
+        "the order ReloadWeightTransfer relies on: pause, send_weights (rank 0; others iterate for FSDP2), resume"),
+}
+
+
+@pytest.mark.parametrize("dotted", sorted(PINNED))
+def test_trl_sources_the_async_trainer_relies_on_are_the_pinned_ones(dotted):
+    import trl
+
+    from tests.trainer.test_rollout_loop import source_digest
+    from trainer.rollout_loop import TRL_VERSION
+
+    expected, what = PINNED[dotted]
+    assert trl.__version__ == TRL_VERSION, f"trl {trl.__version__} installed, the async trainer follows {TRL_VERSION}"
+    assert source_digest(dotted) == expected, f"{dotted} changed in trl {trl.__version__}: re-check {what}"
