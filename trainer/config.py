@@ -383,7 +383,8 @@ class RunConfig(BaseSettings):
     def resolved_learning_rate(self, mode: str | None = None) -> float:
         if self.learning_rate is not None:
             return self.learning_rate
-        return CPU_DEFAULT_LR if (mode or self.resolved_train_mode()) == "cpu" else GPU_DEFAULT_LR
+        # a trainer on CPU trains the tiny model (the CPU profile, and `make rehearse`'s server mode): its rate
+        return CPU_DEFAULT_LR if self.trainer_on_cpu(mode) else GPU_DEFAULT_LR
 
     # ------------------------------------------------------------------ loading
     @classmethod
