@@ -14,7 +14,7 @@ BUILD_IMAGE := $(STACK) compose --progress quiet --profile build build
 shq = '$(subst ','"'"',$(1))'
 
 .PHONY: help up train down logs ps config build test clean doctor report rollouts eval export baseline dashboard nccl-check gpu-smoke gpu-selfcheck rehearse soak bench \
-	fleet-up fleet-ps fleet-logs fleet-down bench-fleet bench-learning
+	fleet-up fleet-ps fleet-logs fleet-down bench-fleet bench-learning bench-async
 
 help: ## List every target with one line each
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -109,6 +109,9 @@ bench: $(VENV)/.test-ok ## Env-server figures next to their goals: Wordle, echo 
 
 bench-learning: $(VENV)/.test-ok ## The CPU profile's learning curve on echo (seeds 42 and 7) next to its goals (a few minutes)
 	@$(VENV)/bin/python bench/learning_curve.py $(ARGS)
+
+bench-async: $(VENV)/.test-ok ## Sync vs async rollouts on make rehearse, slow env (250 ms tool calls) and instant: steps/min, tokens/s, vLLM busy, reward (ARGS="--steps 12")
+	@$(VENV)/bin/python bench/async_figures.py $(ARGS)
 
 bench-fleet: $(VENV)/.test-ok ## Fleet figures on this machine's swarm: 4,096 sessions on 16 tasks; steps/s on 1, 2, 4 tasks
 	@$(BUILD_IMAGE) env-server-image
