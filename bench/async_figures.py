@@ -1,7 +1,7 @@
 """`make bench-async`: sync vs async rollouts on `make rehearse`, side by side in one run, with a slow env (each tool
 call 250 ms) and with the instant one.
 
-    .venv/bin/python bench/async_figures.py [--steps 12] [--delay 0.25] [--processes 1] [--only sync]
+    .venv/bin/python bench/async_figures.py [--steps 12] [--delay 0.25] [--processes 1] [--only sync] [--model DIR]
 
 Each run is `python -m tools rehearse` itself (the vLLM CPU twin as the vllm service, the trainer on CPU, weights by
 reload) on one Compose project of its own, with the same seed, batch and number of steps, so every run trains on the
@@ -81,6 +81,18 @@ class Project:
                                f"{self.name}_outputs:/outputs:ro", READER_IMAGE, path],
                               capture_output=True, text=True).stdout
 
+    def seed_model(self, folder: Path) -> None:
+        """Put a tiny model made by `python -m trainer.tiny_model` where model-init makes it (model-init then finds it
+        complete and skips its minutes of warm-start)."""
+        from trainer.config import CPU_DEFAULT_MODEL
+
+        volume = f"{self.name}_models"
+        subprocess.run(["docker", "volume", "create", "--label", f"com.docker.compose.project={self.name}", "--label",
+                        "com.docker.compose.volume=models", volume], check=True, capture_output=True)
+        subprocess.run(["docker", "run", "--rm", "--user", "0", "--entrypoint", "sh", "-v", f"{volume}:/models", "-v",
+                        f"{folder.resolve()}:/src:ro", READER_IMAGE, "-c",
+                        f"cp -r /src {CPU_DEFAULT_MODEL} && chown -R 10001:10001 /models"], check=True, capture_output=True)
+
     def down(self) -> None:
         self.tools("compose", "--profile", "*", "down", "--volumes", "--remove-orphans", quiet=True)
 
@@ -134,6 +146,8 @@ def main() -> None:
     p.add_argument("--delay", type=float, default=0.25, help="seconds the slow env takes per tool call")
     p.add_argument("--processes", type=int, default=1, help="TRAINER_PROCESSES of every run")
     p.add_argument("--only", choices=("sync", "async"), default=None, help="run one rollout mode only")
+    p.add_argument("--model", type=Path, default=None, help="a tiny model already made (trainer.tiny_model) to start "
+                   "from; default: model-init makes one (minutes)")
     args = p.parse_args()
     modes = [m for m in ("sync", "async") if args.only in (None, m)]
     missing_async = "async" in modes and not async_available()
@@ -148,6 +162,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
         project = Project(Path(tmp), settings)
         try:
+            if args.model:
+                project.seed_model(args.model)
             for env, delay in (("slow", args.delay), ("instant", 0.0)):
                 for mode in modes:
                     run = f"{mode}-{env}"
