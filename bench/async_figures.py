@@ -136,8 +136,14 @@ def figures(rows: list[dict], samples: list[tuple[float, float, float]]) -> dict
     tokens = (span[-1][2] - span[0][2]) / (span[-1][0] - span[0][0]) if len(span) > 1 else float("nan")
     busy = sum(s[1] > 0 for s in span) / len(span) if span else float("nan")
     rewards = [r["env/echo/reward_mean"] for r in rows[-3:]]
+
+    def per_step(key: str) -> float:  # where a step's time goes (the trainer's own timers)
+        values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+        return sum(values) / len(values) if values else float("nan")
+
     return {"steps_per_min": 60 * len(rows) / (end - start), "tokens_per_s": tokens, "busy": busy,
-            "reward": sum(rewards) / len(rewards), "steps": len(rows)}
+            "reward": sum(rewards) / len(rewards), "steps": len(rows), "gen_s": per_step("time/generation_s"),
+            "env_s": per_step("time/env_s"), "train_s": per_step("time/training_s")}
 
 
 def main() -> None:
@@ -185,10 +191,11 @@ def main() -> None:
         finally:
             project.down()
     print(f"\nsync vs async rollouts on make rehearse (echo, {args.steps} steps, TRAINER_PROCESSES={args.processes}):")
-    print(f"  {'env':<8} {'rollouts':<8} {'steps/min':>9} {'gen tok/s':>9} {'vLLM busy':>9} {'reward (last 3)':>15}")
+    print(f"  {'env':<8} {'rollouts':<8} {'steps/min':>9} {'gen tok/s':>9} {'vLLM busy':>9} {'reward (last 3)':>15}"
+          f"   per step: generation / env / training s")
     for (env, mode), f in results.items():
         print(f"  {env:<8} {mode:<8} {f['steps_per_min']:>9.2f} {f['tokens_per_s']:>9.1f} {f['busy']:>9.0%} "
-              f"{f['reward']:>15.3f}")
+              f"{f['reward']:>15.3f}   {f['gen_s']:.2f} / {f['env_s']:.2f} / {f['train_s']:.2f}")
     if missing_async:
         print("  async: not run: ROLLOUTS is not a setting of this checkout yet (#31 item 1)")
     sync, asy = results.get(("slow", "sync")), results.get(("slow", "async"))

@@ -93,8 +93,6 @@ class Plan:
         if not services:
             return {}
         spec: dict = {"services": services}
-        if self.rehearsal:
-            spec["volumes"] = rehearsal.volumes()
         if self.fleet:  # the swarm stack's network (tools/fleet.py), made by `make fleet-up`
             spec["networks"] = {"fleet": {"external": True, "name": stack.fleet_stack_name(self.values)}}
         return spec

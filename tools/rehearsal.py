@@ -18,7 +18,7 @@ TWIN_BUILD_SERVICE = "vllm-cpu"   # compose.yaml's twin service holds the image'
 TRAINER_BUILD_SERVICE = "trainer-rehearse-image"
 BUILD_PROFILES = ("vllm-cpu", "build-rehearse")
 PROFILE = "rehearse"              # model-init joins it: the twin serves the model it makes
-WEIGHTS_VOLUME = "weights"
+WEIGHTS_VOLUME = "weights"       # compose.yaml's (tmpfs, uid 10001)
 
 
 def image(build_service: str) -> str:
@@ -60,8 +60,3 @@ def services(env_depends: dict[str, dict]) -> dict[str, dict]:
         },
     }
 
-
-def volumes() -> dict[str, dict]:
-    """The weights volume: tmpfs owned by the images' uid 10001 (the twin, started first, would otherwise create it
-    root-owned); it holds one copy of the tiny model's weights, rewritten at every push."""
-    return {WEIGHTS_VOLUME: {"driver_opts": {"type": "tmpfs", "device": "tmpfs", "o": "uid=10001,gid=10001,size=1g"}}}
