@@ -213,6 +213,16 @@ class RunConfig(BaseSettings):
         None, ge=1, le=64, description="Trainer processes. GPU: one per TRAINER_GPU (set by `make`). CPU profile: "
         "empty = 1; more runs the multi-process path with gloo."
     )
+    rollouts: Literal["sync", "async"] = Field(
+        "sync", description="sync: TRL's GRPOTrainer, generate a batch then train on it (vLLM idles while the "
+        "trainer trains). async: TRL's AsyncGRPOTrainer, a rollout worker keeps generating against the vLLM server "
+        "while the trainer trains on what is queued (README \"Async GRPO\"). async needs TRAIN_MODE=gpu (its CPU "
+        "rehearsal too: `make rehearse`), 1 or 2 trainer processes, TRAINER_SHARDING=fsdp for 2."
+    )
+    max_staleness: int = Field(
+        4, ge=0, le=64, description="ROLLOUTS=async: how many weight updates a rollout may lag the trained policy "
+        "and still be trained on; older ones are dropped (TRL's default, 4; 0 = strictly on-policy)."
+    )
     trainer_sharding: Literal["ddp", "zero3", "fsdp"] = Field(
         "ddp", description="How several trainer processes share the model: ddp (a full copy each), zero3 "
         "(DeepSpeed ZeRO-3) or fsdp (PyTorch FSDP), for models that do not fit one GPU."
@@ -262,6 +272,10 @@ class RunConfig(BaseSettings):
                 f"ENV_URLS names {', '.join(sorted(unknown))}, which ENV_NAME={self.env_name} does not train on; "
                 "drop it from ENV_URLS or add it to ENV_NAME (edit .env)"
             )
+        problem = self.rollouts_problem(None if self.train_mode == "auto" else self.train_mode,
+                                        self.trainer_processes)
+        if problem:
+            raise ValueError(problem)
         gen_batch = self.per_device_train_batch_size * self.effective_steps_per_generation
         if gen_batch % self.num_generations:
             raise ValueError(
@@ -272,6 +286,29 @@ class RunConfig(BaseSettings):
                 "(edit .env)"
             )
         return self
+
+    def rollouts_problem(self, mode: str | None, processes: int | None) -> str | None:
+        """Why ROLLOUTS=async cannot run in `mode` with `processes` trainer processes (None: not known yet; the
+        launcher checks again once it has resolved both), as one line naming what to change; None if it can."""
+        if self.rollouts != "async":
+            return None
+        if mode == "cpu":
+            return ("ROLLOUTS=async generates with a vLLM server, which the CPU profile has none of: to try the GPU "
+                    "layout on this machine run `make rehearse` (TRAIN_MODE=gpu on CPU, the vLLM CPU twin), or set "
+                    "ROLLOUTS=sync (edit .env)")
+        if mode == "colocate":
+            return ("ROLLOUTS=async needs vLLM on a GPU of its own (it generates while the trainer trains); colocate "
+                    "shares one GPU between them: use TRAIN_MODE=gpu on 2+ GPUs, or ROLLOUTS=sync (edit .env)")
+        if processes is not None and processes > 2:
+            # TRL 1.16's weight sync deadlocks with more than 2 FSDP ranks (huggingface/trl#6797, #7103): rank 0's
+            # full_tensor() gathers run inside the NCCL transfer loop, out of order with the other ranks'.
+            return (f"ROLLOUTS=async runs 1 or 2 trainer processes, not {processes}: TRL 1.16's async weight sync "
+                    "deadlocks past 2 (huggingface/trl#6797); set TRAINER_GPU to 1 or 2 GPUs (or TRAINER_PROCESSES), "
+                    "or ROLLOUTS=sync (edit .env)")
+        if processes == 2 and self.trainer_sharding != "fsdp":
+            return (f"ROLLOUTS=async shards 2 trainer processes with FSDP2 only (TRL's AsyncGRPOTrainer), not "
+                    f"{self.trainer_sharding}: set TRAINER_SHARDING=fsdp (edit .env)")
+        return None
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -319,6 +356,12 @@ class RunConfig(BaseSettings):
         many distinct rows the env has: `env_rows`, else DATASET_SIZE).
         """
         gen_batch = self.generation_batch_size
+        if self.rollouts == "async":
+            # TRL's async rollout worker (one, on rank 0) keeps up to max_inflight_tasks rollouts in flight, each
+            # with its own env instance: max(MAX_STALENESS, 1) x the samples of one optimizer step (all processes).
+            gen_batch = (max(self.max_staleness, 1) * self.per_device_train_batch_size
+                         * self.gradient_accumulation_steps * num_processes)
+            num_processes = 1
         if len(self.env_names) > 1:
             prompts_per_batch = gen_batch // self.num_generations
             rows = env_rows if env_rows is not None else self.dataset_size

@@ -237,10 +237,70 @@ def _count_failure(env, episode: int) -> None:
             env._episode_failures += 1
 
 
+class EnvFactory:
+    """The no-arg factory TRL calls per rollout slot: `bind`'s class, built on first use in each process.
+
+    Picklable, because ROLLOUTS=async hands it to TRL's rollout worker, a spawned process (sync mode calls it in
+    place): it carries how to get the tool class (`tool_class_source`: a class importable by name, or a picklable
+    no-arg callable that builds one, e.g. a learned env's `functools.partial(make_tool_class, ...)`), never the
+    built class, whose per-process state (its ReplicaSet, the stats it reports to, instances' locks) stays where it
+    was made. The run-wide STATS is not pickled: each process reports to its own."""
+
+    def __init__(self, env_name: str, tool_class_source: Any, url: str, stats: RolloutStats = STATS,
+                 text_chars: int = 2000, step_timeout_s: float | None = None,
+                 reset_timeout_s: float | None = 120.0) -> None:
+        self.env_name, self.tool_class_source, self.url = env_name, tool_class_source, url
+        self.stats, self.text_chars = stats, text_chars
+        self.step_timeout_s, self.reset_timeout_s = step_timeout_s, reset_timeout_s
+        self._bound: type | None = None
+        self._bind_lock = threading.Lock()
+
+    @property
+    def bound(self) -> type:
+        """`bind`'s subclass, once per process: every instance is of one class (TRL keys env rewards by the class)."""
+        with self._bind_lock:
+            if self._bound is None:
+                source = self.tool_class_source
+                tool_class = source if isinstance(source, type) else source()
+                self._bound = bind(self.env_name, tool_class, self.url, self.stats, self.text_chars,
+                                   self.step_timeout_s, self.reset_timeout_s)
+            return self._bound
+
+    @property
+    def replica_set(self) -> ReplicaSet | None:
+        return self.bound.replica_set
+
+    def __call__(self) -> Any:
+        return self.bound()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__, _bound=None, _bind_lock=None)
+        if state["stats"] is STATS:
+            state["stats"] = None  # the unpickling process reports to its own STATS
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _bind_lock=threading.Lock())
+        if self.stats is None:
+            self.stats = STATS
+
+
+def tool_class_source(spec: Any) -> Any:
+    """What EnvFactory rebuilds `spec.tool_class` from in another process: the class itself when it is importable
+    by name (built-in envs), else how it was made (an env learned from its server: `make_tool_class` of its
+    interface). Anything else is the class itself: fine in place (sync), refused with TRL's message when pickled."""
+    from envs.generic import GenericSpec
+    from envs.generic.tool import make_tool_class
+
+    if isinstance(spec, GenericSpec):
+        return functools.partial(make_tool_class, spec.name, spec.interface, spec.reward, spec.observation_chars)
+    return spec.tool_class
+
+
 def build_factories(cfg, specs: dict[str, Any], stats: RolloutStats = STATS):
-    """Single env: the bound class. Several: {name: bound class} (rows routed by their `environment` column).
+    """Single env: its EnvFactory. Several: {name: EnvFactory} (rows routed by their `environment` column).
     `specs`: name -> EnvSpec or GenericSpec, as preflight resolved them."""
-    bound = {name: bind(name, specs[name].tool_class, cfg.env_url(name), stats, cfg.env_observation_chars,
-                        cfg.tool_timeout_s, cfg.reset_timeout_s)
+    bound = {name: EnvFactory(name, tool_class_source(specs[name]), cfg.env_url(name), stats,
+                              cfg.env_observation_chars, cfg.tool_timeout_s, cfg.reset_timeout_s)
              for name in cfg.env_names}
     return bound[cfg.env_names[0]] if len(bound) == 1 else bound

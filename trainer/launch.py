@@ -43,11 +43,13 @@ def process_count(cfg: RunConfig, mode: str, visible_gpus: int) -> int:
     return n
 
 
-def launch_argv(n: int, mode: str, sharding: str, args: list[str], port: int = RENDEZVOUS_PORT) -> list[str]:
-    """The command that runs trainer.train in `n` processes (n == 1: directly)."""
+def launch_argv(n: int, mode: str, sharding: str, args: list[str], port: int = RENDEZVOUS_PORT,
+                rehearsal: bool = False) -> list[str]:
+    """The command that runs trainer.train in `n` processes (n == 1: directly). `rehearsal`: server mode on CPU
+    (TRAIN_MODE=gpu, WEIGHT_TRANSFER=reload), where ROLLOUTS=async shards 2 processes with FSDP2 over gloo."""
     if n == 1:
         return [sys.executable, "-m", "trainer.train", *args]
-    if mode == "cpu" and sharding != "ddp":
+    if mode == "cpu" and sharding != "ddp" and not rehearsal:
         raise LaunchError(f"TRAINER_SHARDING={sharding} shards over GPUs; the CPU profile runs ddp (edit .env)")
     if sharding == "zero3" and importlib.util.find_spec("deepspeed") is None:
         raise LaunchError("TRAINER_SHARDING=zero3 needs DeepSpeed, which the trainer image does not carry; use "
@@ -101,7 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     try:
         n = process_count(cfg, mode, visible)
-        cmd = launch_argv(n, "cpu" if cfg.trainer_on_cpu(mode) else mode, cfg.trainer_sharding, argv)
+        problem = cfg.rollouts_problem(mode, n)
+        if problem:
+            raise LaunchError(problem)
+        cmd = launch_argv(n, "cpu" if cfg.trainer_on_cpu(mode) else mode, cfg.trainer_sharding, argv,
+                          rehearsal=mode == "gpu" and cfg.trainer_on_cpu(mode))
     except LaunchError as exc:
         print(f"[launch] {exc}", file=sys.stderr, flush=True)
         return 2

@@ -39,6 +39,7 @@ class PreflightReport:
     ok: list[str] = field(default_factory=list)
     server_max_model_len: int | None = None  # server mode: what the vLLM server reports (it refuses beyond it)
     served_dtype: str | None = None  # server mode: vLLM's weights dtype (/server_info); weight pushes cast to it
+    served_model: str | None = None  # server mode: the model id vLLM serves (/v1/models); async requests name it
 
 
 def log(msg: str) -> None:
@@ -376,6 +377,7 @@ def run_all(cfg: RunConfig, mode: str, wait_s: float = 20.0, tokenizer=None, num
                 report.server_max_model_len = int(info["max_model_len"])
             if mode == "gpu" and isinstance(info, dict):
                 report.served_dtype = info.get("dtype")
+                report.served_model = info.get("model")
             report.ok.append(f"vLLM server {cfg.vllm_server_url}: healthy, dev mode on, weight transfer configured"
                              if mode == "gpu" else "vLLM colocated: CUDA and vllm importable")
         except Exception as exc:  # noqa: BLE001 - trainer.gpu raises with its own diagnosis

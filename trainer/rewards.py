@@ -10,6 +10,7 @@ a rollout that never finishes is worse than one that does, whatever the env said
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 
 
@@ -22,9 +23,11 @@ def stop_token_ids(model, tokenizer) -> frozenset[int]:
 
 
 def unfinished_penalty(penalty: float, stop_ids: frozenset[int]) -> Callable[..., list[float]]:
-    """A TRL reward function: -penalty for a completion that does not end in a stop token, else 0."""
+    """A TRL reward function: -penalty for a completion that does not end in a stop token, else 0. A partial of a
+    module-level function, not a closure: ROLLOUTS=async pickles reward functions into its spawned rollout worker
+    (TRL names it by the function: `rewards/unfinished/mean` in both modes)."""
+    return functools.partial(unfinished, penalty=penalty, stop_ids=stop_ids)
 
-    def unfinished(completion_ids: list[list[int]], **_: object) -> list[float]:
-        return [-penalty if ids and ids[-1] not in stop_ids else 0.0 for ids in completion_ids]
 
-    return unfinished
+def unfinished(completion_ids: list[list[int]], *, penalty: float, stop_ids: frozenset[int], **_: object) -> list[float]:
+    return [-penalty if ids and ids[-1] not in stop_ids else 0.0 for ids in completion_ids]

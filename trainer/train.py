@@ -249,17 +249,66 @@ def published_dtype(cfg: RunConfig, mode: str) -> str | None:
 
 def load_model_and_tokenizer(cfg: RunConfig, mode: str):
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     name = cfg.model_path(mode)
-    tokenizer = AutoTokenizer.from_pretrained(name, **cfg.model_load_kwargs(mode))
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer = load_tokenizer(cfg, mode)
     # fp32 master weights in every layout; GRPOConfig(bf16=True) runs the forward and backward under bf16 autocast.
     # bf16 weights would not train: at lr 1e-5 an AdamW step rounds back to the same bf16 value for any |w| above
     # ~0.004 (norm weights, most matrix entries). Pushes to vLLM are cast to its dtype (gpu.push_in_served_dtype).
     model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, **cfg.model_load_kwargs(mode))
     return model, tokenizer
+
+
+def load_tokenizer(cfg: RunConfig, mode: str):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model_path(mode), **cfg.model_load_kwargs(mode))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def generation_config_of(cfg: RunConfig, mode: str):
+    """What stop_token_ids reads off a model (its generation config), without loading the weights (async: TRL
+    loads the model itself)."""
+    from types import SimpleNamespace
+
+    from transformers import GenerationConfig
+
+    try:
+        config = GenerationConfig.from_pretrained(cfg.model_path(mode), **cfg.model_load_kwargs(mode))
+    except OSError:  # no generation_config.json: the tokenizer's eos and pad only
+        config = None
+    return SimpleNamespace(generation_config=config)
+
+
+def _build_sync_trainer(cfg: RunConfig, mode: str, model, tokenizer, dataset, factories, reward_funcs, callbacks,
+                        grpo_args, server_max_model_len, served_dtype, trackers):
+    """ROLLOUTS=sync: TRL's GRPOTrainer with the stack's rollout loop, traces and weight-sync hooks."""
+    from trainer.metrics import STATS
+
+    trainer = make_trainer_class()(
+        model=model,
+        reward_funcs=reward_funcs,
+        args=grpo_args,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        environment_factory=factories,
+        callbacks=callbacks,
+    )
+    trainer.configure_rollouts(cfg.tool_timeout_s, cfg.tool_concurrency, server_max_model_len)
+    trainer.configure_traces(cfg.run_dir, cfg.trace_every, cfg.trace_samples or cfg.num_generations, trackers)
+    if mode != "cpu":
+        from trainer import gpu
+
+        gpu.instrument_weight_sync(trainer, lambda seconds: STATS.add_time("weight_sync", seconds),
+                                   timeout_s=cfg.weight_sync_timeout_s)
+        pushed = gpu.push_in_served_dtype(trainer, served_dtype)
+        if pushed:
+            autocast = ", bf16 autocast" if grpo_args.bf16 else ""  # off only where the trainer runs on CPU
+            log(f"weights: fp32 master weights{autocast}; each push to vLLM is cast to {pushed}")
+    return trainer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -286,6 +335,10 @@ def main(argv: list[str] | None = None) -> int:
     from trainer import dist, preflight
 
     dist.init(cfg.trainer_on_cpu(mode))
+    problem = cfg.rollouts_problem(mode, dist.world_size())
+    if problem:
+        print(f"[train] config error:\n{problem}", file=sys.stderr, flush=True)
+        return 2
     verdict = None  # (exit code to stop with, or None to train; checkpoint; step): decided once, by rank 0
     if dist.is_main():
         from trainer import run_lock
@@ -320,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
         report = preflight.resolve_envs(cfg)
     server_max_model_len = dist.from_main(report.server_max_model_len if dist.is_main() else None)
     served_dtype = dist.from_main(report.served_dtype if dist.is_main() else None)
+    served_model = dist.from_main(report.served_model if dist.is_main() else None)
 
     import torch  # noqa: F401  (heavy imports only after the cheap checks passed)
 
@@ -327,13 +381,16 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.metrics import STATS, MetricsCallback
     from trainer.trackers import RunInfo, Trackers
 
-    vllm_kwargs: dict = {}
-    if mode != "cpu":
-        from trainer import gpu
+    if cfg.rollouts == "async":
+        model, tokenizer = None, load_tokenizer(cfg, mode)  # TRL's async trainer loads the model itself
+    else:
+        vllm_kwargs: dict = {}
+        if mode != "cpu":
+            from trainer import gpu
 
-        vllm_kwargs = gpu.grpo_vllm_kwargs(cfg)
-    grpo_args = cfg.to_grpo_config(mode, **vllm_kwargs)
-    model, tokenizer = load_model_and_tokenizer(cfg, mode)
+            vllm_kwargs = gpu.grpo_vllm_kwargs(cfg)
+        grpo_args = cfg.to_grpo_config(mode, **vllm_kwargs)
+        model, tokenizer = load_model_and_tokenizer(cfg, mode)
     dataset = build_dataset(cfg, report.specs)
     factories = build_factories(cfg, report.specs, STATS)
     trackers = Trackers(cfg.trackers, RunInfo(cfg.run_dir, cfg.resolved_run_name, cfg.output_dir,
@@ -347,32 +404,22 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.trainer_callback import PrinterCallback
 
     transformers.utils.logging.disable_progress_bar()  # no "Writing model shards" bars in docker logs
-    trainer_cls = make_trainer_class()
     from trainer.rewards import stop_token_ids, unfinished_penalty
 
-    reward_funcs = ([unfinished_penalty(cfg.unfinished_penalty, stop_token_ids(model, tokenizer))]
+    stop_ids = stop_token_ids(model if model is not None else generation_config_of(cfg, mode), tokenizer)
+    reward_funcs = ([unfinished_penalty(cfg.unfinished_penalty, stop_ids)]
                     if cfg.unfinished_penalty else None)  # the env's own reward comes from its tool class
-    trainer = trainer_cls(
-        model=model,
-        reward_funcs=reward_funcs,
-        args=grpo_args,
-        train_dataset=dataset,
-        processing_class=tokenizer,
-        environment_factory=factories,
-        callbacks=[MetricsCallback(cfg.run_dir, STATS, resume_step=resume_step, mode=mode, trackers=trackers), control],
-    )
-    trainer.configure_rollouts(cfg.tool_timeout_s, cfg.tool_concurrency, server_max_model_len)
-    trainer.configure_traces(cfg.run_dir, cfg.trace_every, cfg.trace_samples or cfg.num_generations, trackers)
-    trainer.remove_callback(PrinterCallback)  # MetricsCallback prints one readable line per step instead
-    if mode != "cpu":
-        from trainer import gpu
+    callbacks = [MetricsCallback(cfg.run_dir, STATS, resume_step=resume_step, mode=mode, trackers=trackers), control]
+    if cfg.rollouts == "async":
+        from trainer import async_trainer
 
-        gpu.instrument_weight_sync(trainer, lambda seconds: STATS.add_time("weight_sync", seconds),
-                                   timeout_s=cfg.weight_sync_timeout_s)
-        pushed = gpu.push_in_served_dtype(trainer, served_dtype)
-        if pushed:
-            autocast = ", bf16 autocast" if grpo_args.bf16 else ""  # off only where the trainer runs on CPU
-            log(f"weights: fp32 master weights{autocast}; each push to vLLM is cast to {pushed}")
+        trainer = async_trainer.build_trainer(cfg, mode, tokenizer=tokenizer, dataset=dataset, factories=factories,
+                                              reward_funcs=reward_funcs, callbacks=callbacks,
+                                              served_dtype=served_dtype, served_model=served_model)
+    else:
+        trainer = _build_sync_trainer(cfg, mode, model, tokenizer, dataset, factories, reward_funcs, callbacks,
+                                      grpo_args, server_max_model_len, served_dtype, trackers)
+    trainer.remove_callback(PrinterCallback)  # MetricsCallback prints one readable line per step instead
 
     trainer.train(resume_from_checkpoint=resume_ckpt)
     if mode == "gpu":  # no push in flight: the next run needs no vLLM restart (trainer.gpu.push_state)
@@ -385,8 +432,8 @@ def main(argv: list[str] | None = None) -> int:
         return 5
     bound = factories if isinstance(factories, dict) else {cfg.env_names[0]: factories}
     who = f"rank {dist.rank()}: " if dist.world_size() > 1 else ""  # every process opens its own sessions
-    for name, cls in bound.items():  # TRL's pool: one instance (= one env session) per rollout slot
-        if cls.replica_set is not None:  # per replica / fleet task: open at the end, opened since the start
+    for name, cls in bound.items() if cfg.rollouts == "sync" else ():  # async: the sessions were the worker's
+        if cls.replica_set is not None:  # TRL's pool: one instance (= one env session) per rollout slot
             print(f"[train] {who}env {name}: {log_text(cls.replica_set.describe())}", flush=True)
     if control.stop_requested:
         log(f"stopped at step {step}; checkpoint saved in {cfg.run_dir}; run again to resume")

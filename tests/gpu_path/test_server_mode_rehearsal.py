@@ -63,6 +63,17 @@ def rehearsal_stack(gpu_config, tiny_model_dir, twin_hf_cache, tmp_path_factory)
         docker("network", "rm", network, check=False)
 
 
+PROMPT = [11, 12, 13, 14, 15]
+
+
+def served_logprobs(twin) -> list[float]:
+    """What the twin serves, as greedy log-probs of a fixed prompt (test_async_rehearsal.py compares before/after)."""
+    r = requests.post(f"{twin.url}/v1/completions", timeout=120, json={
+        "model": twin.model, "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "logprobs": 1})
+    r.raise_for_status()
+    return r.json()["choices"][0]["logprobs"]["token_logprobs"]
+
+
 def trainer_run(network: str, model_dir, weights, outputs, run: str, max_steps: int, *docker_args: str) -> list[str]:
     """`docker run` of the GPU trainer image in server mode through the twin, weights by reload (small batches)."""
     settings = {"TRAIN_MODE": "gpu", "WEIGHT_TRANSFER": "reload", "WEIGHT_RELOAD_DIR": "/weights",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from trainer import stages
 from trainer.gpu import push_state
@@ -177,7 +177,6 @@ def use_weight_reload(folder: str, timeout_s: float) -> None:
     really changes; only the transport differs from the GPU path. Call before GRPOTrainer is built. Idempotent."""
     from pathlib import Path
 
-    import requests
     from trl.generation import vllm_client as trl_vllm_client
 
     require_prefix_cache_reset()
@@ -193,24 +192,38 @@ def use_weight_reload(folder: str, timeout_s: float) -> None:
         push_state.group_formed(f"reload from {target}")
 
     def update_named_params(self, metadata, named_params):
-        from safetensors.torch import save_file
-
-        tensors = {name: tensor.detach().to("cpu").contiguous().clone() for name, tensor in named_params}
-        target.mkdir(parents=True, exist_ok=True)
-        partial = target / "model.safetensors.partial"  # vLLM reads *.safetensors: never a half-written one
-        save_file(tensors, str(partial))
-        os.replace(partial, target / "model.safetensors")
-        r = requests.post(f"{self.base_url}/collective_rpc", timeout=timeout_s,
-                          json={"method": "reload_weights", "kwargs": {"weights_path": str(target)}})
-        if r.status_code != 200:
-            raise WeightTransferInitError(f"vLLM could not reload the weights from {target} (HTTP {r.status_code}: "
-                                          f"{r.text[:300]}); it must mount that folder at the same path")
-        print(f"[weight-sync] vLLM reloaded {len(tensors)} tensors from {target}", flush=True)
+        reload_weights(self.base_url, target, named_params, timeout_s)
 
     update_named_params._grpo_reload = True  # type: ignore[attr-defined]
     cls.init_communicator = init_communicator
     cls.update_named_params = update_named_params
     cls.close_communicator = lambda self: None
+
+
+def reload_weights(base_url: str, folder: str | os.PathLike, named_params: Iterable[tuple[str, Any]],
+                   timeout_s: float) -> int:
+    """The weight push of WEIGHT_TRANSFER=reload, shared by the sync trainer (use_weight_reload) and the async one
+    (trainer.async_trainer.ReloadWeightTransfer): write `named_params` to `folder`/model.safetensors (a folder the
+    vLLM server mounts at the same path), then have vLLM reload them (its dev route /collective_rpc ->
+    worker.reload_weights(weights_path=folder)). Returns how many tensors it wrote."""
+    from pathlib import Path
+
+    import requests
+    from safetensors.torch import save_file
+
+    target = Path(folder)
+    tensors = {name: tensor.detach().to("cpu").contiguous().clone() for name, tensor in named_params}
+    target.mkdir(parents=True, exist_ok=True)
+    partial = target / "model.safetensors.partial"  # vLLM reads *.safetensors: never a half-written one
+    save_file(tensors, str(partial))
+    os.replace(partial, target / "model.safetensors")
+    r = requests.post(f"{base_url}/collective_rpc", timeout=timeout_s,
+                      json={"method": "reload_weights", "kwargs": {"weights_path": str(target)}})
+    if r.status_code != 200:
+        raise WeightTransferInitError(f"vLLM could not reload the weights from {target} (HTTP {r.status_code}: "
+                                      f"{r.text[:300]}); it must mount that folder at the same path")
+    print(f"[weight-sync] vLLM reloaded {len(tensors)} tensors from {target}", flush=True)
+    return len(tensors)
 
 
 def require_prefix_cache_reset() -> None:

@@ -1,0 +1,284 @@
+"""ROLLOUTS=async: TRL 1.16's `AsyncGRPOTrainer` against the stack's vllm service and env servers.
+
+TRL's trainer, rollout worker (a spawned, CUDA-free child process that keeps generating while the trainer
+trains) and protocols do the work; this module plugs the stack in where TRL leaves a seam:
+
+- `build_async_config`: RunConfig -> `AsyncGRPOConfig` (the same knobs as the sync trainer's GRPOConfig).
+- `ReloadWeightTransfer`: TRL's `WeightTransferProtocol` for WEIGHT_TRANSFER=reload (server mode rehearsed on
+  CPU): pause vLLM as TRL does (`/pause?mode=keep`), write the weights and have vLLM reload them
+  (trainer.gpu.trl_hooks.reload_weights, shared with the sync trainer), resume.
+- `StackRolloutLoop`: TRL's rollout loop (`_AsyncRolloutLoop`, in the child) with TOOL_TIMEOUT_S,
+  TOOL_CONCURRENCY and the neutral sampling penalties meaning what they mean in sync mode.
+- `make_async_trainer_class`: a thin `AsyncGRPOTrainer` subclass that runs on CPU (no CUDA peak-FLOPs lookup)
+  and hands the rollout worker `StackRolloutLoop`.
+
+Everything the child gets is pickled: env factories (trainer.envs_binding.EnvFactory), reward functions
+(functools.partial, trainer.rewards) and this module's classes, all module-level.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+import os
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from trainer.config import RunConfig
+
+logger = logging.getLogger("trainer.async")
+
+# TRL privates this module relies on (re-check each on a TRL upgrade; PINNED with trainer/rollout_loop.py's
+# TRL_VERSION, and tests/trainer/test_async_trainer.py fails when one is missing):
+#   trl.experimental.async_grpo.async_rollout_worker._AsyncRolloutLoop   subclassed: `_execute_tool_calls`, `_post`,
+#                                                                        `_tool_pool` (its thread pool for env calls)
+#   trl.experimental.async_grpo.async_rollout_worker.AsyncRolloutWorker  `_loop_cls`, `_loop_kwargs` (set per instance)
+#   trl.experimental.async_grpo.async_grpo_trainer.get_peak_flops_per_device  replaced while __init__ runs
+TRL_PRIVATES = (
+    ("trl.experimental.async_grpo.async_rollout_worker", "_AsyncRolloutLoop", ("_execute_tool_calls", "_post")),
+    ("trl.experimental.async_grpo.async_rollout_worker", "AsyncRolloutWorker", ("_loop_cls", "start")),
+    ("trl.experimental.async_grpo.async_grpo_trainer", "get_peak_flops_per_device", ()),
+)
+
+
+def build_async_config(cfg: RunConfig, mode: str):
+    """AsyncGRPOConfig with the sync trainer's settings (RunConfig.to_grpo_config) where both have them."""
+    from trl.experimental.async_grpo import AsyncGRPOConfig
+
+    kwargs: dict[str, Any] = dict(
+        output_dir=cfg.run_dir,
+        run_name=cfg.resolved_run_name,
+        max_steps=cfg.max_steps,
+        learning_rate=cfg.resolved_learning_rate(mode),
+        # TRL's async default is constant (it may stop by epochs, an unknown step count); we always stop at
+        # MAX_STEPS, so the sync trainer's linear decay applies here too.
+        lr_scheduler_type="linear",
+        num_generations=cfg.num_generations,
+        per_device_train_batch_size=cfg.per_device_train_batch_size,
+        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
+        max_completion_length=cfg.max_completion_length,
+        max_tool_calling_iterations=cfg.max_tool_calling_iterations,
+        temperature=cfg.temperature,
+        chat_template_kwargs=cfg.chat_template_kwargs(),
+        save_strategy="steps",
+        save_steps=cfg.save_steps,
+        save_total_limit=3,
+        logging_steps=cfg.logging_steps,
+        seed=cfg.seed,
+        data_seed=cfg.seed,
+        report_to="none",  # trainer.metrics writes JSONL + TensorBoard itself
+        disable_tqdm=True,
+        vllm_server_base_url=cfg.vllm_server_url,
+        vllm_server_timeout=float(cfg.vllm_server_timeout_s),
+        request_timeout=int(cfg.generation_timeout_s),
+        weight_sync_timeout=int(cfg.weight_sync_timeout_s),
+        max_staleness=cfg.max_staleness,
+        # fp32 master weights, as the sync trainer keeps (trainer.train.load_model_and_tokenizer says why)
+        dtype="float32",
+        model_init_kwargs=cfg.model_load_kwargs(mode) or None,  # the pinned revision while MODEL_NAME is a hub id
+    )
+    if cfg.trainer_on_cpu(mode):  # the CPU rehearsal of server mode
+        kwargs.update(use_cpu=True, bf16=False)
+    else:
+        import torch
+
+        kwargs.update(bf16=bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported()))
+    return AsyncGRPOConfig(**kwargs)
+
+
+class ReloadWeightTransfer:
+    """TRL's WeightTransferProtocol by reload (WEIGHT_TRANSFER=reload): no NCCL group; each sync pauses vLLM
+    (`/pause?mode=keep`: in-flight requests freeze and continue after the resume, as with TRL's NCCL client),
+    writes the weights to `folder` and has vLLM reload them, then resumes. Rank 0 only, as TRL calls it."""
+
+    def __init__(self, base_url: str, folder: str, timeout_s: float, served_dtype: str | None = None) -> None:
+        from trl.experimental.async_grpo.vllm_client import VLLMClient
+
+        self.base_url, self.folder, self.timeout_s = base_url.rstrip("/"), folder, timeout_s
+        self.served_dtype = served_dtype
+        self.vllm = VLLMClient(self.base_url)
+        self.pushes = 0
+        self.paused_s: list[float] = []  # how long vLLM stood paused, per sync
+        self._paused_at: float | None = None
+
+    def init_weight_transfer(self) -> None:
+        from trainer import stages
+        from trainer.gpu import push_state
+
+        print(f"[weight-sync] WEIGHT_TRANSFER=reload (async): no NCCL group; each sync pauses vLLM, writes "
+              f"{self.folder}/model.safetensors, has vLLM reload it and resumes", flush=True)
+        stages.mark("rendezvous", 0.0, f"weight transfer by reload from {self.folder} (CPU rehearsal, no NCCL)")
+        push_state.group_formed(f"reload from {self.folder}")
+
+    def pause(self) -> None:
+        self.vllm.pause(timeout=int(self.timeout_s))
+        self._paused_at = time.monotonic()
+
+    def send_weights(self, iterator: Iterator[tuple[str, Any]]) -> None:
+        from trainer.gpu import push_state
+        from trainer.gpu.trl_hooks import reload_weights
+
+        push_state.push_started(self.pushes)
+        reload_weights(self.base_url, self.folder, self._cast(iterator), self.timeout_s)
+        push_state.push_done(self.pushes)
+        self.pushes += 1
+
+    def resume(self) -> None:
+        self.vllm.resume(timeout=int(self.timeout_s))
+        if self._paused_at is not None:
+            self.paused_s.append(time.monotonic() - self._paused_at)
+            self._paused_at = None
+
+    def destroy(self) -> None:
+        return None
+
+    def _cast(self, iterator):
+        """Each tensor in the dtype vLLM serves (the trainer keeps fp32 master weights; trl_hooks.push_in_served_dtype
+        does the same for the sync trainer)."""
+        import torch
+
+        target = getattr(torch, self.served_dtype, None) if self.served_dtype else None
+        for name, tensor in iterator:
+            if isinstance(target, torch.dtype) and tensor.is_floating_point() and tensor.dtype != target:
+                tensor = tensor.to(target)
+            yield name, tensor
+
+
+def _rollout_loop_base():
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # chosen on purpose (ROLLOUTS=async), said once in the log
+    from trl.experimental.async_grpo.async_rollout_worker import _AsyncRolloutLoop
+
+    return _AsyncRolloutLoop
+
+
+class StackRolloutLoop(_rollout_loop_base()):
+    """TRL's rollout loop (it runs in the spawned child) with the sync trainer's meanings:
+
+    - TOOL_TIMEOUT_S: a tool call that runs longer fails; the model reads the rollout loop's message
+      (trainer.rollout_loop.TIMEOUT_ERROR) and the rollout's env session is closed (`_abandon_session`).
+    - TOOL_CONCURRENCY: the most env calls (tools, resets, rewards) in flight at once, the size of TRL's thread
+      pool for them (TRL's default: one per in-flight rollout).
+    - vLLM's presence/frequency penalties sent as 0 (trainer.gpu.grpo_kwargs.NEUTRAL_SAMPLING), as the sync
+      trainer sends them: the server's generation-config defaults would otherwise apply.
+    - `request_seeds=False` (the CPU rehearsal): no per-request `seed`. TRL seeds every request (so data-parallel
+      engines do not draw alike); vLLM 0.31's CPU runner kills its engine on a seeded request
+      (gpu_model_runner._bookkeeping_sync: "CPU Generator does not use offset"). The sync trainer sends none.
+    """
+
+    def __init__(self, *, tool_timeout_s: float | None = None, tool_concurrency: int | None = None,
+                 request_seeds: bool = True, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.tool_timeout_s = tool_timeout_s
+        self.request_seeds = request_seeds
+        if tool_concurrency:
+            self._tool_pool.shutdown(wait=False)
+            self._tool_pool = ThreadPoolExecutor(max_workers=tool_concurrency, thread_name_prefix="grpo-tool")
+
+    async def _execute_tool_calls(self, tool_calls, tool_dict):
+        if self.tool_timeout_s is None:
+            return await super()._execute_tool_calls(tool_calls, tool_dict)
+        bounded = {name: self._bounded(tool) for name, tool in tool_dict.items()}
+        return await super()._execute_tool_calls(tool_calls, bounded)
+
+    def _bounded(self, tool):
+        from trainer.rollout_loop import TIMEOUT_ERROR
+
+        seconds, pool = self.tool_timeout_s, self._tool_pool
+
+        @functools.wraps(tool)
+        async def call(**arguments):
+            if inspect.iscoroutinefunction(tool):
+                work = tool(**arguments)
+            else:
+                work = asyncio.get_running_loop().run_in_executor(pool, functools.partial(tool, **arguments))
+            try:
+                return await asyncio.wait_for(work, seconds)
+            except (asyncio.TimeoutError, TimeoutError):
+                abandon = getattr(getattr(tool, "__self__", None), "_abandon_session", None)
+                if callable(abandon):
+                    abandon()
+                raise RuntimeError(TIMEOUT_ERROR.format(name=tool.__name__, seconds=seconds)) from None
+
+        return call
+
+    async def _post(self, path: str, payload: dict, *args, **kwargs) -> dict:
+        if path == "/v1/completions":
+            from trainer.gpu.grpo_kwargs import NEUTRAL_SAMPLING
+
+            payload = {**NEUTRAL_SAMPLING, **payload}
+            if not self.request_seeds:
+                payload.pop("seed", None)
+        return await super()._post(path, payload, *args, **kwargs)
+
+
+def _peak_flops_or_none(original):
+    """TRL reads the device's peak FLOPs with torch.cuda.get_device_name, which raises on a CPU trainer (the
+    rehearsal): MFU is then not reported; throughput and timings still are."""
+
+    @functools.wraps(original)
+    def peak_flops(accelerator, dtype):
+        if getattr(accelerator.device, "type", None) != "cuda":
+            return None
+        return original(accelerator, dtype)
+
+    return peak_flops
+
+
+def make_async_trainer_class():
+    from trl.experimental.async_grpo import AsyncGRPOTrainer
+    from trl.experimental.async_grpo import async_grpo_trainer as trl_async
+
+    class StackAsyncGRPOTrainer(AsyncGRPOTrainer):
+        """TRL's AsyncGRPOTrainer; differs only where the stack needs it (module docstring)."""
+
+        def __init__(self, *args, tool_timeout_s: float | None = None, tool_concurrency: int | None = None,
+                     served_model: str | None = None, request_seeds: bool = True, **kwargs):
+            original = trl_async.get_peak_flops_per_device
+            trl_async.get_peak_flops_per_device = _peak_flops_or_none(original)
+            try:
+                super().__init__(*args, **kwargs)
+            finally:
+                trl_async.get_peak_flops_per_device = original
+            worker = self.rollout_worker
+            if isinstance(worker, trl_async.AsyncRolloutWorker):  # rank 0: the worker is spawned at train begin
+                worker._loop_cls = StackRolloutLoop
+                worker._loop_kwargs.update(tool_timeout_s=tool_timeout_s, tool_concurrency=tool_concurrency,
+                                           request_seeds=request_seeds)
+                if served_model:  # TRL names the trainer's model path; vLLM answers 404 to any id it does not serve
+                    worker._loop_kwargs["model_name"] = served_model
+
+    return StackAsyncGRPOTrainer
+
+
+def build_trainer(cfg: RunConfig, mode: str, *, tokenizer, dataset, factories, reward_funcs, callbacks,
+                  served_dtype: str | None, served_model: str | None):
+    """The async trainer for this run: tree attention installed first (TRL loads the model with it), the weight
+    push by reload where WEIGHT_TRANSFER=reload (else TRL's own NCCL client)."""
+    from trainer import tree_attention
+
+    backend = tree_attention.install()
+    print(f"[train] ROLLOUTS=async: TRL's AsyncGRPOTrainer, max staleness {cfg.max_staleness}; tree attention "
+          f"backend {backend}", flush=True)
+    weight_transfer = None
+    if cfg.weight_transfer == "reload":
+        weight_transfer = ReloadWeightTransfer(cfg.vllm_server_url, cfg.weight_reload_dir,
+                                               float(cfg.weight_sync_timeout_s), served_dtype)
+    trainer_cls = make_async_trainer_class()
+    return trainer_cls(
+        model=cfg.model_path(mode),
+        reward_funcs=reward_funcs,
+        args=build_async_config(cfg, mode),
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        environment_factory=factories,
+        callbacks=callbacks,
+        weight_transfer=weight_transfer,
+        tool_timeout_s=cfg.tool_timeout_s,
+        tool_concurrency=cfg.tool_concurrency,
+        served_model=served_model,
+        request_seeds=not cfg.trainer_on_cpu(mode),  # the rehearsal's vLLM runs on CPU (StackRolloutLoop says why)
+    )
