@@ -13,8 +13,8 @@ BUILD_IMAGE := $(STACK) compose --progress quiet --profile build build
 # A make variable as ONE shell word, single-quoted: `make export PUSH='x;id'` must not run `id`.
 shq = '$(subst ','"'"',$(1))'
 
-.PHONY: help up train down logs ps config build test clean doctor report rollouts eval export baseline dashboard nccl-check gpu-smoke gpu-selfcheck soak bench \
-	fleet-up fleet-ps fleet-logs fleet-down bench-fleet bench-learning chaos
+.PHONY: help up train down logs ps config build test clean doctor report rollouts eval export baseline dashboard nccl-check gpu-smoke gpu-selfcheck rehearse soak bench \
+	fleet-up fleet-ps fleet-logs fleet-down bench-fleet bench-learning bench-async chaos
 
 help: ## List every target with one line each
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -92,6 +92,9 @@ nccl-check: $(VENV)/.host-ok ## GPU hosts: NCCL broadcast as the weight sync doe
 gpu-selfcheck: ## GPU owners, no Docker, vLLM server or Hub: the trainer's CUDA path checked in a plain env (PYTHON=/path/to/python; README "GPU self-check")
 	@$(PYTHON) -m trainer.gpu.selfcheck $(ARGS)
 
+rehearse: $(VENV)/.host-ok ## No GPU needed: TRAIN_MODE=gpu's layout on this CPU (vLLM CPU twin, trainer on CPU, weights by reload), sync or async by .env (README "Rehearse the GPU layout on a laptop")
+	@$(STACK) rehearse $(ARGS)
+
 gpu-smoke: $(VENV)/.host-ok ## GPU hosts, first thing: 3 steps on the default model, pass/FAIL with timings per stage (README "First run on a GPU host")
 	@$(STACK) smoke --gpu
 
@@ -106,6 +109,9 @@ bench: $(VENV)/.test-ok ## Env-server figures next to their goals: Wordle, echo 
 
 bench-learning: $(VENV)/.test-ok ## The CPU profile's learning curve on echo (seeds 42 and 7) next to its goals (a few minutes)
 	@$(VENV)/bin/python bench/learning_curve.py $(ARGS)
+
+bench-async: $(VENV)/.test-ok ## Sync vs async rollouts on make rehearse, slow env (250 ms tool calls) and instant: steps/min, tokens/s, vLLM busy, reward (ARGS="--steps 12")
+	@$(VENV)/bin/python bench/async_figures.py $(ARGS)
 
 bench-fleet: $(VENV)/.test-ok ## Fleet figures on this machine's swarm: 4,096 sessions on 16 tasks; steps/s on 1, 2, 4 tasks
 	@$(BUILD_IMAGE) env-server-image
@@ -128,4 +134,4 @@ test: $(VENV)/.test-ok ## Run every test: unit, compose config, and real contain
 
 clean: $(VENV)/.host-ok ## Remove containers, volumes (outputs, models, caches) and the images built here
 	@$(STACK) compose --profile '*' down --volumes --remove-orphans
-	@docker image rm -f grpo-stack/env-server:local grpo-stack/trainer:cpu grpo-stack/trainer:gpu grpo-stack/trainer:gpu-standin-test grpo-stack/vllm-cpu:0.31.0 2>/dev/null || true
+	@docker image rm -f grpo-stack/env-server:local grpo-stack/trainer:cpu grpo-stack/trainer:gpu grpo-stack/trainer:gpu-on-cpu grpo-stack/vllm-cpu:0.31.0 2>/dev/null || true

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 
 from envs import naming
-from tools import gpu_layout, stack
+from tools import gpu_layout, rehearsal, stack
 from tools.gpu_doctor import DockerGpus
 from tools.settings import StackEnv
 from trainer.train_mode import ModeSpec
@@ -46,6 +46,7 @@ class Plan:
     notes: tuple[str, ...] = ()     # what the plan changed or proposes, for the user
     fleet: bool = False             # ENV_FLEET=swarm: the env servers are a Swarm fleet, not services here
     replicas: dict[str, str] = field(default_factory=dict)  # ENV_<NAME>_REPLICAS as Compose reads them
+    rehearsal: bool = False         # `make rehearse`: mode gpu's services on CPU (tools/rehearsal.py)
 
     @property
     def values(self) -> dict[str, str]:
@@ -59,7 +60,8 @@ class Plan:
     @property
     def profiles(self) -> list[str]:
         """The mode's profile, and one per env served here (a fleet serves them elsewhere)."""
-        return [self.mode] if self.fleet else [self.mode, *self.envs.names]
+        ours = [self.mode, rehearsal.PROFILE] if self.rehearsal else [self.mode]
+        return ours if self.fleet else [*ours, *self.envs.names]
 
     @property
     def services(self) -> list[str]:
@@ -72,12 +74,22 @@ class Plan:
         """Build-only services for the images this mode uses; an upstream env image is pulled instead."""
         ours = any((self.values.get(naming.image_var(n)) or stack.LOCAL_ENV_IMAGE) == stack.LOCAL_ENV_IMAGE
                    for n in self.envs.names)
+        if self.rehearsal:  # model-init's CPU image; the twin is built first (the trainer image is built on it)
+            return (["env-server-image"] if ours else []) + ["trainer-cpu-image", rehearsal.TRAINER_BUILD_SERVICE]
         return (["env-server-image"] if ours else []) + [self.spec.trainer_image_service]
+
+    @property
+    def build_profiles(self) -> tuple[str, ...]:
+        """The profiles of the build services `images` names (and the twin's, for the rehearsal)."""
+        return ("build", "build-gpu", *(rehearsal.BUILD_PROFILES if self.rehearsal else ()))
 
     def generated_compose(self) -> dict:
         """What the generated compose file adds to compose.yaml: env services (or the trainers' attachment to the
         fleet's network), and the GPU layouts compose.yaml's one-GPU-each default cannot express."""
-        services = stack.merge_services(stack.env_services(self.values), stack.gpu_services(self.layout, self.cdi))
+        envs = stack.env_services(self.values)
+        services = stack.merge_services(envs, stack.gpu_services(self.layout, self.cdi))
+        if self.rehearsal:
+            services = stack.merge_services(services, rehearsal.services(envs.get("trainer", {}).get("depends_on", {})))
         if not services:
             return {}
         spec: dict = {"services": services}
@@ -98,6 +110,8 @@ class Plan:
         if glob.glob(str(stack.WHEELS / "torch-*.whl")):
             out["TORCH_INDEX_URL"] = ""  # the local wheel is enough; don't wait on an index
         out.update(self.replicas)
+        if self.rehearsal:  # the twin serves a local folder: no Hub revision (vLLM's --revision falls back to main)
+            out["MODEL_REVISION"] = ""
         if self.settings.TRAINER_GPU:
             out["TRAINER_GPU"] = self.settings.TRAINER_GPU
         return out
@@ -151,3 +165,19 @@ def env_servers_plan(values: dict[str, str]) -> Plan:
     values = {**values, "ENV_FLEET": "compose"}
     return Plan(settings=StackEnv.from_values(values), mode="cpu", why="env servers only", envs=env_kinds(values),
                 layout=None, replicas=stack.replica_counts(values))
+
+
+def rehearsal_plan(settings: StackEnv | dict[str, str]) -> Plan:
+    """`make rehearse`: TRAIN_MODE=gpu's services on this CPU (tools/rehearsal.py says what differs), whatever
+    TRAIN_MODE says; .env's other settings (envs, ROLLOUTS, TRAINER_PROCESSES, the training knobs) as `make train`."""
+    settings = settings if isinstance(settings, StackEnv) else StackEnv.from_values(settings)
+    values = {**settings.values, "WEIGHT_TRANSFER": "reload", "MODEL_NAME": rehearsal.CPU_DEFAULT_MODEL,
+              "MODEL_REVISION": ""}  # what the generated file gives the trainer, validated as the trainer reads it
+    problem = stack.validate_run_config(values, "gpu")
+    if problem:
+        raise stack.StackError(problem)
+    why = ("make rehearse: TRAIN_MODE=gpu's services on CPU: the vLLM CPU twin in the vllm service's place, serving "
+           f"the tiny model model-init makes ({rehearsal.CPU_DEFAULT_MODEL}), the trainer on CPU pushing weights by "
+           "reload (WEIGHT_TRANSFER=reload), no GPU")
+    return Plan(settings=settings, mode="gpu", why=why, envs=env_kinds(settings.values), layout=None,
+                fleet=settings.ENV_FLEET == "swarm", replicas=stack.replica_counts(settings.values), rehearsal=True)

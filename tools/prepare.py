@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tools import settings, stack
-from tools.plan import Plan, make_plan
+from tools.plan import Plan, make_plan, rehearsal_plan
 
 
 @dataclass
@@ -28,13 +28,18 @@ def compose_vars_for(plan: Plan, name: str = "compose.envs") -> dict[str, str]:
     return plan.compose_vars(stack.write_compose_files(plan.generated_compose(), name))
 
 
-def prepare() -> Prepared:
-    """Everything `make up/train` needs before Compose runs."""
+def prepare(rehearse: bool = False) -> Prepared:
+    """Everything `make up/train` needs before Compose runs. `rehearse`: `make rehearse`'s plan (mode gpu's services
+    on CPU, no GPU probed), written to a generated file of its own."""
     stack.setup()
     for problem in (stack.check_docker(), stack.check_compose()):
         if problem:
             raise stack.StackError(problem)
     dotenv = settings.load()
+    if rehearse:
+        plan = rehearsal_plan(dotenv)
+        stack.say(plan.why)
+        return Prepared(plan, compose_vars_for(plan, "compose.rehearse"))
     gpus = stack.detect_gpus() if dotenv.TRAIN_MODE.strip().lower() != "cpu" else None
     if gpus is not None:  # TRAIN_MODE=gpu/colocate/auto: the driver against VLLM_IMAGE's CUDA, before any pull
         stack.check_gpu_driver(dotenv.values, gpus)

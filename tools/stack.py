@@ -115,6 +115,14 @@ class Override(list):
     """A YAML list tagged `!override`: replaces compose.yaml's list instead of being appended to it."""
 
 
+class OverrideMap(dict):
+    """A YAML mapping tagged `!override`: replaces compose.yaml's mapping (a depends_on) instead of merging into it."""
+
+
+class Reset:
+    """`!reset`: drops compose.yaml's value (`make rehearse`: the GPU reservations)."""
+
+
 def yaml_text(data: dict) -> str:
     import yaml
 
@@ -122,6 +130,8 @@ def yaml_text(data: dict) -> str:
         pass
 
     Dumper.add_representer(Override, lambda d, v: d.represent_sequence("!override", list(v)))
+    Dumper.add_representer(OverrideMap, lambda d, v: d.represent_mapping("!override", dict(v)))
+    Dumper.add_representer(Reset, lambda d, v: d.represent_scalar("!reset", ""))
     return yaml.dump(data, Dumper=Dumper, sort_keys=False, default_flow_style=False)
 
 
@@ -205,7 +215,8 @@ def merge_services(*parts: dict[str, dict]) -> dict[str, dict]:
         for name, spec in part.items():
             into = out.setdefault(name, {})
             for key, value in spec.items():
-                into[key] = {**into[key], **value} if isinstance(value, dict) and isinstance(into.get(key), dict) else value
+                # type(value): a merged `!override` mapping stays one
+                into[key] = type(value)({**into[key], **value}) if isinstance(value, dict) and isinstance(into.get(key), dict) else value
     return out
 
 

@@ -461,7 +461,8 @@ class RunConfig(BaseSettings):
     def resolved_learning_rate(self, mode: str | None = None) -> float:
         if self.learning_rate is not None:
             return self.learning_rate
-        cpu = (mode or self.resolved_train_mode()) == "cpu"
+        # a trainer on CPU trains the tiny model (the CPU profile, and `make rehearse`'s server mode): its rate
+        cpu = self.trainer_on_cpu(mode)
         if self.lora_r:
             return CPU_DEFAULT_LORA_LR if cpu else GPU_DEFAULT_LORA_LR
         return CPU_DEFAULT_LR if cpu else GPU_DEFAULT_LR

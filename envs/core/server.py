@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import json
 import logging
 from typing import Any, Awaitable, Callable, Optional
@@ -26,6 +27,7 @@ from typing import Any, Awaitable, Callable, Optional
 from fastapi import FastAPI
 from openenv.core.env_server.exceptions import SessionCapacityError
 from openenv.core.env_server.http_server import HTTPEnvServer
+from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import ConcurrencyConfig
 
 from envs.core.settings import ServerSettings
@@ -257,12 +259,32 @@ class WSGuard:
         }
 
 
+def slowed(env_cls: type, delay_s: float) -> type:
+    """`env_cls` with every step answered `delay_s` later (STEP_DELAY_S: a slow env for benchmarks). The wait is on
+    the event loop (asyncio.sleep), so other sessions' steps go on meanwhile, as with an env that waits on I/O."""
+    if not delay_s:
+        return env_cls
+    own_async = env_cls.step_async is not Environment.step_async  # as openenv tells whether to await it
+
+    class Slowed(env_cls):  # type: ignore[valid-type, misc]
+        async def step_async(self, action: Any, *args: Any, **kwargs: Any) -> Any:
+            await asyncio.sleep(delay_s)
+            if own_async:
+                return await super().step_async(action, *args, **kwargs)
+            return await asyncio.get_running_loop().run_in_executor(None, functools.partial(
+                super().step, action, *args, **kwargs))
+
+    Slowed.__name__ = Slowed.__qualname__ = f"Slowed{env_cls.__name__}"
+    return Slowed
+
+
 def build_app(settings: ServerSettings) -> tuple[Any, TrainingEnvServer]:
     """The ASGI app for `settings.env_name` and the server object behind it."""
     from envs.registry import get
 
     spec = get(settings.env_name)
     factory, action_cls, observation_cls, state_cls = spec.server_parts()
+    factory = slowed(factory, settings.step_delay_s)
 
     # Same as openenv's create_fastapi_app (FastAPI + HTTPEnvServer.register_routes), but we keep the
     # server object: /health and /capacity read its session table.

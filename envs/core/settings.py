@@ -38,6 +38,9 @@ class ServerSettings(BaseSettings):
     # cost ~15 % of a Catch step's server CPU (py-spy); a client that offers it just gets plain frames.
     ws_per_message_deflate: bool = Field(False, description="compress frames when the client offers it")
     log_level: str = Field("info", description="uvicorn/server log level")
+    # A slow env on purpose (`make bench-async`: each tool call 250 ms), without blocking the other sessions.
+    step_delay_s: float = Field(0.0, ge=0, le=600, description="every step (a tool call) is answered this many "
+                                "seconds later; 0: at once")
 
     @field_validator("env_name")
     @classmethod

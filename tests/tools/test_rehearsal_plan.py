@@ -1,0 +1,66 @@
+"""`make rehearse`'s plan, resolved by `docker compose config` (no container started): TRAIN_MODE=gpu's services with
+the vLLM CPU twin in the vllm service's place, the trainer on CPU with weights by reload, and nothing that needs a GPU
+or the Hub. The run itself: tests/gpu_path/test_rehearse_command.py."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tests.helpers import ROOT
+from tools.stack import compose_yaml_services
+
+
+def rehearsal_config(tmp_path, monkeypatch, lines: str = "") -> tuple[dict, object]:
+    from tools import settings, stack
+    from tools.plan import rehearsal_plan
+    from tools.prepare import compose_vars_for
+
+    env_file = tmp_path / "stack.env"
+    env_file.write_text((ROOT / ".env.example").read_text() + lines)
+    monkeypatch.setattr(settings, "ENV_FILE", env_file)
+    plan = rehearsal_plan(settings.load())
+    cmd, env = stack.compose_command(compose_vars_for(plan, "compose.rehearse"), "config", "--format", "json")
+    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout), plan
+
+
+def test_the_twin_takes_the_vllm_services_place_with_its_flags_on_the_tiny_model(tmp_path, monkeypatch):
+    config, plan = rehearsal_config(tmp_path, monkeypatch, "\nTRAIN_MODE=auto\n")
+    vllm, twin = config["services"]["vllm"], compose_yaml_services()["vllm-cpu"]
+    assert plan.mode == "gpu" and plan.services == ["env-echo", "vllm"]  # gpu's long-running services, health-gated
+    assert vllm["image"] == twin["image"] and vllm["entrypoint"] == ["vllm-serve", "/models/tiny-qwen3"]
+    flags = vllm["command"]
+    assert "--weight-transfer-config={\"backend\":\"nccl\"}" in flags and "--revision=main" in flags
+    assert vllm["environment"]["VLLM_SERVER_DEV_MODE"] == "1"
+    assert "deploy" not in vllm and "ports" not in vllm  # no GPU; dev routes stay off the host
+    assert vllm["depends_on"] == {"model-init": {"condition": "service_completed_successfully", "required": True}}
+    mounts = {v["target"]: v for v in vllm["volumes"]}
+    assert set(mounts) == {"/models", "/weights"} and all(v["read_only"] for v in mounts.values())
+
+
+def test_the_trainer_trains_on_cpu_and_pushes_by_reload_through_a_shared_volume(tmp_path, monkeypatch):
+    config, plan = rehearsal_config(tmp_path, monkeypatch, "\nTRAINER_PROCESSES=2\nROLLOUTS=sync\n")
+    trainer = config["services"]["trainer"]
+    env = trainer["environment"]
+    assert trainer["image"] == compose_yaml_services()["trainer-rehearse-image"]["image"]
+    assert (env["TRAIN_MODE"], env["WEIGHT_TRANSFER"], env["WEIGHT_RELOAD_DIR"]) == ("gpu", "reload", "/weights")
+    assert env["MODEL_NAME"] == "/models/tiny-qwen3" and env["TRAINER_PROCESSES"] == "2"  # .env's own settings
+    assert "deploy" not in trainer
+    assert set(trainer["depends_on"]) == {"vllm", "env-echo"}  # not model-download: nothing comes from the Hub
+    assert {v["target"]: v.get("read_only", False) for v in trainer["volumes"]}["/weights"] is False
+    assert config["volumes"]["weights"]["driver_opts"]["o"].startswith("uid=10001")
+    assert "rehearse" in config["services"]["model-init"]["profiles"]
+    assert plan.images[-1] == "trainer-rehearse-image" and "vllm-cpu" in plan.build_profiles
+
+
+def test_a_bad_training_setting_stops_the_rehearsal_with_one_line(tmp_path, monkeypatch, capsys):
+    from tools.errors import StackError
+
+    with pytest.raises(StackError):
+        rehearsal_config(tmp_path, monkeypatch, "\nNUM_GENERATIONS=3\nPER_DEVICE_TRAIN_BATCH_SIZE=4\n")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "NUM_GENERATIONS=3" in err[0] and "PER_DEVICE_TRAIN_BATCH_SIZE" in err[0], err

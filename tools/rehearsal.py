@@ -1,0 +1,62 @@
+"""`make rehearse`: TRAIN_MODE=gpu's topology on CPU, as what the generated compose file changes (pure, no Docker).
+
+The same services as on a GPU host (`vllm`, `trainer`, the env servers of .env), health-gated the same way; what
+differs, each for want of a GPU:
+  * `vllm` runs the vLLM CPU twin image (same release, same `vllm serve` flags and dev routes) on the tiny model
+    that the CPU profile's `model-init` makes, instead of MODEL_NAME from the Hub;
+  * `trainer` runs the GPU trainer's Dockerfile built on the twin (`trainer-rehearse-image`), on CPU, and pushes
+    weights by WEIGHT_TRANSFER=reload through a `weights` volume both mount, instead of an NCCL broadcast;
+  * neither reserves a GPU, and `model-download` (the Hub) is not needed.
+"""
+
+from __future__ import annotations
+
+from tools.stack import Override, OverrideMap, Reset, compose_yaml_services
+from trainer.config import CPU_DEFAULT_MODEL, default
+
+TWIN_BUILD_SERVICE = "vllm-cpu"   # compose.yaml's twin service holds the image's build (profile vllm-cpu)
+TRAINER_BUILD_SERVICE = "trainer-rehearse-image"
+BUILD_PROFILES = ("vllm-cpu", "build-rehearse")
+PROFILE = "rehearse"              # model-init joins it: the twin serves the model it makes
+WEIGHTS_VOLUME = "weights"       # compose.yaml's (tmpfs, uid 10001)
+
+
+def image(build_service: str) -> str:
+    """The image a build service of compose.yaml makes (its tag is written there once)."""
+    return compose_yaml_services()[build_service]["image"]
+
+
+def weights_dir() -> str:
+    """Where trainer and twin mount the weights volume: the trainer's own WEIGHT_RELOAD_DIR default."""
+    return default("weight_reload_dir")
+
+
+def services(env_depends: dict[str, dict]) -> dict[str, dict]:
+    """The generated compose file's part for the rehearsal; `env_depends`: the trainer's depends_on the env services
+    (tools/stack.env_services), kept when the rehearsal replaces the trainer's depends_on (no model-download)."""
+    healthy = {"condition": "service_healthy"}
+    weights = weights_dir()
+    return {
+        "model-init": {"profiles": Override(["cpu", PROFILE])},
+        "vllm": {
+            "image": image(TWIN_BUILD_SERVICE),
+            "entrypoint": ["vllm-serve", CPU_DEFAULT_MODEL],   # the twin's `vllm serve` (services/vllm-cpu/vllm-serve)
+            "environment": {"VLLM_CPU_KVCACHE_SPACE": "${VLLM_CPU_KVCACHE_SPACE:-1}"},
+            # the tiny model, and the trainer's pushes; no Hub cache (nothing is downloaded)
+            "volumes": Override(["models:/models:ro", f"{WEIGHTS_VOLUME}:{weights}:ro"]),
+            "mem_limit": "${VLLM_CPU_MEM_LIMIT:-6g}",
+            "shm_size": "1g",
+            "deploy": Reset(),
+            "depends_on": OverrideMap({"model-init": {"condition": "service_completed_successfully"}}),
+        },
+        "trainer": {
+            "image": image(TRAINER_BUILD_SERVICE),
+            "environment": {"TRAIN_MODE": "gpu", "WEIGHT_TRANSFER": "reload", "WEIGHT_RELOAD_DIR": weights,
+                            "MODEL_NAME": CPU_DEFAULT_MODEL, "MODEL_REVISION": ""},
+            "volumes": ["models:/models:ro", f"{WEIGHTS_VOLUME}:{weights}"],
+            "mem_limit": "${TRAINER_CPU_MEM_LIMIT:-8g}",
+            "deploy": Reset(),
+            "depends_on": OverrideMap({**env_depends, "vllm": healthy}),
+        },
+    }
+
