@@ -51,28 +51,14 @@ def build_async_config(cfg: RunConfig, mode: str):
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     kwargs: dict[str, Any] = dict(
-        output_dir=cfg.run_dir,
-        run_name=cfg.resolved_run_name,
-        max_steps=cfg.max_steps,
-        learning_rate=cfg.resolved_learning_rate(mode),
+        cfg.shared_trainer_kwargs(mode),
         # TRL's async default is constant (it may stop by epochs, an unknown step count); we always stop at
         # MAX_STEPS, so the sync trainer's linear decay applies here too.
         lr_scheduler_type="linear",
-        num_generations=cfg.num_generations,
-        per_device_train_batch_size=cfg.per_device_train_batch_size,
-        gradient_accumulation_steps=cfg.gradient_accumulation_steps,
-        max_completion_length=cfg.max_completion_length,
-        max_tool_calling_iterations=cfg.max_tool_calling_iterations,
-        temperature=cfg.temperature,
-        chat_template_kwargs=cfg.chat_template_kwargs(),
-        save_strategy="steps",
-        save_steps=cfg.save_steps,
-        save_total_limit=3,
-        logging_steps=cfg.logging_steps,
-        seed=cfg.seed,
-        data_seed=cfg.seed,
-        report_to="none",  # trainer.metrics writes JSONL + TensorBoard itself
-        disable_tqdm=True,
+        # A step trains PER_DEVICE_TRAIN_BATCH_SIZE x GRADIENT_ACCUMULATION_STEPS x processes samples, as in sync.
+        # TRL's default (None: a token budget of vLLM's max_model_len per micro-batch) packs as many as fit, so a
+        # step's size would depend on the episodes' lengths and an async step would not compare with a sync one.
+        token_budget=0,
         vllm_server_base_url=cfg.vllm_server_url,
         vllm_server_timeout=float(cfg.vllm_server_timeout_s),
         request_timeout=int(cfg.generation_timeout_s),

@@ -502,13 +502,10 @@ class RunConfig(BaseSettings):
                 raise ConfigError(f"command line: {exc} (see `python -m trainer.train --help`)") from None
             raise
 
-    def to_grpo_config(self, mode: str | None = None, **extra: Any):
-        """Map onto trl.GRPOConfig (imports trl lazily). gpu/colocate: the caller adds trainer.gpu's vLLM kwargs in
-        `extra` (this module sits below trainer.gpu and never imports it)."""
-        from trl import GRPOConfig
-
-        mode = mode or self.resolved_train_mode()
-        kwargs: dict[str, Any] = dict(
+    def shared_trainer_kwargs(self, mode: str) -> dict[str, Any]:
+        """What GRPOConfig (ROLLOUTS=sync) and AsyncGRPOConfig (async) both take from the run's settings, so the two
+        trainers read one list."""
+        return dict(
             output_dir=self.run_dir,
             run_name=self.resolved_run_name,
             max_steps=self.max_steps,
@@ -516,7 +513,6 @@ class RunConfig(BaseSettings):
             num_generations=self.num_generations,
             per_device_train_batch_size=self.per_device_train_batch_size,
             gradient_accumulation_steps=self.gradient_accumulation_steps,
-            steps_per_generation=self.effective_steps_per_generation,
             max_completion_length=self.max_completion_length,
             max_tool_calling_iterations=self.max_tool_calling_iterations,
             temperature=self.temperature,
@@ -530,6 +526,15 @@ class RunConfig(BaseSettings):
             disable_tqdm=True,  # one log line per step instead of progress bars in `docker logs`
             chat_template_kwargs=self.chat_template_kwargs(),
         )
+
+    def to_grpo_config(self, mode: str | None = None, **extra: Any):
+        """Map onto trl.GRPOConfig (imports trl lazily). gpu/colocate: the caller adds trainer.gpu's vLLM kwargs in
+        `extra` (this module sits below trainer.gpu and never imports it)."""
+        from trl import GRPOConfig
+
+        mode = mode or self.resolved_train_mode()
+        kwargs: dict[str, Any] = dict(self.shared_trainer_kwargs(mode),
+                                      steps_per_generation=self.effective_steps_per_generation)
         if mode == "cpu":
             kwargs.update(use_cpu=True, bf16=False, use_vllm=False)
         elif self.trainer_on_cpu(mode):  # server mode rehearsed on CPU: vLLM generates, weights go by reload
