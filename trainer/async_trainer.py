@@ -55,10 +55,6 @@ def build_async_config(cfg: RunConfig, mode: str):
         # TRL's async default is constant (it may stop by epochs, an unknown step count); we always stop at
         # MAX_STEPS, so the sync trainer's linear decay applies here too.
         lr_scheduler_type="linear",
-        # A step trains PER_DEVICE_TRAIN_BATCH_SIZE x GRADIENT_ACCUMULATION_STEPS x processes samples, as in sync.
-        # TRL's default (None: a token budget of vLLM's max_model_len per micro-batch) packs as many as fit, so a
-        # step's size would depend on the episodes' lengths and an async step would not compare with a sync one.
-        token_budget=0,
         vllm_server_base_url=cfg.vllm_server_url,
         vllm_server_timeout=float(cfg.vllm_server_timeout_s),
         request_timeout=int(cfg.generation_timeout_s),

@@ -120,7 +120,10 @@ def rehearse(stack: EnvFileStack, **settings: str) -> str:
 
 def check_server_mode_log(log: str, rollouts: str = "sync") -> None:
     assert "make rehearse: TRAIN_MODE=gpu's services on CPU" in log  # the plan said what it runs
-    if rollouts == "async":  # what the async trainer says of its weight transfer lands with #31 item 1
+    if rollouts == "async":  # TRL's AsyncGRPOTrainer, its WeightTransferProtocol by reload (trainer.async_trainer)
+        assert "[train] ROLLOUTS=async: TRL's AsyncGRPOTrainer" in log
+        assert "[weight-sync] WEIGHT_TRANSFER=reload (async): no NCCL group" in log  # the one stand-in, said so
+        assert "[weight-sync] vLLM reloaded" in log
         return
     assert "generating through the vLLM server at http://vllm:8000" in log  # TRAIN_MODE=gpu's path
     assert "[weight-sync] WEIGHT_TRANSFER=reload: no NCCL group" in log  # the one stand-in, said so
@@ -129,14 +132,7 @@ def check_server_mode_log(log: str, rollouts: str = "sync") -> None:
         "the push's dtype was not read from the twin's /server_info"
 
 
-def async_rollouts() -> bool:
-    from trainer.config import RunConfig
-
-    return "rollouts" in RunConfig.model_fields
-
-
-@pytest.mark.parametrize("rollouts", [
-    "sync", pytest.param("async", marks=pytest.mark.skipif(not async_rollouts(), reason="ROLLOUTS: #31 item 1"))])
+@pytest.mark.parametrize("rollouts", ["sync", "async"])
 def test_make_rehearse_one_process_trains_through_the_twin_and_learns(rehearsal, tiny_model_dir, rollouts):
     """Item 7 on the rehearsal, the bar of tests/trainer/test_learning.py, sync and async by ROLLOUTS: greedy exact
     first calls on held-out rows, of the tiny model and of the run's last checkpoint (fp32, transformers: the twin
@@ -144,7 +140,7 @@ def test_make_rehearse_one_process_trains_through_the_twin_and_learns(rehearsal,
     before any training; its figure is printed beside)."""
     run = f"rehearsal-1-{rollouts}"
     log = rehearse(rehearsal, TRAINER_PROCESSES="1", RUN_NAME=run, MAX_STEPS=str(LEARN_STEPS),
-                   **({"ROLLOUTS": rollouts} if async_rollouts() else {}))
+                   ROLLOUTS=rollouts)
     check_server_mode_log(log, rollouts)
     init = docker("ps", "-aq", "--filter", f"label=com.docker.compose.project={rehearsal.project}",
                   "--filter", "label=com.docker.compose.service=model-init").stdout.split()
