@@ -14,6 +14,7 @@ on both sides (`make nccl-check` on a GPU host covers that part).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 import uuid
