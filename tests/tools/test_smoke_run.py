@@ -22,6 +22,6 @@ def test_smoke_run_on_the_cpu_profile_passes_every_stage_of_this_mode(docker, tm
         for title in ("first generation", "first optimizer step", "tool calls per episode"):
             assert f"  pass {title}" in table
         assert "FAIL" not in table and "smoke: PASSED" in table
-        assert "training steps with `trainer-cpu` (mode cpu), run smoke-cpu" in r.stdout
+        assert "training steps with `trainer-cpu` (mode cpu, ROLLOUTS=sync), run smoke-cpu" in r.stdout
     finally:
         stack.down()

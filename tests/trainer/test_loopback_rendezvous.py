@@ -14,9 +14,12 @@ from datetime import timedelta
 from tests.helpers import ROOT, free_port
 
 
-def listeners(pid: int) -> list[str]:
+def listeners(pid: int, port: int | None = None) -> list[str]:
+    """The addresses `pid` listens on (on `port` only, when given: other tests of the same pytest process may hold
+    listeners of their own, on other ports)."""
     out = subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout
-    return [line.split()[3] for line in out.splitlines() if f"pid={pid}," in line]
+    found = [line.split()[3] for line in out.splitlines() if f"pid={pid}," in line]
+    return [a for a in found if port is None or a.rsplit(":", 1)[-1] == str(port)]
 
 
 def test_fact__torch_tcpstore_given_loopback_still_listens_on_every_interface():
@@ -25,7 +28,7 @@ def test_fact__torch_tcpstore_given_loopback_still_listens_on_every_interface():
 
     port = free_port()
     store = dist.TCPStore("127.0.0.1", port, 1, True, timedelta(seconds=10))
-    assert listeners(os.getpid()) == [f"*:{port}"]
+    assert listeners(os.getpid(), port) == [f"*:{port}"]
     del store
 
 
@@ -42,7 +45,7 @@ def test_the_loopback_backend_store_listens_on_127_0_0_1_only():
     assert (info.bootstrap_store_info.master_addr, info.bootstrap_store_info.master_port) == ("127.0.0.1", port)
     info.store.set("k", "v")
     assert info.store.get("k") == b"v"
-    assert listeners(os.getpid()) == [f"127.0.0.1:{port}"]
+    assert listeners(os.getpid(), port) == [f"127.0.0.1:{port}"]
 
 
 def test_two_processes_from_trainer_launch_listen_on_loopback_only(tmp_path):

@@ -85,9 +85,15 @@ def test_truncate_metrics_on_resume(tmp_path):
     assert read_metrics(tmp_path, kind="summary") == []
 
 
-def test_tensorboard_purges_steps_after_resume_point(tmp_path):
+def test_tensorboard_purges_steps_after_resume_point(tmp_path, monkeypatch):
     pytest.importorskip("tensorboard")
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.summary.writer import event_file_writer
+
+    # An event file's name ends in a per-process counter, and the reader orders files by name: late in a long test
+    # session the counter crosses a digit (...9 then ...10) and the resumed run's file sorted first. A real resume is a
+    # new process (counter from 0, a later second); start both writers' counters at 0 as such a process would.
+    monkeypatch.setattr(event_file_writer, "_global_uid", event_file_writer.AtomicCounter(0))
 
     stats = RolloutStats()
     cb = MetricsCallback(str(tmp_path), stats, print_fn=lambda s: None)
