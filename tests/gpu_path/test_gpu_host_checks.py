@@ -17,6 +17,7 @@ from tools import gpu_doctor
 from tools import gpu_layout
 from tools import settings, stack
 from tools.commands import smoke
+from tools.errors import StackError
 from tools.prepare import prepare
 
 sys.path.insert(0, str(ROOT / "services" / "trainer"))
@@ -79,9 +80,9 @@ def test_make_train_stops_on_a_driver_too_old_for_the_vllm_image_test_double_for
     monkeypatch.setattr(stack, "detect_gpus", lambda: old)
     monkeypatch.setattr(stack, "check_docker", lambda: None)
     monkeypatch.setattr(stack, "check_compose", lambda: None)
-    with pytest.raises(SystemExit) as stop:
+    with pytest.raises(StackError) as stop:
         prepare()  # what `make train` / `make up` run first
-    assert stop.value.code == 2
+    assert "too old" in str(stop.value)  # the CLI prints it once and exits 2
     ok, line = gpu_doctor.check_driver("550.127.05", "vllm/vllm-openai:v0.31.0", "13.0")
     assert not ok and "NVIDIA driver 550.127.05 is too old for vllm/vllm-openai:v0.31.0 (CUDA 13.0)" in line
     assert "needs driver >= 580.65.06" in line

@@ -60,7 +60,7 @@ def test_the_trainer_trains_on_cpu_and_pushes_by_reload_through_a_shared_volume(
 def test_a_bad_training_setting_stops_the_rehearsal_with_one_line(tmp_path, monkeypatch, capsys):
     from tools.errors import StackError
 
-    with pytest.raises(StackError):
+    with pytest.raises(StackError) as stop:  # the CLI prints it, once, and exits 2
         rehearsal_config(tmp_path, monkeypatch, "\nNUM_GENERATIONS=3\nPER_DEVICE_TRAIN_BATCH_SIZE=4\n")
-    err = capsys.readouterr().err.strip().splitlines()
+    err = str(stop.value).strip().splitlines()
     assert len(err) == 1 and "NUM_GENERATIONS=3" in err[0] and "PER_DEVICE_TRAIN_BATCH_SIZE" in err[0], err

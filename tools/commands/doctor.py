@@ -27,7 +27,8 @@ def run(rest: list[str]) -> int:
         print("  note .env: not created yet; checking .env.example (`make up` creates .env)")
     try:
         dotenv = settings.load_env()
-    except stack.StackError:
+    except stack.StackError as exc:
+        report(".env", str(exc))
         return 2
     gpus = stack.detect_gpus() if not docker else gpu_doctor.DockerGpus(None, [], "docker not answering")
     report("GPUs for containers", None, gpus.detail)
@@ -35,12 +36,12 @@ def run(rest: list[str]) -> int:
     try:
         mode, why = stack.resolve_mode(dotenv, gpus)
         report("TRAIN_MODE", None, why)
-    except stack.StackError:
-        ok = False
+    except stack.StackError as exc:
+        report("TRAIN_MODE", str(exc))
     try:
         report("ENV_NAME", None, ", ".join(stack.env_names(dotenv)))
-    except stack.StackError:
-        ok = False
+    except stack.StackError as exc:
+        report("ENV_NAME", str(exc))
     report(".env values", stack.validate_run_config(dotenv, mode))
     report("HF token file", stack.check_token_file(dotenv), "readable by the containers' user")
     report("DASHBOARD_PORT", stack.check_port(dotenv, "DASHBOARD_PORT"), f"{dotenv.get('DASHBOARD_PORT', '6006')} free")
