@@ -31,7 +31,7 @@ def gpu_config() -> dict:
 def ensure_vllm_cpu_image() -> None:
     """Build grpo-stack/vllm-cpu:0.31.0 through compose, once per session: the first build takes minutes, later
     ones reuse Docker's layer cache (seconds) and pick up a changed Dockerfile."""
-    from tools.stack import setup
+    from tools.docker_host import setup
 
     setup()  # copies the machine's CPU torch wheel into .wheels/
     env = dict(os.environ, COMPOSE_PROFILES="vllm-cpu")
@@ -183,11 +183,11 @@ def trl_client_cls(monkeypatch):
 
 def resolved(tmp_path, monkeypatch, lines: str, gpus, mode: str = "gpu") -> dict:
     """The stack `make train` would run for .env.example + `lines` on a host with `gpus` (a
-    gpu_doctor.DockerGpus): tools/stack.py's compose environment and generated file, resolved by
+    gpu_doctor.DockerGpus): the plan's compose environment and generated file, resolved by
     `docker compose config`. No GPU needed."""
     import json
 
-    from tools import settings, stack
+    from tools import docker_host, settings
 
     env_file = tmp_path / "stack.env"
     env_file.write_text((ROOT / ".env.example").read_text() + lines)
@@ -197,7 +197,7 @@ def resolved(tmp_path, monkeypatch, lines: str, gpus, mode: str = "gpu") -> dict
     from tools.prepare import compose_vars_for
 
     compose_vars = compose_vars_for(make_plan({**env, "TRAIN_MODE": mode}, gpus))
-    cmd, compose_vars = stack.compose_command(compose_vars, "config", "--format", "json")
+    cmd, compose_vars = docker_host.compose_command(compose_vars, "config", "--format", "json")
     out = subprocess.run(cmd, cwd=ROOT, env=compose_vars, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)["services"]

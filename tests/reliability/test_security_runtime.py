@@ -109,14 +109,14 @@ def read_secret_in_container(base: list[str], tmp_path: Path) -> subprocess.Comp
 
 def test_token_file_made_by_setup_is_readable_by_the_container_user(docker, tmp_path, monkeypatch):
     _need_image("trainer-cpu")
-    import tools.stack as stack
+    from tools import docker_host
     from tools import settings
 
     project = f"grpo-test-{uuid.uuid4().hex[:8]}"
     token_file = tmp_path / ".secrets" / "hf_token"
     env_file = write_env_file(tmp_path / "s.env", project, ["cpu"], {"HF_TOKEN_FILE": str(token_file)})
     monkeypatch.setattr(settings, "ENV_FILE", env_file)
-    stack.setup()
+    docker_host.setup()
     with token_file.open("w") as f:  # what a user does next: put the token in (mode is kept)
         f.write("hf_" + "x" * 34 + "\n")
     base = ["docker", "compose", "--env-file", str(env_file), "-p", project]

@@ -118,18 +118,17 @@ def test_every_env_service_is_generated_from_the_one_template(tmp_path, monkeypa
     for echo, for a built-in env added as one folder + its registry line (maze), and for an image named in .env;
     ENV_URLS's envs get none."""
     from envs import registry
-    from tools import settings
-    from tools import stack as stack_module
+    from tools import compose_file, settings
     from tools.plan import make_plan
 
     monkeypatch.setitem(registry._SPECS, "maze", registry._SPECS["catch"])  # stands in for envs/maze/
     monkeypatch.setattr(settings, "ENV_FILE", tmp_path / "none.env")
-    servers = [n for n, svc in stack_module.compose_yaml_services().items()
+    servers = [n for n, svc in compose_file.compose_yaml_services().items()
                if n.startswith("env-") and "build" not in svc.get("profiles", [])]
     assert servers == ["env-template"]
     plan = make_plan({"ENV_NAME": "echo,maze,connect4,far", "ENV_CONNECT4_IMAGE": "example/connect4:1",
                       "ENV_URLS": "far=http://10.0.0.9:8000", "TRAIN_MODE": "cpu"}, None)
-    files = stack_module.write_compose_files(plan.generated_compose())
+    files = compose_file.write_compose_files(plan.generated_compose())
     generated = yaml.safe_load(files[1].read_text())["services"]
     assert set(generated) == {"env-echo", "env-maze", "env-connect4", "trainer", "trainer-cpu", "model-init"}
     for name in ("echo", "maze"):
@@ -165,9 +164,10 @@ def test_fleet_mode_starts_no_env_service_and_joins_the_trainers_not_vllm_to_the
     assert set(config["services"]["model-init"]["networks"]) == {"envnet", "fleet"}
     assert config["services"]["trainer-cpu"]["environment"]["ENV_FLEET"] == "swarm"
     assert config["services"]["trainer-cpu"]["environment"]["ENV_CONNECT4_IMAGE"] == "example/connect4:1"
-    from tools import stack as stack_module
+    from tools import compose_file
+    from tools.derive import env_kinds
 
-    attached = stack_module.fleet_attachments({"ENV_NAME": "echo", "ENV_FLEET": "swarm"})
+    attached = compose_file.fleet_attachments(env_kinds({"ENV_NAME": "echo", "ENV_FLEET": "swarm"}))
     assert "vllm" not in attached and set(attached) == {"trainer", "trainer-cpu", "model-init"}
 
 
@@ -204,7 +204,7 @@ def test_a_compose_env_service_becomes_a_swarm_service_with_the_same_values():
 
 
 def test_compose_before_2_24_4_is_refused_for_override_tags():
-    from tools.stack import compose_too_old
+    from tools.docker_host import compose_too_old
 
     assert "need >= 2.24.4" in compose_too_old("2.24.3") and "`!override`" in compose_too_old("v2.24.0")
     assert compose_too_old("2.24.4") is None and compose_too_old("v2.40.3") is None

@@ -10,11 +10,11 @@ import subprocess
 import pytest
 
 from tests.helpers import ROOT
-from tools.stack import compose_yaml_services
+from tools.compose_file import compose_yaml_services
 
 
 def rehearsal_config(tmp_path, monkeypatch, lines: str = "") -> tuple[dict, object]:
-    from tools import settings, stack
+    from tools import docker_host, settings
     from tools.plan import rehearsal_plan
     from tools.prepare import compose_vars_for
 
@@ -22,7 +22,7 @@ def rehearsal_config(tmp_path, monkeypatch, lines: str = "") -> tuple[dict, obje
     env_file.write_text((ROOT / ".env.example").read_text() + lines)
     monkeypatch.setattr(settings, "ENV_FILE", env_file)
     plan = rehearsal_plan(settings.load())
-    cmd, env = stack.compose_command(compose_vars_for(plan, "compose.rehearse"), "config", "--format", "json")
+    cmd, env = docker_host.compose_command(compose_vars_for(plan, "compose.rehearse"), "config", "--format", "json")
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout), plan
