@@ -91,9 +91,10 @@ def test_port_in_use_names_the_port_and_the_fix(tmp_path):
 
 
 def test_doctor_reports_every_problem_at_once(tmp_path):
-    r = stack(tmp_path, "doctor", make=True, env_lines="ENV_NAME=nope\nTRAIN_MODE=tpu",
+    r = stack(tmp_path, "doctor", make=True, env_lines="ENV_NAME=nope\nTRAIN_MODE=tpu\nLEARNIG_RATE=0.1",
               extra_env={"STACK_FAKE_NO_GPU": "1"})
     assert r.returncode != 0
+    assert "WARN LEARNIG_RATE in .env: no setting reads it (did you mean LEARNING_RATE?)" in r.stdout
     assert "ENV_NAME: 'nope' is not built in" in r.stderr
     assert "TRAIN_MODE: unknown value 'tpu'" in r.stderr
     assert "doctor found problems" in r.stdout

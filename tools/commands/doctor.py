@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shutil
 
-from tools import derive, docker_host, fleet, gpu_doctor, settings
+from tools import derive, docker_host, env_keys, fleet, gpu_doctor, settings
 from tools.errors import StackError, report_stack_error
 
 def run(rest: list[str]) -> int:
@@ -30,6 +30,8 @@ def run(rest: list[str]) -> int:
         dotenv = settings.load_env()
     except StackError as exc:
         return report_stack_error(exc)
+    for line in env_keys.unread_keys(dotenv):  # a warning: users keep their own variables there too
+        print(f"  WARN {line}")
     gpus = docker_host.detect_gpus() if not docker else gpu_doctor.DockerGpus(None, [], "docker not answering")
     report("GPUs for containers", None, gpus.detail)
     mode = "cpu"

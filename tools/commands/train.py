@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from tools import docker_host
+from tools import docker_host, env_keys
 from tools.errors import say
 from trainer.defaults import EXIT_VLLM_RESTART
 from tools.commands.up import bring_up
@@ -13,6 +13,8 @@ from tools.prepare import Prepared, prepare
 
 
 def train(prepared: Prepared, args: list[str]) -> int:
+    for line in env_keys.unread_keys(prepared.plan.values):  # a misspelled setting would silently keep its default
+        say(f"WARNING: {line}")
     bring_up(prepared)
     spec, mode = prepared.plan.spec, prepared.mode
     deps: list[str] = []
