@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.chaos_proxy import ChaosProxy  # noqa: E402
+from tools.images import local_env_image  # noqa: E402
 
 TOOL_TIMEOUT_S = 6.0
 RESET_TIMEOUT_S = 10.0
@@ -128,7 +129,7 @@ class SwarmEnvs:
     (bench/chaos_proxy.py resolving `tasks.env-echo` per connection) with its port and control port on 127.0.0.1.
     A kill is a task's: its server process dies and Swarm replaces the task."""
 
-    IMAGE = "grpo-stack/env-server:local"
+    IMAGE = local_env_image()
 
     def __init__(self, replicas: int, project: str, work: Path) -> None:
         import contextlib

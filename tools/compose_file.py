@@ -1,43 +1,19 @@
-"""The compose files: compose.yaml as parsed (its services, and the image tags its build services hold, written
-there once), and the generated `.stack/compose.envs.yaml` that adds what compose.yaml cannot say for this .env
-(a service per env served here, the trainers' attachment to a fleet, GPU layouts). Pure but for writing that file.
+"""The generated `.stack/compose.envs.yaml`: what compose.yaml cannot say for this .env (a service per env served
+here, the trainers' attachment to a fleet, GPU layouts), and its YAML. Pure but for writing that file.
 """
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from envs import naming
 from tools import gpu_layout, settings
-from tools.derive import EnvKinds
+from tools.images import local_env_image
 from tools.settings import ROOT
 
-# compose.yaml's build services: each holds the tag of the image it builds (image_of reads it from there)
-ENV_SERVER_BUILD = "env-server-image"
-TRAINER_CPU_BUILD = "trainer-cpu-image"
-TRAINER_GPU_BUILD = "trainer-gpu-image"
-TWIN_BUILD = "vllm-cpu"                      # the vLLM CPU twin (profile vllm-cpu)
-TRAINER_REHEARSE_BUILD = "trainer-rehearse-image"
-BUILT_HERE = (ENV_SERVER_BUILD, TRAINER_CPU_BUILD, TRAINER_GPU_BUILD, TRAINER_REHEARSE_BUILD, TWIN_BUILD)
-
-
-@functools.lru_cache(maxsize=1)
-def compose_yaml_services() -> dict[str, dict]:
-    """The services compose.yaml defines, parsed (anchors and merge keys resolved), not searched for as text."""
-    import yaml
-
-    return (yaml.safe_load((ROOT / "compose.yaml").read_text()) or {}).get("services") or {}
-
-
-def image_of(build_service: str) -> str:
-    """The image a build service of compose.yaml makes: its tag is written there once, and read from there."""
-    return compose_yaml_services()[build_service]["image"]
-
-
-def local_env_image() -> str:
-    """Our env-server image (built-in envs; an env without ENV_<NAME>_IMAGE)."""
-    return image_of(ENV_SERVER_BUILD)
+if TYPE_CHECKING:
+    from tools.derive import EnvKinds
 
 
 def generated_compose_file(name: str = "compose.envs") -> Path:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from envs import naming
 from tools import env_replicas, gpu_doctor, settings
-from tools.compose_file import local_env_image
+from tools.images import local_env_image
 from tools.derive import EnvKinds, auto_replica_envs, last_counts_file, run_config
 from tools.errors import StackError, say
 from tools.settings import ROOT, WHEELS, load_env

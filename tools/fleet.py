@@ -30,6 +30,7 @@ from tools.plan import env_servers_plan
 from tools.prepare import compose_vars_for
 from tools.docker_host import run
 from tools.errors import StackError, say
+from tools.images import local_env_image
 from tools.settings import ROOT
 
 FLEET_ENVS_FILE = "compose.fleet-envs"  # .stack/: the env servers as Compose services, what the fleet is made from
@@ -258,7 +259,7 @@ def cmd_up(dotenv: dict[str, str], mode: str | None = None, processes: int | Non
             "to train against this fleet")
     envs = derive.env_kinds(dotenv)
     docker_host.check_custom_images(envs)
-    local = compose_file.local_env_image()
+    local = local_env_image()
     if any(envs.images.get(n, local) == local for n in envs.served_here):
         compose_vars = compose_vars_for(env_servers_plan(dotenv), FLEET_ENVS_FILE)
         if docker_host.compose(compose_vars, "--progress", "quiet", "build", "env-server-image", extra_profiles=("build",)) != 0:

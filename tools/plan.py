@@ -19,6 +19,7 @@ from tools import compose_file, derive, gpu_layout, rehearsal
 from tools.derive import EnvKinds, env_kinds
 from tools.errors import StackError
 from tools.gpu_doctor import DockerGpus
+from tools.images import TRAINER_REHEARSE_BUILD, local_env_image
 from tools.settings import WHEELS, StackEnv
 from trainer.train_mode import ModeSpec
 from trainer.train_mode import spec as mode_spec
@@ -63,10 +64,10 @@ class StackPlan:
     @property
     def images(self) -> list[str]:
         """Build-only services for the images this mode uses; an upstream env image is pulled instead."""
-        local = compose_file.local_env_image()
+        local = local_env_image()
         ours = any(self.envs.images.get(n, local) == local for n in self.envs.names)
         if self.rehearsal:  # model-init's CPU image; the twin is built first (the trainer image is built on it)
-            return (["env-server-image"] if ours else []) + ["trainer-cpu-image", compose_file.TRAINER_REHEARSE_BUILD]
+            return (["env-server-image"] if ours else []) + ["trainer-cpu-image", TRAINER_REHEARSE_BUILD]
         return (["env-server-image"] if ours else []) + [self.spec.trainer_image_service]
 
     @property

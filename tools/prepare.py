@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from tools import compose_file, docker_host, settings
 from tools.errors import StackError, say
+from tools.images import TRAINER_CPU_BUILD
 from tools.plan import StackPlan, make_plan, rehearsal_plan
 
 
@@ -51,8 +52,9 @@ def prepare(rehearse: bool = False) -> Prepared:
     return Prepared(plan, compose_vars_for(plan))
 
 
-def run_in_cpu_trainer(prepared: Prepared, *args: str) -> int:
+def run_in_cpu_trainer(prepared: Prepared, *args: str, run_options: tuple[str, ...] = ()) -> int:
     """A one-off `python3 -m ...` in the CPU trainer image with the outputs volume mounted (reading runs: rollouts,
-    eval on the CPU profile); the image is built quietly first, as GPU hosts do not build it otherwise."""
-    prepared.compose("--progress", "quiet", "build", "trainer-cpu-image", extra_profiles=("build",))
-    return prepared.compose("run", "--rm", "--no-deps", "trainer-cpu", *docker_host.TRAINER_PYTHON, *args)
+    eval on the CPU profile, report, baseline); the image is built quietly first, as GPU hosts do not build it
+    otherwise. `run_options`: more `docker compose run` options (a user, a mount)."""
+    prepared.compose("--progress", "quiet", "build", TRAINER_CPU_BUILD, extra_profiles=("build",))
+    return prepared.compose("run", "--rm", "--no-deps", *run_options, "trainer-cpu", *docker_host.TRAINER_PYTHON, *args)

@@ -11,7 +11,8 @@ differs, each for want of a GPU:
 
 from __future__ import annotations
 
-from tools.compose_file import TRAINER_REHEARSE_BUILD, TWIN_BUILD, Override, OverrideMap, Reset, image_of
+from tools.compose_file import Override, OverrideMap, Reset
+from tools.images import TRAINER_REHEARSE_BUILD, TWIN_BUILD, image_of
 from trainer.config import CPU_DEFAULT_MODEL, default
 
 BUILD_PROFILES = ("vllm-cpu", "build-rehearse")  # the twin's (TWIN_BUILD) and the rehearsal trainer's

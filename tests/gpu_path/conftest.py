@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT, compose_config
+from tools.images import TRAINER_REHEARSE_BUILD, TWIN_BUILD, image_of
 
-VLLM_CPU_IMAGE = "grpo-stack/vllm-cpu:0.31.0"
+VLLM_CPU_IMAGE = image_of(TWIN_BUILD)
 HEALTH_TIMEOUT_S = float(os.environ.get("VLLM_CPU_HEALTH_TIMEOUT_S", "600"))
 
 
@@ -29,7 +30,7 @@ def gpu_config() -> dict:
 
 @functools.lru_cache(maxsize=1)
 def ensure_vllm_cpu_image() -> None:
-    """Build grpo-stack/vllm-cpu:0.31.0 through compose, once per session: the first build takes minutes, later
+    """Build the twin (VLLM_CPU_IMAGE) through compose, once per session: the first build takes minutes, later
     ones reuse Docker's layer cache (seconds) and pick up a changed Dockerfile."""
     from tools.docker_host import setup
 
@@ -41,7 +42,7 @@ def ensure_vllm_cpu_image() -> None:
                    cwd=ROOT, env=env, check=True)
 
 
-TRAINER_STANDIN_IMAGE = "grpo-stack/trainer:gpu-on-cpu"  # compose.yaml's trainer-rehearse-image (make rehearse's)
+TRAINER_STANDIN_IMAGE = image_of(TRAINER_REHEARSE_BUILD)  # make rehearse's trainer image
 
 
 @functools.lru_cache(maxsize=1)

@@ -21,10 +21,11 @@ from websockets.sync.client import connect
 
 from tests.helpers import ROOT, build_images, write_env_file
 from tests.reliability.common import ENV_NAMES, VALID_ACTIONS, assert_structured, report
+from tools.images import ENV_SERVER_BUILD, TRAINER_CPU_BUILD, image_of
 
 pytestmark = pytest.mark.docker
 
-IMAGES = {"env-server": "grpo-stack/env-server:local", "trainer-cpu": "grpo-stack/trainer:cpu"}
+IMAGES = {"env-server": image_of(ENV_SERVER_BUILD), "trainer-cpu": image_of(TRAINER_CPU_BUILD)}
 DOCKERFILES = {"env-server": "services/env-server/Dockerfile", "trainer-cpu": "services/trainer/Dockerfile.cpu"}
 
 
@@ -99,7 +100,7 @@ def read_secret_in_container(base: list[str], tmp_path: Path) -> subprocess.Comp
     a file its non-root user can read (length only). Stand-in: the CPU trainer image instead of the GPU one (both run
     as uid 10001; the GPU image is not built on CPU machines)."""
     override = tmp_path / "model-download-on-cpu-image.yaml"
-    override.write_text('services:\n  model-download:\n    image: grpo-stack/trainer:cpu\n')
+    override.write_text(f'services:\n  model-download:\n    image: {IMAGES["trainer-cpu"]}\n')
     return subprocess.run(
         [*base, "-f", str(ROOT / "compose.yaml"), "-f", str(override), "run", "--rm", "--no-deps", "--entrypoint",
          "python3", "model-download", "-c",

@@ -119,12 +119,12 @@ def test_every_env_service_is_generated_from_the_one_template(tmp_path, monkeypa
     for echo, for a built-in env added as one folder + its registry line (maze), and for an image named in .env;
     ENV_URLS's envs get none."""
     from envs import registry
-    from tools import compose_file, settings
+    from tools import compose_file, images, settings
     from tools.plan import make_plan
 
     monkeypatch.setitem(registry._SPECS, "maze", registry._SPECS["catch"])  # stands in for envs/maze/
     monkeypatch.setattr(settings, "ENV_FILE", tmp_path / "none.env")
-    servers = [n for n, svc in compose_file.compose_yaml_services().items()
+    servers = [n for n, svc in images.compose_yaml_services().items()
                if n.startswith("env-") and "build" not in svc.get("profiles", [])]
     assert servers == ["env-template"]
     plan = make_plan({"ENV_NAME": "echo,maze,connect4,far", "ENV_CONNECT4_IMAGE": "example/connect4:1",
@@ -135,7 +135,7 @@ def test_every_env_service_is_generated_from_the_one_template(tmp_path, monkeypa
     for name in ("echo", "maze"):
         assert generated[f"env-{name}"] == {
             "extends": {"file": str(ROOT / "compose.yaml"), "service": "env-template"}, "profiles": [name],
-            "image": f"${{ENV_{name.upper()}_IMAGE:-grpo-stack/env-server:local}}",
+            "image": f"${{ENV_{name.upper()}_IMAGE:-{images.local_env_image()}}}",
             "deploy": {"replicas": f"${{ENV_{name.upper()}_REPLICAS:-1}}"}, "environment": {"ENV_NAME": name},
             "user": f"${{ENV_{name.upper()}_USER:-10001:10001}}"}  # non-root whatever the image says (SECURITY.md)
     assert generated["env-connect4"]["image"] == "${ENV_CONNECT4_IMAGE}"

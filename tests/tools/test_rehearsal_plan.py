@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from tests.helpers import ROOT
-from tools.compose_file import compose_yaml_services
+from tools.images import compose_yaml_services
 
 
 def rehearsal_config(tmp_path, monkeypatch, lines: str = "") -> tuple[dict, object]:

