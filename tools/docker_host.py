@@ -17,9 +17,9 @@ from pathlib import Path
 
 from envs import naming
 from tools import env_replicas, gpu_doctor, settings
-from tools.images import local_env_image
 from tools.derive import EnvKinds, auto_replica_envs, last_counts_file, run_config
 from tools.errors import StackError, say
+from tools.images import local_env_image
 from tools.settings import ROOT, WHEELS, load_env
 
 MIN_COMPOSE = (2, 24, 4)  # `!override` in the generated compose file (profiles and `required: false` are older)
