@@ -210,3 +210,35 @@ def test_compose_before_2_24_4_is_refused_for_override_tags():
     assert "need >= 2.24.4" in compose_too_old("2.24.3") and "`!override`" in compose_too_old("v2.24.0")
     assert compose_too_old("2.24.4") is None and compose_too_old("v2.40.3") is None
     assert compose_too_old("garbage") is not None
+
+
+def test_report_baseline_and_clean_are_host_commands_running_what_the_makefile_ran(monkeypatch, tmp_path):
+    """The Makefile's one-liners call these; what each runs, with Compose and Docker recorded instead of called."""
+    from tools import docker_host, images, prepare
+    from tools.commands import baseline, clean, report
+    from tools.plan import make_plan
+
+    calls = []
+    prepared = prepare.Prepared(make_plan({"TRAIN_MODE": "cpu"}, None), {})
+    monkeypatch.setattr(prepare.Prepared, "compose", lambda self, *args, **kw: calls.append(("compose", *args)) or 0)
+    monkeypatch.setattr(docker_host, "run", lambda cmd, **kw: calls.append(tuple(cmd)))
+    for command in (report, baseline, clean):
+        monkeypatch.setattr(command, "prepare", lambda: prepared)
+    monkeypatch.setattr(baseline, "bring_up", lambda p: calls.append(("bring_up",)))
+    monkeypatch.setattr(report, "ROOT", tmp_path)
+
+    assert report.run(["--run", "r1"]) == 0
+    built, ran = calls[-2], calls[-1]
+    assert built == ("compose", "--progress", "quiet", "build", "trainer-cpu-image")
+    assert ran[:4] == ("compose", "run", "--rm", "--no-deps") and ran[ran.index("--user") + 1] == f"{os.getuid()}:{os.getgid()}"
+    assert f"{tmp_path / 'reports'}:/reports" in ran and (tmp_path / "reports").is_dir()
+    assert ran[ran.index("trainer-cpu"):] == ("trainer-cpu", "python3", "-m", "trainer.report", "--outputs", "/outputs",
+                                              "--run", "r1", "--out-dir", "/reports")
+    calls.clear()
+    assert baseline.run([]) == 0
+    assert calls[0] == ("bring_up",) and calls[-1][-3:] == ("python3", "-m", "trainer.baseline")
+    calls.clear()
+    assert clean.run([]) == 0
+    assert calls[0] == ("compose", "--profile", "*", "down", "--volumes", "--remove-orphans")
+    assert calls[1][:4] == ("docker", "image", "rm", "-f")
+    assert set(calls[1][4:]) == {images.image_of(s) for s in images.BUILT_HERE} and len(calls[1][4:]) == 5
