@@ -44,6 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.chaos_proxy import ChaosProxy  # noqa: E402
+from tools.images import local_env_image  # noqa: E402
 
 TOOL_TIMEOUT_S = 6.0
 RESET_TIMEOUT_S = 10.0
@@ -70,14 +71,15 @@ class ComposeEnvs:
     """env-echo of the real compose.yaml, N replicas, each on a 127.0.0.1 port (restart: unless-stopped)."""
 
     def __init__(self, replicas: int, project: str, work: Path) -> None:
-        from tools import stack
+        from tools import compose_file
+        from tools.derive import env_kinds
 
         self.project, self.replicas = project, replicas
         env_file = work / "chaos.env"
         env_file.write_text(f"COMPOSE_PROJECT_NAME={project}\nCOMPOSE_PROFILES=echo\nMAX_CONCURRENT_ENVS=64\n"
                             f"ENV_SESSION_TIMEOUT_S={SESSION_TIMEOUT_S}\n")
         envs_file = work / "compose.envs.yaml"  # the env services `make` generates from env-template
-        envs_file.write_text(stack.yaml_text({"services": stack.env_services({"ENV_NAME": "echo"})}))
+        envs_file.write_text(compose_file.yaml_text({"services": compose_file.env_services(env_kinds({"ENV_NAME": "echo"}))}))
         self.compose = ["docker", "compose", "-f", str(ROOT / "compose.yaml"), "-f", str(envs_file),
                         "--env-file", str(env_file)]
 
@@ -127,7 +129,7 @@ class SwarmEnvs:
     (bench/chaos_proxy.py resolving `tasks.env-echo` per connection) with its port and control port on 127.0.0.1.
     A kill is a task's: its server process dies and Swarm replaces the task."""
 
-    IMAGE = "grpo-stack/env-server:local"
+    IMAGE = local_env_image()
 
     def __init__(self, replicas: int, project: str, work: Path) -> None:
         import contextlib

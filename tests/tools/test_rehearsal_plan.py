@@ -10,11 +10,11 @@ import subprocess
 import pytest
 
 from tests.helpers import ROOT
-from tools.stack import compose_yaml_services
+from tools.images import compose_yaml_services
 
 
 def rehearsal_config(tmp_path, monkeypatch, lines: str = "") -> tuple[dict, object]:
-    from tools import settings, stack
+    from tools import docker_host, settings
     from tools.plan import rehearsal_plan
     from tools.prepare import compose_vars_for
 
@@ -22,7 +22,7 @@ def rehearsal_config(tmp_path, monkeypatch, lines: str = "") -> tuple[dict, obje
     env_file.write_text((ROOT / ".env.example").read_text() + lines)
     monkeypatch.setattr(settings, "ENV_FILE", env_file)
     plan = rehearsal_plan(settings.load())
-    cmd, env = stack.compose_command(compose_vars_for(plan, "compose.rehearse"), "config", "--format", "json")
+    cmd, env = docker_host.compose_command(compose_vars_for(plan, "compose.rehearse"), "config", "--format", "json")
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout), plan
@@ -60,7 +60,7 @@ def test_the_trainer_trains_on_cpu_and_pushes_by_reload_through_a_shared_volume(
 def test_a_bad_training_setting_stops_the_rehearsal_with_one_line(tmp_path, monkeypatch, capsys):
     from tools.errors import StackError
 
-    with pytest.raises(StackError):
+    with pytest.raises(StackError) as stop:  # the CLI prints it, once, and exits 2
         rehearsal_config(tmp_path, monkeypatch, "\nNUM_GENERATIONS=3\nPER_DEVICE_TRAIN_BATCH_SIZE=4\n")
-    err = capsys.readouterr().err.strip().splitlines()
+    err = str(stop.value).strip().splitlines()
     assert len(err) == 1 and "NUM_GENERATIONS=3" in err[0] and "PER_DEVICE_TRAIN_BATCH_SIZE" in err[0], err
