@@ -13,7 +13,7 @@ Two pieces, one per process of TRL's async design:
     (trainer.rollouts' schema, plus `policy_version`; `step` is policy_version + 1, the step a sync run would have
     traced these rollouts at).
 
-PINNED to trl 1.16.0 (trl/experimental/async_grpo); re-check on a TRL upgrade:
+PINNED to trl 1.16.0 (trl/experimental/async_grpo; trainer/trl_privates.py lists each); re-check on a TRL upgrade:
   * async_grpo_trainer.py: `AsyncGRPOTrainer.log` reduces `self._metrics["train"]`, where `RolloutQueueDataset`
     appends one `sample/staleness_mean` value per trained sample; `_sync_weight` is the method the weight-sync
     callback calls (through `self`); `_TrainBeginCallback` calls `self.weight_transfer.init_weight_transfer()`.

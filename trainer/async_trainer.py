@@ -134,7 +134,7 @@ class StackRolloutLoop(TracedRollouts, _rollout_loop_base()):  # traces + env co
     """TRL's rollout loop (it runs in the spawned child) with the sync trainer's meanings:
 
     - TOOL_TIMEOUT_S: a tool call that runs longer fails; the model reads the rollout loop's message
-      (trainer.rollout_loop.TIMEOUT_ERROR) and the rollout's env session is closed (`_abandon_session`).
+      (trainer.rollout_loop.TIMEOUT_ERROR) and the rollout's env session is closed (envs.core.tool.abandon_session).
     - TOOL_CONCURRENCY: the most env calls (tools, resets, rewards) in flight at once, the size of TRL's thread
       pool for them (TRL's default: one per in-flight rollout).
     - vLLM's presence/frequency penalties sent as 0 (trainer.gpu.grpo_kwargs.NEUTRAL_SAMPLING), as the sync

@@ -26,7 +26,7 @@
 
 Everything else is TRL's: the messages and their order, tool masks, logprobs, call and failure
 counts, the overlong rollback and the iteration limit. tests/trainer/test_rollout_loop.py checks the
-result against TRL's own loop token for token, and pins the TRL source this copy follows.
+result against TRL's own loop token for token, and trainer/trl_privates.py pins the TRL source this copy follows.
 Text only: a vision-language model (tool images) keeps TRL's loop.
 """
 

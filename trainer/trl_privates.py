@@ -43,7 +43,7 @@ KINDS = ("method", "coroutine", "attribute", "class", "function")
 class Pin:
     owner: str  # dotted path of the TRL class or module
     name: str
-    kind: str  # KINDS: a method, an `async def` method, an attribute (of the instances or the class), a class, a function
+    kind: str  # KINDS: a method, an `async def` method, an attribute (of instances or the class), a class, a function
     where: str  # the stack's modules that use it
     why: str  # how they use it: what to re-check when it changes
     params: str | None = None  # methods and functions: the parameter names ("x=" where it has a default)
@@ -124,7 +124,8 @@ PINS: tuple[Pin, ...] = (
     Pin(VLLM_CLIENT, "init_communicator", "method", "trainer/gpu/trl_hooks.py",
         "replaced: the NCCL rendezvous under a watchdog; WEIGHT_TRANSFER=reload's no-op", "self, device="),
     Pin(VLLM_CLIENT, "update_named_params", "method", "trainer/gpu/trl_hooks.py",
-        "replaced for WEIGHT_TRANSFER=reload: weights written to a folder vLLM reloads", "self, metadata, named_params"),
+        "replaced for WEIGHT_TRANSFER=reload: weights written to a folder vLLM reloads",
+        "self, metadata, named_params"),
     Pin(VLLM_CLIENT, "close_communicator", "method", "trainer/gpu/trl_hooks.py",
         "replaced for WEIGHT_TRANSFER=reload (no group to close)", "self"),
     Pin(VLLM_CLIENT, "reset_prefix_cache", "method", "trainer/gpu/trl_hooks.py",
@@ -145,7 +146,8 @@ PINS: tuple[Pin, ...] = (
         "89feb747a530221790466cfc758761ca210279e83ab19bfdc412016686165cf9"),
     Pin(ASYNC_LOOP, "_post", "coroutine", "trainer/async_trainer.py",
         "overridden: StackRolloutLoop._post adds the neutral penalties and drops the seed on the CPU twin",
-        "self, path, payload, timeout, max_retries=", "d879b18016b977be20b1057c2023be613ee093caeeba2078f8ab0db004c1c73e"),
+        "self, path, payload, timeout, max_retries=",
+        "d879b18016b977be20b1057c2023be613ee093caeeba2078f8ab0db004c1c73e"),
     Pin(ASYNC_LOOP, "_generate_one_turn", "coroutine", "trainer/async_trainer.py",
         "the completion payload (`seed`, no presence/frequency penalty, max_tokens per turn) StackRolloutLoop edits",
         "self, prompt_ids", "cc52b73f459a70923cbc305102f559d33f1b67204e2c24924a7124c173b31d8b"),
