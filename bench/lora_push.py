@@ -24,7 +24,7 @@ def push_seconds(gen, iterate, repeats: int) -> tuple[float, int]:
     best, sent = float("inf"), 0
     for _ in range(repeats):
         t0, sent = time.perf_counter(), 0
-        for _name, tensor in iterate():
+        for _, tensor in iterate():
             sent += tensor.to(torch.bfloat16).numel() * 2
         best = min(best, time.perf_counter() - t0)
     return best, sent

@@ -13,7 +13,7 @@ Two pieces, one per process of TRL's async design:
     (trainer.rollouts' schema, plus `policy_version`; `step` is policy_version + 1, the step a sync run would have
     traced these rollouts at).
 
-PINNED to trl 1.16.0 (trl/experimental/async_grpo); re-check on a TRL upgrade:
+PINNED to trl 1.16.0 (trl/experimental/async_grpo; trainer/trl_privates.py lists each); re-check on a TRL upgrade:
   * async_grpo_trainer.py: `AsyncGRPOTrainer.log` reduces `self._metrics["train"]`, where `RolloutQueueDataset`
     appends one `sample/staleness_mean` value per trained sample; `_sync_weight` is the method the weight-sync
     callback calls (through `self`); `_TrainBeginCallback` calls `self.weight_transfer.init_weight_transfer()`.
@@ -35,6 +35,7 @@ from typing import Any
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # as trainer.async_trainer: ROLLOUTS=async is chosen on purpose
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, _AsyncRolloutLoop  # noqa: E402
 
+from envs.core.tool import detached
 from trainer import async_metrics, rollouts, stages
 
 
@@ -120,10 +121,7 @@ class TracedRollouts:
         result = await super()._generate_one(prompt, tool_dict=tool_dict, tools=tools, group_id=group_id)
         env = next((m.__self__ for m in tool_dict.values() if hasattr(m, "__self__")), None)
         if env is not None:  # the env goes back to the pool after its reward; its Trace object stays this episode's
-            step_rewards = getattr(env, "_rewards", None)
-            self._episode_of[id(result[0])] = SimpleNamespace(
-                _trace=getattr(env, "_trace", None), env_name=getattr(env, "env_name", "?"),
-                _rewards=list(step_rewards) if isinstance(step_rewards, list) else None)
+            self._episode_of[id(result[0])] = detached(env)
         return result
 
     async def _score_group(self, group):

@@ -28,22 +28,14 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from envs.core.tool import abandon_session
 from trainer.async_run import AfterRun, TracedRollouts
 from trainer.config import RunConfig
 
 logger = logging.getLogger("trainer.async")
 
-# TRL privates this module relies on, for trl == trainer.rollout_loop.TRL_VERSION (re-check each on a TRL upgrade:
-# tests/trainer/test_async_trainer.py PINNED holds the sources' digests and fails when one changes or goes):
-#   trl.experimental.async_grpo.async_rollout_worker._AsyncRolloutLoop   subclassed: `_execute_tool_calls`, `_post`,
-#                                                                        `_tool_pool` (its thread pool for env calls)
-#   trl.experimental.async_grpo.async_rollout_worker.AsyncRolloutWorker  `_loop_cls`, `_loop_kwargs` (set per instance)
-#   trl.experimental.async_grpo.async_grpo_trainer.get_peak_flops_per_device  replaced while __init__ runs
-TRL_PRIVATES = (
-    ("trl.experimental.async_grpo.async_rollout_worker", "_AsyncRolloutLoop", ("_execute_tool_calls", "_post")),
-    ("trl.experimental.async_grpo.async_rollout_worker", "AsyncRolloutWorker", ("_loop_cls", "start")),
-    ("trl.experimental.async_grpo.async_grpo_trainer", "get_peak_flops_per_device", ()),
-)
+# The TRL privates this module relies on (`_AsyncRolloutLoop` and its `_execute_tool_calls`, `_post`, `_tool_pool`;
+# the worker's `_loop_cls` and `_loop_kwargs`; get_peak_flops_per_device) are pinned in trainer/trl_privates.py.
 
 
 def build_async_config(cfg: RunConfig, mode: str):
@@ -142,7 +134,7 @@ class StackRolloutLoop(TracedRollouts, _rollout_loop_base()):  # traces + env co
     """TRL's rollout loop (it runs in the spawned child) with the sync trainer's meanings:
 
     - TOOL_TIMEOUT_S: a tool call that runs longer fails; the model reads the rollout loop's message
-      (trainer.rollout_loop.TIMEOUT_ERROR) and the rollout's env session is closed (`_abandon_session`).
+      (trainer.rollout_loop.TIMEOUT_ERROR) and the rollout's env session is closed (envs.core.tool.abandon_session).
     - TOOL_CONCURRENCY: the most env calls (tools, resets, rewards) in flight at once, the size of TRL's thread
       pool for them (TRL's default: one per in-flight rollout).
     - vLLM's presence/frequency penalties sent as 0 (trainer.gpu.grpo_kwargs.NEUTRAL_SAMPLING), as the sync
@@ -181,9 +173,7 @@ class StackRolloutLoop(TracedRollouts, _rollout_loop_base()):  # traces + env co
             try:
                 return await asyncio.wait_for(work, seconds)
             except (asyncio.TimeoutError, TimeoutError):
-                abandon = getattr(getattr(tool, "__self__", None), "_abandon_session", None)
-                if callable(abandon):
-                    abandon()
+                abandon_session(getattr(tool, "__self__", None))  # the env whose call it was (envs.core.tool)
                 raise RuntimeError(TIMEOUT_ERROR.format(name=tool.__name__, seconds=seconds)) from None
 
         return call

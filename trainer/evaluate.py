@@ -211,10 +211,12 @@ def play_model(cfg: RunConfig, mode: str, label: str, model_name: str,
     import torch
     from datasets import Dataset
 
+    from envs.core.tool import close_session, trace_of
     from trainer import preflight
     from trainer.envs_binding import build_factories, encode_row
     from trainer.rewards import stop_token_ids, unfinished_penalty
     from trainer.train import load_model_and_tokenizer, make_trainer_class
+    from trainer.trl_privates import environment_pool
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import transformers
@@ -271,17 +273,15 @@ def play_model(cfg: RunConfig, mode: str, label: str, model_name: str,
                     trainer._generate_and_score_completions(inputs)
                 counts = trainer.last_tool_counts or [(0, 0)] * len(inputs)
                 for i, env in enumerate(trainer.environments):
-                    reward = getattr(getattr(env, "_trace", None), "env_reward", None)
+                    reward = getattr(trace_of(env), "env_reward", None)
                     episodes.append(Episode(first + i // generations, float(reward or 0.0), counts[i][0],
                                             counts[i][1], trainer.last_tokens[i]))
                 progress.update(len(episodes))
             out.append(summarize(label, name, episodes, generations, threshold))
     finally:
-        for pool in getattr(trainer, "_environment_pool", {}).values():  # free the sessions for the next model
+        for pool in environment_pool(trainer).values():  # free the sessions for the next model
             for env in pool:
-                close = getattr(getattr(env, "_client", None), "close", None)
-                if callable(close):
-                    close()
+                close_session(env)
     return out
 
 

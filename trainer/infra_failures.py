@@ -94,7 +94,9 @@ WINDOWS = FailureWindow()
 
 def row_mask(environments) -> list[bool]:
     """For each rollout of a batch: whether its episode ended by the env side (the binding's mark)."""
-    return [getattr(env, "_infra_failure", None) is not None for env in environments or []]
+    from envs.core.tool import infra_failure_of
+
+    return [infra_failure_of(env) is not None for env in environments or []]
 
 
 # ---------------------------------------------------------------------------- the sync trainer's side (trainer.train)
