@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from trainer.async_run import AfterRun, TracedRollouts
+from trainer.async_run import AfterRun, TracedRollouts, stop_on_env_down
 from trainer.config import RunConfig
 
 logger = logging.getLogger("trainer.async")
@@ -37,11 +37,13 @@ logger = logging.getLogger("trainer.async")
 # tests/trainer/test_async_trainer.py PINNED holds the sources' digests and fails when one changes or goes):
 #   trl.experimental.async_grpo.async_rollout_worker._AsyncRolloutLoop   subclassed: `_execute_tool_calls`, `_post`,
 #                                                                        `_tool_pool` (its thread pool for env calls)
-#   trl.experimental.async_grpo.async_rollout_worker.AsyncRolloutWorker  `_loop_cls`, `_loop_kwargs` (set per instance)
+#   trl.experimental.async_grpo.async_rollout_worker.AsyncRolloutWorker  `_loop_cls`, `_loop_kwargs` (set per instance),
+#                                                                        `check_health` wrapped (`_failed_event`,
+#                                                                        `_exception_info_queue`, `_process`)
 #   trl.experimental.async_grpo.async_grpo_trainer.get_peak_flops_per_device  replaced while __init__ runs
 TRL_PRIVATES = (
     ("trl.experimental.async_grpo.async_rollout_worker", "_AsyncRolloutLoop", ("_execute_tool_calls", "_post")),
-    ("trl.experimental.async_grpo.async_rollout_worker", "AsyncRolloutWorker", ("_loop_cls", "start")),
+    ("trl.experimental.async_grpo.async_rollout_worker", "AsyncRolloutWorker", ("_loop_cls", "start", "check_health")),
     ("trl.experimental.async_grpo.async_grpo_trainer", "get_peak_flops_per_device", ()),
 )
 
@@ -229,6 +231,7 @@ def make_async_trainer_class():
             worker = self.rollout_worker
             if isinstance(worker, trl_async.AsyncRolloutWorker):  # rank 0: the worker is spawned at train begin
                 worker._loop_cls = StackRolloutLoop
+                stop_on_env_down(worker)  # a dead env seen by the worker stops the run in one line (exit 6)
                 worker._loop_kwargs.update(tool_timeout_s=tool_timeout_s, tool_concurrency=tool_concurrency,
                                            request_seeds=request_seeds)
                 if served_model:  # TRL names the trainer's model path; vLLM answers 404 to any id it does not serve

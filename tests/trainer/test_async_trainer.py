@@ -255,6 +255,16 @@ PINNED = {
     "trl.experimental.async_grpo.async_grpo_trainer.AsyncGRPOTrainer._sync_weight_merged": (
         "b9b5fa4dd30ac95069bb757fc152e6e28545e490b5cc2037553f3488e78920a4",
         "the order ReloadWeightTransfer relies on: pause, send_weights (rank 0; others iterate for FSDP2), resume"),
+    "trl.experimental.async_grpo.async_rollout_worker.AsyncRolloutWorker.check_health": (
+        "0161c9f376e7bbf8fb976c65d1fe66908a0c2faecbbff97c2b0d534bcad3cdae",
+        "async_run.stop_on_env_down: `_failed_event`, `_exception_info_queue` of (type name, message, traceback)"),
+    "trl.experimental.async_grpo.async_rollout_worker._AsyncRolloutLoop.run": (
+        "7680ad1113f78ef0a0e0ba608542be0c3f883677c467873cf0a71d67239e0d4b",
+        "the child puts (type name, str(e), traceback) before setting `_failed_event` (stop_on_env_down reads it)"),
+    "trl.experimental.async_grpo.async_rollout_worker._AsyncRolloutLoop._score_group": (
+        "41085b660a42b4854930aae7aa0e8e5330d006b50567a11915c781f1fa12ef63",
+        "reward funcs get `**group.reward_kwargs` (TracedRollouts adds `environments`); samples' `completion` is the "
+            "group's list (infra_failures.leave_out_samples)"),
 }
 
 
