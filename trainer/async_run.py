@@ -10,9 +10,9 @@ Two pieces, one per process of TRL's async design:
     live; `TracedRolloutLoop` is TRL's loop with it, `use_traced_loop` puts it in the worker): every
     scored group sends the env binding's episode counts (trainer.metrics.STATS of that process) to the trainer as TRL
     metric rates (env/<env>/...), an episode the env side ended is counted (rollout/infra_failures) and its samples
-    are dropped before the queue (trainer.infra_failures), and every TRACE_EVERY policy versions one group goes to rollouts.jsonl
-    (trainer.rollouts' schema, plus `policy_version`; `step` is policy_version + 1, the step a sync run would have
-    traced these rollouts at).
+    are dropped before the queue (trainer.infra_failures), and every TRACE_EVERY policy versions one group goes to
+    rollouts.jsonl (trainer.rollouts' schema, plus `policy_version`; `step` is policy_version + 1, the step a sync
+    run would have traced these rollouts at).
 
 PINNED to trl 1.16.0 (trl/experimental/async_grpo); re-check on a TRL upgrade:
   * async_grpo_trainer.py: `AsyncGRPOTrainer.log` reduces `self._metrics["train"]`, where `RolloutQueueDataset`
