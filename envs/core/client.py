@@ -50,11 +50,12 @@ _stall_logged: dict[tuple[str, str], float] = {}
 _stall_lock = threading.Lock()
 
 
-def stalled(where: str, kind: str, text: str) -> None:
-    """The one-line diagnosis of a stall (bench/chaos.py counts them): `where` a replica's URL, `kind` what stalled."""
+def stalled(where: str, kind: str, text: str, every: bool = False) -> None:
+    """The one-line diagnosis of a stall (bench/chaos.py counts them): `where` a replica's URL, `kind` what stalled.
+    `every`: said each time (one episode's fate), not once per burst."""
     now = time.monotonic()
     with _stall_lock:
-        if now - _stall_logged.get((where, kind), -STALL_LOG_EVERY_S) < STALL_LOG_EVERY_S:
+        if not every and now - _stall_logged.get((where, kind), -STALL_LOG_EVERY_S) < STALL_LOG_EVERY_S:
             return
         _stall_logged[(where, kind)] = now
     log.warning("stalled: %s: %s", where, text)
@@ -255,18 +256,18 @@ class SessionClient:
             again = self._reset_within(data, min(self.capacity_wait_s, budget), min(self.reconnect_wait_s, budget))
         except (EnvServerError, ConnectionError, ConnectionClosed, TimeoutError, UntrustedReply) as e:
             stalled(lost_at, "replay", f"connection lost {when}; could not start the episode again on a fresh "
-                    f"session ({one_line(str(e), 160)}); it is left out")
+                    f"session ({one_line(str(e), 160)}); it is left out", every=True)
             raise EnvServerError(f"The env-server session was lost mid-episode and could not be re-established "
                                  f"({one_line(str(e), 300)}); this episode cannot continue. Stop calling tools.",
                                  code="SESSION_LOST") from None
         self._replayable = None
         if again != first:
             stalled(lost_at, "replay", f"connection lost {when}; the env's reset answered differently on a fresh "
-                    "session (not reproducible), so the episode is left out")
+                    "session (not reproducible), so the episode is left out", every=True)
             raise EnvServerError("The env-server session was lost mid-episode; this episode cannot continue. "
                                  "Stop calling tools.", code="SESSION_LOST")
         stalled(lost_at, "replay", f"connection lost {when}; the episode's reset was replayed on a fresh session "
-                f"({self.shown_url}) and the episode goes on")
+                f"({self.shown_url}) and the episode goes on", every=True)
 
     def close(self) -> None:
         if self._ws is not None:
