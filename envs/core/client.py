@@ -12,7 +12,8 @@ MAX_REPLY_BYTES and MAX_REPLY_DEPTH, error texts are escaped and trimmed, and no
 Faults in flight (#33): a reset rides out a restarting server, a full one and one reply that never came (retries);
 an episode whose connection is lost before its first step was answered is replayed on a fresh session (its reset
 again, checked to answer the same, then the step), since an OpenEnv session lives and dies with its socket and no
-step of it has been seen yet; every stall the client rides out or gives up on says so in one `stalled:` log line
+step of it has been seen yet; so is one whose first step is SLOW_REPLY_S late on a server that answers no ping
+(stopped, or a half-open link), while a slow tool on a live server is waited for; every stall the client rides out or gives up on says so in one `stalled:` log line
 (what, where, which bound, what happens next), at most one per replica and kind every STALL_LOG_EVERY_S.
 """
 
@@ -45,6 +46,7 @@ _loop_lock = threading.Lock()
 log = logging.getLogger("envs.client")
 STALL_LOG_EVERY_S = 5.0  # per replica and kind: a server's crash closes all its sessions at once
 SLOW_REPLY_S = 2.0  # a reply that took longer is a stall the client rode out: said (normal replies take ms)
+PONG_WAIT_S = 2.0  # a live server's protocol layer answers a ping in ms, even while its env works on a step
 ABNORMAL_CLOSE = frozenset({1006, 1011})  # no close frame (a crash, a dropped link) / keepalive ping timeout
 _stall_logged: dict[tuple[str, str], float] = {}
 _stall_lock = threading.Lock()
@@ -78,6 +80,10 @@ class EnvServerError(RuntimeError):
         super().__init__(message)
         self.code = code
         self.data = data or {}
+
+
+class Unresponsive(ConnectionError):
+    """A step's reply is late and the server does not answer a ping either (stopped, or the link is half-open)."""
 
 
 class RedirectRefused(UntrustedReply):
@@ -234,15 +240,21 @@ class SessionClient:
                 )
             self._replay(replay, "before the episode's first step")
         try:
-            return self._step(action)
-        except ConnectionClosed:
+            return self._step(action, probe=replay is not None)
+        except (ConnectionClosed, Unresponsive) as e:
             if replay is None:
                 raise
-            self._replay(replay, "during the episode's first step, before its reply")
-            return self._step(action)
+            when = ("the episode's first step had no reply and the server no pong" if isinstance(e, Unresponsive)
+                    else "during the episode's first step, before its reply")
+            self._replay(replay, when)
+            return self._step(action, probe=False)
 
-    def _step(self, action: dict) -> dict:
-        return self._run(self._request({"type": "step", "data": action}, self.message_timeout_s),
+    def _step(self, action: dict, probe: bool = False) -> dict:
+        """One step. `probe`: when no reply came within SLOW_REPLY_S, ping the server; no pong within PONG_WAIT_S
+        (a stopped server, a half-open link) raises Unresponsive (the socket closed), a pong keeps waiting (a slow
+        tool on a live server)."""
+        return self._run(self._request({"type": "step", "data": action}, self.message_timeout_s,
+                                       probe_after_s=SLOW_REPLY_S if probe else None),
                          _deadline(self.message_timeout_s, self.connect_timeout_s))
 
     def _replay(self, replay: tuple[dict, dict], when: str) -> None:
@@ -336,6 +348,28 @@ class SessionClient:
             stalled(where, "closed", f"connection lost ({why}, code {code}); an episode that has made no step "
                     "yet is replayed on a fresh session, one that has is left out, the next reset reconnects")
 
+    async def _recv_probing(self, ws: ClientConnection, timeout_s: Optional[float], probe_after_s: float) -> Any:
+        """`ws.recv()` within `timeout_s`, asking the server for a pong once the reply is `probe_after_s` late
+        (websockets: a cancelled recv loses no data; a ping is answered by the server's protocol layer, not the env)."""
+        start = time.monotonic()
+        recv = asyncio.ensure_future(ws.recv())
+        done, _ = await asyncio.wait({recv}, timeout=probe_after_s)
+        if not done:
+            try:
+                pong = await ws.ping()
+                done, _ = await asyncio.wait({recv, pong}, timeout=PONG_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+            except ConnectionClosed:
+                done = set()
+            if not done:  # neither the reply nor a pong: nobody is there
+                recv.cancel()
+                await asyncio.gather(recv, return_exceptions=True)
+                await self._close()
+                raise Unresponsive(f"{self.shown_url}: no reply within {probe_after_s:g} s and no pong within "
+                                   f"{PONG_WAIT_S:g} s; the session was closed")
+            left = None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - start))
+            return await asyncio.wait_for(recv, timeout=left)
+        return recv.result()
+
     async def _close(self) -> None:
         ws, self._ws = self._ws, None
         if ws is None:
@@ -364,7 +398,7 @@ class SessionClient:
                 raise
         raise AssertionError("unreachable")
 
-    async def _request(self, message: dict, timeout_s: Optional[float]) -> dict:
+    async def _request(self, message: dict, timeout_s: Optional[float], probe_after_s: Optional[float] = None) -> dict:
         ws = self._ws
         assert ws is not None
         try:
@@ -373,7 +407,10 @@ class SessionClient:
             pass  # a refused/expired session sends an error frame then closes: read it below
         sent_at = time.monotonic()
         try:
-            raw = await asyncio.wait_for(ws.recv(), timeout=timeout_s)
+            if probe_after_s is not None and (timeout_s is None or timeout_s > probe_after_s + PONG_WAIT_S):
+                raw = await self._recv_probing(ws, timeout_s, probe_after_s)
+            else:
+                raw = await asyncio.wait_for(ws.recv(), timeout=timeout_s)
         except asyncio.TimeoutError:
             await self._close()  # a late reply would pair with the next request: drop the socket
             raise TimeoutError(f"No reply from {self.shown_url} within {timeout_s:g} s") from None

@@ -199,3 +199,32 @@ def test_a_stall_line_is_said_once_per_replica_and_kind_in_a_burst(caplog):
     assert [r.getMessage() for r in caplog.records] == [
         "stalled: ws://10.0.0.9:8000/ws: connection lost", "stalled: ws://10.0.0.9:8000/ws: a step reply took 3.0 s",
         "stalled: ws://10.0.0.8:8000/ws: connection lost"]
+
+
+def test_a_first_step_into_a_half_open_link_is_replayed_once_no_pong_comes(caplog):
+    """#33 item 3: the first step sent into a frozen link gets no reply; after SLOW_REPLY_S the client pings, no pong
+    comes within PONG_WAIT_S, and the episode is replayed on a fresh session, well inside TOOL_TIMEOUT_S-sized bounds
+    (not lost at the bound). A delayed but live link answers the ping and is waited for."""
+    pytest.importorskip("openenv")
+    from envs.core.client import PONG_WAIT_S, SLOW_REPLY_S
+
+    server, proxy, client = _served_through_proxy(message_timeout_s=30)
+    try:
+        assert proxy.half_open() is not None
+        t0 = time.monotonic()
+        assert client.step(ECHO)["observation"]["result"]["data"] == "a"
+        took = time.monotonic() - t0
+        assert took >= SLOW_REPLY_S and proxy.opened == 2, (took, proxy.opened)
+        assert any("no pong" in r.getMessage() and "reset was replayed" in r.getMessage() for r in caplog.records)
+
+        client.reset(target="beta")
+        proxy.delay(SLOW_REPLY_S + 1.0, 60.0)  # every reply chunk (pongs too) late: slow, not dead
+        assert client.step(ECHO)["observation"]["result"]["data"] == "a"
+        assert proxy.opened == 2, "a slow but live link was replayed"
+        assert any("a step reply took" in r.getMessage() for r in caplog.records)  # said, as a stall ridden out
+        assert PONG_WAIT_S < 30
+        client.close()
+    finally:
+        proxy.close()
+        server.terminate()
+        server.wait(10)
