@@ -45,8 +45,9 @@ _loop_lock = threading.Lock()
 
 log = logging.getLogger("envs.client")
 STALL_LOG_EVERY_S = 5.0  # per replica and kind: a server's crash closes all its sessions at once
-SLOW_REPLY_S = 2.0  # a reply that took longer is a stall the client rode out: said (normal replies take ms)
-PONG_WAIT_S = 2.0  # a live server's protocol layer answers a ping in ms, even while its env works on a step
+SLOW_REPLY_S = 1.5  # a reply that took longer is a stall the client rode out: said (normal replies take ms)
+PONG_WAIT_S = 1.5  # a live server's protocol layer answers a ping in ms, even while its env works on a step
+REPLAY_REPLY_S = 1.5  # a replay's connect and reset reply each (two tries): it must fit in the step's bound
 ABNORMAL_CLOSE = frozenset({1006, 1011})  # no close frame (a crash, a dropped link) / keepalive ping timeout
 _stall_logged: dict[tuple[str, str], float] = {}
 _stall_lock = threading.Lock()
@@ -246,6 +247,8 @@ class SessionClient:
                 raise
             when = ("the episode's first step had no reply and the server no pong" if isinstance(e, Unresponsive)
                     else "during the episode's first step, before its reply")
+            if isinstance(e, Unresponsive) and self._replicas is not None and self._replica is not None:
+                self._replicas.refused(self._replica)  # a stopped replica: the replay goes elsewhere
             self._replay(replay, when)
             return self._step(action, probe=False)
 
@@ -264,6 +267,12 @@ class SessionClient:
         data, first = replay
         lost_at = self.shown_url
         budget = self.message_timeout_s if self.message_timeout_s is not None else self.reconnect_wait_s
+        # A replay is worth it only inside the step's own bound: each connect and reset reply gets REPLAY_REPLY_S (a
+        # healthy server answers in ms), so one that lands on a stopped server is given up on in time for another.
+        bounds = self.connect_timeout_s, self.reset_timeout_s
+        self.connect_timeout_s = min(self.connect_timeout_s, REPLAY_REPLY_S)
+        self.reset_timeout_s = REPLAY_REPLY_S if self.reset_timeout_s is None else min(self.reset_timeout_s,
+                                                                                      REPLAY_REPLY_S)
         try:
             again = self._reset_within(data, min(self.capacity_wait_s, budget), min(self.reconnect_wait_s, budget))
         except (EnvServerError, ConnectionError, ConnectionClosed, TimeoutError, UntrustedReply) as e:
@@ -272,6 +281,8 @@ class SessionClient:
             raise EnvServerError(f"The env-server session was lost mid-episode and could not be re-established "
                                  f"({one_line(str(e), 300)}); this episode cannot continue. Stop calling tools.",
                                  code="SESSION_LOST") from None
+        finally:
+            self.connect_timeout_s, self.reset_timeout_s = bounds
         self._replayable = None
         if again != first:
             stalled(lost_at, "replay", f"connection lost {when}; the env's reset answered differently on a fresh "
