@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -445,9 +446,16 @@ def figures(args, trainer: Trainer, injector: Injector, killed_at: dict, slots: 
         "steps_lost": lost, "steps_repeated": repeated, "final_global_step": state.get("global_step"),
         "stalls": stalls,
         "lost_by_cause": lost_by_cause(traces, rows, injector.events),
-        "replayed": sum(REPLAYED in text for _, text in trainer.lines),
+        # saved only when the replay finished inside the rollout loop's bound (else the loop had given up on it)
+        "replayed": sum(replay_in_time(text) for _, text in trainer.lines),
         "replay_failed": sum(REPLAY_FAILED in text for _, text in trainer.lines),
     }
+
+
+def replay_in_time(line: str) -> bool:
+    """A client line saying an episode was replayed inside the rollout loop's bound (else the loop gave up first)."""
+    m = re.search(r"([0-9.]+) s into the step", line) if REPLAYED in line else None
+    return m is not None and float(m.group(1)) < TOOL_TIMEOUT_S
 
 
 CAUSES = (("no reply within TOOL_TIMEOUT_S", "call past TOOL_TIMEOUT_S"), ("reset failed", "reset failed"),

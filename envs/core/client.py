@@ -232,6 +232,7 @@ class SessionClient:
 
     def step(self, action: dict) -> dict:
         replay, self._replayable = self._replayable, None  # a step tried: whatever happens, no replay after it
+        started = time.monotonic()
         if not self.connected:
             if replay is None:
                 raise EnvServerError(
@@ -239,7 +240,7 @@ class SessionClient:
                     "this episode cannot continue. Stop calling tools.",
                     code="SESSION_LOST",
                 )
-            self._replay(replay, "before the episode's first step")
+            self._replay(replay, "before the episode's first step", started)
         try:
             return self._step(action, probe=replay is not None)
         except (ConnectionClosed, Unresponsive) as e:
@@ -249,7 +250,7 @@ class SessionClient:
                     else "during the episode's first step, before its reply")
             if isinstance(e, Unresponsive) and self._replicas is not None and self._replica is not None:
                 self._replicas.refused(self._replica)  # a stopped replica: the replay goes elsewhere
-            self._replay(replay, when)
+            self._replay(replay, when, started)
             return self._step(action, probe=False)
 
     def _step(self, action: dict, probe: bool = False) -> dict:
@@ -260,7 +261,7 @@ class SessionClient:
                                        probe_after_s=SLOW_REPLY_S if probe else None),
                          _deadline(self.message_timeout_s, self.connect_timeout_s))
 
-    def _replay(self, replay: tuple[dict, dict], when: str) -> None:
+    def _replay(self, replay: tuple[dict, dict], when: str, started: float) -> None:
         """The episode's reset again on a fresh session (within the step's own bound), which must answer as the first
         did: the session died with its socket and no step of it was answered, so the episode goes on as if nothing
         happened. Else SESSION_LOST, as before."""
@@ -290,7 +291,7 @@ class SessionClient:
             raise EnvServerError("The env-server session was lost mid-episode; this episode cannot continue. "
                                  "Stop calling tools.", code="SESSION_LOST")
         stalled(lost_at, "replay", f"connection lost {when}; the episode's reset was replayed on a fresh session "
-                f"({self.shown_url}) and the episode goes on", every=True)
+                f"({self.shown_url}) {time.monotonic() - started:.1f} s into the step, which goes on", every=True)
 
     def close(self) -> None:
         if self._ws is not None:
