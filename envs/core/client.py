@@ -375,12 +375,20 @@ class SessionClient:
             if not done:  # neither the reply nor a pong: nobody is there
                 recv.cancel()
                 await asyncio.gather(recv, return_exceptions=True)
-                await self._close()
+                self._drop()
                 raise Unresponsive(f"{self.shown_url}: no reply within {probe_after_s:g} s and no pong within "
                                    f"{PONG_WAIT_S:g} s; the session was closed")
             left = None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - start))
             return await asyncio.wait_for(recv, timeout=left)
         return recv.result()
+
+    def _drop(self) -> None:
+        """Close the socket at once, without a close handshake: a server that answers nothing would hold `_close` for
+        its 5 s (on the shared loop)."""
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            self._closing.add(id(ws))
+            ws.transport.abort()
 
     async def _close(self) -> None:
         ws, self._ws = self._ws, None
@@ -424,7 +432,7 @@ class SessionClient:
             else:
                 raw = await asyncio.wait_for(ws.recv(), timeout=timeout_s)
         except asyncio.TimeoutError:
-            await self._close()  # a late reply would pair with the next request: drop the socket
+            self._drop()  # a late reply would pair with the next request: drop the socket (no close handshake)
             raise TimeoutError(f"No reply from {self.shown_url} within {timeout_s:g} s") from None
         except ConnectionClosed as e:
             if self._ws is ws:  # not a session opened since (a call abandoned on timeout fails late)
