@@ -13,8 +13,9 @@ Faults in flight (#33): a reset rides out a restarting server, a full one and on
 an episode whose connection is lost before its first step was answered is replayed on a fresh session (its reset
 again, checked to answer the same, then the step), since an OpenEnv session lives and dies with its socket and no
 step of it has been seen yet; so is one whose first step is SLOW_REPLY_S late on a server that answers no ping
-(stopped, or a half-open link), while a slow tool on a live server is waited for; every stall the client rides out or gives up on says so in one `stalled:` log line
-(what, where, which bound, what happens next), at most one per replica and kind every STALL_LOG_EVERY_S.
+(stopped, or a half-open link), while a slow tool on a live server is waited for; every stall the client rides
+out or gives up on says so in one `stalled:` log line (what, where, which bound, what happens next), at most one
+per replica and kind every STALL_LOG_EVERY_S (a replay's line: every time, one episode's fate).
 """
 
 from __future__ import annotations
@@ -184,7 +185,8 @@ class SessionClient:
             try:
                 self._choose_replica(avoid=full)
                 # a reset may reconnect once: two connects and two replies
-                reply = self._run(self._reset(data), _deadline(self.reset_timeout_s, self.connect_timeout_s, twice=True))
+                reply = self._run(self._reset(data),
+                                  _deadline(self.reset_timeout_s, self.connect_timeout_s, twice=True))
                 self._replayable = (dict(data), reply)
                 return reply
             except TimeoutError:
