@@ -29,13 +29,14 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from envs.core.tool import abandon_session
-from trainer.async_run import AfterRun, TracedRollouts
+from trainer.async_run import AfterRun, TracedRollouts, stop_on_env_down
 from trainer.config import RunConfig
 
 logger = logging.getLogger("trainer.async")
 
 # The TRL privates this module relies on (`_AsyncRolloutLoop` and its `_execute_tool_calls`, `_post`, `_tool_pool`;
-# the worker's `_loop_cls` and `_loop_kwargs`; get_peak_flops_per_device) are pinned in trainer/trl_privates.py.
+# the worker's `_loop_cls` and `_loop_kwargs`; `check_health` wrapped: `_failed_event`,
+# `_exception_info_queue`, `_process`; get_peak_flops_per_device) are pinned in trainer/trl_privates.py.
 
 
 def build_async_config(cfg: RunConfig, mode: str):
@@ -219,6 +220,7 @@ def make_async_trainer_class():
             worker = self.rollout_worker
             if isinstance(worker, trl_async.AsyncRolloutWorker):  # rank 0: the worker is spawned at train begin
                 worker._loop_cls = StackRolloutLoop
+                stop_on_env_down(worker)  # a dead env seen by the worker stops the run in one line (exit 6)
                 worker._loop_kwargs.update(tool_timeout_s=tool_timeout_s, tool_concurrency=tool_concurrency,
                                            request_seeds=request_seeds)
                 if served_model:  # TRL names the trainer's model path; vLLM answers 404 to any id it does not serve
