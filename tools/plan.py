@@ -90,6 +90,8 @@ class Plan:
         services = stack.merge_services(envs, stack.gpu_services(self.layout, self.cdi))
         if self.rehearsal:
             services = stack.merge_services(services, rehearsal.services(envs.get("trainer", {}).get("depends_on", {})))
+        if self.spec.runs_vllm_service:  # LoRA adapters synced alone: vLLM's LoRA flags (trainer/lora.py)
+            services = stack.add_lora_serving(services, stack.run_config(self.values, self.mode))
         if not services:
             return {}
         spec: dict = {"services": services}
@@ -148,6 +150,11 @@ def make_plan(settings: StackEnv | dict[str, str], gpus: DockerGpus | None) -> P
             notes.append(note)
     layout = stack.gpu_plan(values, mode, gpus)
     if layout is not None:
+        from trainer import lora
+
+        problem = lora.serving_problem(stack.run_config(values, mode), layout.data_parallel)
+        if problem:
+            raise stack.StackError(problem)
         notes.append(layout.describe())
         used = len(set(layout.vllm) | set(layout.trainer))
         proposal = gpu_layout.propose_split(gpus.count) if gpus and used < gpus.count else None

@@ -255,6 +255,14 @@ PINNED = {
     "trl.experimental.async_grpo.async_grpo_trainer.AsyncGRPOTrainer._sync_weight_merged": (
         "b9b5fa4dd30ac95069bb757fc152e6e28545e490b5cc2037553f3488e78920a4",
         "the order ReloadWeightTransfer relies on: pause, send_weights (rank 0; others iterate for FSDP2), resume"),
+    "trl.experimental.async_grpo.async_grpo_trainer.AsyncGRPOTrainer._sync_weight_lora": (
+        "53cbb57049aec244d2a83cf0261b87db2123655b0c3bd7be355b2adfb25edccf",
+        "LORA_R's push: the adapter saved under `_lora_dir`, loaded by /v1/load_lora_adapter as `_lora_name`-v<N> "
+            "(the folder the vllm service mounts read-only, tools/stack.add_lora_serving), stale ones unloaded"),
+    "trl.experimental.async_grpo.async_grpo_trainer.AsyncGRPOTrainer._init_lora_sync": (
+        "14ba429a133512b36eb12326c2343c21a21a49a13d875eee2992d5b424dcda32",
+        "`_lora_sync` decided from /server_info (--enable-lora, --max-lora-rank, --max-loras >= max_staleness + 2: "
+            "trainer/lora.vllm_lora_flags)"),
 }
 
 
