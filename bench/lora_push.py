@@ -75,7 +75,8 @@ def served_pushes(url: str, host_dir: str, server_dir: str, peft_model, repeats:
         _, _ = adapter_write_seconds(peft_model, os.path.join(host_dir, f"round{i}"), 1)
         r = requests.post(f"{url}/v1/load_lora_adapter", timeout=600, json={
             "lora_name": f"bench-{i}", "lora_path": f"{server_dir}/round{i}/bench-v0", "load_inplace": False})
-        r.raise_for_status()
+        if r.status_code != 200:
+            raise SystemExit(f"/v1/load_lora_adapter answered {r.status_code}: {r.text[:300]}")
         adapter = min(adapter, time.perf_counter() - t0)
         requests.post(f"{url}/v1/unload_lora_adapter", timeout=600, json={"lora_name": f"bench-{i}"})
         t0 = time.perf_counter()

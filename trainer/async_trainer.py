@@ -261,7 +261,23 @@ def _check_adapter_sync(trainer) -> None:
           f"saves the adapter to {where}, loads it by /v1/load_lora_adapter and resumes; requests name "
           f"{trainer._lora_name}-v<N>", flush=True)
     if trainer.accelerator.is_main_process:
+        _unload_earlier_adapters(trainer.args.vllm_server_base_url, f"{trainer._lora_name}-v")
         stages.mark("rendezvous", 0.0, f"async LoRA: adapters by /v1/load_lora_adapter from {trainer._lora_dir}")
+
+
+def _unload_earlier_adapters(base_url: str, prefix: str) -> None:
+    """Unload the policy adapters an earlier run left in the vllm service (it outlives runs): TRL numbers a fresh run's
+    versions from v1 again, and vLLM refuses a name it already holds (HTTP 400: the run would stop at its second sync);
+    they would also take --max-loras slots. A resumed run goes on numbering from its checkpoint, past them."""
+    import requests
+
+    models = requests.get(f"{base_url.rstrip('/')}/v1/models", timeout=60).json().get("data", [])
+    earlier = [m["id"] for m in models if str(m.get("id", "")).startswith(prefix)]
+    for name in earlier:
+        requests.post(f"{base_url.rstrip('/')}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=60)
+    if earlier:
+        print(f"[weight-sync] unloaded {len(earlier)} adapter(s) an earlier run left in vLLM: {', '.join(earlier)}",
+              flush=True)
 
 
 def build_trainer(cfg: RunConfig, mode: str, *, tokenizer, dataset, factories, reward_funcs, callbacks,
