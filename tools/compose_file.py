@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from envs import naming
 from tools import gpu_layout, settings
-from tools.images import local_env_image
+from tools.images import compose_yaml_services, local_env_image
 from tools.settings import ROOT
 
 if TYPE_CHECKING:
@@ -108,6 +108,25 @@ def gpu_services(layout: gpu_layout.GpuLayout | None, cdi: bool) -> dict[str, di
         if place.ipc:
             spec["ipc"] = place.ipc
         services[service] = spec
+    return services
+
+
+def add_lora_serving(services: dict[str, dict], cfg) -> dict[str, dict]:
+    """LORA_R with ROLLOUTS=async (trainer/lora.py): the vllm service serves LoRA adapters. Its command becomes
+    compose.yaml's flags plus the adapter ones, it may load adapters at run time, and it reads the trainer's adapter
+    folders (`<run dir>/.vllm_lora/...`) read-only at the path the trainer writes them. The same on a GPU host and in
+    `make rehearse` (whose twin runs the vllm service's command); `services` unchanged when the run needs none."""
+    from trainer import lora
+
+    flags = lora.vllm_lora_flags(cfg)
+    if not flags:
+        return services
+    vllm = services.setdefault("vllm", {})
+    vllm["command"] = Override([*compose_yaml_services()["vllm"]["command"], *flags])
+    vllm["environment"] = {**vllm.get("environment", {}), **lora.VLLM_LORA_ENV}
+    mount = f"outputs:{cfg.output_dir.rstrip('/') or '/'}:ro"
+    volumes = vllm.get("volumes")
+    vllm["volumes"] = type(volumes)([*volumes, mount]) if volumes else [mount]  # an `!override` list stays one
     return services
 
 

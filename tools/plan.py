@@ -82,6 +82,8 @@ class StackPlan:
         services = compose_file.merge_services(envs, compose_file.gpu_services(self.layout, self.cdi))
         if self.rehearsal:
             services = compose_file.merge_services(services, rehearsal.services(envs.get("trainer", {}).get("depends_on", {})))
+        if self.spec.runs_vllm_service:  # LoRA adapters synced alone: vLLM's LoRA flags (trainer/lora.py)
+            services = compose_file.add_lora_serving(services, derive.run_config(self.values, self.mode))
         if not services:
             return {}
         spec: dict = {"services": services}
@@ -127,6 +129,11 @@ def make_plan(settings: StackEnv | dict[str, str], gpus: DockerGpus | None) -> S
             notes.append(note)
     layout = derive.gpu_layout_for(values, mode, gpus)
     if layout is not None:
+        from trainer import lora
+
+        problem = lora.serving_problem(derive.run_config(values, mode), layout.data_parallel)
+        if problem:
+            raise StackError(problem)
         notes.append(layout.describe())
         used = len(set(layout.vllm) | set(layout.trainer))
         proposal = gpu_layout.propose_split(gpus.count) if gpus and used < gpus.count else None

@@ -7,6 +7,9 @@ differs, each for want of a GPU:
   * `trainer` runs the GPU trainer's Dockerfile built on the twin (`trainer-rehearse-image`), on CPU, and pushes
     weights by WEIGHT_TRANSFER=reload through a `weights` volume both mount, instead of an NCCL broadcast;
   * neither reserves a GPU, and `model-download` (the Hub) is not needed.
+With LORA_R and ROLLOUTS=async nothing here changes: the adapter goes by TRL's own sync (a folder on the outputs
+volume and /v1/load_lora_adapter) exactly as on a GPU host, and the twin gets the vllm service's LoRA flags from the
+same place (tools/compose_file.add_lora_serving).
 """
 
 from __future__ import annotations

@@ -73,7 +73,8 @@ class AfterRun:
         # TRL also syncs once before the first step (unchanged weights); the smoke's stage is the first trained push.
         if self.state.global_step >= 1:
             stages.mark("first_weight_sync", time.perf_counter() - start,
-                        f"async: trained weights pushed by {type(self.weight_transfer).__name__}")
+                        "async: trained adapter loaded by /v1/load_lora_adapter" if getattr(self, "_lora_sync", False)
+                        else f"async: trained weights pushed by {type(self.weight_transfer).__name__}")
 
     def _forward_traces(self) -> None:
         """The complete rows the rollout worker appended since the last call, to the trackers' tables."""

@@ -8,6 +8,12 @@ TRL 1.16 does the training side: `GRPOTrainer(peft_config=...)` wraps the model,
 (transformers saves a PeftModel's adapter), resume loads it back, and every weight push merges the adapter into the
 base, streams the merged weights under the base's names and unmerges (`VLLMGeneration._iter_named_params`), so vLLM
 serves merged weights and needs no LoRA support in sync mode.
+
+ROLLOUTS=async pushes the adapter alone (TRL 1.16's AsyncGRPOTrainer, `_sync_weight_lora`): each sync pauses vLLM,
+saves the adapter to `<run dir>/.vllm_lora/trl-policy-v<N>`, has vLLM load it through `/v1/load_lora_adapter`,
+resumes, and the rollout worker names `trl-policy-v<N>` in its requests; no base weight moves, no NCCL group forms.
+vLLM must serve LoRA for it: `vllm_lora_flags` and `VLLM_LORA_ENV` are the vllm service's extra flags and
+environment (tools/compose_file.add_lora_serving adds them, with the outputs volume read-only, on a GPU host and in `make rehearse` alike).
 """
 
 from __future__ import annotations
@@ -54,9 +60,6 @@ def served_max_lora_rank(rank: int) -> int:
 def adapter_problem(cfg: "RunConfig", mode: str | None) -> str | None:
     """One line naming what to change when the LoRA settings cannot work together (None: they can). `mode`: the
     resolved TRAIN_MODE, or None while it is still `auto` (train.py asks again once it is resolved)."""
-    if cfg.lora_r and cfg.rollouts == "async":
-        return ("LORA_R with ROLLOUTS=async: the adapter-only weight sync into vLLM (--enable-lora) is not built yet; "
-                "set ROLLOUTS=sync (TRL merges the adapter and pushes merged weights) or LORA_R=0 (edit .env)")
     if cfg.lora_r > VLLM_MAX_LORA_RANKS[-1]:
         return (f"LORA_R={cfg.lora_r}: vLLM serves adapters up to rank {VLLM_MAX_LORA_RANKS[-1]} (--max-lora-rank); "
                 f"set LORA_R to {VLLM_MAX_LORA_RANKS[-1]} or less (edit .env)")
@@ -64,6 +67,10 @@ def adapter_problem(cfg: "RunConfig", mode: str | None) -> str | None:
         return None
     if not cfg.lora_r:
         return "QLORA=true trains adapters on a 4-bit base, but LORA_R=0 asks for full fine-tuning: set LORA_R (e.g. 16) (edit .env)"
+    if cfg.rollouts == "async":
+        return ("QLORA=true with ROLLOUTS=async: the adapter-only sync has vLLM serve the adapter on its full-precision "
+                "base while the trainer scores it on the 4-bit one (every importance ratio off), and TRL's async "
+                "trainer loads no 4-bit base; set ROLLOUTS=sync (merged weights pushed) or QLORA=false (edit .env)")
     if mode == "cpu" or (mode == "gpu" and cfg.weight_transfer == "reload"):
         return ("QLORA=true needs a GPU (bitsandbytes' 4-bit kernels); the trainer runs on CPU here: set QLORA=false "
                 "(LORA_R alone trains adapters on the full-precision base) (edit .env)")
@@ -75,6 +82,40 @@ def adapter_problem(cfg: "RunConfig", mode: str | None) -> str | None:
         return ("QLORA=true with TRAINER_SHARDING=fsdp: each weight push merges the adapter into the whole base "
                 "weight, which a 4-bit base sharded by FSDP2 cannot give; use TRAINER_SHARDING=ddp (a 4-bit copy per "
                 "GPU) or QLORA=false (edit .env)")
+    return None
+
+
+# ---------------------------------------------------------------------------- ROLLOUTS=async: vLLM serves the adapter
+# vLLM's switch for /v1/load_lora_adapter and /v1/unload_lora_adapter (TRL's async VLLMClient calls them).
+VLLM_LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
+ADAPTER_SYNC_DIR = ".vllm_lora"  # TRL's AsyncGRPOTrainer._lora_dir: <run dir>/.vllm_lora/trl-policy-v<N>
+
+
+def syncs_adapter(cfg: "RunConfig") -> bool:
+    """Whether weight syncs push the adapter alone (and vLLM must serve LoRA): LORA_R with ROLLOUTS=async."""
+    return bool(cfg.lora_r) and cfg.rollouts == "async"
+
+
+def vllm_max_loras(cfg: "RunConfig") -> int:
+    """--max-loras: MAX_STALENESS + 1 policy versions may be named by requests in flight, and each sync loads the next
+    before unloading the oldest (TRL 1.16's select_adapter_sync refuses fewer; vLLM would silently evict one)."""
+    return cfg.max_staleness + 2
+
+
+def vllm_lora_flags(cfg: "RunConfig") -> list[str]:
+    """`vllm serve` flags the run needs beyond compose.yaml's (x-vllm-serve-flags): none unless syncs_adapter."""
+    if not syncs_adapter(cfg):
+        return []
+    return ["--enable-lora", f"--max-lora-rank={served_max_lora_rank(cfg.lora_r)}",
+            f"--max-loras={vllm_max_loras(cfg)}"]
+
+
+def serving_problem(cfg: "RunConfig", vllm_data_parallel: int) -> str | None:
+    """One line when the vllm service's layout cannot serve the adapter sync (the host's plan asks; None: it can)."""
+    if syncs_adapter(cfg) and vllm_data_parallel > 1:
+        return (f"LORA_R with ROLLOUTS=async and vLLM data parallel ({vllm_data_parallel} copies): /v1/load_lora_adapter "
+                "loads the adapter into the one copy that answered, so the others would serve the base (TRL 1.16 then "
+                "falls back to merged weights over NCCL); set VLLM_PARALLEL=tensor, or ROLLOUTS=sync (edit .env)")
     return None
 
 

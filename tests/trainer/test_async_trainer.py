@@ -222,3 +222,24 @@ def test_a_tool_call_past_tool_timeout_s_fails_with_the_sync_message_and_closes_
 
 # ---------------------------------------------------------------------------------------------- the pin
 # The TRL sources trainer/async_trainer.py relies on are pinned in trainer/trl_privates.py (tests/trainer/test_trl_privates.py).
+
+
+def test_lora_async_unloads_the_policy_adapters_an_earlier_run_left_in_vllm(monkeypatch, capsys):
+    """A fresh run numbers its adapters from v1 again; vLLM refuses a name it holds (400), so the earlier run's go."""
+    import requests
+
+    from trainer.async_trainer import _unload_earlier_adapters
+
+    held = ["/models/base", "trl-policy-v3", "trl-policy-v4", "my-own-adapter"]
+    unloaded = []
+
+    class Answer:
+        def json(self):
+            return {"data": [{"id": name} for name in held]}
+
+    monkeypatch.setattr(requests, "get", lambda url, timeout: Answer())
+    monkeypatch.setattr(requests, "post", lambda url, json, timeout: unloaded.append((url, json["lora_name"])))
+    _unload_earlier_adapters("http://vllm:8000/", "trl-policy-v")
+    assert unloaded == [("http://vllm:8000/v1/unload_lora_adapter", "trl-policy-v3"),
+                        ("http://vllm:8000/v1/unload_lora_adapter", "trl-policy-v4")]
+    assert "unloaded 2 adapter(s) an earlier run left in vLLM" in capsys.readouterr().out
