@@ -162,6 +162,7 @@ class SessionClient:
         # The current episode's reset (its data and reply) while none of its steps has been answered: what a lost
         # connection replays on a fresh session (module docstring). None once a step was answered or tried in vain.
         self._replayable: Optional[tuple[dict, dict]] = None
+        self._closes = 0  # close() calls: a step whose socket the caller closed (TOOL_TIMEOUT_S gave up) is not replayed
 
     # -- sync API --------------------------------------------------------------------------------
     def reset(self, **data: Any) -> dict:
@@ -243,10 +244,11 @@ class SessionClient:
                     code="SESSION_LOST",
                 )
             self._replay(replay, "before the episode's first step", started)
+        closes = self._closes
         try:
             return self._step(action, probe=replay is not None)
         except (ConnectionClosed, Unresponsive) as e:
-            if replay is None:
+            if replay is None or self._closes != closes:  # closed by the caller, who gave up on this episode
                 raise
             when = ("the episode's first step had no reply and the server no pong" if isinstance(e, Unresponsive)
                     else "during the episode's first step, before its reply")
@@ -296,6 +298,7 @@ class SessionClient:
                 f"({self.shown_url}) {time.monotonic() - started:.1f} s into the step, which goes on", every=True)
 
     def close(self) -> None:
+        self._closes += 1
         if self._ws is not None:
             try:
                 self._run(self._close(), self.connect_timeout_s + 10)
