@@ -464,7 +464,7 @@ def print_figures(f: dict) -> None:
 
 # ---------------------------------------------------------------------------- the run
 def run(args) -> dict:
-    from trainer.config import RunConfig
+    from contract.config import RunConfig
 
     work = Path(args.out or tempfile.mkdtemp(prefix="chaos-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -42,7 +42,8 @@ def main() -> int:
     from transformers import Qwen3Config, Qwen3ForCausalLM
     from trl.generation.vllm_generation import VLLMGeneration
 
-    from trainer import lora, memory
+    from trainer import lora
+    from contract import memory
 
     config = {k: v for k, v in memory.qwen3_config(args.model).items() if k != "model_type"}
     torch.manual_seed(0)

@@ -17,8 +17,8 @@ from envs import naming
 from tools import gpu_layout, rehearsal, stack
 from tools.gpu_doctor import DockerGpus
 from tools.settings import StackEnv
-from trainer.train_mode import ModeSpec
-from trainer.train_mode import spec as mode_spec
+from contract.train_mode import ModeSpec
+from contract.train_mode import spec as mode_spec
 
 
 @dataclass(frozen=True)

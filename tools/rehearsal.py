@@ -12,7 +12,7 @@ differs, each for want of a GPU:
 from __future__ import annotations
 
 from tools.stack import Override, OverrideMap, Reset, compose_yaml_services
-from trainer.config import CPU_DEFAULT_MODEL, default
+from contract.config import CPU_DEFAULT_MODEL, default
 
 TWIN_BUILD_SERVICE = "vllm-cpu"   # compose.yaml's twin service holds the image's build (profile vllm-cpu)
 TRAINER_BUILD_SERVICE = "trainer-rehearse-image"

@@ -2,7 +2,7 @@
 
 It only decides *what* runs (profiles, mode, services, replica counts); Compose does the running, and the commands
 in tools/commands/ drive both. `.env` is read once, by tools/settings.py; the training knobs are validated with the
-trainer's own typed config, trainer.config.RunConfig.
+trainer's own typed config, contract.config.RunConfig.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from envs import naming
 from tools import env_replicas, gpu_doctor, gpu_layout, settings
 from tools.errors import StackError, parse_env_file, say  # noqa: F401  (re-exported: the host's names)
 from tools.settings import ROOT, load_env
-from trainer.train_mode import MODES, TrainModeError, resolve_train_mode  # stdlib only
-from trainer.train_mode import spec as mode_spec  # noqa: F401  (the TRAIN_MODE table, for the commands)
+from contract.train_mode import MODES, TrainModeError, resolve_train_mode  # stdlib only
+from contract.train_mode import spec as mode_spec  # noqa: F401  (the TRAIN_MODE table, for the commands)
 
 WHEELS = ROOT / ".wheels"
 MIN_COMPOSE = (2, 24, 4)  # `!override` in the generated compose file (profiles and `required: false` are older)
@@ -468,8 +468,8 @@ def check_token_file(dotenv: dict[str, str]) -> str | None:
 
 
 def run_config(dotenv: dict[str, str], mode: str):
-    """The trainer's typed config (trainer.config.RunConfig, light imports only) from .env's values."""
-    from trainer.config import RunConfig
+    """The trainer's typed config (contract.config.RunConfig, light imports only) from .env's values."""
+    from contract.config import RunConfig
 
     keys = set(parse_env_file(settings.ENV_EXAMPLE))
     values = {k: v for k, v in dotenv.items() if k in keys and v != ""}

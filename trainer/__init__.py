@@ -1,1 +1,1 @@
-"""GRPO training package. Kept import-light: `trainer.config` must load without torch."""
+"""GRPO training package. Kept import-light: `contract.config` must load without torch."""

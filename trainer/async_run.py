@@ -35,7 +35,8 @@ from typing import Any
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # as trainer.async_trainer: ROLLOUTS=async is chosen on purpose
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, _AsyncRolloutLoop  # noqa: E402
 
-from trainer import async_metrics, rollouts, stages
+from trainer import async_metrics, rollouts
+from contract import stages
 
 
 class AfterRun:

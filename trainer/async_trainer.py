@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from trainer.async_run import AfterRun, TracedRollouts
-from trainer.config import RunConfig
+from contract.config import RunConfig
 
 logger = logging.getLogger("trainer.async")
 
@@ -89,7 +89,7 @@ class ReloadWeightTransfer:
         self._paused_at: float | None = None
 
     def init_weight_transfer(self) -> None:
-        from trainer import stages
+        from contract import stages
         from trainer.gpu import push_state
 
         print(f"[weight-sync] WEIGHT_TRANSFER=reload (async): no NCCL group; each sync pauses vLLM, writes "

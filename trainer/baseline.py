@@ -13,7 +13,7 @@ import sys
 import time
 
 from envs.core.untrusted import one_line, strip_credentials
-from trainer.config import ConfigError, RunConfig
+from contract.config import ConfigError, RunConfig
 
 
 def play(tool, row: dict, choose, max_turns: int) -> dict:

@@ -53,7 +53,7 @@ def check_downloaded(path: str, model: str) -> list[str]:
 
 
 def main() -> int:
-    from trainer import stages
+    from contract import stages
 
     model = os.environ.get("MODEL_NAME", "")
     revision = os.environ.get("MODEL_REVISION") or None

@@ -16,7 +16,7 @@ and the reward are the ones training used. Generation: transformers on the CPU p
 runs on CPU); on GPU hosts vLLM inside this process on the checkpoint folder (TRL's vllm_mode="colocate" loads
 `model.name_or_path`), each model in a process of its own so the first vLLM's memory is gone before the second starts.
 
-Held-out tasks: NUM_GENERATIONS episodes per task (pass@k for k = 1..NUM_GENERATIONS, trainer.eval_report.pass_at_k).
+Held-out tasks: NUM_GENERATIONS episodes per task (pass@k for k = 1..NUM_GENERATIONS, contract.eval_report.pass_at_k).
 A task is row 0 of the env's make_dataset(1, seed), for seeds 1,000,000,000 upward that training never uses:
 a built-in env's training rows come from make_dataset(DATASET_SIZE, SEED + i) (i: the env's place in ENV_NAME), an
 env learned from its server resets with seeds SEED + i .. SEED + i + DATASET_SIZE - 1; those are skipped. The seeds
@@ -24,11 +24,11 @@ go to eval.json ("seeds"). An env whose rows come from ENV_PROMPTS_FILE trains o
 the rows of --prompts-file (their indices are its "seeds"). A small task space repeats across seeds (echo has six
 words): held out means a seed, not necessarily a task, training never saw.
 
-Reported per env and model (trainer.eval_report's schema): the env's own episode reward (get_reward; the trainer's
+Reported per env and model (contract.eval_report's schema): the env's own episode reward (get_reward; the trainer's
 UNFINISHED_PENALTY shaping is left out), success = reward above --threshold (default 0.5), pass@k, tool calls and
 failed calls per episode (as the rollout loop counts them: calls of an unknown tool fail too) and tokens the model
 generated per episode (tool results excluded, as TRL's completions/mean_length). Writes <run>/eval.json and prints
-the table (trainer.eval_report.markdown_table). Exit codes: 0 done, 1 no such run or checkpoint, 2 bad config or
+the table (contract.eval_report.markdown_table). Exit codes: 0 done, 1 no such run or checkpoint, 2 bad config or
 flags, 3 an env server not ready, 4 (GPU hosts) too little free GPU memory for the eval: training, or another
 eval, still holds the GPU (checked before vLLM loads: gpu_memory_verdict).
 """
@@ -43,8 +43,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer import checkpoints, eval_report, lora
-from trainer.config import ConfigError, RunConfig
+from trainer import checkpoints, lora
+from contract import eval_report
+from contract.config import ConfigError, RunConfig
 from trainer.progress import Progress
 
 EVAL_SEED_BASE = 1_000_000_000  # far above SEED + DATASET_SIZE of any sensible run; collisions are skipped anyway

@@ -21,7 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from trainer import eval_report, run_info
+from contract import eval_report
+from trainer import run_info
 from trainer.metrics import read_metrics
 from trainer.report import ReportError, find_run
 from trainer.checkpoints import CheckpointError, pick

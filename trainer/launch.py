@@ -12,7 +12,7 @@ import importlib.util
 import os
 import sys
 
-from trainer.config import ConfigError, RunConfig
+from contract.config import ConfigError, RunConfig
 
 RENDEZVOUS_PORT = 29500  # torch.distributed among the trainer's own processes (inside its container)
 # On SIGTERM the launcher (torchrun underneath) SIGKILLs its workers after TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s by

@@ -1,7 +1,7 @@
 """LoRA and QLoRA (LORA_R > 0, QLORA): the rules a run's settings must meet, the adapter TRL trains, and adapter folders
 (checkpoints, exports) turned into standalone models.
 
-Standard library at import (trainer.config and the host's `make doctor` import the rules); peft, torch and
+Standard library at import (contract.config and the host's `make doctor` import the rules); peft, torch and
 transformers load inside the functions that need them.
 
 TRL 1.16 does the training side: `GRPOTrainer(peft_config=...)` wraps the model, its checkpoints hold the adapter only
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainer.config import RunConfig
+    from contract.config import RunConfig
 
 ALL_LINEAR = "all-linear"  # peft's name for every linear layer but the output head
 # vLLM 0.31's --max-lora-rank choices (vllm/config/lora.py MaxLoRARanks): an adapter of rank r is served under the

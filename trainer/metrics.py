@@ -24,7 +24,7 @@ from typing import Any
 
 from transformers import TrainerCallback
 
-from trainer import sampling_health, stages
+from contract import sampling_health, stages
 from trainer.trackers import RunInfo, Trackers
 
 METRICS_FILE = "metrics.jsonl"
@@ -259,6 +259,6 @@ class MetricsCallback(TrainerCallback):
                 # async: how far behind the trainer the trained samples were generated (trainer.async_metrics)
                 + (f" lag p50 {f('async/staleness_p50', '{:.0f}')} max {f('async/staleness_max', '{:.0f}')}"
                    f" queue {f('async/queue_depth', '{:.0f}')}" if r.get("rollouts") == "async" else "")
-                # vLLM modes: how far vLLM's sampling is from the trainer's policy (trainer.sampling_health)
+                # vLLM modes: how far vLLM's sampling is from the trainer's policy (contract.sampling_health)
                 + (f" is_ratio {f(sampling_health.RATIO_MEAN)} masked {f(sampling_health.MASKED_FRACTION, '{:.0%}')}"
                    if sampling_health.has_figures(r) else ""))

@@ -17,7 +17,7 @@ from typing import Any
 from envs import naming
 from envs.core import probe
 from envs.core.untrusted import log_text
-from trainer.config import ConfigError, RunConfig
+from contract.config import ConfigError, RunConfig
 from trainer.envs_binding import BindingError, resolve_replicas
 
 # Keys an env server may use to report its capacity in /health (ours does; upstream OpenEnv does not).
@@ -302,10 +302,10 @@ def check_lengths(cfg: RunConfig, mode: str, tokenizer, specs: dict,
 
 def check_memory(cfg: RunConfig, mode: str, num_processes: int, prompt_tokens: int | None,
                  gpu_bytes: int | None = None, config: dict | None = None) -> tuple[list[str], str]:
-    """The trainer's GPU memory for this model, layout and lengths (trainer.memory: weights, gradients, AdamW,
+    """The trainer's GPU memory for this model, layout and lengths (contract.memory: weights, gradients, AdamW,
     activations) against its smallest GPU: (errors, the breakdown line). Nothing to check on CPU, or before the
     model's config.json is here (the tokenizer check names that)."""
-    from trainer import memory
+    from contract import memory
 
     if mode not in ("gpu", "colocate") or cfg.trainer_on_cpu(mode):
         return [], ""

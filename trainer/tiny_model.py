@@ -375,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="rebuild even if a complete model is there")
     args = p.parse_args(argv)
     out = Path(args.out)
-    from trainer.config import RunConfig
+    from contract.config import RunConfig
 
     cfg = RunConfig.load([] if args.env is None else ["--env-name", args.env])
     try:

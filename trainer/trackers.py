@@ -270,7 +270,7 @@ def public_config(value: Any) -> Any:
 
 
 class RunInfo:
-    """What the trackers need to know about a run (from trainer.config.RunConfig, or given in tests)."""
+    """What the trackers need to know about a run (from contract.config.RunConfig, or given in tests)."""
 
     def __init__(self, run_dir: str, name: str, output_dir: str, config: dict[str, Any] | None = None,
                  resume_step: int = 0, wandb_mode: str = "offline", mlflow_tracking_uri: str | None = None) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from envs.core.untrusted import log_text
 from trainer import checkpoints
-from trainer.config import ConfigError, RunConfig
+from contract.config import ConfigError, RunConfig
 
 
 
@@ -79,7 +79,8 @@ def build_dataset(cfg: RunConfig, specs: dict):
 def make_trainer_class():
     from trl import GRPOTrainer
 
-    from trainer import infra_failures, stages
+    from trainer import infra_failures
+    from contract import stages
     from trainer.metrics import STATS
     from trainer.rollout_loop import make_rollout_loop_class
 
@@ -156,13 +157,13 @@ def make_trainer_class():
         def _log_masked_fraction(self, output) -> None:
             """TRL's `*_mask` modes zero the importance-sampling ratio of what they mask but log no share of it:
             log the share of sequences (sequence_mask) or completion tokens (token_mask) masked
-            (trainer.sampling_health judges it). Every process reaches this together: the gather is safe."""
+            (contract.sampling_health judges it). Every process reaches this together: the gather is safe."""
             ratio = output.get("importance_sampling_ratio")
             if ratio is None or not self.vllm_importance_sampling_mode.endswith("_mask"):
                 return
             import torch
 
-            from trainer.sampling_health import MASKED_FRACTION
+            from contract.sampling_health import MASKED_FRACTION
 
             if self.vllm_importance_sampling_mode.startswith("sequence"):  # (B, 1): one ratio per sequence
                 masked, count = (ratio == 0).sum(), ratio.new_tensor(ratio.numel())
@@ -484,7 +485,7 @@ def _print_summary(cfg: RunConfig, step: int) -> None:
 
     calls = [r["tools/call_frequency"] for r in rows if isinstance(r.get("tools/call_frequency"), (int, float))]
     if calls:
-        from trainer import stages
+        from contract import stages
 
         per_episode = sum(calls) / len(calls)
         stages.mark("tool_calls", None, f"{per_episode:.2f} tool calls per episode over {len(calls)} steps",

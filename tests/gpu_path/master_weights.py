@@ -37,7 +37,7 @@ def make_model_dir(out: Path) -> Path:
 
 
 def run_config(model_dir: Path):
-    from trainer.config import RunConfig
+    from contract.config import RunConfig
 
     return RunConfig.load([], model_name=str(model_dir), train_mode="gpu")
 

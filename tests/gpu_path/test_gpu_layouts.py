@@ -11,7 +11,7 @@ import pytest
 
 from tests.gpu_path.conftest import devices, resolved
 from tests.helpers import ROOT, free_port
-from trainer.config import RunConfig
+from contract.config import RunConfig
 from trainer.launch import LaunchError, launch_argv, process_count
 from tools import gpu_doctor
 from tools import gpu_layout

@@ -18,8 +18,9 @@ import pytest
 
 from tests.gpu_path.conftest import TRAINER_STANDIN_IMAGE, ensure_trainer_standin_image
 from tests.helpers import EnvFileStack
-from trainer import first_turn, sampling_health, stages
-from trainer.config import CPU_DEFAULT_MODEL
+from trainer import first_turn
+from contract import sampling_health, stages
+from contract.config import CPU_DEFAULT_MODEL
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(3600)]
 

@@ -118,7 +118,7 @@ def test_a_trainer_killed_mid_push_wedges_vllm_and_the_next_train_restarts_it_an
     Differs from `make train` in one place: the twin restarts by `docker restart`, the vllm service by compose's
     `up --force-recreate --wait`."""
     from tools.commands.train import recovering
-    from trainer.defaults import EXIT_VLLM_RESTART
+    from contract.defaults import EXIT_VLLM_RESTART
     from trainer.gpu.push_state import MARKER_NAME
 
     network, twin, model_dir, weights = rehearsal_stack

@@ -211,7 +211,7 @@ def test_preflight_accepts_the_twins_routes_and_refuses_a_gpuless_trainer(vllm_c
     for key in [*nccl.NCCL_BRIDGE_DEFAULTS, "VLLM_HOST_IP"]:
         monkeypatch.delenv(key, raising=False)
 
-    from trainer.config import RunConfig
+    from contract.config import RunConfig
 
     cfg = RunConfig(train_mode="gpu", vllm_server_url=vllm_cpu.url, vllm_server_timeout_s=30, weight_sync_timeout_s=60)
     with pytest.raises(server.VLLMPreflightError) as err:

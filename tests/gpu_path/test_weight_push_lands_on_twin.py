@@ -138,7 +138,7 @@ def test_generation_config_penalties_do_not_change_server_mode_sampling(twin, pe
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer.config import RunConfig
+    from contract.config import RunConfig
     from trainer.gpu.grpo_kwargs import grpo_vllm_kwargs
 
     t, _ = twin

@@ -13,7 +13,7 @@ def make_trainer(url: str, model_dir, out_dir, batch: int, *flags: str, stock_lo
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from trainer import preflight
-    from trainer.config import RunConfig
+    from contract.config import RunConfig
     from trainer.envs_binding import build_factories
     from trainer.train import build_dataset, make_trainer_class
 

@@ -11,7 +11,8 @@ import pytest
 from trl.experimental.async_grpo.async_grpo_trainer import _reduce_metric
 
 from tools.commands import smoke
-from trainer import async_metrics, sampling_health, stages, trackers
+from trainer import async_metrics, trackers
+from contract import sampling_health, stages
 from trainer.metrics import MetricsCallback, RolloutStats, read_metrics, summarize_episodes
 
 EPISODES = {"echo": [{"reward": 1.0, "tool_calls": 1, "tool_failures": 0},

@@ -17,7 +17,7 @@ from envs.generic import GenericSpec
 from envs.generic.interface import EnvInterface, action_tool, mcp_tools
 from envs.registry import get
 from tests.helpers import ROOT
-from trainer.config import ConfigError, RunConfig
+from contract.config import ConfigError, RunConfig
 from trainer.envs_binding import EnvFactory, build_factories
 from trainer.rewards import unfinished_penalty
 

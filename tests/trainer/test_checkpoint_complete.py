@@ -16,7 +16,7 @@ import torch
 
 from trainer import checkpoints, train
 from trainer.checkpoints import MARKER
-from trainer.config import RunConfig
+from contract.config import RunConfig
 
 
 def checkpoint(run: Path, step: int, marked: bool = True, state: str | None = None) -> Path:

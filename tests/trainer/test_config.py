@@ -1,4 +1,4 @@
-"""trainer.config: env vars + CLI parsing, validation messages, GRPOConfig mapping."""
+"""contract.config: env vars + CLI parsing, validation messages, GRPOConfig mapping."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import ENV_VARS, ConfigError, RunConfig, describe
+from contract.config import ENV_VARS, ConfigError, RunConfig, describe
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -125,7 +125,7 @@ def test_env_var_list_is_the_field_list():
 
 def test_config_module_imports_without_torch():
     # `make doctor` validates .env on the host without torch: importing the config must not pull it in.
-    code = ("import sys; import trainer.config as c; c.RunConfig.load([]); "
+    code = ("import sys; import contract.config as c; c.RunConfig.load([]); "
             "bad = [m for m in ('torch', 'trl', 'transformers') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
@@ -133,11 +133,11 @@ def test_config_module_imports_without_torch():
 
 def test_check_cli_exit_codes(monkeypatch):
     env = {"PATH": "/usr/bin:/bin", "ENV_NAME": "9lives"}
-    bad = subprocess.run([sys.executable, "-m", "trainer.config", "--check"], cwd=REPO, env=env,
+    bad = subprocess.run([sys.executable, "-m", "contract.config", "--check"], cwd=REPO, env=env,
                          capture_output=True, text=True)
     assert bad.returncode == 1 and "ENV_NAME: '9lives' is not an env name" in bad.stderr
     env["ENV_NAME"] = "echo"
-    ok = subprocess.run([sys.executable, "-m", "trainer.config", "--check"], cwd=REPO, env=env,
+    ok = subprocess.run([sys.executable, "-m", "contract.config", "--check"], cwd=REPO, env=env,
                         capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
 

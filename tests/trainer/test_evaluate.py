@@ -11,7 +11,8 @@ import json
 import pytest
 
 from envs import registry
-from trainer import eval_report, evaluate, train
+from contract import eval_report
+from trainer import evaluate, train
 
 TASKS, GENERATIONS = 4, 2  # NUM_GENERATIONS 2: not the default (4)
 
@@ -119,7 +120,7 @@ def test_gpu_memory_verdict_held_by_training_is_one_line_saying_what_to_do():
 
 
 def test_no_gpu_check_where_the_trainer_runs_on_cpu(tmp_path):
-    from trainer.config import RunConfig
+    from contract.config import RunConfig
     from trainer.evaluate import check_gpu_memory, weights_bytes
 
     assert check_gpu_memory(RunConfig.load([]), "cpu", [str(tmp_path)]) is None  # no child process, no CUDA asked

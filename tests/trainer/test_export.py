@@ -16,7 +16,8 @@ from safetensors.torch import load_file
 
 from tests.helpers import ROOT
 from tests.trainer.conftest import free_port
-from trainer import eval_report, export, run_info, train
+from contract import eval_report
+from trainer import export, run_info, train
 from trainer.metrics import read_metrics
 
 RUN = "exp"

@@ -10,8 +10,9 @@ import shutil
 
 import pytest
 
-from trainer import preflight, stages
-from trainer.config import RunConfig
+from trainer import preflight
+from contract import stages
+from contract.config import RunConfig
 from trainer.download_model import check_downloaded
 from tests.helpers import commit_download_cache
 
@@ -129,7 +130,7 @@ def test_a_pinned_revision_loads_offline_from_a_commit_download(tiny_model_dir, 
     from huggingface_hub import try_to_load_from_cache
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer import config
+    from contract import config
 
     commit = "c1899de289a04d12100db370d81485cdf75e47ca"
     snapshot = commit_download_cache(tmp_path / "hub", tiny_model_dir, "Qwen/Qwen3-0.6B", commit)

@@ -27,7 +27,7 @@ from envs.core.replicas import ReplicaSet
 from envs.generic import GenericSpec, interface
 from tests.helpers import FIXTURE_ENVS, free_port
 from trainer import envs_binding, preflight, rollouts
-from trainer.config import RunConfig
+from contract.config import RunConfig
 from trainer.metrics import RolloutStats
 from trainer.preflight import PreflightReport
 

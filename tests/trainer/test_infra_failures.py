@@ -197,7 +197,7 @@ def scripted_trainer(tmp_path, tiny_model_dir, echo_server, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from envs import registry
-    from trainer.config import RunConfig
+    from contract.config import RunConfig
     from trainer.envs_binding import build_factories
     from trainer.train import build_dataset, make_trainer_class
 

@@ -11,7 +11,8 @@ import subprocess
 import sys
 
 from tests.trainer.conftest import ROOT
-from trainer import eval_report, evaluate, export, first_turn, lora, train
+from contract import eval_report
+from trainer import evaluate, export, first_turn, lora, train
 from trainer.metrics import read_metrics
 
 STEPS = 20

@@ -20,7 +20,7 @@ def scripted_trainer(tmp_path, tiny_model_dir, echo_server):
     from trl import GRPOTrainer
 
     from envs import registry
-    from trainer.config import RunConfig
+    from contract.config import RunConfig
     from trainer.envs_binding import bind
     from trainer.train import build_dataset
 

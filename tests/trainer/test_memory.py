@@ -1,11 +1,11 @@
-"""trainer.memory: the trainer's GPU memory for a model and layout, and the preflight's verdict on it."""
+"""contract.memory: the trainer's GPU memory for a model and layout, and the preflight's verdict on it."""
 
 from __future__ import annotations
 
 import pytest
 
-from trainer import memory
-from trainer.config import RunConfig
+from contract import memory
+from contract.config import RunConfig
 
 GIB = memory.GIB
 # Qwen3-0.6B's config.json (the shape numbers; the hub model has ~0.596B parameters with its tied embeddings)
@@ -141,4 +141,4 @@ def test_what_fits_names_the_cheaper_method_and_the_readme_table_is_the_modules(
                           completion_tokens=256, vllm_share=0.9)
     assert "full" in line and "does not fit" in line and "LoRA r=16" in line and "QLoRA r=16" in line
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert memory.fits_table() in readme, "README's 'What fits' table is stale: paste trainer.memory.fits_table()"
+    assert memory.fits_table() in readme, "README's 'What fits' table is stale: paste contract.memory.fits_table()"

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from trainer import preflight
-from trainer.config import RunConfig
+from contract.config import RunConfig
 from trainer.preflight import PreflightError, PreflightReport, check_chat_template, sessions_needed
 
 from .conftest import free_port

@@ -17,7 +17,7 @@ import pytest
 from envs.core import client as client_module
 from envs.echo.tool import EchoTool
 from tests.trainer.test_hostile_env import hostile, wait_all_closed
-from trainer.config import RunConfig
+from contract.config import RunConfig
 from trainer.envs_binding import REPLY_GRACE_S, build_factories
 from trainer.metrics import RolloutStats
 

@@ -1,4 +1,4 @@
-"""trainer/sampling_health.py: is vLLM's sampling still the trainer's policy? Pure functions over metric rows, the
+"""contract/sampling_health.py: is vLLM's sampling still the trainer's policy? Pure functions over metric rows, the
 watch that marks `make gpu-smoke`'s stage and warns once, and the masked share the trainer logs."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from collections import defaultdict
 import pytest
 
 from tools.commands import smoke
-from trainer import sampling_health as sh
-from trainer import stages
+from contract import sampling_health as sh
+from contract import stages
 
 
 def row(step, mean=None, masked=None, **extra):

@@ -15,7 +15,7 @@ import pytest
 
 from tests.trainer.conftest import ROOT
 from trainer import rollouts, train, trackers
-from trainer.config import ENV_VARS
+from contract.config import ENV_VARS
 
 RUN = "tracked"
 

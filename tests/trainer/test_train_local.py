@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from trainer import train
-from trainer.config import RunConfig
+from contract.config import RunConfig
 from trainer.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]

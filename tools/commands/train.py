@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable
 
 from tools import stack
-from trainer.defaults import EXIT_VLLM_RESTART
+from contract.defaults import EXIT_VLLM_RESTART
 from tools.commands.up import bring_up
 from tools.prepare import Prepared, prepare
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from trainer.config import RunConfig
+    from contract.config import RunConfig
 
 
 # vLLM's OpenAI server fills every sampling field a request leaves out from the model's generation config

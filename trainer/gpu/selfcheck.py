@@ -35,7 +35,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 GB = 1e9
 CARDS_GB = (24, 48, 80, 141)
-LR = 1e-5  # the GPU default learning rate (trainer.config.GPU_DEFAULT_LR)
+LR = 1e-5  # the GPU default learning rate (contract.config.GPU_DEFAULT_LR)
 ADAM_STEPS = 3
 # What the echo prompt takes with its tool schema rendered is about 200 tokens; 512 leaves room for longer envs.
 PROMPT_TOKENS = 512
@@ -178,7 +178,7 @@ def check_trainer_loop(device, tiny: bool) -> Result:
 
     from envs import registry
     from trainer import tiny_model
-    from trainer.config import RunConfig, default
+    from contract.config import RunConfig, default
     from trainer.envs_binding import build_factories
     from trainer.metrics import STATS, MetricsCallback, read_metrics
     from trainer.trackers import RunInfo, Trackers
@@ -256,7 +256,7 @@ def check_colocate_budget(device, tiny: bool) -> Result:
     from transformers import Qwen3ForCausalLM
     from trl.trainer.utils import selective_log_softmax
 
-    from trainer.config import default
+    from contract.config import default
 
     batch = default("per_device_train_batch_size")
     completion = default("max_completion_length")
@@ -324,7 +324,7 @@ def check_colocate_budget(device, tiny: bool) -> Result:
 def _gpu_memory_share_default() -> float:
     """Colocate's vLLM share as training would use it (trainer.gpu.grpo_kwargs: VLLM_GPU_MEMORY_UTILIZATION, else
     its colocate default)."""
-    from trainer.config import RunConfig
+    from contract.config import RunConfig
     from trainer.gpu.grpo_kwargs import _gpu_memory_share
 
     return _gpu_memory_share(RunConfig.load([]), "colocate")

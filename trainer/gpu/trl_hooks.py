@@ -10,7 +10,7 @@ import os
 import time
 from typing import Any, Callable, Iterable
 
-from trainer import stages
+from contract import stages
 from trainer.gpu import push_state
 from trainer.gpu.server import ServerReport, explain_init_failure
 from trainer.gpu.watchdog import WeightSyncTimeout, rendezvous_diagnosis, watchdog

@@ -1,7 +1,7 @@
 """One typed config for a training run: environment variables, then CLI overrides.
 
 Light on purpose: only pydantic / pydantic-settings / stdlib and `envs.registry`, so the host-side
-`make doctor` can validate `.env` without torch (`python -m trainer.config --check`).
+`make doctor` can validate `.env` without torch (`python -m contract.config --check`).
 
     RunConfig.load()                      # env vars + sys.argv[1:]
     RunConfig.load(["--max-steps", "3"])  # CLI overrides win over env vars
@@ -22,7 +22,7 @@ from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDic
 
 from envs import naming
 from envs.core.settings import DEFAULT_MAX_CONCURRENT_ENVS
-from trainer import defaults
+from contract import defaults
 
 CPU_DEFAULT_MODEL = "/models/tiny-qwen3"
 GPU_DEFAULT_MODEL = defaults.GPU_MODEL
@@ -412,7 +412,7 @@ class RunConfig(BaseSettings):
         return f"{self.output_dir.rstrip('/')}/{self.resolved_run_name}"
 
     def resolved_train_mode(self) -> str:
-        """TRAIN_MODE with `auto` resolved by trainer.train_mode's rule from what this process sees: the
+        """TRAIN_MODE with `auto` resolved by contract.train_mode's rule from what this process sees: the
         GPUs torch counts, and whether the vLLM server's name resolves. Imports torch only for auto."""
         if self.train_mode != "auto":
             return self.train_mode
@@ -420,7 +420,7 @@ class RunConfig(BaseSettings):
 
         import torch
 
-        from trainer.train_mode import resolve_train_mode
+        from contract.train_mode import resolve_train_mode
 
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         try:
@@ -473,7 +473,7 @@ class RunConfig(BaseSettings):
 
     @property
     def training_method(self) -> str:
-        """full, lora or qlora: what trainer.memory sizes and the model card names."""
+        """full, lora or qlora: what contract.memory sizes and the model card names."""
         return "qlora" if self.qlora else "lora" if self.lora_r else "full"
 
     # ------------------------------------------------------------------ loading
@@ -583,7 +583,7 @@ def describe() -> list[dict[str, str]]:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m trainer.config", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m contract.config", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="validate the environment; exit 1 with the problems")
     parser.add_argument("--names", action="store_true", help="print every variable name, one per line")
     parser.add_argument("--table", action="store_true", help="print the README's Markdown table")
