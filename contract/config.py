@@ -20,9 +20,10 @@ from urllib.parse import urlparse
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
 
+from contract import defaults, tracker_names
+from contract.lora_rules import adapter_problem, parse_target_modules
 from envs import naming
 from envs.core.settings import DEFAULT_MAX_CONCURRENT_ENVS
-from contract import defaults
 
 CPU_DEFAULT_MODEL = "/models/tiny-qwen3"
 GPU_DEFAULT_MODEL = defaults.GPU_MODEL
@@ -271,9 +272,7 @@ class RunConfig(BaseSettings):
     @field_validator("report_to")
     @classmethod
     def _check_report_to(cls, value: str) -> str:
-        from trainer import trackers  # light: stdlib only at import
-
-        return ",".join(trackers.parse(value)) or "none"
+        return ",".join(tracker_names.parse(value)) or "none"
 
     @field_validator("run_name")
     @classmethod
@@ -293,8 +292,6 @@ class RunConfig(BaseSettings):
     @field_validator("lora_target_modules")
     @classmethod
     def _check_lora_target_modules(cls, value: str) -> str:
-        from trainer.lora import parse_target_modules  # standard library only
-
         return ",".join(parse_target_modules(value))
 
     @model_validator(mode="after")
@@ -305,8 +302,6 @@ class RunConfig(BaseSettings):
                 f"ENV_URLS names {', '.join(sorted(unknown))}, which ENV_NAME={self.env_name} does not train on; "
                 "drop it from ENV_URLS or add it to ENV_NAME (edit .env)"
             )
-        from trainer.lora import adapter_problem
-
         mode = None if self.train_mode == "auto" else self.train_mode
         problem = self.rollouts_problem(mode, self.trainer_processes) or adapter_problem(self, mode)
         if problem:
@@ -411,34 +406,24 @@ class RunConfig(BaseSettings):
     def run_dir(self) -> str:
         return f"{self.output_dir.rstrip('/')}/{self.resolved_run_name}"
 
-    def resolved_train_mode(self) -> str:
-        """TRAIN_MODE with `auto` resolved by contract.train_mode's rule from what this process sees: the
-        GPUs torch counts, and whether the vLLM server's name resolves. Imports torch only for auto."""
-        if self.train_mode != "auto":
-            return self.train_mode
-        import socket
-
-        import torch
-
-        from contract.train_mode import resolve_train_mode
-
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        try:
-            socket.getaddrinfo(urlparse(self.vllm_server_url).hostname, None)
-            vllm_service = True
-        except OSError:
-            vllm_service = False
-        return resolve_train_mode("auto", gpus, vllm_service=vllm_service)[0]
+    def known_train_mode(self, mode: str | None = None) -> str:
+        """`mode` when given, else TRAIN_MODE. `auto` is resolved by whoever can count the GPUs (the host's plan; the
+        trainer's trainer.run.grpo_args.resolved_train_mode), never here: this module imports no ML library."""
+        mode = mode or self.train_mode
+        if mode == "auto":
+            raise ConfigError("TRAIN_MODE=auto is not resolved yet: resolve it first "
+                              "(trainer.run.grpo_args.resolved_train_mode) and pass the mode")
+        return mode
 
     def trainer_on_cpu(self, mode: str | None = None) -> bool:
         """The trainer's processes run on CPU (gloo between them): the CPU profile, and server mode's rehearsal."""
-        mode = mode or self.resolved_train_mode()
+        mode = self.known_train_mode(mode)
         return mode == "cpu" or (mode == "gpu" and self.weight_transfer == "reload")
 
     def resolved_model_name(self, mode: str | None = None) -> str:
         if self.model_name:
             return self.model_name
-        return CPU_DEFAULT_MODEL if (mode or self.resolved_train_mode()) == "cpu" else GPU_DEFAULT_MODEL
+        return CPU_DEFAULT_MODEL if self.known_train_mode(mode) == "cpu" else GPU_DEFAULT_MODEL
 
     def model_path(self, mode: str | None = None) -> str:
         """What every trainer-side load reads: a hub model pinned to MODEL_REVISION as its snapshot folder in the
@@ -503,8 +488,8 @@ class RunConfig(BaseSettings):
             raise
 
     def shared_trainer_kwargs(self, mode: str) -> dict[str, Any]:
-        """What GRPOConfig (ROLLOUTS=sync) and AsyncGRPOConfig (async) both take from the run's settings, so the two
-        trainers read one list."""
+        """What GRPOConfig (ROLLOUTS=sync; trainer.run.grpo_args) and AsyncGRPOConfig (async) both take from the run's
+        settings, so the two trainers read one list."""
         return dict(
             output_dir=self.run_dir,
             run_name=self.resolved_run_name,
@@ -526,26 +511,6 @@ class RunConfig(BaseSettings):
             disable_tqdm=True,  # one log line per step instead of progress bars in `docker logs`
             chat_template_kwargs=self.chat_template_kwargs(),
         )
-
-    def to_grpo_config(self, mode: str | None = None, **extra: Any):
-        """Map onto trl.GRPOConfig (imports trl lazily). gpu/colocate: the caller adds trainer.gpu's vLLM kwargs in
-        `extra` (this module sits below trainer.gpu and never imports it)."""
-        from trl import GRPOConfig
-
-        mode = mode or self.resolved_train_mode()
-        kwargs: dict[str, Any] = dict(self.shared_trainer_kwargs(mode),
-                                      steps_per_generation=self.effective_steps_per_generation)
-        if mode == "cpu":
-            kwargs.update(use_cpu=True, bf16=False, use_vllm=False)
-        elif self.trainer_on_cpu(mode):  # server mode rehearsed on CPU: vLLM generates, weights go by reload
-            kwargs.update(use_cpu=True, bf16=False)
-        else:
-            import torch
-
-            # bf16 where the GPU has it (Ampere+); older cards train in fp32 rather than risk fp16 overflow.
-            kwargs.update(bf16=bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported()))
-        kwargs.update(extra)  # gpu/colocate: trainer.gpu.grpo_vllm_kwargs(cfg), passed by the caller (train.py)
-        return GRPOConfig(**kwargs)
 
 
 def default(field: str) -> Any:

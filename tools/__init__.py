@@ -3,5 +3,6 @@
 Layers, each importing only those below it: cli -> commands/<name> (one file per command) -> prepare, fleet (Swarm)
 -> stack (settings, services, compose files, checks) -> env_replicas, gpu_doctor -> gpu_layout, and errors
 (StackError, say, the .env parser) under all; nccl_check is the nccl-check command's body. Rules shared with the
-trainer live below both: envs/naming.py, contract/train_mode.py (the TRAIN_MODE table), contract/defaults.py.
+trainer live below both, in contract/ (RunConfig, the TRAIN_MODE table, shared defaults, ...) and envs/naming.py:
+tools/ imports nothing from trainer/ (tests/test_layers.py).
 """

@@ -184,7 +184,7 @@ def model_config(cfg, runner: Runner | None = None, volume: str = HF_CACHE_VOLUM
     from contract.config import is_hub_id
 
     runner = runner or run
-    name, revision = cfg.resolved_model_name(cfg.resolved_train_mode()), cfg.model_revision or "main"
+    name, revision = cfg.resolved_model_name(), cfg.model_revision or "main"
     if not is_hub_id(name):
         found = memory.read_config(name)
         return (found, name) if found else (None, f"{name}/config.json not found")

@@ -47,7 +47,7 @@ TRL_PRIVATES = (
 
 
 def build_async_config(cfg: RunConfig, mode: str):
-    """AsyncGRPOConfig with the sync trainer's settings (RunConfig.to_grpo_config) where both have them."""
+    """AsyncGRPOConfig with the sync trainer's settings (trainer.run.grpo_args.grpo_config) where both have them."""
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     kwargs: dict[str, Any] = dict(

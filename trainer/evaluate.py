@@ -47,6 +47,7 @@ from trainer import checkpoints, lora
 from contract import eval_report
 from contract.config import ConfigError, RunConfig
 from trainer.progress import Progress
+from trainer.run import grpo_args
 
 EVAL_SEED_BASE = 1_000_000_000  # far above SEED + DATASET_SIZE of any sensible run; collisions are skipped anyway
 DEFAULT_TASKS = 32
@@ -250,7 +251,7 @@ def play_model(cfg: RunConfig, mode: str, label: str, model_name: str,
         model=model,
         reward_funcs=([unfinished_penalty(cfg.unfinished_penalty, stop_token_ids(model, tokenizer))]
                       if cfg.unfinished_penalty else None),  # as training scores; the table reports the env's reward
-        args=cfg.to_grpo_config(mode, output_dir=scratch, **_generation_kwargs(cfg, mode)),
+        args=grpo_args.grpo_config(cfg, mode, output_dir=scratch, **_generation_kwargs(cfg, mode)),
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
         environment_factory=build_factories(cfg, report.specs),
@@ -335,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     except EvalError as exc:
         print(f"[eval] {exc}", file=sys.stderr, flush=True)
         return 1
-    mode = cfg.resolved_train_mode()
+    mode = grpo_args.resolved_train_mode(cfg)
     if not info:
         log(f"run {run} has no {run_info.RUN_INFO_FILE} (trained before runs recorded their settings): using this "
             "host's settings (.env) for its envs and base model")

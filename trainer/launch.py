@@ -13,6 +13,7 @@ import os
 import sys
 
 from contract.config import ConfigError, RunConfig
+from trainer.run import grpo_args
 
 RENDEZVOUS_PORT = 29500  # torch.distributed among the trainer's own processes (inside its container)
 # On SIGTERM the launcher (torchrun underneath) SIGKILLs its workers after TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s by
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"[launch] config error:\n{exc}", file=sys.stderr, flush=True)
         return 2
-    mode = cfg.resolved_train_mode()
+    mode = grpo_args.resolved_train_mode(cfg)
     if mode == "gpu":  # before any process starts: the container's exit code is this one, whatever the count
         from trainer.gpu.push_state import EXIT_VLLM_RESTART, restart_line, restart_reason
 

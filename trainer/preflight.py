@@ -19,6 +19,7 @@ from envs.core import probe
 from envs.core.untrusted import log_text
 from contract.config import ConfigError, RunConfig
 from trainer.envs_binding import BindingError, resolve_replicas
+from trainer.run import grpo_args
 
 # Keys an env server may use to report its capacity in /health (ours does; upstream OpenEnv does not).
 CAPACITY_KEYS = ("max_concurrent_envs", "max_sessions", "capacity")
@@ -355,9 +356,10 @@ def load_tokenizer(cfg: RunConfig, mode: str):
 # ---------------------------------------------------------------------------- all
 def check_trackers(cfg: RunConfig, report: PreflightReport) -> list[str]:
     """REPORT_TO's trackers are installed (the images install them at build time), and W&B online has its key."""
+    from contract import tracker_names
     from trainer import trackers
 
-    problem = trackers.check_installed(cfg.trackers)
+    problem = tracker_names.check_installed(cfg.trackers)
     if problem:
         return [problem]
     if "wandb" in cfg.trackers and cfg.wandb_mode == "online" and not trackers.wandb_key():
@@ -423,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[preflight] config error:\n{exc}", file=sys.stderr)
         return 2
     try:
-        run_all(cfg, cfg.resolved_train_mode())
+        run_all(cfg, grpo_args.resolved_train_mode(cfg))
     except PreflightError as exc:
         print(f"[preflight] FAILED:\n{exc}", file=sys.stderr)
         return 3

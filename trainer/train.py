@@ -18,6 +18,7 @@ from pathlib import Path
 from envs.core.untrusted import log_text
 from trainer import checkpoints
 from contract.config import ConfigError, RunConfig
+from trainer.run import grpo_args
 
 
 
@@ -295,7 +296,7 @@ def generation_config_of(cfg: RunConfig, mode: str):
 
 
 def _build_sync_trainer(cfg: RunConfig, mode: str, model, tokenizer, dataset, factories, reward_funcs, callbacks,
-                        grpo_args, server_max_model_len, served_dtype, trackers):
+                        training_args, server_max_model_len, served_dtype, trackers):
     """ROLLOUTS=sync: TRL's GRPOTrainer with the stack's rollout loop, traces and weight-sync hooks."""
     from trainer import lora
     from trainer.metrics import STATS
@@ -303,7 +304,7 @@ def _build_sync_trainer(cfg: RunConfig, mode: str, model, tokenizer, dataset, fa
     trainer = make_trainer_class()(
         model=model,
         reward_funcs=reward_funcs,
-        args=grpo_args,
+        args=training_args,
         train_dataset=dataset,
         processing_class=tokenizer,
         environment_factory=factories,
@@ -321,7 +322,7 @@ def _build_sync_trainer(cfg: RunConfig, mode: str, model, tokenizer, dataset, fa
             lora.push_without_merging(trainer)
         pushed = gpu.push_in_served_dtype(trainer, served_dtype)
         if pushed:
-            autocast = ", bf16 autocast" if grpo_args.bf16 else ""  # off only where the trainer runs on CPU
+            autocast = ", bf16 autocast" if training_args.bf16 else ""  # off only where the trainer runs on CPU
             log(f"weights: fp32 master weights{autocast}; each push to vLLM is cast to {pushed}")
     return trainer
 
@@ -336,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     from trainer import trackers
 
     trackers.prepare_env(cfg.trackers, cfg.output_dir)
-    mode = cfg.resolved_train_mode()
+    mode = grpo_args.resolved_train_mode(cfg)
     model_name = cfg.resolved_model_name(mode)
     if mode == "cpu":
         log(f"TRAIN_MODE=cpu: CPU profile with the tiny local model {model_name} (transformers generation, "
@@ -346,13 +347,13 @@ def main(argv: list[str] | None = None) -> int:
 
         log(f"{gpu.describe_mode(cfg)}; model {model_name}")
     log(f"envs {', '.join(cfg.env_names)}; run dir {cfg.run_dir}")
-    from trainer import lora
+    from contract import lora_rules
 
-    problem = lora.adapter_problem(cfg, mode)  # the rules that need TRAIN_MODE=auto resolved
+    problem = lora_rules.adapter_problem(cfg, mode)  # the rules that need TRAIN_MODE=auto resolved
     if problem:
         print(f"[train] config error:\n{problem}", file=sys.stderr, flush=True)
         return 2
-    log(f"training: {lora.describe(cfg)}, learning rate {cfg.resolved_learning_rate(mode):g}")
+    log(f"training: {lora_rules.describe(cfg)}, learning rate {cfg.resolved_learning_rate(mode):g}")
 
     from trainer import dist, preflight
 
@@ -411,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             from trainer import gpu
 
             vllm_kwargs = gpu.grpo_vllm_kwargs(cfg)
-        grpo_args = cfg.to_grpo_config(mode, **vllm_kwargs)
+        training_args = grpo_args.grpo_config(cfg, mode, **vllm_kwargs)
         model, tokenizer = load_model_and_tokenizer(cfg, mode)
     dataset = build_dataset(cfg, report.specs)
     factories = build_factories(cfg, report.specs, STATS)
@@ -442,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
         trainer.configure_traces(cfg.run_dir, cfg.trace_every, cfg.trace_samples or cfg.num_generations, trackers)
     else:
         trainer = _build_sync_trainer(cfg, mode, model, tokenizer, dataset, factories, reward_funcs, callbacks,
-                                      grpo_args, server_max_model_len, served_dtype, trackers)
+                                      training_args, server_max_model_len, served_dtype, trackers)
     trainer.remove_callback(PrinterCallback)  # MetricsCallback prints one readable line per step instead
 
     from trainer.infra_failures import EnvDown

@@ -58,7 +58,7 @@ def test_compose_fallbacks_and_env_example_repeat_the_one_python_default():
         fallbacks = set(re.findall(r"\$\{" + var + r":-([^}]*)\}", compose))
         assert fallbacks == {value}, (var, fallbacks)
         assert example[var] == value, var
-    python_sources = [p for d in ("tools", "trainer", "envs") for p in (ROOT / d).rglob("*.py")]
+    python_sources = [p for d in ("tools", "contract", "trainer", "envs") for p in (ROOT / d).rglob("*.py")]
     for value in (defaults.GPU_MODEL, defaults.VLLM_IMAGE):
         writers = [p.relative_to(ROOT).as_posix() for p in python_sources if f'"{value}"' in p.read_text()]
         assert writers == ["contract/defaults.py"], (value, writers)

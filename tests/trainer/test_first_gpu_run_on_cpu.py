@@ -15,6 +15,7 @@ from contract import stages
 from contract.config import RunConfig
 from trainer.download_model import check_downloaded
 from tests.helpers import commit_download_cache
+from trainer.run import grpo_args
 
 THINK_OFF_SUFFIX = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 
@@ -34,7 +35,7 @@ def rendered_generation_prompt(cfg: RunConfig, echo_server) -> str:
     model, tokenizer = train.load_model_and_tokenizer(cfg, "cpu")
     specs = {"echo": registry.get("echo")}
     trainer_cls = train.make_trainer_class()
-    trainer = trainer_cls(model=model, args=cfg.to_grpo_config("cpu"), train_dataset=train.build_dataset(cfg, specs),
+    trainer = trainer_cls(model=model, args=grpo_args.grpo_config(cfg, "cpu"), train_dataset=train.build_dataset(cfg, specs),
                           processing_class=tokenizer, environment_factory=build_factories(cfg, specs, STATS))
     trainer._batch_environments = list(trainer._env_tools)[:1]  # what TRL sets per batch (one env here)
     prompt = trainer.train_dataset[0]["prompt"]
@@ -44,7 +45,7 @@ def rendered_generation_prompt(cfg: RunConfig, echo_server) -> str:
 
 def test_thinking_is_off_by_default_in_the_prompt_trl_generates_from(tmp_path, tiny_model_dir, echo_server):
     cfg = cfg_for(tiny_model_dir, echo_server.url, "--output-dir", str(tmp_path))
-    assert cfg.enable_thinking is False and cfg.to_grpo_config("cpu").chat_template_kwargs == {"enable_thinking": False}
+    assert cfg.enable_thinking is False and grpo_args.grpo_config(cfg, "cpu").chat_template_kwargs == {"enable_thinking": False}
     text = rendered_generation_prompt(cfg, echo_server)
     assert text.endswith(THINK_OFF_SUFFIX)  # the model starts after an empty think block: straight to the tool call
     assert "<tools>" in text and '"type": "function"' in text  # rendered with the env's tools

@@ -19,6 +19,7 @@ from trainer import infra_failures
 from trainer.envs_binding import ENV_UNAVAILABLE, bind
 from trainer.infra_failures import EnvDown, FailureWindow, reason
 from trainer.metrics import RolloutStats
+from trainer.run import grpo_args
 
 
 @pytest.mark.parametrize("exc", [
@@ -210,7 +211,7 @@ def scripted_trainer(tmp_path, tiny_model_dir, echo_server, monkeypatch):
     specs = {"echo": registry.get("echo")}
     dataset = build_dataset(cfg, specs)
     trainer = make_trainer_class()(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir),
-                                   args=cfg.to_grpo_config("cpu"), train_dataset=dataset, processing_class=tokenizer,
+                                   args=grpo_args.grpo_config(cfg, "cpu"), train_dataset=dataset, processing_class=tokenizer,
                                    environment_factory=build_factories(cfg, specs))
     trainer.configure_rollouts(cfg.tool_timeout_s, cfg.tool_concurrency)
     row = dict(dataset[0])

@@ -6,6 +6,7 @@ import pytest
 
 from contract import memory
 from contract.config import RunConfig
+from trainer.run import grpo_args
 
 GIB = memory.GIB
 # Qwen3-0.6B's config.json (the shape numbers; the hub model has ~0.596B parameters with its tied embeddings)
@@ -74,7 +75,7 @@ def test_verdicts_fit_on_a_24_gib_gpu_and_say_what_to_change_on_smaller_ones():
 
 def test_gradient_checkpointing_assumed_is_what_the_project_hands_trl():
     cfg = RunConfig.load([], train_mode="cpu")
-    assert cfg.to_grpo_config("cpu").gradient_checkpointing is memory.GRADIENT_CHECKPOINTING
+    assert grpo_args.grpo_config(cfg, "cpu").gradient_checkpointing is memory.GRADIENT_CHECKPOINTING
 
 
 def test_preflight_prints_the_breakdown_and_fails_with_one_line_when_it_cannot_fit(capsys):

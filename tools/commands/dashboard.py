@@ -3,9 +3,9 @@ trackio's UI when REPORT_TO names trackio."""
 
 from __future__ import annotations
 
+from contract import tracker_names
 from tools import stack
 from tools.prepare import Prepared, prepare
-from trainer import trackers  # standard library at import time
 
 
 def start(prepared: Prepared) -> None:
@@ -18,8 +18,8 @@ def start(prepared: Prepared) -> None:
     if prepared.compose("up", "-d", "dashboard", extra_profiles=("dashboard",)) != 0:
         raise stack.StackError("the dashboard did not start: `make logs` shows why")
     url = f"http://127.0.0.1:{prepared.plan.settings.DASHBOARD_PORT}"
-    if "trackio" in trackers.parse(values.get("REPORT_TO") or "tensorboard"):
-        url += f"/?project={trackers.PROJECT}"
+    if "trackio" in tracker_names.parse(values.get("REPORT_TO") or "tensorboard"):
+        url += f"/?project={tracker_names.PROJECT}"
     stack.say(f"dashboard: {url}")
 
 

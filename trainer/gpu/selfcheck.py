@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+from trainer.run import grpo_args
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here downloads
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -199,14 +200,14 @@ def check_trainer_loop(device, tiny: bool) -> Result:
             cfg = RunConfig.load(argv)
             # cpu: the CPU profile; cuda: the GPU settings (bf16 autocast where supported), transformers generation.
             mode = "cpu" if device.type == "cpu" else "colocate"
-            grpo_args = cfg.to_grpo_config(mode, use_vllm=False)
+            training_args = grpo_args.grpo_config(cfg, mode, use_vllm=False)
             model, tokenizer = load_model_and_tokenizer(cfg, mode)
             load_dtype = str(model.dtype).removeprefix("torch.")
             specs = {"echo": registry.get("echo")}
             trainer_cls = make_trainer_class()
             metrics = MetricsCallback(cfg.run_dir, STATS, mode=mode, print_fn=lambda line: print(line, file=sys.stderr),
                                       trackers=Trackers([], RunInfo(cfg.run_dir, "selfcheck", cfg.output_dir)))
-            trainer = trainer_cls(model=model, args=grpo_args, train_dataset=build_dataset(cfg, specs),
+            trainer = trainer_cls(model=model, args=training_args, train_dataset=build_dataset(cfg, specs),
                                   processing_class=tokenizer, environment_factory=build_factories(cfg, specs, STATS),
                                   callbacks=[metrics])
             trainer.configure_rollouts(cfg.tool_timeout_s, cfg.tool_concurrency)
