@@ -1,4 +1,4 @@
-"""Reset seconds per step: TRL's sequential env resets against the stack's resets at once (trainer/rollout_loop.py).
+"""Reset seconds per step: TRL's sequential env resets against the stack's resets at once (trainer/rollouts/rollout_loop.py).
 
     .venv/bin/python bench/env_resets.py [--batches 8,64] [--delay 0.25] [--concurrency N] [--model DIR]
 

@@ -1,4 +1,4 @@
-"""Env seconds per step: TRL's stock tool loop against the stack's rollout loop (trainer/rollout_loop.py).
+"""Env seconds per step: TRL's stock tool loop against the stack's rollout loop (trainer/rollouts/rollout_loop.py).
 
     .venv/bin/python bench/tool_rounds.py [--batches 8,64,256] [--delay 0.25] [--rounds 1] [--model DIR]
 

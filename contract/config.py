@@ -154,7 +154,7 @@ class RunConfig(BaseSettings):
     report_to: str = Field(
         "tensorboard", description="Experiment trackers, a comma list: tensorboard (OUTPUT_DIR/<run>/tensorboard), "
         "trackio (local, OUTPUT_DIR/trackio; `make dashboard` serves its UI), wandb, mlflow; or none. Each shows the "
-        "same keys (reward first; trainer/trackers.py). trackio, wandb and mlflow are installed in the trainer "
+        "same keys (reward first; trainer/run/trackers.py). trackio, wandb and mlflow are installed in the trainer "
         "images only when named here (`make build`)."
     )
     wandb_mode: Literal["offline", "online"] = Field(
@@ -236,7 +236,7 @@ class RunConfig(BaseSettings):
 
     lora_r: int = Field(
         0, ge=0, description="LoRA rank: 0 trains every weight (full fine-tuning); N trains rank-N adapters on a frozen "
-        "base (trainer/lora.py). vLLM serves ranks up to 512 (its --max-lora-rank choices)."
+        "base (trainer/run/lora.py). vLLM serves ranks up to 512 (its --max-lora-rank choices)."
     )
     lora_alpha: float | None = Field(
         None, gt=0, description="LoRA scaling numerator (the update is alpha/r x B·A). Empty: 2 x LORA_R."
@@ -507,7 +507,7 @@ class RunConfig(BaseSettings):
             logging_steps=self.logging_steps,
             seed=self.seed,
             data_seed=self.seed,
-            report_to="none",  # trainer.metrics writes JSONL + TensorBoard itself
+            report_to="none",  # trainer.run.metrics writes JSONL + TensorBoard itself
             disable_tqdm=True,  # one log line per step instead of progress bars in `docker logs`
             chat_template_kwargs=self.chat_template_kwargs(),
         )

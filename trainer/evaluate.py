@@ -3,13 +3,13 @@
     python -m trainer.evaluate --outputs /outputs [--run R] [--checkpoint C] [--tasks 32] [--threshold 0.5]
                                [RunConfig flags, e.g. --env-urls echo=http://...]
 
-The run's settings are the ones its training recorded in <run>/run.json (trainer.run_info; RUN_SETTINGS below: its
+The run's settings are the ones its training recorded in <run>/run.json (trainer.run.run_info; RUN_SETTINGS below: its
 envs, MODEL_NAME = the base model, NUM_GENERATIONS, MAX_COMPLETION_LENGTH, TEMPERATURE, the tool limits, ...); where
 the env servers are and how to generate are this host's (.env, then flags; a flag given here wins over run.json too).
-The checkpoint defaults to the run's last complete one (trainer.checkpoints).
+The checkpoint defaults to the run's last complete one (trainer.run.checkpoints).
 
 Episodes are the trainer's own: each model is put in the trainer's GRPOTrainer subclass (trainer.train, with the
-stack's rollout loop) bound to the run's real env servers (trainer.envs_binding, as in training), which is never
+stack's rollout loop) bound to the run's real env servers (trainer.rollouts.envs_binding, as in training), which is never
 trained; `_generate_and_score_completions` plays each batch exactly as a training step does (reset, generation,
 tool rounds, the env's get_reward), in eval mode. So prompts, chat template, tool schemas, the tool loop, its limits
 and the reward are the ones training used. Generation: transformers on the CPU profile (and wherever the trainer
@@ -43,10 +43,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer import checkpoints, lora
+from trainer.run import checkpoints, lora
 from contract import eval_report
 from contract.config import ConfigError, RunConfig
-from trainer.progress import Progress
+from trainer.run.progress import Progress
 from trainer.run import grpo_args
 
 EVAL_SEED_BASE = 1_000_000_000  # far above SEED + DATASET_SIZE of any sensible run; collisions are skipped anyway
@@ -55,7 +55,7 @@ PROGRESS_EVERY_S = 10.0
 DEFAULT_THRESHOLD = 0.5  # echo: 1.0 for the right word, 0.2 for a wrong one; catch: +1 / -1; wordle: 1 when solved
 
 
-# Settings that make the run what it is, taken from its run.json (trainer.run_info) over .env: the envs and their
+# Settings that make the run what it is, taken from its run.json (trainer.run.run_info) over .env: the envs and their
 # prompts, the base model, how episodes are sampled, limited and scored, and the batch (so the sessions opened).
 RUN_SETTINGS = ("env_name", "model_name", "model_revision", "enable_thinking", "seed", "dataset_size",
                 "num_generations", "per_device_train_batch_size", "gradient_accumulation_steps", "steps_per_generation",
@@ -73,7 +73,7 @@ def log(msg: str) -> None:
 
 # ---------------------------------------------------------------------------- run and checkpoint
 def pick_checkpoint(outputs: Path, run: str, checkpoint: str | None) -> tuple[Path, int]:
-    """The checkpoint to score and its global step (trainer.checkpoints.pick), in a run that must exist."""
+    """The checkpoint to score and its global step (trainer.run.checkpoints.pick), in a run that must exist."""
     run_dir = outputs / run
     if not run_dir.is_dir():
         runs = sorted(d.name for d in outputs.iterdir() if d.is_dir()) if outputs.is_dir() else []
@@ -213,9 +213,9 @@ def play_model(cfg: RunConfig, mode: str, label: str, model_name: str,
     import torch
     from datasets import Dataset
 
-    from trainer import preflight
-    from trainer.envs_binding import build_factories, encode_row
-    from trainer.rewards import stop_token_ids, unfinished_penalty
+    from trainer.run import preflight
+    from trainer.rollouts.envs_binding import build_factories, encode_row
+    from trainer.rollouts.rewards import stop_token_ids, unfinished_penalty
     from trainer.train import load_model_and_tokenizer, make_trainer_class
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -316,7 +316,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from trainer import run_info
+    from trainer.run import run_info
 
     args, rest = parse_args(sys.argv[1:] if argv is None else argv)
     overrides = {k: v for k, v in (("output_dir", args.outputs), ("run_name", args.run)) if v is not None}
@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"run {run} has no {run_info.RUN_INFO_FILE} (trained before runs recorded their settings): using this "
             "host's settings (.env) for its envs and base model")
 
-    from trainer import preflight
+    from trainer.run import preflight
 
     report = preflight.PreflightReport()
     errors = preflight.check_env_servers(cfg, report)  # the trainer's checks: healthy, tools learned, capacity

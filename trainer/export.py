@@ -22,11 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from contract import eval_report
-from trainer import run_info
-from trainer.metrics import read_metrics
+from trainer.run import run_info
+from trainer.run.metrics import read_metrics
 from trainer.report import ReportError, find_run
-from trainer.checkpoints import CheckpointError, pick
-from trainer.lora import is_adapter
+from trainer.run.checkpoints import CheckpointError, pick
+from trainer.run.lora import is_adapter
 
 SECRET = Path("/run/secrets/hf_token")
 CARD_MARKER = "<!-- written by trainer.export -->"  # only a folder carrying it is replaced by a new export
@@ -75,7 +75,7 @@ def write_model(ckpt: Path, out: Path, dtype: str | None = None) -> None:
         raise ExportError(f"{run}/{ckpt.name}/{unreadable[0].name} is readable by the trainer's uid only (an older "
                           f"run); make it readable once: `docker run --rm -v grpo-stack_outputs:/outputs "
                           f"grpo-stack/trainer:cpu chmod -R a+r /outputs/{run}`, then export again")
-    from trainer import lora
+    from trainer.run import lora
 
     if lora.is_adapter(ckpt):  # a LoRA run: base + adapter, merged, in the base's published dtype
         import torch
@@ -113,7 +113,7 @@ def write_adapter(ckpt: Path, out: Path, info: dict[str, Any]) -> None:
     the pinned revision) when there is one, so a reader loads it on that base anywhere."""
     from transformers import AutoTokenizer
 
-    from trainer import lora
+    from trainer.run import lora
 
     if not lora.is_adapter(ckpt):
         raise ExportError(f"EXPORT_ADAPTER=1: {ckpt.name} holds full weights, not an adapter (the run trained with "
@@ -200,7 +200,7 @@ def model_card(run_dir: Path, ckpt: Path, step: int, where: str = "PATH", adapte
         lines.append(eval_report.markdown_table(evaluation))
     if adapter_only:
         rank = max(settings.get("lora_r") or 1, 1)
-        from trainer.lora import served_max_lora_rank
+        from trainer.run.lora import served_max_lora_rank
 
         base_name = hub_base or base or "BASE"
         lines += ["", "## Use", "", "The adapter of a LoRA run, on its base model `" + base_name + "`.", "", "```python",

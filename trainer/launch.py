@@ -55,8 +55,8 @@ def launch_argv(n: int, mode: str, sharding: str, args: list[str], port: int = R
     if sharding == "zero3" and importlib.util.find_spec("deepspeed") is None:
         raise LaunchError("TRAINER_SHARDING=zero3 needs DeepSpeed, which the trainer image does not carry; use "
                           "TRAINER_SHARDING=fsdp (PyTorch's own sharding, in the image) or ddp (edit .env)")
-    # accelerate launch with torchrun's store on 127.0.0.1 only (trainer/loopback_launch.py says why)
-    return [sys.executable, "-m", "trainer.loopback_launch", "--num_processes", str(n), "--num_machines", "1",
+    # accelerate launch with torchrun's store on 127.0.0.1 only (trainer/run/loopback_launch.py says why)
+    return [sys.executable, "-m", "trainer.run.loopback_launch", "--num_processes", str(n), "--num_machines", "1",
             "--main_process_port", str(port), "--rdzv_backend", "loopback", "--rdzv_conf", f"port={port}",
             "--dynamo_backend", "no", *SHARDING_FLAGS[sharding], "-m", "trainer.train", *args]
 

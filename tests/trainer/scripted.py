@@ -1,6 +1,6 @@
 """A trainer on the rendezvous fixture env with the model's turns scripted (tests/trainer/test_tool_rounds.py,
 bench/tool_rounds.py). Everything between the trainer and the env server is the stack's own path: the env
-learned from /schema, bound by trainer.envs_binding, driven by train.py's trainer class (or TRL's, to compare)."""
+learned from /schema, bound by trainer.rollouts.envs_binding, driven by train.py's trainer class (or TRL's, to compare)."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ def make_trainer(url: str, model_dir, out_dir, batch: int, *flags: str, stock_lo
     """(trainer, tokenizer) on the env at `url`, `batch` rollouts per generation; `flags` are trainer.train's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer import preflight
+    from trainer.run import preflight
     from contract.config import RunConfig
-    from trainer.envs_binding import build_factories
+    from trainer.rollouts.envs_binding import build_factories
     from trainer.train import build_dataset, make_trainer_class
 
     cfg = RunConfig.load(["--train-mode", "cpu", "--model-name", str(model_dir), "--output-dir", str(out_dir),

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import checkpoints, train
-from trainer.checkpoints import MARKER
+from trainer.run import checkpoints
+from trainer import train
+from trainer.run.checkpoints import MARKER
 from contract.config import RunConfig
 
 

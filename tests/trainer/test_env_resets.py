@@ -1,4 +1,4 @@
-"""A batch's envs reset at once (trainer/rollout_loop.py, change 4): the same prompts as TRL's sequential resets.
+"""A batch's envs reset at once (trainer/rollouts/rollout_loop.py, change 4): the same prompts as TRL's sequential resets.
 
 Differential test: one batch through TRL 1.16's `_generate_and_score_completions` and through the stack's trainer
 class (trainer.train.make_trainer_class), with an in-process env whose `reset` returns an observation that depends
@@ -129,7 +129,7 @@ def test_a_failing_reset_surfaces_as_in_trl(trainer_name, tiny_model_dir, tmp_pa
 
 def test_reset_all_is_bounded_by_tool_concurrency():
     """With TOOL_CONCURRENCY=2, a barrier of 2 opens; results keep the batch's order."""
-    from trainer.rollout_loop import reset_all
+    from trainer.rollouts.rollout_loop import reset_all
 
     in_reset, peak, lock = 0, 0, threading.Lock()
     gate = threading.Barrier(2)
@@ -151,7 +151,7 @@ def test_reset_all_is_bounded_by_tool_concurrency():
 
 
 # ---------------------------------------------------------------------------------------------- the pin
-# sha256 of the dedented source of the TRL method whose reset loop trainer/rollout_loop.py runs ahead of it.
+# sha256 of the dedented source of the TRL method whose reset loop trainer/rollouts/rollout_loop.py runs ahead of it.
 PINNED = {
     "trl.trainer.grpo_trainer.GRPOTrainer._generate_and_score_completions": (
         "3d5cec813b83b3964b0aa9acdbb3f233f4e036ea1a2b0ac5aa521e23f321e7ef",
@@ -167,7 +167,7 @@ def test_trl_source_the_resets_follow_is_the_pinned_one(dotted):
 
     import trl
 
-    from trainer.rollout_loop import TRL_VERSION
+    from trainer.rollouts.rollout_loop import TRL_VERSION
 
     module_name, cls_name, func_name = dotted.rsplit(".", 2)
     source = textwrap.dedent(inspect.getsource(getattr(getattr(importlib.import_module(module_name), cls_name),

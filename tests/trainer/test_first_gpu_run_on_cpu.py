@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from trainer import preflight
+from trainer.run import preflight
 from contract import stages
 from contract.config import RunConfig
 from trainer.download_model import check_downloaded
@@ -29,8 +29,8 @@ def rendered_generation_prompt(cfg: RunConfig, echo_server) -> str:
     """The first prompt exactly as GRPOTrainer tokenizes it for generation (its own _tokenize_prompts)."""
     from envs import registry
     from trainer import train
-    from trainer.envs_binding import build_factories
-    from trainer.metrics import STATS
+    from trainer.rollouts.envs_binding import build_factories
+    from trainer.run.metrics import STATS
 
     model, tokenizer = train.load_model_and_tokenizer(cfg, "cpu")
     specs = {"echo": registry.get("echo")}

@@ -12,8 +12,10 @@ import sys
 
 from tests.trainer.conftest import ROOT
 from contract import eval_report
-from trainer import evaluate, export, first_turn, lora, train
-from trainer.metrics import read_metrics
+from trainer import evaluate, export, train
+from trainer.after import first_turn
+from trainer.run import lora
+from trainer.run.metrics import read_metrics
 
 STEPS = 20
 
@@ -89,7 +91,7 @@ def test_lora_with_two_trainer_processes(tmp_path, tiny_model_dir, echo_server):
 
 
 def test_qloras_push_without_merging_yields_exactly_what_trls_merge_then_read_yields(tiny_model_dir):
-    """Differential, on a plain LoRA model (no 4-bit kernels on CPU): trainer.lora.merged_weights, which QLoRA's
+    """Differential, on a plain LoRA model (no 4-bit kernels on CPU): trainer.run.lora.merged_weights, which QLoRA's
     pushes read, gives TRL 1.16's VLLMGeneration._iter_named_params tensors (merge, read, unmerge) name for name,
     under the base model's names, and leaves the model as it was."""
     from contextlib import contextmanager
@@ -126,7 +128,7 @@ def test_qloras_push_without_merging_yields_exactly_what_trls_merge_then_read_yi
     print(f"TRL's merge + unmerge moved the fp32 base by up to {drift:.1e} (rounding); merged_weights by 0")
 
 
-# sha256 of the dedented source of each TRL private trainer/lora.py relies on, in trl 1.16.0 (as the rollout loop's pin)
+# sha256 of the dedented source of each TRL private trainer/run/lora.py relies on, in trl 1.16.0 (as the rollout loop's pin)
 PINNED = {
     "trl.generation.vllm_generation.VLLMGeneration._iter_named_params": (
         "e68f35cf66fe49f6f38d7b7084b66a9a76a0ace2bf1ad7e72836f6bc435bc7aa",
@@ -142,7 +144,7 @@ def test_trl_sources_lora_relies_on_are_the_pinned_ones():
     import trl
 
     from tests.trainer.test_rollout_loop import source_digest
-    from trainer.rollout_loop import TRL_VERSION
+    from trainer.rollouts.rollout_loop import TRL_VERSION
 
     assert trl.__version__ == TRL_VERSION
     for dotted, (expected, what) in PINNED.items():

@@ -22,7 +22,7 @@ def scripted_trainer(tmp_path, tiny_model_dir, echo_server):
 
     from envs import registry
     from contract.config import RunConfig
-    from trainer.envs_binding import bind
+    from trainer.rollouts.envs_binding import bind
     from trainer.train import build_dataset
 
     cfg = RunConfig.load(["--train-mode", "cpu", "--model-name", str(tiny_model_dir), "--output-dir", str(tmp_path),

@@ -79,7 +79,7 @@ def test_gradient_checkpointing_assumed_is_what_the_project_hands_trl():
 
 
 def test_preflight_prints_the_breakdown_and_fails_with_one_line_when_it_cannot_fit(capsys):
-    from trainer import preflight
+    from trainer.run import preflight
 
     cfg = RunConfig.load([], train_mode="colocate", max_completion_length=256)
     errors, line = preflight.check_memory(cfg, "colocate", 1, 300, gpu_bytes=80 * GIB, config=QWEN3_06B)

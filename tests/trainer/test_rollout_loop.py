@@ -1,4 +1,4 @@
-"""trainer.rollout_loop: the same episodes as TRL's own tool loop, and the TRL source it copies, pinned.
+"""trainer.rollouts.rollout_loop: the same episodes as TRL's own tool loop, and the TRL source it copies, pinned.
 
 Differential test: one batch of scripted episodes (every model turn is fixed by the prompt's case number and
 the turn index, so both loops see the same generations) runs through TRL 1.16's `_tool_call_loop` and through
@@ -146,7 +146,7 @@ def run_loop(trainer_cls, tiny_model_dir, tmp_path):
 def both_loops(tiny_model_dir, tmp_path_factory):
     from trl import GRPOTrainer
 
-    from trainer.rollout_loop import make_rollout_loop_class
+    from trainer.rollouts.rollout_loop import make_rollout_loop_class
 
     stock = run_loop(GRPOTrainer, tiny_model_dir, tmp_path_factory.mktemp("stock"))
     ours = run_loop(make_rollout_loop_class(GRPOTrainer), tiny_model_dir, tmp_path_factory.mktemp("ours"))
@@ -189,7 +189,7 @@ def test_the_batch_covers_every_decision_of_the_loop(both_loops):
 PINNED = {
     "trl.trainer.grpo_trainer.GRPOTrainer._tool_call_loop": (
         "45b10ad512c52ceaa8f3a009ed4c2ded4ed03febb289889d529fafecb23363dd",
-        "the tool loop trainer/rollout_loop.py copies: port any change in messages, masks, counts, overlong "
+        "the tool loop trainer/rollouts/rollout_loop.py copies: port any change in messages, masks, counts, overlong "
             "rollback or the iteration limit"),
     "trl.generation.vllm_generation.VLLMGeneration.generate": (
         "50190d860bb1870bd877f77bb060d1fe09645d60d2225d81e78030b2ec824e64",
@@ -212,7 +212,7 @@ def source_digest(dotted: str) -> str:
 def test_trl_sources_the_loop_follows_are_the_pinned_ones(dotted):
     import trl
 
-    from trainer.rollout_loop import TRL_VERSION
+    from trainer.rollouts.rollout_loop import TRL_VERSION
 
     expected, what = PINNED[dotted]
     assert trl.__version__ == TRL_VERSION, f"trl {trl.__version__} installed, the loop follows {TRL_VERSION}"
@@ -235,7 +235,7 @@ def test_in_server_mode_an_episode_ends_where_vllm_would_refuse_its_next_turn():
 
     from trl import GRPOTrainer
 
-    from trainer.rollout_loop import make_rollout_loop_class
+    from trainer.rollouts.rollout_loop import make_rollout_loop_class
 
     fits = make_rollout_loop_class(GRPOTrainer)._input_fits
     server = SimpleNamespace(use_vllm=True, vllm_mode="server", server_max_model_len=4096, max_completion_length=256,

@@ -1,4 +1,4 @@
-"""Experiment trackers (trainer.trackers, REPORT_TO) on a real 2-step CPU run against a real echo server, all four on
+"""Experiment trackers (trainer.run.trackers, REPORT_TO) on a real 2-step CPU run against a real echo server, all four on
 at once: trackio holds the run's reward series and rollout tables, W&B's offline run (no network) and MLflow's file
 store hold the same rewards, TensorBoard's cards start with the reward and show trackio's keys; a tracker name that
 does not exist, or one not installed, stops the run with the fix."""
@@ -16,7 +16,9 @@ import pytest
 from contract import tracker_names
 from contract.config import ENV_VARS
 from tests.trainer.conftest import ROOT
-from trainer import rollouts, train, trackers
+from trainer.rollouts import traces
+from trainer import train
+from trainer.run import trackers
 
 RUN = "tracked"
 
@@ -129,7 +131,7 @@ def test_wandb_offline_and_mlflow_file_store_hold_the_same_rewards(tracked_run, 
 
 
 def test_rollout_traces_reach_trackio_as_tables(tracked_run, trackio_logs):
-    traced = rollouts.read(tracked_run / RUN / rollouts.ROLLOUTS_FILE)
+    traced = traces.read(tracked_run / RUN / traces.ROLLOUTS_FILE)
     tables = {p["step"]: p["rollouts"] for p in trackio_logs if "rollouts" in p}
     assert sorted(tables) == [1, 2]
     for step, table in tables.items():

@@ -15,7 +15,7 @@ import pytest
 
 from trainer import train
 from contract.config import RunConfig
-from trainer.metrics import read_metrics
+from trainer.run.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 

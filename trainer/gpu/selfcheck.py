@@ -180,9 +180,9 @@ def check_trainer_loop(device, tiny: bool) -> Result:
     from envs import registry
     from trainer import tiny_model
     from contract.config import RunConfig, default
-    from trainer.envs_binding import build_factories
-    from trainer.metrics import STATS, MetricsCallback, read_metrics
-    from trainer.trackers import RunInfo, Trackers
+    from trainer.rollouts.envs_binding import build_factories
+    from trainer.run.metrics import STATS, MetricsCallback, read_metrics
+    from trainer.run.trackers import RunInfo, Trackers
     from trainer.train import build_dataset, load_model_and_tokenizer, make_trainer_class
 
     with tempfile.TemporaryDirectory(prefix="selfcheck-") as tmp:

@@ -1,4 +1,4 @@
-"""Server mode's share of the preflight (trainer/preflight.py runs it): everything vLLM server mode needs before
+"""Server mode's share of the preflight (trainer/run/preflight.py runs it): everything vLLM server mode needs before
 GRPOTrainer is built, checked in one pass."""
 
 from __future__ import annotations

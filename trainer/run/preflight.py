@@ -3,7 +3,7 @@
 Each failure is one line naming the numbers and the fix; `run_all` collects them all and raises one
 PreflightError. Warnings (e.g. a completion budget shorter than an episode) are printed, not fatal.
 
-    python -m trainer.preflight          # same checks as `trainer.train` runs, then exit
+    python -m trainer.run.preflight          # same checks as `trainer.train` runs, then exit
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from envs import naming
 from envs.core import probe
 from envs.core.untrusted import log_text
 from contract.config import ConfigError, RunConfig
-from trainer.envs_binding import BindingError, resolve_replicas
+from trainer.rollouts.envs_binding import BindingError, resolve_replicas
 from trainer.run import grpo_args
 
 # Keys an env server may use to report its capacity in /health (ours does; upstream OpenEnv does not).
@@ -273,7 +273,7 @@ def check_lengths(cfg: RunConfig, mode: str, tokenizer, specs: dict,
     """The first turn: longest prompt + MAX_COMPLETION_LENGTH must fit where generation happens. vLLM refuses a
     request whose prompt + max_tokens exceeds its max_model_len, and TRL asks for max_tokens=MAX_COMPLETION_LENGTH
     every turn; TRL itself only checks the model's own limit. The server's limit is the one it reports (server
-    mode), else VLLM_MAX_MODEL_LEN, else the model's on CPU. Turns after a tool call: trainer.rollout_loop ends an
+    mode), else VLLM_MAX_MODEL_LEN, else the model's on CPU. Turns after a tool call: trainer.rollouts.rollout_loop ends an
     episode whose next input would not fit (server mode: prompt so far + MAX_COMPLETION_LENGTH > max_model_len)."""
     if not specs:
         return [], ""
@@ -357,7 +357,7 @@ def load_tokenizer(cfg: RunConfig, mode: str):
 def check_trackers(cfg: RunConfig, report: PreflightReport) -> list[str]:
     """REPORT_TO's trackers are installed (the images install them at build time), and W&B online has its key."""
     from contract import tracker_names
-    from trainer import trackers
+    from trainer.run import trackers
 
     problem = tracker_names.check_installed(cfg.trackers)
     if problem:

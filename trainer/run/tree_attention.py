@@ -212,7 +212,7 @@ def install(backend: str | None = None) -> str:
 
     if packing.TREE_ATTENTION != TREE_ATTENTION:
         raise RuntimeError(f"trl's tree attention is named {packing.TREE_ATTENTION!r}, this module registers "
-                           f"{TREE_ATTENTION!r}: update trainer/tree_attention.py for this trl version")
+                           f"{TREE_ATTENTION!r}: update trainer/run/tree_attention.py for this trl version")
     if backend is None:
         backend, why = choose_backend()
     elif backend not in ("fa3", "fa2", "sdpa"):

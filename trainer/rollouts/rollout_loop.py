@@ -184,7 +184,7 @@ def make_rollout_loop_class(base: type) -> type:
     import torch
     from trl.chat_template_utils import parse_response
 
-    from trainer.metrics import STATS
+    from trainer.run.metrics import STATS
 
     class RolloutLoopTrainer(base):
         tool_runner: ToolRunner | None = None  # set by configure_rollouts; defaults on first use

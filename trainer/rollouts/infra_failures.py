@@ -8,7 +8,7 @@ or the reset failed for any of these reasons. Such an episode:
   * gets no reward (every reward function's value is NaN): TRL 1.16's nan-aware aggregation leaves it out of its
     group's baseline and gives it advantage 0 (`unscorable_mask` in `_generate_and_score_completions`), and its
     tokens are taken out of the loss mask, so it neither moves the policy nor dilutes the loss's token count.
-    Every reward function of the stack already says None for it (the binding's `get_reward`, trainer.rewards'
+    Every reward function of the stack already says None for it (the binding's `get_reward`, trainer.rollouts.rewards'
     penalty), which is all TRL's async worker needs for the same baseline rule (`_score_group`); the NaN rows here
     make the sync trainer hold to it whatever reward functions a run adds.
 A tool error the env reports for a bad call (an error frame with VALIDATION_ERROR / EXECUTION_ERROR, an observation
@@ -88,7 +88,7 @@ class FailureWindow:
                           f"servers (make ps, make logs) and ENV_URLS / ENV_{env.upper()}_REPLICAS, then resume")
 
 
-# One per process: every bound tool class of the run records here (trainer.envs_binding).
+# One per process: every bound tool class of the run records here (trainer.rollouts.envs_binding).
 WINDOWS = FailureWindow()
 
 

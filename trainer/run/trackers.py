@@ -1,13 +1,13 @@
 """Experiment trackers (REPORT_TO): one mapping from our per-step record to every tracker, so all show the same keys.
 
-metrics.jsonl (trainer.metrics) stays the source of truth; each tracker gets `view(record)`, whose keys sort into
+metrics.jsonl (trainer.run.metrics) stays the source of truth; each tracker gets `view(record)`, whose keys sort into
 the order a reader wants them (TensorBoard orders its cards alphabetically by tag, the others by name too):
 
     reward, reward/<env>                                   the reward GRPO used, overall and per env
     rollout/tool_calls_per_episode[/<env>], rollout/tool_failures_per_episode[/<env>], rollout/tool_failure_rate,
     rollout/episodes/<env>                                 what the agent did per episode
     time/generation_s, time/env_s, time/training_s, ...    the step time split
-    async/staleness_p50, async/samples_at_lag/<k>, ...     ROLLOUTS=async only (trainer.async_metrics)
+    async/staleness_p50, async/samples_at_lag/<k>, ...     ROLLOUTS=async only (trainer.run.async_metrics)
     trl/<key>                                              everything else TRL logs (loss, kl, clip_ratio/..., ...)
 
 Trackers: tensorboard (OUTPUT_DIR/<run>/tensorboard), trackio (OUTPUT_DIR/trackio, `make dashboard`), wandb
@@ -79,7 +79,7 @@ def view(record: dict[str, Any]) -> dict[str, float]:
 
 
 def rollout_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
-    """rollouts.jsonl rows (trainer.rollouts) as (columns, rows) for a tracker's table: one line per rollout."""
+    """rollouts.jsonl rows (trainer.rollouts.traces) as (columns, rows) for a tracker's table: one line per rollout."""
     columns = ["step", "env", "reward", "env_reward", "tool_calls", "failed_calls", "reset", "prompt", "completion",
                "calls"]
     table = []

@@ -12,8 +12,8 @@ trains) and protocols do the work; this module plugs the stack in where TRL leav
 - `make_async_trainer_class`: a thin `AsyncGRPOTrainer` subclass that runs on CPU (no CUDA peak-FLOPs lookup)
   and hands the rollout worker `StackRolloutLoop`.
 
-Everything the child gets is pickled: env factories (trainer.envs_binding.EnvFactory), reward functions
-(functools.partial, trainer.rewards) and this module's classes, all module-level.
+Everything the child gets is pickled: env factories (trainer.rollouts.envs_binding.EnvFactory), reward functions
+(functools.partial, trainer.rollouts.rewards) and this module's classes, all module-level.
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from trainer.async_run import AfterRun, TracedRollouts
+from trainer.run.async_run import AfterRun, TracedRollouts
 from contract.config import RunConfig
 
 logger = logging.getLogger("trainer.async")
 
-# TRL privates this module relies on, for trl == trainer.rollout_loop.TRL_VERSION (re-check each on a TRL upgrade:
+# TRL privates this module relies on, for trl == trainer.rollouts.rollout_loop.TRL_VERSION (re-check each on a TRL upgrade:
 # tests/trainer/test_async_trainer.py PINNED holds the sources' digests and fails when one changes or goes):
 #   trl.experimental.async_grpo.async_rollout_worker._AsyncRolloutLoop   subclassed: `_execute_tool_calls`, `_post`,
 #                                                                        `_tool_pool` (its thread pool for env calls)
@@ -138,11 +138,11 @@ def _rollout_loop_base():
     return _AsyncRolloutLoop
 
 
-class StackRolloutLoop(TracedRollouts, _rollout_loop_base()):  # traces + env counts first (trainer.async_run)
+class StackRolloutLoop(TracedRollouts, _rollout_loop_base()):  # traces + env counts first (trainer.run.async_run)
     """TRL's rollout loop (it runs in the spawned child) with the sync trainer's meanings:
 
     - TOOL_TIMEOUT_S: a tool call that runs longer fails; the model reads the rollout loop's message
-      (trainer.rollout_loop.TIMEOUT_ERROR) and the rollout's env session is closed (`_abandon_session`).
+      (trainer.rollouts.rollout_loop.TIMEOUT_ERROR) and the rollout's env session is closed (`_abandon_session`).
     - TOOL_CONCURRENCY: the most env calls (tools, resets, rewards) in flight at once, the size of TRL's thread
       pool for them (TRL's default: one per in-flight rollout).
     - vLLM's presence/frequency penalties sent as 0 (trainer.gpu.grpo_kwargs.NEUTRAL_SAMPLING), as the sync
@@ -168,7 +168,7 @@ class StackRolloutLoop(TracedRollouts, _rollout_loop_base()):  # traces + env co
         return await super()._execute_tool_calls(tool_calls, bounded)
 
     def _bounded(self, tool):
-        from trainer.rollout_loop import TIMEOUT_ERROR
+        from trainer.rollouts.rollout_loop import TIMEOUT_ERROR
 
         seconds, pool = self.tool_timeout_s, self._tool_pool
 
@@ -215,7 +215,7 @@ def make_async_trainer_class():
     from trl.experimental.async_grpo import AsyncGRPOTrainer
     from trl.experimental.async_grpo import async_grpo_trainer as trl_async
 
-    class StackAsyncGRPOTrainer(AfterRun, AsyncGRPOTrainer):  # after-run hooks first (trainer.async_run)
+    class StackAsyncGRPOTrainer(AfterRun, AsyncGRPOTrainer):  # after-run hooks first (trainer.run.async_run)
         """TRL's AsyncGRPOTrainer; differs only where the stack needs it (module docstring)."""
 
         def __init__(self, *args, tool_timeout_s: float | None = None, tool_concurrency: int | None = None,
@@ -241,7 +241,7 @@ def build_trainer(cfg: RunConfig, mode: str, *, tokenizer, dataset, factories, r
                   served_dtype: str | None, served_model: str | None):
     """The async trainer for this run: tree attention installed first (TRL loads the model with it), the weight
     push by reload where WEIGHT_TRANSFER=reload (else TRL's own NCCL client)."""
-    from trainer import tree_attention
+    from trainer.run import tree_attention
 
     backend = tree_attention.install()
     print(f"[train] ROLLOUTS=async: TRL's AsyncGRPOTrainer, max staleness {cfg.max_staleness}; tree attention "
