@@ -84,7 +84,7 @@ def main() -> None:
     args = p.parse_args()
     from trl import GRPOTrainer
 
-    from trainer.train import make_trainer_class
+    from trainer.run.grpo_trainer import make_trainer_class
 
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(args.model) if args.model else Path(tmp) / "tiny"

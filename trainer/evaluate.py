@@ -87,7 +87,7 @@ def pick_checkpoint(outputs: Path, run: str, checkpoint: str | None) -> tuple[Pa
 
 # ---------------------------------------------------------------------------- held-out tasks
 def training_seeds(cfg: RunConfig, index: int, builtin: bool) -> set[int]:
-    """What training seeded env number `index` of ENV_NAME with (trainer.train.build_dataset): the seed of its
+    """What training seeded env number `index` of ENV_NAME with (trainer.run.dataset.build_dataset): the seed of its
     make_dataset for a built-in env, the reset seeds of its instruction rows for an env learned from its server."""
     first = cfg.seed + index
     return {first} if builtin else set(range(first, first + cfg.dataset_size))
@@ -216,7 +216,8 @@ def play_model(cfg: RunConfig, mode: str, label: str, model_name: str,
     from trainer.run import preflight
     from trainer.rollouts.envs_binding import build_factories, encode_row
     from trainer.rollouts.rewards import stop_token_ids, unfinished_penalty
-    from trainer.train import load_model_and_tokenizer, make_trainer_class
+    from trainer.run.model import load_model_and_tokenizer
+    from trainer.run.grpo_trainer import make_trainer_class
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import transformers

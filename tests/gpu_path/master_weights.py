@@ -49,7 +49,7 @@ def load(model_dir: Path, dtype: str):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trainer.train import load_model_and_tokenizer
+    from trainer.run.model import load_model_and_tokenizer
 
     cfg = run_config(model_dir)
     if dtype == "fp32":

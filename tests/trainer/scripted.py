@@ -16,7 +16,8 @@ def make_trainer(url: str, model_dir, out_dir, batch: int, *flags: str, stock_lo
     from trainer.run import preflight
     from contract.config import RunConfig
     from trainer.rollouts.envs_binding import build_factories
-    from trainer.train import build_dataset, make_trainer_class
+    from trainer.run.dataset import build_dataset
+    from trainer.run.grpo_trainer import make_trainer_class
 
     cfg = RunConfig.load(["--train-mode", "cpu", "--model-name", str(model_dir), "--output-dir", str(out_dir),
                           "--env-name", "rendezvous", "--env-urls", f"rendezvous={url}", "--num-generations", "2",

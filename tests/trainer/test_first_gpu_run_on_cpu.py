@@ -28,14 +28,16 @@ def cfg_for(model_dir, url, *extra: str) -> RunConfig:
 def rendered_generation_prompt(cfg: RunConfig, echo_server) -> str:
     """The first prompt exactly as GRPOTrainer tokenizes it for generation (its own _tokenize_prompts)."""
     from envs import registry
-    from trainer import train
+    from trainer.run.dataset import build_dataset
+    from trainer.run.model import load_model_and_tokenizer
+    from trainer.run.grpo_trainer import make_trainer_class
     from trainer.rollouts.envs_binding import build_factories
     from trainer.run.metrics import STATS
 
-    model, tokenizer = train.load_model_and_tokenizer(cfg, "cpu")
+    model, tokenizer = load_model_and_tokenizer(cfg, "cpu")
     specs = {"echo": registry.get("echo")}
-    trainer_cls = train.make_trainer_class()
-    trainer = trainer_cls(model=model, args=grpo_args.grpo_config(cfg, "cpu"), train_dataset=train.build_dataset(cfg, specs),
+    trainer_cls = make_trainer_class()
+    trainer = trainer_cls(model=model, args=grpo_args.grpo_config(cfg, "cpu"), train_dataset=build_dataset(cfg, specs),
                           processing_class=tokenizer, environment_factory=build_factories(cfg, specs, STATS))
     trainer._batch_environments = list(trainer._env_tools)[:1]  # what TRL sets per batch (one env here)
     prompt = trainer.train_dataset[0]["prompt"]

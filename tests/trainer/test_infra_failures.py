@@ -200,7 +200,8 @@ def scripted_trainer(tmp_path, tiny_model_dir, echo_server, monkeypatch):
     from envs import registry
     from contract.config import RunConfig
     from trainer.rollouts.envs_binding import build_factories
-    from trainer.train import build_dataset, make_trainer_class
+    from trainer.run.dataset import build_dataset
+    from trainer.run.grpo_trainer import make_trainer_class
 
     monkeypatch.setattr(infra_failures, "WINDOWS", FailureWindow())
     cfg = RunConfig.load(["--train-mode", "cpu", "--model-name", str(tiny_model_dir), "--output-dir", str(tmp_path),

@@ -23,7 +23,7 @@ def scripted_trainer(tmp_path, tiny_model_dir, echo_server):
     from envs import registry
     from contract.config import RunConfig
     from trainer.rollouts.envs_binding import bind
-    from trainer.train import build_dataset
+    from trainer.run.dataset import build_dataset
 
     cfg = RunConfig.load(["--train-mode", "cpu", "--model-name", str(tiny_model_dir), "--output-dir", str(tmp_path),
                           "--env-name", "echo", "--env-urls", f"echo={echo_server.url}", "--num-generations", "2",

@@ -83,7 +83,7 @@ def test_masked_share_logged_by_the_trainer__stand_in_trainer_and_batch():
     """TRL's batch output and accelerator are stood in (no vLLM here): the trainer's own method computes the share."""
     import torch
 
-    from trainer.train import make_trainer_class
+    from trainer.run.grpo_trainer import make_trainer_class
 
     log_masked = make_trainer_class()._log_masked_fraction
 

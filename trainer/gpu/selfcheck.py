@@ -5,7 +5,7 @@ openenv; README "GPU self-check"), one line each, `PASS` / `FAIL` / `SKIP (why)`
 
   master_weights   a model of Qwen3-0.6B's shape, random init, 3 AdamW steps at lr 1e-5, with bf16 and with fp32
                    master weights: the fraction of elements each step changed, per parameter group
-  trainer_loop     the project's trainer class and rollout loop (trainer.train.make_trainer_class), 2 GRPO steps
+  trainer_loop     the project's trainer class and rollout loop (trainer.run.grpo_trainer.make_trainer_class), 2 GRPO steps
                    against the echo env server on 127.0.0.1, generation by transformers: memory peak, step time
   colocate_budget  Qwen3-0.6B's shape at the default batch and lengths: memory peak after forward, backward and
                    the optimizer step, and what is left for vLLM on 24, 48, 80 and 141 GB cards
@@ -183,7 +183,9 @@ def check_trainer_loop(device, tiny: bool) -> Result:
     from trainer.rollouts.envs_binding import build_factories
     from trainer.run.metrics import STATS, MetricsCallback, read_metrics
     from trainer.run.trackers import RunInfo, Trackers
-    from trainer.train import build_dataset, load_model_and_tokenizer, make_trainer_class
+    from trainer.run.dataset import build_dataset
+    from trainer.run.model import load_model_and_tokenizer
+    from trainer.run.grpo_trainer import make_trainer_class
 
     with tempfile.TemporaryDirectory(prefix="selfcheck-") as tmp:
         model_dir = Path(tmp) / "tiny-qwen3"

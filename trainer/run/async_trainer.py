@@ -60,7 +60,7 @@ def build_async_config(cfg: RunConfig, mode: str):
         request_timeout=int(cfg.generation_timeout_s),
         weight_sync_timeout=int(cfg.weight_sync_timeout_s),
         max_staleness=cfg.max_staleness,
-        # fp32 master weights, as the sync trainer keeps (trainer.train.load_model_and_tokenizer says why)
+        # fp32 master weights, as the sync trainer keeps (trainer.run.model.load_model_and_tokenizer says why)
         dtype="float32",
         model_init_kwargs=cfg.model_load_kwargs(mode) or None,  # the pinned revision while MODEL_NAME is a hub id
     )
