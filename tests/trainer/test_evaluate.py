@@ -12,7 +12,8 @@ import pytest
 
 from envs import registry
 from contract import eval_report
-from trainer import evaluate, train
+from trainer import train
+from trainer.after import evaluate
 
 TASKS, GENERATIONS = 4, 2  # NUM_GENERATIONS 2: not the default (4)
 
@@ -102,7 +103,7 @@ def test_a_bad_run_or_no_checkpoint_is_one_clear_line(evaluated, capsys):
 
 # ------------------------------------------------------------------ GPU hosts: free memory before vLLM loads
 def test_gpu_memory_verdict_fits_when_vllms_share_and_the_model_are_free():
-    from trainer.evaluate import gpu_memory_verdict
+    from trainer.after.evaluate import gpu_memory_verdict
 
     gb = 10**9
     assert gpu_memory_verdict(30 * gb, 80 * gb, 0.3, 2 * gb) is None  # needs 24 + 2
@@ -110,7 +111,7 @@ def test_gpu_memory_verdict_fits_when_vllms_share_and_the_model_are_free():
 
 
 def test_gpu_memory_verdict_held_by_training_is_one_line_saying_what_to_do():
-    from trainer.evaluate import gpu_memory_verdict
+    from trainer.after.evaluate import gpu_memory_verdict
 
     gb = 10**9
     line = gpu_memory_verdict(5 * gb, 80 * gb, 0.3, 2 * gb, "GPU 0 (H100)")
@@ -121,7 +122,7 @@ def test_gpu_memory_verdict_held_by_training_is_one_line_saying_what_to_do():
 
 def test_no_gpu_check_where_the_trainer_runs_on_cpu(tmp_path):
     from contract.config import RunConfig
-    from trainer.evaluate import check_gpu_memory, weights_bytes
+    from trainer.after.evaluate import check_gpu_memory, weights_bytes
 
     assert check_gpu_memory(RunConfig.load([]), "cpu", [str(tmp_path)]) is None  # no child process, no CUDA asked
     (tmp_path / "model.safetensors").write_bytes(b"x" * 1000)

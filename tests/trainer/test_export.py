@@ -17,7 +17,8 @@ from safetensors.torch import load_file
 from tests.helpers import ROOT
 from tests.trainer.conftest import free_port
 from contract import eval_report
-from trainer import export, train
+from trainer import train
+from trainer.after import export
 from trainer.run import run_info
 from trainer.run.metrics import read_metrics
 

@@ -12,7 +12,8 @@ import sys
 
 from tests.trainer.conftest import ROOT
 from contract import eval_report
-from trainer import evaluate, export, train
+from trainer import train
+from trainer.after import evaluate, export
 from trainer.after import first_turn
 from trainer.run import lora
 from trainer.run.metrics import read_metrics

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from trainer import report
+from trainer.after import report
 from trainer.run.metrics import MetricsCallback, RolloutStats, read_metrics, summarize_episodes, truncate_metrics
 
 
