@@ -21,7 +21,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
 
 from contract import defaults, tracker_names
-from contract.lora_rules import adapter_problem, parse_target_modules
+from contract.lora_rules import VLLM_MAX_LORA_RANKS, parse_target_modules
 from envs import naming
 from envs.core.settings import DEFAULT_MAX_CONCURRENT_ENVS
 
@@ -303,7 +303,7 @@ class RunConfig(BaseSettings):
                 "drop it from ENV_URLS or add it to ENV_NAME (edit .env)"
             )
         mode = None if self.train_mode == "auto" else self.train_mode
-        problem = self.rollouts_problem(mode, self.trainer_processes) or adapter_problem(self, mode)
+        problem = self.rollouts_problem(mode, self.trainer_processes) or self.lora_problem(mode)
         if problem:
             raise ValueError(problem)
         gen_batch = self.per_device_train_batch_size * self.effective_steps_per_generation
@@ -338,6 +338,32 @@ class RunConfig(BaseSettings):
         if processes == 2 and self.trainer_sharding != "fsdp":
             return (f"ROLLOUTS=async shards 2 trainer processes with FSDP2 only (TRL's AsyncGRPOTrainer), not "
                     f"{self.trainer_sharding}: set TRAINER_SHARDING=fsdp (edit .env)")
+        return None
+
+    def lora_problem(self, mode: str | None) -> str | None:
+        """One line naming what to change when the LoRA settings cannot work together (None: they can). `mode`: the
+        resolved TRAIN_MODE, or None while it is still `auto` (train.py asks again once it is resolved)."""
+        if self.lora_r and self.rollouts == "async":
+            return ("LORA_R with ROLLOUTS=async: the adapter-only weight sync into vLLM (--enable-lora) is not built "
+                    "yet; set ROLLOUTS=sync (TRL merges the adapter and pushes merged weights) or LORA_R=0 (edit .env)")
+        if self.lora_r > VLLM_MAX_LORA_RANKS[-1]:
+            return (f"LORA_R={self.lora_r}: vLLM serves adapters up to rank {VLLM_MAX_LORA_RANKS[-1]} "
+                    f"(--max-lora-rank); set LORA_R to {VLLM_MAX_LORA_RANKS[-1]} or less (edit .env)")
+        if not self.qlora:
+            return None
+        if not self.lora_r:
+            return "QLORA=true trains adapters on a 4-bit base, but LORA_R=0 asks for full fine-tuning: set LORA_R (e.g. 16) (edit .env)"
+        if mode == "cpu" or (mode == "gpu" and self.weight_transfer == "reload"):
+            return ("QLORA=true needs a GPU (bitsandbytes' 4-bit kernels); the trainer runs on CPU here: set QLORA=false "
+                    "(LORA_R alone trains adapters on the full-precision base) (edit .env)")
+        if mode == "colocate":
+            return ("QLORA=true with TRAIN_MODE=colocate: TRL then runs the colocated vLLM in 4 bits too (bitsandbytes in "
+                    "flight), whose layers a weight push cannot refresh (their 4-bit scales stay the old ones); use "
+                    "TRAIN_MODE=gpu (vLLM serves the merged weights on its own GPU) or QLORA=false (edit .env)")
+        if self.trainer_sharding == "fsdp":
+            return ("QLORA=true with TRAINER_SHARDING=fsdp: each weight push merges the adapter into the whole base "
+                    "weight, which a 4-bit base sharded by FSDP2 cannot give; use TRAINER_SHARDING=ddp (a 4-bit copy per "
+                    "GPU) or QLORA=false (edit .env)")
         return None
 
     # ------------------------------------------------------------------ derived values
@@ -460,6 +486,14 @@ class RunConfig(BaseSettings):
     def training_method(self) -> str:
         """full, lora or qlora: what contract.memory sizes and the model card names."""
         return "qlora" if self.qlora else "lora" if self.lora_r else "full"
+
+    def training_description(self) -> str:
+        """One line for the log and the model card."""
+        if not self.lora_r:
+            return "full fine-tuning (every weight trained)"
+        base = "4-bit NF4 base (QLoRA)" if self.qlora else "frozen base"
+        return (f"LoRA r={self.lora_r}, alpha={self.resolved_lora_alpha:g}, dropout={self.lora_dropout:g}, "
+                f"target modules {self.lora_target_modules}, on a {base}")
 
     # ------------------------------------------------------------------ loading
     @classmethod

@@ -43,13 +43,11 @@ def main(argv: list[str] | None = None) -> int:
 
         log(f"{gpu.describe_mode(cfg)}; model {model_name}")
     log(f"envs {', '.join(cfg.env_names)}; run dir {cfg.run_dir}")
-    from contract import lora_rules
-
-    problem = lora_rules.adapter_problem(cfg, mode)  # the rules that need TRAIN_MODE=auto resolved
+    problem = cfg.lora_problem(mode)  # the rules that need TRAIN_MODE=auto resolved
     if problem:
         print(f"[train] config error:\n{problem}", file=sys.stderr, flush=True)
         return 2
-    log(f"training: {lora_rules.describe(cfg)}, learning rate {cfg.resolved_learning_rate(mode):g}")
+    log(f"training: {cfg.training_description()}, learning rate {cfg.resolved_learning_rate(mode):g}")
 
     from trainer.run import dist, preflight
 
