@@ -200,7 +200,7 @@ def model_card(run_dir: Path, ckpt: Path, step: int, where: str = "PATH", adapte
         lines.append(eval_report.markdown_table(evaluation))
     if adapter_only:
         rank = max(settings.get("lora_r") or 1, 1)
-        from trainer.run.lora import served_max_lora_rank
+        from contract.lora_rules import served_max_lora_rank
 
         base_name = hub_base or base or "BASE"
         lines += ["", "## Use", "", "The adapter of a LoRA run, on its base model `" + base_name + "`.", "", "```python",
