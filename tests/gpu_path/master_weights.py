@@ -15,7 +15,6 @@ import json
 import sys
 from pathlib import Path
 from types import SimpleNamespace
-from trainer.run import grpo_args
 
 ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script by torch.distributed.run
@@ -60,6 +59,8 @@ def load(model_dir: Path, dtype: str):
 def optimizer(model, cfg):
     """The optimizer HF's Trainer builds from the project's GRPOConfig (AdamW, fused, the GPU learning rate 1e-5)."""
     from transformers import Trainer
+
+    from trainer.run import grpo_args
 
     args = grpo_args.grpo_config(cfg, "gpu")
     cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)

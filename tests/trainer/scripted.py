@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+
 from trainer.run import grpo_args
 
 
