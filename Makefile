@@ -62,12 +62,7 @@ doctor: $(VENV)/.host-ok ## Check Docker, Compose, NVIDIA runtime and GPUs, port
 	@$(STACK) doctor
 
 report: $(VENV)/.host-ok ## Plot reward and tool-call curves of a run to reports/<run>.png (RUN=name, default latest)
-	@mkdir -p reports
-	@$(BUILD_IMAGE) trainer-cpu-image  # GPU hosts do not build it otherwise
-	@# as your own uid, so reports/ needs no opening to others (the outputs volume is world-readable)
-	@$(STACK) compose run --rm --no-deps --user "$$(id -u):$$(id -g)" -e MPLCONFIGDIR=/tmp \
-		-v "$(CURDIR)/reports:/reports" trainer-cpu \
-		python3 -m trainer.report --outputs /outputs $(if $(RUN),--run $(call shq,$(RUN))) --out-dir /reports
+	@$(STACK) report $(if $(RUN),--run $(call shq,$(RUN)))
 
 rollouts: $(VENV)/.host-ok ## Print a run's traced rollouts: turns, tool calls, results, rewards (RUN=name, STEP=n; default latest)
 	@$(STACK) rollouts $(if $(RUN),--run $(call shq,$(RUN))) $(if $(STEP),--step $(call shq,$(STEP)))
@@ -79,9 +74,7 @@ export: $(VENV)/.host-ok ## Write a run's checkpoint as a model folder in export
 	@$(STACK) export $(if $(RUN),--run $(call shq,$(RUN))) $(if $(CHECKPOINT),--checkpoint $(call shq,$(CHECKPOINT))) $(if $(PUSH),--push $(call shq,$(PUSH))) $(if $(filter 1 true,$(EXPORT_ADAPTER)),--adapter)
 
 baseline: $(VENV)/.host-ok ## Play each env with a random/scripted policy; print mean reward and episode length
-	@$(STACK) up
-	@$(BUILD_IMAGE) trainer-cpu-image  # GPU hosts do not build it otherwise
-	@$(STACK) compose run --rm --no-deps trainer-cpu python3 -m trainer.baseline
+	@$(STACK) baseline
 
 dashboard: $(VENV)/.host-ok ## Start TensorBoard on 127.0.0.1:$DASHBOARD_PORT (opt-in)
 	@$(STACK) dashboard
@@ -133,5 +126,4 @@ test: $(VENV)/.test-ok ## Run every test: unit, compose config, and real contain
 	@$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 clean: $(VENV)/.host-ok ## Remove containers, volumes (outputs, models, caches) and the images built here
-	@$(STACK) compose --profile '*' down --volumes --remove-orphans
-	@docker image rm -f grpo-stack/env-server:local grpo-stack/trainer:cpu grpo-stack/trainer:gpu grpo-stack/trainer:gpu-on-cpu grpo-stack/vllm-cpu:0.31.0 2>/dev/null || true
+	@$(STACK) clean

@@ -59,6 +59,7 @@ def main() -> None:
     args = p.parse_args()
 
     from envs import registry
+    from envs.core.tool import close_session
     from envs.generic import GenericSpec
     from trainer.rollouts.envs_binding import bind
     from trainer.run.metrics import RolloutStats
@@ -86,7 +87,7 @@ def main() -> None:
                     per_step[label].append(stats[label].drain()[0].get("env", 0.0))
         for pool in pools.values():
             for env in pool:
-                env._client.close()
+                close_session(env)
     finally:
         proc.kill()
         proc.wait()

@@ -31,8 +31,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tools.images import TRAINER_REHEARSE_BUILD, image_of  # noqa: E402
+
 GOALS = {"speedup_slow": 1.5, "reward_gap": 0.05}
-READER_IMAGE = "grpo-stack/trainer:gpu-on-cpu"   # make rehearse's trainer image (built by the first run)
+READER_IMAGE = image_of(TRAINER_REHEARSE_BUILD)   # make rehearse's trainer image (built by the first run)
 POLL = """
 import re, sys, time, urllib.request
 while True:

@@ -31,6 +31,7 @@ import argparse
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -44,6 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.chaos_proxy import ChaosProxy  # noqa: E402
+from tools.images import local_env_image  # noqa: E402
 
 TOOL_TIMEOUT_S = 6.0
 RESET_TIMEOUT_S = 10.0
@@ -51,7 +53,8 @@ SESSION_TIMEOUT_S = 30  # the env servers reap a session idle this long (a half-
 SLOTS_BOUND_S = 100  # a freed slot shows in /health within: the server's ping (20 s) + its timeout (60 s) + margin
 KINDS = {"kill": 1.0, "stop": 1.0, "drop": 2.0, "half_open": 1.0, "delay": 1.0}
 PING_S = 20 + 60  # the session client's keepalive: an idle socket nobody answers is closed within ping interval + timeout
-DIAGNOSIS = ("no reply", "reset failed", "connection lost", "env session failed", "left out of training")
+DIAGNOSIS = ("stalled:", "no reply", "reset failed", "connection lost", "env session failed", "left out of training")
+REPLAYED, REPLAY_FAILED = "reset was replayed", "could not start the episode again"  # envs.core.client lines
 
 
 def log(msg: str) -> None:
@@ -70,14 +73,15 @@ class ComposeEnvs:
     """env-echo of the real compose.yaml, N replicas, each on a 127.0.0.1 port (restart: unless-stopped)."""
 
     def __init__(self, replicas: int, project: str, work: Path) -> None:
-        from tools import stack
+        from tools import compose_file
+        from tools.derive import env_kinds
 
         self.project, self.replicas = project, replicas
         env_file = work / "chaos.env"
         env_file.write_text(f"COMPOSE_PROJECT_NAME={project}\nCOMPOSE_PROFILES=echo\nMAX_CONCURRENT_ENVS=64\n"
                             f"ENV_SESSION_TIMEOUT_S={SESSION_TIMEOUT_S}\n")
         envs_file = work / "compose.envs.yaml"  # the env services `make` generates from env-template
-        envs_file.write_text(stack.yaml_text({"services": stack.env_services({"ENV_NAME": "echo"})}))
+        envs_file.write_text(compose_file.yaml_text({"services": compose_file.env_services(env_kinds({"ENV_NAME": "echo"}))}))
         self.compose = ["docker", "compose", "-f", str(ROOT / "compose.yaml"), "-f", str(envs_file),
                         "--env-file", str(env_file)]
 
@@ -107,6 +111,9 @@ class ComposeEnvs:
     def backends(self) -> list[tuple[str, int]]:
         return sorted(self._published.values())
 
+    def backend_of(self, container: str) -> tuple[str, int] | None:
+        return self._published.get(container)
+
     def targets(self) -> list[str]:
         return sh(*self.compose, "ps", "-q", "env-echo").split()
 
@@ -127,7 +134,7 @@ class SwarmEnvs:
     (bench/chaos_proxy.py resolving `tasks.env-echo` per connection) with its port and control port on 127.0.0.1.
     A kill is a task's: its server process dies and Swarm replaces the task."""
 
-    IMAGE = "grpo-stack/env-server:local"
+    IMAGE = local_env_image()
 
     def __init__(self, replicas: int, project: str, work: Path) -> None:
         import contextlib
@@ -168,6 +175,9 @@ class SwarmEnvs:
 
     def held(self, backends, proxy) -> dict[str, int]:
         return proxy.held()
+
+    def backend_of(self, container: str) -> None:
+        return None  # the proxy resolves tasks by name: which one a container is, it does not know
 
     def down(self) -> None:
         sh("docker", "rm", "-f", self.proxy_name, check=False)
@@ -225,6 +235,9 @@ class RemoteProxy:
 
     def held(self) -> dict[str, int]:
         return self.ask("held")
+
+    def waited(self, backend, start: float, end: float) -> bool:
+        return bool(self.ask(f"waited {start} {end}"))
 
     def close(self) -> None:
         self.ask("close")
@@ -290,8 +303,9 @@ class Injector:
         target = self.random.choice(self.envs.targets())
         pid = pid_of(target)
         hold = TOOL_TIMEOUT_S + 3
+        backend = self.envs.backend_of(target)
         os.kill(pid, signal.SIGSTOP)
-        event = self.record("stop", container=target[:12], pid=pid, hold_s=hold)
+        event = self.record("stop", container=target[:12], pid=pid, hold_s=hold, backend=backend)
         time.sleep(hold)  # the fault's length, not a synchronisation
         try:
             os.kill(pid, signal.SIGCONT)
@@ -405,6 +419,7 @@ def figures(args, trainer: Trainer, injector: Injector, killed_at: dict, slots: 
         if event["kind"] not in bounds or event.get("error") or event.get("link", 1) is None:
             continue
         start = event["time"]
+        link = None
         if event["kind"] == "stop":
             after = [r["time"] for r in rows if r["time"] > start]
             end = after[0] if after else None
@@ -415,9 +430,13 @@ def figures(args, trainer: Trainer, injector: Injector, killed_at: dict, slots: 
         window_end = (end if end is not None else time.time()) + 5
         if event["kind"] == "stop":
             window_end = max(window_end, event.get("continued", start) + 5)
+            backend = tuple(event["backend"]) if event.get("backend") else None
+            waited = injector.proxy.waited(backend, start, event.get("continued", window_end))
+        else:  # a frozen link: a request went into it (a ping does not count), or it was idle until closed
+            waited = bool(getattr(link, "waited", False)) if link is not None else True
         diagnosed = [text for t, text in trainer.lines if start <= t <= window_end and any(d in text for d in DIAGNOSIS)]
         stalls.append({"kind": event["kind"], "ended_after_s": took, "bound_s": bounds[event["kind"]],
-                       "within": took is not None and took <= bounds[event["kind"]],
+                       "within": took is not None and took <= bounds[event["kind"]], "waited": waited,
                        "diagnosis": diagnosed[0][:240] if diagnosed else None})
     return {
         "wall_s": round(wall_s), "steps": args.steps, "replicas": args.replicas, "seed": args.seed, "rate": args.rate,
@@ -428,7 +447,42 @@ def figures(args, trainer: Trainer, injector: Injector, killed_at: dict, slots: 
         "slots_held_at_end": slots,
         "steps_lost": lost, "steps_repeated": repeated, "final_global_step": state.get("global_step"),
         "stalls": stalls,
+        "lost_by_cause": lost_by_cause(traces, rows, injector.events),
+        # saved only when the replay finished inside the rollout loop's bound (else the loop had given up on it)
+        "replayed": sum(replay_in_time(text) for _, text in trainer.lines),
+        "replay_failed": sum(REPLAY_FAILED in text for _, text in trainer.lines),
     }
+
+
+def replay_in_time(line: str) -> bool:
+    """A client line saying an episode was replayed inside the rollout loop's bound (else the loop gave up first)."""
+    m = re.search(r"([0-9.]+) s into the step", line) if REPLAYED in line else None
+    return m is not None and float(m.group(1)) < TOOL_TIMEOUT_S
+
+
+CAUSES = (("no reply within TOOL_TIMEOUT_S", "call past TOOL_TIMEOUT_S"), ("reset failed", "reset failed"),
+          ("SESSION_LOST", "session lost mid-episode"), ("connection lost", "connection lost mid-call"),
+          ("no reply", "no reply"), ("CAPACITY_REACHED", "no capacity"))
+
+
+def cause_of(reason: str) -> str:
+    return next((name for key, name in CAUSES if key in reason), "other")
+
+
+def lost_by_cause(traces: list[dict], rows: list[dict], events: list[dict]) -> dict[str, dict[str, int]]:
+    """Episodes the env side ended, by what the trainer saw (the trace's reason) and by the faults injected while
+    their step ran (between the step before's record and theirs): {reason: {faults: n}}."""
+    ends = {r["step"]: r["time"] for r in rows}
+    out: dict[str, dict[str, int]] = {}
+    for row in traces:
+        if not row.get("infra_failure"):
+            continue
+        step = row.get("step")
+        lo, hi = ends.get(step - 1, 0.0) if step else 0.0, ends.get(step, float("inf"))
+        kinds = sorted({e["kind"] for e in events if lo <= e["time"] <= hi and not e.get("error")}) or ["none"]
+        by = out.setdefault(cause_of(row["infra_failure"]), {})
+        by["+".join(kinds)] = by.get("+".join(kinds), 0) + 1
+    return out
 
 
 def print_figures(f: dict) -> None:
@@ -451,15 +505,18 @@ def print_figures(f: dict) -> None:
     within = [s for s in f["stalls"] if s["within"]]
     line("stalls ended within their bound", f"{len(within)} of {len(f['stalls'])}", "all",
          len(within) == len(f["stalls"]))
-    diagnosed = [s for s in f["stalls"] if s["diagnosis"]]
-    # no call failed on it: a half-open link the trainer closed at an episode boundary (or its exit), a stopped server
-    # whose waiting calls were answered within their bound once it continued: nothing to diagnose
-    idle = [s for s in f["stalls"] if not s["diagnosis"] and s["within"]]
-    line("  ... with a one-line diagnosis (or none failed)", f"{len(diagnosed)} + {len(idle)} of {len(f['stalls'])}",
-         "all", len(diagnosed) + len(idle) == len(f["stalls"]))
+    # a stall nothing waited on (a stopped server no request reached, a frozen link closed idle): nothing to say
+    felt = [s for s in f["stalls"] if s.get("waited", True)]
+    diagnosed = [s for s in felt if s["diagnosis"]]
+    line("stalls diagnosed (one line each)", f"{len(diagnosed)} of {len(felt)} (+{len(f['stalls']) - len(felt)} "
+         "nothing waited on)", "all", len(diagnosed) == len(felt))
     for s in f["stalls"]:
         took = "never" if s["ended_after_s"] is None else f"{s['ended_after_s']:.1f} s"
-        print(f"    {s['kind']}: ended after {took} (bound {s['bound_s']:.0f} s); diagnosis: {s['diagnosis']}")
+        print(f"    {s['kind']}: ended after {took} (bound {s['bound_s']:.0f} s); "
+              f"{'waited on' if s.get('waited', True) else 'nothing waited on it'}; diagnosis: {s['diagnosis']}")
+    print(f"  episodes lost, by what ended them and the faults of their step: {json.dumps(f['lost_by_cause'])}")
+    print(f"  episodes saved by replaying their reset on a fresh session (lost before this fix): {f['replayed']}"
+          f" (a replay that failed: {f['replay_failed']})")
 
 
 # ---------------------------------------------------------------------------- the run

@@ -36,6 +36,17 @@ class Link:
     opened: float = field(default_factory=time.monotonic)
     frozen_at: float | None = None  # wall clock (time.time), as the injector's log
     client_gone_at: float | None = None  # a frozen link: when the trainer's side gave up on it
+    pending_since: float | None = None  # wall clock: a request went up and no reply came down since
+    waits: list = field(default_factory=list)  # (from, to) wall clock: each wait for a reply longer than WAIT_S
+
+    @property
+    def waited(self) -> bool:
+        """A request went through it and its reply came late or never (pings and pongs are not requests)."""
+        return bool(self.waits) or self.pending_since is not None
+
+
+WAIT_S = 1.0  # a reply later than this: the trainer waited on the server (a stall it may have to say)
+REQUEST_BYTES = 16  # a WebSocket frame from the client bigger than a ping/pong/close: a request
 
 
 class ChaosProxy:
@@ -44,6 +55,7 @@ class ChaosProxy:
         self.host, self.listen_port = host, port
         self.random = random.Random(seed)
         self.links: dict[int, Link] = {}
+        self.history: list[Link] = []  # every link opened, for `waited`
         self.frozen: list[Link] = []
         self.delay_s = 0.0
         self.delay_until = 0.0
@@ -68,6 +80,18 @@ class ChaosProxy:
 
     def delay(self, seconds: float, for_s: float) -> None:
         self.delay_s, self.delay_until = seconds, time.monotonic() + for_s
+
+    def waited(self, backend: tuple[str, int] | None, start: float, end: float) -> bool:
+        """Whether the trainer waited (over WAIT_S) on a reply from `backend` (None: any) between `start` and `end`
+        (wall clock): a stopped server nobody waited on stalled nothing, and there is nothing to diagnose."""
+        for link in list(self.history):
+            if backend is not None and link.backend != backend:
+                continue
+            if link.pending_since is not None and link.pending_since < end:
+                return True  # still waiting (a frozen link included)
+            if any(a < end and b > start for a, b in link.waits):
+                return True
+        return False
 
     def close(self) -> None:
         """Stop accepting; frozen links stay as they are (the servers must free them by themselves)."""
@@ -143,6 +167,7 @@ class ChaosProxy:
         self.opened += 1
         link = Link(next(self._ids), backend, client_w, server_w)
         self.links[link.id] = link
+        self.history.append(link)
         await asyncio.gather(self._pump(link, client_r, server_w, to_client=False),
                              self._pump(link, server_r, client_w, to_client=True), return_exceptions=True)
         if link.frozen_at is None:
@@ -153,9 +178,17 @@ class ChaosProxy:
         try:
             while True:
                 data = await reader.read(65536)
+                now = time.time()
+                if to_client and data and link.pending_since is not None:
+                    if now - link.pending_since > WAIT_S:
+                        link.waits.append((link.pending_since, now))
+                    link.pending_since = None
+                elif not to_client and len(data) > REQUEST_BYTES and link.pending_since is None:
+                    link.pending_since = now
                 if link.frozen_at is not None:
                     if not data and not to_client:
                         link.client_gone_at = time.time()  # the trainer gave up on it; the server is not told
+                        _end_wait(link)
                         return
                     if not data:
                         return
@@ -169,10 +202,19 @@ class ChaosProxy:
         except (OSError, asyncio.IncompleteReadError):
             pass
         if link.frozen_at is None:
+            _end_wait(link)  # the link closed: nobody waits on it any more
             try:
                 writer.close()
             except OSError:
                 pass
+
+
+def _end_wait(link: Link) -> None:
+    if link.pending_since is not None:
+        now = time.time()
+        if now - link.pending_since > WAIT_S:
+            link.waits.append((link.pending_since, now))
+        link.pending_since = None
 
 
 # ---------------------------------------------------------------------------- in a container on a fleet's network
@@ -196,7 +238,8 @@ def sessions_held(backends: list[tuple[str, int]]) -> dict[str, int]:
 
 
 def serve_control(proxy: ChaosProxy, port: int) -> None:
-    """One command per line, one JSON answer per line: drop | half_open | delay S FOR_S | frozen ID | close | held."""
+    """One command per line, one JSON answer per line: drop | half_open | delay S FOR_S | frozen ID | close | held |
+    waited START END."""
 
     def answer(line: str):
         cmd, *rest = line.split()
@@ -209,12 +252,15 @@ def serve_control(proxy: ChaosProxy, port: int) -> None:
             return {}
         if cmd == "frozen":
             link = proxy.frozen_link(int(rest[0]))
-            return None if link is None else {"frozen_at": link.frozen_at, "client_gone_at": link.client_gone_at}
+            return None if link is None else {"frozen_at": link.frozen_at, "client_gone_at": link.client_gone_at,
+                                              "waited": link.waited}
         if cmd == "close":
             proxy.close()
             return {}
         if cmd == "held":
             return sessions_held(proxy.current_backends())
+        if cmd == "waited":  # waited START END: on any backend (a fleet's tasks move)
+            return proxy.waited(None, float(rest[0]), float(rest[1]))
         return {"error": f"unknown command {cmd}"}
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -41,10 +41,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.env_load import run_load, server_pid, show  # noqa: E402
-from tools import stack  # noqa: E402
+from tools import compose_file  # noqa: E402
+from tools.derive import env_kinds  # noqa: E402
+from tools.images import local_env_image  # noqa: E402
 
 PROJECT = "grpo-bench"
-IMAGE = "grpo-stack/env-server:local"
+IMAGE = local_env_image()
 STOCK = f"{PROJECT}-stock-echo"
 CATCH_RUNS = 3
 
@@ -105,7 +107,7 @@ def main() -> None:
     env_file.write_text(f"COMPOSE_PROJECT_NAME={PROJECT}\nCOMPOSE_PROFILES=echo,wordle,catch\n"
                         "MAX_CONCURRENT_ENVS=300\nENV_SESSION_TIMEOUT_S=0\n")
     envs_file = env_file.parent / "compose.envs.yaml"  # the env services `make` generates from env-template
-    envs_file.write_text(stack.yaml_text({"services": stack.env_services({"ENV_NAME": "echo,wordle,catch"})}))
+    envs_file.write_text(compose_file.yaml_text({"services": compose_file.env_services(env_kinds({"ENV_NAME": "echo,wordle,catch"}))}))
     compose = ["docker", "compose", "-f", str(ROOT / "compose.yaml"), "-f", str(envs_file), "--env-file", str(env_file)]
     results: dict[str, dict] = {}
     try:

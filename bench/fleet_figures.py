@@ -27,9 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tools import fleet
+from tools.images import local_env_image
 
 STACK = "grpo-bench-fleet"
-IMAGE = "grpo-stack/env-server:local"
+IMAGE = local_env_image()
 
 
 def deploy(env_file: Path, tasks: int, capacity: int) -> None:

@@ -23,8 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from envs.core.tool import close_session  # noqa: E402
 from tests.helpers import free_port, start_fixture  # noqa: E402
 from tests.trainer.scripted import make_trainer, run_batch, script  # noqa: E402
+from trainer.run.trl_privates import environment_pool  # noqa: E402
 
 GOAL_BATCH, GOAL_SHARE = 64, 0.8
 
@@ -86,8 +88,8 @@ def main() -> None:
                     trainer, tokenizer = make_trainer(urls[kind], model, Path(tmp) / f"{name}{batch}", batch,
                                                       stock_loop=stock)
                     figures[name] = env_seconds(trainer, tokenizer, batch, args.rounds)
-                    for env in trainer._environment_pool.get(None, []):
-                        env._client.close()
+                    for env in environment_pool(trainer).get(None, []):
+                        close_session(env)
                     print(f"[bench] batch {batch}: {name} {figures[name]:.2f} env s/step", flush=True)
                 rows.append((batch, figures["stock"], figures["ours"], figures["instant"]))
         finally:

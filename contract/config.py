@@ -338,14 +338,16 @@ class RunConfig(BaseSettings):
         if processes == 2 and self.trainer_sharding != "fsdp":
             return (f"ROLLOUTS=async shards 2 trainer processes with FSDP2 only (TRL's AsyncGRPOTrainer), not "
                     f"{self.trainer_sharding}: set TRAINER_SHARDING=fsdp (edit .env)")
+        if processes == 2 and self.lora_r:
+            # TRL's adapter save gathers FSDP2-sharded adapters on every rank; not rehearsed here yet (trainer/run/lora.py)
+            return ("LORA_R with ROLLOUTS=async runs 1 trainer process: the adapter-only sync under 2 FSDP2 processes "
+                    "is not rehearsed yet; set TRAINER_GPU to one GPU (or TRAINER_PROCESSES=1), or ROLLOUTS=sync "
+                    "(LoRA with 2 processes works there) (edit .env)")
         return None
 
     def lora_problem(self, mode: str | None) -> str | None:
         """One line naming what to change when the LoRA settings cannot work together (None: they can). `mode`: the
         resolved TRAIN_MODE, or None while it is still `auto` (train.py asks again once it is resolved)."""
-        if self.lora_r and self.rollouts == "async":
-            return ("LORA_R with ROLLOUTS=async: the adapter-only weight sync into vLLM (--enable-lora) is not built "
-                    "yet; set ROLLOUTS=sync (TRL merges the adapter and pushes merged weights) or LORA_R=0 (edit .env)")
         if self.lora_r > VLLM_MAX_LORA_RANKS[-1]:
             return (f"LORA_R={self.lora_r}: vLLM serves adapters up to rank {VLLM_MAX_LORA_RANKS[-1]} "
                     f"(--max-lora-rank); set LORA_R to {VLLM_MAX_LORA_RANKS[-1]} or less (edit .env)")
@@ -353,6 +355,11 @@ class RunConfig(BaseSettings):
             return None
         if not self.lora_r:
             return "QLORA=true trains adapters on a 4-bit base, but LORA_R=0 asks for full fine-tuning: set LORA_R (e.g. 16) (edit .env)"
+        if self.rollouts == "async":
+            return ("QLORA=true with ROLLOUTS=async: the adapter-only sync has vLLM serve the adapter on its "
+                    "full-precision base while the trainer scores it on the 4-bit one (every importance ratio off), and "
+                    "TRL's async trainer loads no 4-bit base; set ROLLOUTS=sync (merged weights pushed) or QLORA=false "
+                    "(edit .env)")
         if mode == "cpu" or (mode == "gpu" and self.weight_transfer == "reload"):
             return ("QLORA=true needs a GPU (bitsandbytes' 4-bit kernels); the trainer runs on CPU here: set QLORA=false "
                     "(LORA_R alone trains adapters on the full-precision base) (edit .env)")

@@ -4,7 +4,10 @@
  "ks": [1, ..., NUM_GENERATIONS], "seeds": {"<env>": [seed or row index, ...]},
  "rows": [{"model": "base" | "trained", "env": str, "episodes": int, "mean_reward": float, "success_rate": float,
            "pass_at_k": {"1": float, ...}, "tool_calls_per_episode": float, "tool_failures_per_episode": float,
-           "tokens_per_episode": float}, ...]}
+           "tokens_per_episode": float, "infra_failures": int}, ...]}
+
+An episode the env side ended (trainer.rollouts.infra_failures) is not scored: `episodes` and every figure count the scored
+ones, `infra_failures` the others; a figure with no scored episode is null (printed n/a).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Any
 
 EVAL_FILE = "eval.json"
 ROW_KEYS = ("model", "env", "episodes", "mean_reward", "success_rate", "pass_at_k", "tool_calls_per_episode",
-            "tool_failures_per_episode", "tokens_per_episode")
+            "tool_failures_per_episode", "tokens_per_episode", "infra_failures")
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -43,12 +46,16 @@ def markdown_table(data: dict[str, Any]) -> str:
     """Base and trained side by side, one line per env and model (the terminal and the model card show this)."""
     ks = data.get("ks") or []
     head = ["env", "model", "episodes", "mean reward", f"success (> {data['threshold']:g})",
-            *(f"pass@{k}" for k in ks), "tool calls/ep", "failures/ep", "tokens/ep"]
+            *(f"pass@{k}" for k in ks), "tool calls/ep", "failures/ep", "tokens/ep", "env-ended (left out)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in sorted(data["rows"], key=lambda r: (r["env"], r["model"] != "base")):
-        cells = [row["env"], row["model"], str(row["episodes"]), f"{row['mean_reward']:.3f}",
-                 f"{row['success_rate']:.0%}", *(f"{row['pass_at_k'].get(str(k), float('nan')):.2f}" for k in ks),
-                 f"{row['tool_calls_per_episode']:.2f}", f"{row['tool_failures_per_episode']:.2f}",
-                 f"{row['tokens_per_episode']:.0f}"]
+        cells = [row["env"], row["model"], str(row["episodes"]), _shown(row["mean_reward"], ".3f"),
+                 _shown(row["success_rate"], ".0%"), *(_shown(row["pass_at_k"].get(str(k)), ".2f") for k in ks),
+                 _shown(row["tool_calls_per_episode"], ".2f"), _shown(row["tool_failures_per_episode"], ".2f"),
+                 _shown(row["tokens_per_episode"], ".0f"), str(row.get("infra_failures", 0))]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def _shown(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)  # None: no scored episode (all ended by the env side)

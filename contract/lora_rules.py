@@ -32,3 +32,37 @@ def parse_target_modules(value: str) -> list[str]:
 def served_max_lora_rank(rank: int) -> int:
     """vLLM's --max-lora-rank for adapters of `rank`: the smallest choice it accepts that holds them."""
     return next(r for r in VLLM_MAX_LORA_RANKS if r >= rank)
+
+
+# ---------------------------------------------------------------------------- ROLLOUTS=async: vLLM serves the adapter
+# (`cfg` below: a contract.config.RunConfig; the host's plan and compose file ask, the trainer's lora.py says how)
+# vLLM's switch for /v1/load_lora_adapter and /v1/unload_lora_adapter (TRL's async VLLMClient calls them).
+VLLM_LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
+
+
+def syncs_adapter(cfg) -> bool:
+    """Whether weight syncs push the adapter alone (and vLLM must serve LoRA): LORA_R with ROLLOUTS=async."""
+    return bool(cfg.lora_r) and cfg.rollouts == "async"
+
+
+def vllm_max_loras(cfg) -> int:
+    """--max-loras: MAX_STALENESS + 1 policy versions may be named by requests in flight, and each sync loads the next
+    before unloading the oldest (TRL 1.16's select_adapter_sync refuses fewer; vLLM would silently evict one)."""
+    return cfg.max_staleness + 2
+
+
+def vllm_lora_flags(cfg) -> list[str]:
+    """`vllm serve` flags the run needs beyond compose.yaml's (x-vllm-serve-flags): none unless syncs_adapter."""
+    if not syncs_adapter(cfg):
+        return []
+    return ["--enable-lora", f"--max-lora-rank={served_max_lora_rank(cfg.lora_r)}",
+            f"--max-loras={vllm_max_loras(cfg)}"]
+
+
+def serving_problem(cfg, vllm_data_parallel: int) -> str | None:
+    """One line when the vllm service's layout cannot serve the adapter sync (the host's plan asks; None: it can)."""
+    if syncs_adapter(cfg) and vllm_data_parallel > 1:
+        return (f"LORA_R with ROLLOUTS=async and vLLM data parallel ({vllm_data_parallel} copies): /v1/load_lora_adapter "
+                "loads the adapter into the one copy that answered, so the others would serve the base (TRL 1.16 then "
+                "falls back to merged weights over NCCL); set VLLM_PARALLEL=tensor, or ROLLOUTS=sync (edit .env)")
+    return None

@@ -1,6 +1,6 @@
 """TRAIN_MODE, resolved by one rule wherever it is resolved (standard library only).
 
-The host (`tools/stack.py`) counts the GPUs Docker hands out and passes the result to the trainer
+The host (`tools/docker_host.py`) counts the GPUs Docker hands out and passes the result to the trainer
 as TRAIN_MODE; the trainer resolves `auto` itself only when started outside `make` (it counts the
 GPUs torch sees, and whether the vllm service's name resolves: inside the trainer container of a
 two-GPU host it sees only its own GPU).

@@ -36,7 +36,7 @@ def docker_ready() -> bool:
 
 
 def _example_env() -> dict[str, str]:
-    from tools.stack import parse_env_file
+    from tools.errors import parse_env_file
 
     return parse_env_file(ROOT / ".env.example")
 
@@ -57,7 +57,7 @@ _built: set[str] = set()
 
 def build_images(*images: str) -> None:
     """Build our images (cached layers make repeat builds quick); once per test session."""
-    from tools.stack import setup
+    from tools.docker_host import setup
 
     todo = [BUILD_SERVICES[i] for i in images if i not in _built]
     if not todo:
@@ -181,13 +181,14 @@ def stack_compose_files(profiles: list[str] | tuple[str, ...], folder: Path) -> 
     """compose.yaml and, as `make` generates it (tools/plan.py), a file with an env-<name> service for each built-in
     env among `profiles` ("*": all of them): compose.yaml holds only their template."""
     from envs import registry
-    from tools import stack
+    from tools import compose_file
+    from tools.derive import env_kinds
 
     envs = list(registry.names()) if "*" in profiles else [p for p in profiles if registry.is_builtin(p)]
     if not envs:
         return [ROOT / "compose.yaml"]
     path = folder / f"compose.envs.{'-'.join(envs)}.yaml"
-    path.write_text(stack.yaml_text({"services": stack.env_services({"ENV_NAME": ",".join(envs)})}))
+    path.write_text(compose_file.yaml_text({"services": compose_file.env_services(env_kinds({"ENV_NAME": ",".join(envs)}))}))
     return [ROOT / "compose.yaml", path]
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from tools import commands
+from tools.errors import StackError, report_stack_error
 
 
 def usage() -> str:
@@ -19,4 +20,7 @@ def main(argv: list[str]) -> int:
     if module is None:
         print(usage())
         return 2
-    return module.run(argv[1:])
+    try:
+        return module.run(argv[1:])
+    except StackError as exc:  # the one place a host error is printed (once) and turned into exit 2
+        return report_stack_error(exc)

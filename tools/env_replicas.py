@@ -7,7 +7,7 @@ a throw-away container (its own private network, the env services' hardening, a 
 session closed). Replicas = ceil(sessions the run opens / sessions per container), at most ENV_REPLICAS_MAX.
 The measurement is kept in .stack/capacity.json per image id and MAX_CONCURRENT_ENVS, so later runs reuse it.
 
-Pure except `measure` (docker, the probe); tools/stack.py and tools/fleet.py apply the counts.
+Pure except `measure` (docker, the probe); tools/derive.py, tools/docker_host.py and tools/fleet.py apply the counts.
 """
 
 from __future__ import annotations

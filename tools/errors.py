@@ -6,12 +6,20 @@ import sys
 from pathlib import Path
 
 
-class StackError(SystemExit):
-    """One clear message naming the fix; exits 2."""
+class StackError(Exception):
+    """One clear message naming the fix. Raising it prints nothing: the entry point (tools/cli.py) prints the
+    message once and exits 2, and a caller that handles it (doctor's rows) shows it its own way."""
 
-    def __init__(self, message: str):
-        print(f"error: {message}", file=sys.stderr)
-        super().__init__(2)
+    EXIT_CODE = 2
+
+    def __str__(self) -> str:
+        return self.args[0] if self.args else ""
+
+
+def report_stack_error(exc: StackError) -> int:
+    """An entry point's one line for a StackError on stderr; the exit code."""
+    print(f"error: {exc}", file=sys.stderr)
+    return StackError.EXIT_CODE
 
 
 def say(msg: str) -> None:

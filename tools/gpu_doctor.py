@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tools import gpu_layout
+from tools import gpu_layout, images
 from tools.settings import load_env
 from contract import defaults
 from contract.train_mode import spec as mode_spec  # stdlib only: the GPU defaults of each mode
@@ -39,7 +39,8 @@ MIN_DRIVER_FOR_CUDA = {12: "525.60.13", 13: "580.65.06"}
 # any other image is read from its CUDA_VERSION once it is on this machine.
 KNOWN_IMAGE_CUDA = {defaults.VLLM_IMAGE: "13.0"}  # v0.31.0
 
-PROBE_IMAGES = ("grpo-stack/trainer:gpu", "grpo-stack/env-server:local", "python:3.11-slim-bookworm")
+PROBE_BUILDS = (images.TRAINER_GPU_BUILD, images.ENV_SERVER_BUILD)  # ours, when built (compose.yaml holds the tags)
+PROBE_PUBLIC_IMAGE = "python:3.11-slim-bookworm"
 PROBE_FALLBACK_IMAGE = "ubuntu:24.04"  # pulled when nothing local fits (nvidia-smi needs glibc)
 @dataclass
 class Gpu:
@@ -268,7 +269,7 @@ def nvidia_host() -> bool:
 
 def probe_image(runner: Runner = run, vllm_image: str | None = None) -> str:
     """A local image to run nvidia-smi in (the hook / CDI inject it); pulled fallback when none is here."""
-    for image in (vllm_image, *PROBE_IMAGES):
+    for image in (vllm_image, *map(images.image_of, PROBE_BUILDS), PROBE_PUBLIC_IMAGE):
         if image and runner(["docker", "image", "inspect", "--", image]).returncode == 0:
             return image
     return PROBE_FALLBACK_IMAGE

@@ -3,7 +3,7 @@
 VLLM_GPU and TRAINER_GPU each name one GPU or several (`0,1`, `2-7`): vLLM splits its GPUs by tensor
 or data parallelism (VLLM_PARALLEL), the trainer runs one process per GPU (trainer/launch.py).
 
-Used by `tools/stack.py` (the generated compose file) and `tools/nccl_check.py` (its two containers),
+Used by `tools/compose_file.py` (the generated compose file) and `tools/nccl_check.py` (its two containers),
 so the check runs exactly the layout training will.
 
 NCCL tells hosts apart by hostname and boot id (`getHostHash`; NCCL_HOSTID replaces both). Two
@@ -134,8 +134,8 @@ def docker_run_gpu_flags(devices: list[str], cdi: bool) -> list[str]:
 
 
 @dataclass
-class Plan:
-    """The GPU layout of one run, resolved once from .env (tools/stack.py passes it to Compose)."""
+class GpuLayout:
+    """The GPU layout of one run, resolved once from .env (tools/compose_file.py passes it to Compose)."""
     mode: str
     vllm: list[str]
     trainer: list[str]
@@ -180,16 +180,16 @@ def colocate_trainer_gpu(trainer_gpu: str | None, gpu_count: int) -> tuple[str, 
     return value, None
 
 
-def plan(dotenv: dict[str, str], mode: str, pci_index: dict[str, int] | None = None) -> Plan:
+def plan(dotenv: dict[str, str], mode: str, pci_index: dict[str, int] | None = None) -> GpuLayout:
     """VLLM_GPU, TRAINER_GPU, VLLM_PARALLEL and NCCL_FAST_PATH from .env, checked, for a GPU mode.
     `pci_index`: the detected GPUs' UUID -> index, to order GPUs named by UUID."""
     trainer = parse_gpu_ids(dotenv.get("TRAINER_GPU") or mode_spec(mode).trainer_gpu_default, "TRAINER_GPU")
     if mode == "colocate":
-        return Plan(mode, [], trainer)
+        return GpuLayout(mode, [], trainer)
     vllm = parse_gpu_ids(dotenv.get("VLLM_GPU") or mode_spec(mode).vllm_gpu_default, "VLLM_GPU")
     shared = sorted(set(vllm) & set(trainer))
     if shared:
         raise LayoutError(f"VLLM_GPU={dotenv.get('VLLM_GPU')} and TRAINER_GPU={dotenv.get('TRAINER_GPU')} share GPU "
                           f"{','.join(shared)}: give each side its own GPUs, or use TRAIN_MODE=colocate (edit .env)")
     tp, dp = vllm_parallel_sizes(len(vllm), (dotenv.get("VLLM_PARALLEL") or "tensor").strip().lower())
-    return Plan(mode, vllm, trainer, tp, dp, truthy(dotenv.get("NCCL_FAST_PATH")), dict(pci_index or {}))
+    return GpuLayout(mode, vllm, trainer, tp, dp, truthy(dotenv.get("NCCL_FAST_PATH")), dict(pci_index or {}))

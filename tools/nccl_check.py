@@ -30,11 +30,11 @@ from pathlib import Path
 
 from tools import gpu_layout
 from tools.gpu_doctor import DEFAULT_VLLM_IMAGE, NO_GPU, probe
+from tools.images import TRAINER_GPU_BUILD, image_of
 from tools.settings import load_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
-TRAINER_IMAGE = "grpo-stack/trainer:gpu"
 COMPOSE_NETWORK = "grpo-stack_agentnet"
 NCCL_KEYS = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME", "NCCL_FAST_PATH",
              "NCCL_HOSTID")
@@ -252,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"nccl-check: {exc}")
         return 2
     world = 1 + plan.vllm_world_size  # the weight sync's group: the trainer's rank 0 + every vLLM worker
-    for image in (vllm_image, TRAINER_IMAGE):
+    trainer_image = image_of(TRAINER_GPU_BUILD)
+    for image in (vllm_image, trainer_image):
         if run(["docker", "image", "inspect", "--", image]).returncode != 0:
             print(f"nccl-check: image {image} is missing: run `make build` (and pull {vllm_image}) first")
             return 2
@@ -270,7 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     print("  NCCL: " + " ".join(f"{k}={v}" for k, v in sorted(tenv.items())))
     timed_out = False
     try:
-        r = run(docker_run_argv("trainer", TRAINER_IMAGE, layout["trainer"], network, trainer, tenv, "-", port,
+        r = run(docker_run_argv("trainer", trainer_image, layout["trainer"], network, trainer, tenv, "-", port,
                                 args.mib, args.iters, cdi=found.cdi, world=world))
         if r.returncode != 0:
             print(diagnose(r.stderr, "", False).diagnosis[0] + f"\n  docker said: {r.stderr.strip()[:400]}")

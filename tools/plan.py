@@ -1,10 +1,11 @@
 """The plan: what runs for this .env on this host, decided once and without side effects.
 
 `make_plan(settings, gpus)` turns the .env settings (tools/settings.py, read once) and the GPUs Docker hands out
-into a Plan: the mode and why, the envs by kind, the GPU layout, the Compose profiles, the services to start, the images to
-build and what the generated compose file adds. Nothing here runs Docker or writes a file; tools/prepare.py runs
-the checks that do, writes the generated compose file from the plan (stack.write_compose_files), and the commands
-execute it. A bad value raises StackError with its fix.
+into a StackPlan: the mode and why, the envs by kind, the GPU layout, the Compose profiles, the services to start, the images to
+build and what the generated compose file adds. ENV_NAME and ENV_URLS are parsed once, into the plan's EnvKinds
+(tools/derive.py), and the host functions take that. Nothing here runs Docker or writes a file; tools/prepare.py runs
+the checks that do (tools/docker_host.py), writes the generated compose file from the plan
+(compose_file.write_compose_files), and the commands execute it. A bad value raises StackError with its fix.
 """
 
 from __future__ import annotations
@@ -14,34 +15,25 @@ import os
 from dataclasses import dataclass, field
 
 from envs import naming
-from tools import gpu_layout, rehearsal, stack
+from tools import compose_file, derive, gpu_layout, rehearsal
+from tools.derive import EnvKinds, env_kinds
+from tools.errors import StackError
 from tools.gpu_doctor import DockerGpus
-from tools.settings import StackEnv
+from tools.images import TRAINER_REHEARSE_BUILD, local_env_image
+from tools.settings import WHEELS, StackEnv
 from contract.train_mode import ModeSpec
 from contract.train_mode import spec as mode_spec
 
 
 @dataclass(frozen=True)
-class EnvKinds:
-    """ENV_NAME's envs by where they are served."""
+class StackPlan:
+    """What runs for this .env on this host: the one parsed object the host functions take."""
 
-    names: tuple[str, ...]          # every env of the run, in ENV_NAME's order
-    builtin: tuple[str, ...]        # built in, served here by our image
-    custom: tuple[str, ...]         # an OpenEnv image named in ENV_<NAME>_IMAGE, served here
-    external: dict[str, str]        # ENV_URLS: a server somewhere else (no service here)
-
-    @property
-    def served_here(self) -> tuple[str, ...]:
-        return tuple(n for n in self.names if n in self.builtin or n in self.custom)
-
-
-@dataclass(frozen=True)
-class Plan:
     settings: StackEnv              # .env as read (process variables win), typed
     mode: str                       # cpu, gpu or colocate
     why: str                        # one line: how the mode was chosen
     envs: EnvKinds
-    layout: gpu_layout.Plan | None  # which GPUs each container gets (None on the CPU profile)
+    layout: gpu_layout.GpuLayout | None  # which GPUs each container gets (None on the CPU profile)
     cdi: bool = False               # Docker hands GPUs out only as CDI devices
     notes: tuple[str, ...] = ()     # what the plan changed or proposes, for the user
     fleet: bool = False             # ENV_FLEET=swarm: the env servers are a Swarm fleet, not services here
@@ -72,10 +64,10 @@ class Plan:
     @property
     def images(self) -> list[str]:
         """Build-only services for the images this mode uses; an upstream env image is pulled instead."""
-        ours = any((self.values.get(naming.image_var(n)) or stack.LOCAL_ENV_IMAGE) == stack.LOCAL_ENV_IMAGE
-                   for n in self.envs.names)
+        local = local_env_image()
+        ours = any(self.envs.images.get(n, local) == local for n in self.envs.names)
         if self.rehearsal:  # model-init's CPU image; the twin is built first (the trainer image is built on it)
-            return (["env-server-image"] if ours else []) + ["trainer-cpu-image", rehearsal.TRAINER_BUILD_SERVICE]
+            return (["env-server-image"] if ours else []) + ["trainer-cpu-image", TRAINER_REHEARSE_BUILD]
         return (["env-server-image"] if ours else []) + [self.spec.trainer_image_service]
 
     @property
@@ -86,15 +78,17 @@ class Plan:
     def generated_compose(self) -> dict:
         """What the generated compose file adds to compose.yaml: env services (or the trainers' attachment to the
         fleet's network), and the GPU layouts compose.yaml's one-GPU-each default cannot express."""
-        envs = stack.env_services(self.values)
-        services = stack.merge_services(envs, stack.gpu_services(self.layout, self.cdi))
+        envs = compose_file.env_services(self.envs, fleet=self.fleet)
+        services = compose_file.merge_services(envs, compose_file.gpu_services(self.layout, self.cdi))
         if self.rehearsal:
-            services = stack.merge_services(services, rehearsal.services(envs.get("trainer", {}).get("depends_on", {})))
+            services = compose_file.merge_services(services, rehearsal.services(envs.get("trainer", {}).get("depends_on", {})))
+        if self.spec.runs_vllm_service:  # LoRA adapters synced alone: vLLM's LoRA flags (trainer/run/lora.py)
+            services = compose_file.add_lora_serving(services, derive.run_config(self.values, self.mode))
         if not services:
             return {}
         spec: dict = {"services": services}
         if self.fleet:  # the swarm stack's network (tools/fleet.py), made by `make fleet-up`
-            spec["networks"] = {"fleet": {"external": True, "name": stack.fleet_stack_name(self.values)}}
+            spec["networks"] = {"fleet": {"external": True, "name": derive.fleet_stack_name(self.values)}}
         return spec
 
     def compose_vars(self, compose_files: list, environ: dict[str, str] | None = None) -> dict[str, str]:
@@ -107,7 +101,7 @@ class Plan:
             out.update(self.layout.compose_env())
         if self.cdi:  # compose.yaml's GPU reservations as CDI devices (no NVIDIA hook on this host)
             out["GPU_DEVICE_DRIVER"], out["GPU_DEVICE_PREFIX"] = "cdi", gpu_layout.CDI_PREFIX
-        if glob.glob(str(stack.WHEELS / "torch-*.whl")):
+        if glob.glob(str(WHEELS / "torch-*.whl")):
             out["TORCH_INDEX_URL"] = ""  # the local wheel is enough; don't wait on an index
         out.update(self.replicas)
         if self.rehearsal:  # the twin serves a local folder: no Hub revision (vLLM's --revision falls back to main)
@@ -117,28 +111,15 @@ class Plan:
         return out
 
 
-def env_kinds(values: dict[str, str]) -> EnvKinds:
-    from envs import registry
-
-    names = stack.env_names(values)
-    external = stack.external_env_urls(values)
-    return EnvKinds(
-        names=tuple(names),
-        builtin=tuple(n for n in names if registry.is_builtin(n) and n not in external),
-        custom=tuple(stack.custom_envs(values)),
-        external={n: u for n, u in external.items() if n in names},
-    )
-
-
-def make_plan(settings: StackEnv | dict[str, str], gpus: DockerGpus | None) -> Plan:
+def make_plan(settings: StackEnv | dict[str, str], gpus: DockerGpus | None) -> StackPlan:
     """The plan for these .env settings on a host with these GPUs (None: none, not probed, as for TRAIN_MODE=cpu)."""
     settings = settings if isinstance(settings, StackEnv) else StackEnv.from_values(settings)
     values = settings.values
-    mode, why = stack.resolve_mode(values, gpus if gpus is not None else DockerGpus(None, [], "not probed"))
+    mode, why = derive.resolve_mode(values, gpus if gpus is not None else DockerGpus(None, [], "not probed"))
     envs = env_kinds(values)
-    problem = stack.validate_run_config(values, mode)
+    problem = derive.validate_run_config(values, mode)
     if problem:
-        raise stack.StackError(problem)
+        raise StackError(problem)
     notes = []
     if mode == "colocate":
         trainer_gpu, note = gpu_layout.colocate_trainer_gpu(values.get("TRAINER_GPU"), gpus.count if gpus else 0)
@@ -146,8 +127,13 @@ def make_plan(settings: StackEnv | dict[str, str], gpus: DockerGpus | None) -> P
             settings = StackEnv.from_values({**values, "TRAINER_GPU": trainer_gpu})
             values = settings.values
             notes.append(note)
-    layout = stack.gpu_plan(values, mode, gpus)
+    layout = derive.gpu_layout_for(values, mode, gpus)
     if layout is not None:
+        from contract import lora_rules
+
+        problem = lora_rules.serving_problem(derive.run_config(values, mode), layout.data_parallel)
+        if problem:
+            raise StackError(problem)
         notes.append(layout.describe())
         used = len(set(layout.vllm) | set(layout.trainer))
         proposal = gpu_layout.propose_split(gpus.count) if gpus and used < gpus.count else None
@@ -155,29 +141,31 @@ def make_plan(settings: StackEnv | dict[str, str], gpus: DockerGpus | None) -> P
             notes.append(f"this host has {gpus.count} GPUs and the run uses {used}; to use all of them set "
                          f"VLLM_GPU={proposal[0]} TRAINER_GPU={proposal[1]} VLLM_PARALLEL=data in .env (README "
                          "\"Every GPU of a host\")")
-    return Plan(settings=settings, mode=mode, why=why, envs=envs, layout=layout, cdi=bool(gpus and gpus.cdi),
-                notes=tuple(notes), fleet=settings.ENV_FLEET == "swarm", replicas=stack.replica_counts(values))
+    return StackPlan(settings=settings, mode=mode, why=why, envs=envs, layout=layout, cdi=bool(gpus and gpus.cdi),
+                     notes=tuple(notes), fleet=settings.ENV_FLEET == "swarm", replicas=derive.replica_counts(envs, values))
 
 
-def env_servers_plan(values: dict[str, str]) -> Plan:
+def env_servers_plan(values: dict[str, str]) -> StackPlan:
     """The env servers of .env as Compose services, and nothing else (no GPU, no check of the training knobs): what
     a Swarm fleet deploys and builds (tools/fleet.py)."""
     values = {**values, "ENV_FLEET": "compose"}
-    return Plan(settings=StackEnv.from_values(values), mode="cpu", why="env servers only", envs=env_kinds(values),
-                layout=None, replicas=stack.replica_counts(values))
+    envs = env_kinds(values)
+    return StackPlan(settings=StackEnv.from_values(values), mode="cpu", why="env servers only", envs=envs,
+                     layout=None, replicas=derive.replica_counts(envs, values))
 
 
-def rehearsal_plan(settings: StackEnv | dict[str, str]) -> Plan:
+def rehearsal_plan(settings: StackEnv | dict[str, str]) -> StackPlan:
     """`make rehearse`: TRAIN_MODE=gpu's services on this CPU (tools/rehearsal.py says what differs), whatever
     TRAIN_MODE says; .env's other settings (envs, ROLLOUTS, TRAINER_PROCESSES, the training knobs) as `make train`."""
     settings = settings if isinstance(settings, StackEnv) else StackEnv.from_values(settings)
     values = {**settings.values, "WEIGHT_TRANSFER": "reload", "MODEL_NAME": rehearsal.CPU_DEFAULT_MODEL,
               "MODEL_REVISION": ""}  # what the generated file gives the trainer, validated as the trainer reads it
-    problem = stack.validate_run_config(values, "gpu")
+    problem = derive.validate_run_config(values, "gpu")
     if problem:
-        raise stack.StackError(problem)
+        raise StackError(problem)
     why = ("make rehearse: TRAIN_MODE=gpu's services on CPU: the vLLM CPU twin in the vllm service's place, serving "
            f"the tiny model model-init makes ({rehearsal.CPU_DEFAULT_MODEL}), the trainer on CPU pushing weights by "
            "reload (WEIGHT_TRANSFER=reload), no GPU")
-    return Plan(settings=settings, mode="gpu", why=why, envs=env_kinds(settings.values), layout=None,
-                fleet=settings.ENV_FLEET == "swarm", replicas=stack.replica_counts(settings.values), rehearsal=True)
+    envs = env_kinds(settings.values)
+    return StackPlan(settings=settings, mode="gpu", why=why, envs=envs, layout=None, fleet=settings.ENV_FLEET == "swarm",
+                     replicas=derive.replica_counts(envs, settings.values), rehearsal=True)

@@ -7,23 +7,20 @@ differs, each for want of a GPU:
   * `trainer` runs the GPU trainer's Dockerfile built on the twin (`trainer-rehearse-image`), on CPU, and pushes
     weights by WEIGHT_TRANSFER=reload through a `weights` volume both mount, instead of an NCCL broadcast;
   * neither reserves a GPU, and `model-download` (the Hub) is not needed.
+With LORA_R and ROLLOUTS=async nothing here changes: the adapter goes by TRL's own sync (a folder on the outputs
+volume and /v1/load_lora_adapter) exactly as on a GPU host, and the twin gets the vllm service's LoRA flags from the
+same place (tools/compose_file.add_lora_serving).
 """
 
 from __future__ import annotations
 
-from tools.stack import Override, OverrideMap, Reset, compose_yaml_services
+from tools.compose_file import Override, OverrideMap, Reset
+from tools.images import TRAINER_REHEARSE_BUILD, TWIN_BUILD, image_of
 from contract.config import CPU_DEFAULT_MODEL, default
 
-TWIN_BUILD_SERVICE = "vllm-cpu"   # compose.yaml's twin service holds the image's build (profile vllm-cpu)
-TRAINER_BUILD_SERVICE = "trainer-rehearse-image"
-BUILD_PROFILES = ("vllm-cpu", "build-rehearse")
+BUILD_PROFILES = ("vllm-cpu", "build-rehearse")  # the twin's (TWIN_BUILD) and the rehearsal trainer's
 PROFILE = "rehearse"              # model-init joins it: the twin serves the model it makes
 WEIGHTS_VOLUME = "weights"       # compose.yaml's (tmpfs, uid 10001)
-
-
-def image(build_service: str) -> str:
-    """The image a build service of compose.yaml makes (its tag is written there once)."""
-    return compose_yaml_services()[build_service]["image"]
 
 
 def weights_dir() -> str:
@@ -33,13 +30,13 @@ def weights_dir() -> str:
 
 def services(env_depends: dict[str, dict]) -> dict[str, dict]:
     """The generated compose file's part for the rehearsal; `env_depends`: the trainer's depends_on the env services
-    (tools/stack.env_services), kept when the rehearsal replaces the trainer's depends_on (no model-download)."""
+    (tools/compose_file.env_services), kept when the rehearsal replaces the trainer's depends_on (no model-download)."""
     healthy = {"condition": "service_healthy"}
     weights = weights_dir()
     return {
         "model-init": {"profiles": Override(["cpu", PROFILE])},
         "vllm": {
-            "image": image(TWIN_BUILD_SERVICE),
+            "image": image_of(TWIN_BUILD),
             "entrypoint": ["vllm-serve", CPU_DEFAULT_MODEL],   # the twin's `vllm serve` (services/vllm-cpu/vllm-serve)
             "environment": {"VLLM_CPU_KVCACHE_SPACE": "${VLLM_CPU_KVCACHE_SPACE:-1}"},
             # the tiny model, and the trainer's pushes; no Hub cache (nothing is downloaded)
@@ -50,7 +47,7 @@ def services(env_depends: dict[str, dict]) -> dict[str, dict]:
             "depends_on": OverrideMap({"model-init": {"condition": "service_completed_successfully"}}),
         },
         "trainer": {
-            "image": image(TRAINER_BUILD_SERVICE),
+            "image": image_of(TRAINER_REHEARSE_BUILD),
             "environment": {"TRAIN_MODE": "gpu", "WEIGHT_TRANSFER": "reload", "WEIGHT_RELOAD_DIR": weights,
                             "MODEL_NAME": CPU_DEFAULT_MODEL, "MODEL_REVISION": ""},
             "volumes": ["models:/models:ro", f"{WEIGHTS_VOLUME}:{weights}"],

@@ -16,6 +16,7 @@ from tools.errors import StackError, parse_env_file
 ROOT = Path(__file__).resolve().parent.parent
 ENV_FILE = Path(os.environ.get("STACK_ENV_FILE") or ROOT / ".env")
 ENV_EXAMPLE = ROOT / ".env.example"
+WHEELS = ROOT / ".wheels"  # CPU images take torch from here when a CPU wheel is on this machine
 
 
 class StackEnv(BaseSettings):

@@ -38,6 +38,7 @@ def play(tool, row: dict, choose, max_turns: int) -> dict:
 
 def run_env(name: str, cfg: RunConfig, episodes: int, max_turns: int, seed: int) -> dict[str, dict]:
     from envs import registry
+    from envs.core.tool import close_session
     from trainer.rollouts.envs_binding import bind, resolve_replicas
     from trainer.run.preflight import probe_server
 
@@ -74,9 +75,7 @@ def run_env(name: str, cfg: RunConfig, episodes: int, max_turns: int, seed: int)
             "refused_episodes": sum(1 for e in eps if e["errors"]) / len(eps),
             "seconds": time.monotonic() - t0,
         }
-    close = getattr(getattr(tool, "_client", None), "close", None)
-    if callable(close):
-        close()
+    close_session(tool)
     return results
 
 

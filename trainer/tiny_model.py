@@ -143,6 +143,8 @@ def tool_functions(instance) -> list:
 def build_conversations(name: str, spec, url: str, n: int, seed: int) -> list[Demo]:
     """Demo episodes: prompt -> assistant tool call(s) -> real tool result(s) -> short final answer,
     each with the tool functions it was rendered with."""
+    from envs.core.tool import close_session
+
     rows = spec.make_dataset(n, seed)
     rows = [rows[i % len(rows)] for i in range(n)]  # a prompts file may hold fewer rows
     convs = []
@@ -169,9 +171,7 @@ def build_conversations(name: str, spec, url: str, n: int, seed: int) -> list[De
             first = {"name": expert[0][0], "arguments": expert[0][1]} if expert else None
             convs.append(Demo(messages, prompt, tools, first))
     finally:
-        close = getattr(getattr(tool, "_client", None), "close", None)
-        if callable(close):
-            close()
+        close_session(tool)
     return convs
 
 

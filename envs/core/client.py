@@ -8,6 +8,14 @@ A session given a service name connects to one of its replicas (envs.core.replic
 re-resolved when replicas die or are added), chosen again whenever it (re)connects.
 The server may be an image nobody here wrote (envs.core.untrusted): redirects are refused, replies are capped at
 MAX_REPLY_BYTES and MAX_REPLY_DEPTH, error texts are escaped and trimmed, and no message quotes a URL's credentials.
+
+Faults in flight (#33): a reset rides out a restarting server, a full one and one reply that never came (retries);
+an episode whose connection is lost before its first step was answered is replayed on a fresh session (its reset
+again, checked to answer the same, then the step), since an OpenEnv session lives and dies with its socket and no
+step of it has been seen yet; so is one whose first step is SLOW_REPLY_S late on a server that answers no ping
+(stopped, or a half-open link), while a slow tool on a live server is waited for; every stall the client rides
+out or gives up on says so in one `stalled:` log line (what, where, which bound, what happens next), at most one
+per replica and kind every STALL_LOG_EVERY_S (a replay's line: every time, one episode's fate).
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import logging
 import threading
 import time
 from typing import Any, Optional
@@ -35,6 +44,26 @@ _DEFAULT: Any = object()
 _loop: Optional[asyncio.AbstractEventLoop] = None
 _loop_lock = threading.Lock()
 
+log = logging.getLogger("envs.client")
+STALL_LOG_EVERY_S = 5.0  # per replica and kind: a server's crash closes all its sessions at once
+SLOW_REPLY_S = 1.5  # a reply that took longer is a stall the client rode out: said (normal replies take ms)
+PONG_WAIT_S = 1.5  # a live server's protocol layer answers a ping in ms, even while its env works on a step
+REPLAY_REPLY_S = 1.5  # a replay's connect and reset reply each (two tries): it must fit in the step's bound
+ABNORMAL_CLOSE = frozenset({1006, 1011})  # no close frame (a crash, a dropped link) / keepalive ping timeout
+_stall_logged: dict[tuple[str, str], float] = {}
+_stall_lock = threading.Lock()
+
+
+def stalled(where: str, kind: str, text: str, every: bool = False) -> None:
+    """The one-line diagnosis of a stall (bench/chaos.py counts them): `where` a replica's URL, `kind` what stalled.
+    `every`: said each time (one episode's fate), not once per burst."""
+    now = time.monotonic()
+    with _stall_lock:
+        if not every and now - _stall_logged.get((where, kind), -STALL_LOG_EVERY_S) < STALL_LOG_EVERY_S:
+            return
+        _stall_logged[(where, kind)] = now
+    log.warning("stalled: %s: %s", where, text)
+
 
 def _background_loop() -> asyncio.AbstractEventLoop:
     global _loop
@@ -53,6 +82,10 @@ class EnvServerError(RuntimeError):
         super().__init__(message)
         self.code = code
         self.data = data or {}
+
+
+class Unresponsive(ConnectionError):
+    """A step's reply is late and the server does not answer a ping either (stopped, or the link is half-open)."""
 
 
 class RedirectRefused(UntrustedReply):
@@ -81,6 +114,10 @@ def _deadline(reply_s: Optional[float], connect_s: float, twice: bool = False) -
     if reply_s is None:
         return None
     return (2 if twice else 1) * (connect_s + reply_s) + 5
+
+
+def _bound(seconds: Optional[float]) -> str:
+    return "none" if seconds is None else f"{seconds:g} s"
 
 
 def ws_url(base_url: str) -> str:
@@ -121,6 +158,10 @@ class SessionClient:
         self.capacity_wait_s = capacity_wait_s
         self.reconnect_wait_s = reconnect_wait_s
         self._ws: Optional[ClientConnection] = None
+        self._closing: set[int] = set()  # ids of sockets this client closes itself (the idle-close watch skips them)
+        # The current episode's reset (its data and reply) while none of its steps has been answered: what a lost
+        # connection replays on a fresh session (module docstring). None once a step was answered or tried in vain.
+        self._replayable: Optional[tuple[dict, dict]] = None
 
     # -- sync API --------------------------------------------------------------------------------
     def reset(self, **data: Any) -> dict:
@@ -132,33 +173,49 @@ class SessionClient:
         hung server, a half-open socket) is tried once more on a fresh session, elsewhere when another
         replica is live: no episode has started, so nothing is lost by it.
         """
+        return self._reset_within(data, self.capacity_wait_s, self.reconnect_wait_s)
+
+    def _reset_within(self, data: dict, capacity_wait_s: float, reconnect_wait_s: float) -> dict:
         start = time.monotonic()
         delay = 0.25
         full: set[str] = set()
         timed_out = False
+        self._replayable = None
         while True:
             try:
                 self._choose_replica(avoid=full)
                 # a reset may reconnect once: two connects and two replies
-                return self._run(self._reset(data), _deadline(self.reset_timeout_s, self.connect_timeout_s, twice=True))
+                reply = self._run(self._reset(data),
+                                  _deadline(self.reset_timeout_s, self.connect_timeout_s, twice=True))
+                self._replayable = (dict(data), reply)
+                return reply
             except TimeoutError:
                 if timed_out:
+                    stalled(self.shown_url, "reset", f"no reply to a reset twice (RESET_TIMEOUT_S "
+                            f"{_bound(self.reset_timeout_s)}); this episode goes on without its env, left out")
                     raise
                 timed_out = True  # the socket is closed already: the next try opens a fresh session
+                stalled(self.shown_url, "reset", f"no reply to a reset within RESET_TIMEOUT_S "
+                        f"({_bound(self.reset_timeout_s)}); the session was closed; trying once more on a fresh one"
+                        + (" on another replica" if self._replicas is not None else ""))
                 if self._replicas is not None and self._replica is not None:
                     self._replicas.refused(self._replica)  # a hung replica is skipped for a while, unless alone
                 continue
             except EnvServerError as e:
                 # A slot may free soon (a dropped client, a reaped session): wait a little, then say so.
-                if e.code != "CAPACITY_REACHED" or time.monotonic() + delay > start + self.capacity_wait_s:
+                if e.code != "CAPACITY_REACHED" or time.monotonic() + delay > start + capacity_wait_s:
                     raise
+                stalled(self.shown_url, "capacity", f"no free session slot (CAPACITY_REACHED); waiting up to "
+                        f"{capacity_wait_s:g} s for one, on another replica first")
                 if self._replica:
                     full.add(self._replica)
-            except (ConnectionError, ConnectionClosed):
+            except (ConnectionError, ConnectionClosed) as e:
                 if self._replicas is not None and self._replica is not None:
                     self._replicas.refused(self._replica)
-                if time.monotonic() + delay > start + self.reconnect_wait_s:
+                if time.monotonic() + delay > start + reconnect_wait_s:
                     raise
+                stalled(self.shown_url, "connect", f"connection lost ({one_line(str(e), 160) or type(e).__name__}); "
+                        f"reconnecting for up to {reconnect_wait_s:g} s")
             time.sleep(delay)
             delay = min(delay * 2, 2.0)
 
@@ -176,14 +233,67 @@ class SessionClient:
         self.url = ws_url(self._replica)
 
     def step(self, action: dict) -> dict:
+        replay, self._replayable = self._replayable, None  # a step tried: whatever happens, no replay after it
+        started = time.monotonic()
         if not self.connected:
-            raise EnvServerError(
-                "The env-server session was lost mid-episode (server restart or idle timeout); "
-                "this episode cannot continue. Stop calling tools.",
-                code="SESSION_LOST",
-            )
-        return self._run(self._request({"type": "step", "data": action}, self.message_timeout_s),
+            if replay is None:
+                raise EnvServerError(
+                    "The env-server session was lost mid-episode (server restart or idle timeout); "
+                    "this episode cannot continue. Stop calling tools.",
+                    code="SESSION_LOST",
+                )
+            self._replay(replay, "before the episode's first step", started)
+        try:
+            return self._step(action, probe=replay is not None)
+        except (ConnectionClosed, Unresponsive) as e:
+            if replay is None:
+                raise
+            when = ("the episode's first step had no reply and the server no pong" if isinstance(e, Unresponsive)
+                    else "during the episode's first step, before its reply")
+            if isinstance(e, Unresponsive) and self._replicas is not None and self._replica is not None:
+                self._replicas.refused(self._replica)  # a stopped replica: the replay goes elsewhere
+            self._replay(replay, when, started)
+            return self._step(action, probe=False)
+
+    def _step(self, action: dict, probe: bool = False) -> dict:
+        """One step. `probe`: when no reply came within SLOW_REPLY_S, ping the server; no pong within PONG_WAIT_S
+        (a stopped server, a half-open link) raises Unresponsive (the socket closed), a pong keeps waiting (a slow
+        tool on a live server)."""
+        return self._run(self._request({"type": "step", "data": action}, self.message_timeout_s,
+                                       probe_after_s=SLOW_REPLY_S if probe else None),
                          _deadline(self.message_timeout_s, self.connect_timeout_s))
+
+    def _replay(self, replay: tuple[dict, dict], when: str, started: float) -> None:
+        """The episode's reset again on a fresh session (within the step's own bound), which must answer as the first
+        did: the session died with its socket and no step of it was answered, so the episode goes on as if nothing
+        happened. Else SESSION_LOST, as before."""
+        data, first = replay
+        lost_at = self.shown_url
+        budget = self.message_timeout_s if self.message_timeout_s is not None else self.reconnect_wait_s
+        # A replay is worth it only inside the step's own bound: each connect and reset reply gets REPLAY_REPLY_S (a
+        # healthy server answers in ms), so one that lands on a stopped server is given up on in time for another.
+        bounds = self.connect_timeout_s, self.reset_timeout_s
+        self.connect_timeout_s = min(self.connect_timeout_s, REPLAY_REPLY_S)
+        self.reset_timeout_s = REPLAY_REPLY_S if self.reset_timeout_s is None else min(self.reset_timeout_s,
+                                                                                      REPLAY_REPLY_S)
+        try:
+            again = self._reset_within(data, min(self.capacity_wait_s, budget), min(self.reconnect_wait_s, budget))
+        except (EnvServerError, ConnectionError, ConnectionClosed, TimeoutError, UntrustedReply) as e:
+            stalled(lost_at, "replay", f"connection lost {when}; could not start the episode again on a fresh "
+                    f"session ({one_line(str(e), 160)}); it is left out", every=True)
+            raise EnvServerError(f"The env-server session was lost mid-episode and could not be re-established "
+                                 f"({one_line(str(e), 300)}); this episode cannot continue. Stop calling tools.",
+                                 code="SESSION_LOST") from None
+        finally:
+            self.connect_timeout_s, self.reset_timeout_s = bounds
+        self._replayable = None
+        if again != first:
+            stalled(lost_at, "replay", f"connection lost {when}; the env's reset answered differently on a fresh "
+                    "session (not reproducible), so the episode is left out", every=True)
+            raise EnvServerError("The env-server session was lost mid-episode; this episode cannot continue. "
+                                 "Stop calling tools.", code="SESSION_LOST")
+        stalled(lost_at, "replay", f"connection lost {when}; the episode's reset was replayed on a fresh session "
+                f"({self.shown_url}) {time.monotonic() - started:.1f} s into the step, which goes on", every=True)
 
     def close(self) -> None:
         if self._ws is not None:
@@ -230,6 +340,7 @@ class SessionClient:
                 ping_interval=self.ping_interval_s,
                 ping_timeout=self.ping_timeout_s,
             )
+            asyncio.get_running_loop().create_task(self._watch(self._ws, self.shown_url))
         except RedirectRefused as e:
             self._ws = None
             raise RedirectRefused(f"env server at {self.shown_url} {e}") from None
@@ -238,10 +349,54 @@ class SessionClient:
             raise ConnectionError(f"Cannot reach env server at {self.shown_url}: "
                                   f"{one_line(strip_credentials(str(e)), 300)}") from e
 
+    async def _watch(self, ws: ClientConnection, where: str) -> None:
+        """Say when a connection dies under the client (a crashed server, a dropped link, keepalive pings unanswered
+        on a half-open one), not when the client or an idle-reaping server closes it in order."""
+        await ws.wait_closed()
+        if id(ws) in self._closing:
+            self._closing.discard(id(ws))
+            return
+        code = ws.close_code
+        if code in ABNORMAL_CLOSE:
+            why = "keepalive pings unanswered" if code == 1011 else "closed without a close frame"
+            stalled(where, "closed", f"connection lost ({why}, code {code}); an episode that has made no step "
+                    "yet is replayed on a fresh session, one that has is left out, the next reset reconnects")
+
+    async def _recv_probing(self, ws: ClientConnection, timeout_s: Optional[float], probe_after_s: float) -> Any:
+        """`ws.recv()` within `timeout_s`, asking the server for a pong once the reply is `probe_after_s` late
+        (websockets: a cancelled recv loses no data; a ping is answered by the server's protocol layer, not the env)."""
+        start = time.monotonic()
+        recv = asyncio.ensure_future(ws.recv())
+        done, _ = await asyncio.wait({recv}, timeout=probe_after_s)
+        if not done:
+            try:
+                pong = await ws.ping()
+                done, _ = await asyncio.wait({recv, pong}, timeout=PONG_WAIT_S, return_when=asyncio.FIRST_COMPLETED)
+            except ConnectionClosed:
+                done = set()
+            if not done:  # neither the reply nor a pong: nobody is there
+                recv.cancel()
+                await asyncio.gather(recv, return_exceptions=True)
+                self._drop()
+                raise Unresponsive(f"{self.shown_url}: no reply within {probe_after_s:g} s and no pong within "
+                                   f"{PONG_WAIT_S:g} s; the session was closed")
+            left = None if timeout_s is None else max(0.0, timeout_s - (time.monotonic() - start))
+            return await asyncio.wait_for(recv, timeout=left)
+        return recv.result()
+
+    def _drop(self) -> None:
+        """Close the socket at once, without a close handshake: a server that answers nothing would hold `_close` for
+        its 5 s (on the shared loop)."""
+        ws, self._ws = self._ws, None
+        if ws is not None:
+            self._closing.add(id(ws))
+            ws.transport.abort()
+
     async def _close(self) -> None:
         ws, self._ws = self._ws, None
         if ws is None:
             return
+        self._closing.add(id(ws))
         try:
             if ws.state is State.OPEN:
                 await ws.send('{"type":"close"}')
@@ -265,17 +420,21 @@ class SessionClient:
                 raise
         raise AssertionError("unreachable")
 
-    async def _request(self, message: dict, timeout_s: Optional[float]) -> dict:
+    async def _request(self, message: dict, timeout_s: Optional[float], probe_after_s: Optional[float] = None) -> dict:
         ws = self._ws
         assert ws is not None
         try:
             await ws.send(json.dumps(message))
         except ConnectionClosed:
             pass  # a refused/expired session sends an error frame then closes: read it below
+        sent_at = time.monotonic()
         try:
-            raw = await asyncio.wait_for(ws.recv(), timeout=timeout_s)
+            if probe_after_s is not None and (timeout_s is None or timeout_s > probe_after_s + PONG_WAIT_S):
+                raw = await self._recv_probing(ws, timeout_s, probe_after_s)
+            else:
+                raw = await asyncio.wait_for(ws.recv(), timeout=timeout_s)
         except asyncio.TimeoutError:
-            await self._close()  # a late reply would pair with the next request: drop the socket
+            self._drop()  # a late reply would pair with the next request: drop the socket (no close handshake)
             raise TimeoutError(f"No reply from {self.shown_url} within {timeout_s:g} s") from None
         except ConnectionClosed as e:
             if self._ws is ws:  # not a session opened since (a call abandoned on timeout fails late)
@@ -284,6 +443,10 @@ class SessionClient:
                 raise UntrustedReply(f"{self.shown_url}: a reply over the {MAX_REPLY_BYTES:,}-byte limit; the "
                                      "session was closed") from None
             raise
+        took = time.monotonic() - sent_at
+        if took > SLOW_REPLY_S:
+            stalled(self.shown_url, "slow", f"a {message.get('type')} reply took {took:.1f} s (bound "
+                    f"{_bound(timeout_s)}); answered, the episode goes on")
         try:
             reply = loads_reply(raw)
             data = (reply.get("data") or {}) if isinstance(reply, dict) else None

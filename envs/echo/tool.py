@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from envs.core.client import SessionClient
+from envs.core.tool import EnvTool
 from envs.echo import task
 
 
-class EchoTool:
+class EchoTool(EnvTool):
     """One echo session per rollout. Public methods are the model's tools."""
 
     def __init__(self, base_url: str) -> None:
-        self._client = SessionClient(base_url)
+        super().__init__(base_url)
         self._target: Optional[str] = None
         self._messages: list[str] = []
 

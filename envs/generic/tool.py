@@ -16,7 +16,7 @@ import inspect
 import json
 from typing import Any, Iterable, Iterator, Literal
 
-from envs.core.client import SessionClient
+from envs.core.tool import EnvTool
 from envs.core.untrusted import safe_text
 from envs.generic.interface import EnvInterface, ToolSpec
 
@@ -86,7 +86,7 @@ def mcp_result_text(result: Any, budget: int) -> str:
 
 
 # ------------------------------------------------------------------------------------ the class
-class GenericTool:
+class GenericTool(EnvTool):
     """Base of the generated classes (private class attributes: a tool name never starts with `_`)."""
 
     _interface: EnvInterface
@@ -94,7 +94,7 @@ class GenericTool:
     _budget: int = 2000
 
     def __init__(self, base_url: str) -> None:
-        self._client = SessionClient(base_url)
+        super().__init__(base_url)
         self._rewards: list[float] = []
         self._done = False
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
-from envs.core.client import SessionClient
+from envs.core.tool import EnvTool
 
 
 def _full_text(observation: dict) -> str:
@@ -18,11 +18,11 @@ def _clean(text: str, word: str) -> str:
     return "\n".join(re.sub(r"^\[GAME\] ", "", ln) for ln in lines).strip()
 
 
-class WordleTool:
+class WordleTool(EnvTool):
     """One Wordle session per rollout. Public methods are the model's tools."""
 
     def __init__(self, base_url: str) -> None:
-        self._client = SessionClient(base_url)
+        super().__init__(base_url)
         self._seen = ""
         self._done = False
         self._reward = 0.0

@@ -68,7 +68,7 @@ def test_two_envs_named_only_in_the_env_file_train_with_tool_calls_and_rewards(t
     assert "[preflight] ok: env guess: 4 replica(s) healthy; capacity 4 sessions in all (probed" in out
     assert "demo conversations from the real tool classes of notebook, guess" in out  # the warm-start
     rows = [json.loads(line) for line in stack.read(f"/outputs/{RUN}/metrics.jsonl").splitlines()
-            if line.startswith("{")]  # tools/stack.py says what it does on stdout too
+            if line.startswith("{")]  # the host says what it does on stdout too
     steps = [r for r in rows if r.get("kind") == "step"]
     assert [r["step"] for r in steps] == [1, 2, 3]
     assert sum(r["tools/call_frequency"] for r in steps) > 0, "the model never called a tool"

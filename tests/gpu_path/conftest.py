@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ROOT, compose_config
+from tools.images import TRAINER_REHEARSE_BUILD, TWIN_BUILD, image_of
 
-VLLM_CPU_IMAGE = "grpo-stack/vllm-cpu:0.31.0"
+VLLM_CPU_IMAGE = image_of(TWIN_BUILD)
 HEALTH_TIMEOUT_S = float(os.environ.get("VLLM_CPU_HEALTH_TIMEOUT_S", "600"))
 
 
@@ -29,9 +30,9 @@ def gpu_config() -> dict:
 
 @functools.lru_cache(maxsize=1)
 def ensure_vllm_cpu_image() -> None:
-    """Build grpo-stack/vllm-cpu:0.31.0 through compose, once per session: the first build takes minutes, later
+    """Build the twin (VLLM_CPU_IMAGE) through compose, once per session: the first build takes minutes, later
     ones reuse Docker's layer cache (seconds) and pick up a changed Dockerfile."""
-    from tools.stack import setup
+    from tools.docker_host import setup
 
     setup()  # copies the machine's CPU torch wheel into .wheels/
     env = dict(os.environ, COMPOSE_PROFILES="vllm-cpu")
@@ -41,7 +42,7 @@ def ensure_vllm_cpu_image() -> None:
                    cwd=ROOT, env=env, check=True)
 
 
-TRAINER_STANDIN_IMAGE = "grpo-stack/trainer:gpu-on-cpu"  # compose.yaml's trainer-rehearse-image (make rehearse's)
+TRAINER_STANDIN_IMAGE = image_of(TRAINER_REHEARSE_BUILD)  # make rehearse's trainer image
 
 
 @functools.lru_cache(maxsize=1)
@@ -183,11 +184,11 @@ def trl_client_cls(monkeypatch):
 
 def resolved(tmp_path, monkeypatch, lines: str, gpus, mode: str = "gpu") -> dict:
     """The stack `make train` would run for .env.example + `lines` on a host with `gpus` (a
-    gpu_doctor.DockerGpus): tools/stack.py's compose environment and generated file, resolved by
+    gpu_doctor.DockerGpus): the plan's compose environment and generated file, resolved by
     `docker compose config`. No GPU needed."""
     import json
 
-    from tools import settings, stack
+    from tools import docker_host, settings
 
     env_file = tmp_path / "stack.env"
     env_file.write_text((ROOT / ".env.example").read_text() + lines)
@@ -197,7 +198,7 @@ def resolved(tmp_path, monkeypatch, lines: str, gpus, mode: str = "gpu") -> dict
     from tools.prepare import compose_vars_for
 
     compose_vars = compose_vars_for(make_plan({**env, "TRAIN_MODE": mode}, gpus))
-    cmd, compose_vars = stack.compose_command(compose_vars, "config", "--format", "json")
+    cmd, compose_vars = docker_host.compose_command(compose_vars, "config", "--format", "json")
     out = subprocess.run(cmd, cwd=ROOT, env=compose_vars, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)["services"]

@@ -15,8 +15,9 @@ from tests.helpers import ROOT
 from contract import stages
 from tools import gpu_doctor
 from tools import gpu_layout
-from tools import settings, stack
+from tools import derive, docker_host, settings
 from tools.commands import smoke
+from tools.errors import StackError
 from tools.prepare import prepare
 
 sys.path.insert(0, str(ROOT / "services" / "trainer"))
@@ -63,7 +64,7 @@ def test_gpus_are_counted_as_docker_hands_them_out_test_double_for_gpu_host(setu
     found = gpu_doctor.probe_docker_gpus(SETUPS[setup], image="probe:local")
     assert found.count == count
     assert (found.method is None) if method is None else found.method.startswith(method)
-    mode, why = stack.resolve_mode({"TRAIN_MODE": "auto"}, found)
+    mode, why = derive.resolve_mode({"TRAIN_MODE": "auto"}, found)
     assert mode == ("gpu" if count else "cpu")  # a hook-only or CDI host no longer falls back to CPU
     assert found.detail in why  # says which method answered
     if not count:
@@ -76,12 +77,12 @@ def test_make_train_stops_on_a_driver_too_old_for_the_vllm_image_test_double_for
     env_file = tmp_path / "gpu.env"
     env_file.write_text((ROOT / ".env.example").read_text())
     monkeypatch.setattr(settings, "ENV_FILE", env_file)
-    monkeypatch.setattr(stack, "detect_gpus", lambda: old)
-    monkeypatch.setattr(stack, "check_docker", lambda: None)
-    monkeypatch.setattr(stack, "check_compose", lambda: None)
-    with pytest.raises(SystemExit) as stop:
+    monkeypatch.setattr(docker_host, "detect_gpus", lambda: old)
+    monkeypatch.setattr(docker_host, "check_docker", lambda: None)
+    monkeypatch.setattr(docker_host, "check_compose", lambda: None)
+    with pytest.raises(StackError) as stop:
         prepare()  # what `make train` / `make up` run first
-    assert stop.value.code == 2
+    assert "too old" in str(stop.value)  # the CLI prints it once and exits 2
     ok, line = gpu_doctor.check_driver("550.127.05", "vllm/vllm-openai:v0.31.0", "13.0")
     assert not ok and "NVIDIA driver 550.127.05 is too old for vllm/vllm-openai:v0.31.0 (CUDA 13.0)" in line
     assert "needs driver >= 580.65.06" in line
@@ -103,7 +104,7 @@ def test_an_old_driver_is_counted_and_named_not_mistaken_for_no_gpu_test_double_
 
     found = gpu_doctor.probe_docker_gpus(runner, image="vllm/vllm-openai:v0.31.0")
     assert found.count == 2 and found.gpus[0].driver == "550.127.05"
-    assert stack.resolve_mode({"TRAIN_MODE": "auto"}, found)[0] == "gpu"  # then check_driver says what to install
+    assert derive.resolve_mode({"TRAIN_MODE": "auto"}, found)[0] == "gpu"  # then check_driver says what to install
 
 
 def test_readme_states_the_minimum_driver_of_each_known_vllm_image():
@@ -141,7 +142,7 @@ def test_nccl_fast_path_makes_both_containers_one_host_to_nccl_test_double_for_g
 
 
 def test_the_pinned_revision_is_downloaded_and_served_test_double_for_gpu_host(tmp_path, monkeypatch):
-    from tools.stack import parse_env_file
+    from tools.errors import parse_env_file
 
     revision = parse_env_file(ROOT / ".env.example")["MODEL_REVISION"]
     assert len(revision) == 40  # a commit, not a branch that moves

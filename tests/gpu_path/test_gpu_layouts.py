@@ -15,7 +15,7 @@ from contract.config import RunConfig
 from trainer.launch import LaunchError, launch_argv, process_count
 from tools import gpu_doctor
 from tools import gpu_layout
-from tools import settings, stack
+from tools import docker_host, settings
 from tools.prepare import prepare
 
 
@@ -56,9 +56,9 @@ def test_eight_gpu_host_with_default_env_keeps_the_two_gpu_layout_and_proposes_o
     env_file = tmp_path / "eight.env"
     env_file.write_text((ROOT / ".env.example").read_text())
     monkeypatch.setattr(settings, "ENV_FILE", env_file)
-    monkeypatch.setattr(stack, "detect_gpus", lambda: host_with(8))
-    monkeypatch.setattr(stack, "check_docker", lambda: None)
-    monkeypatch.setattr(stack, "check_compose", lambda: None)
+    monkeypatch.setattr(docker_host, "detect_gpus", lambda: host_with(8))
+    monkeypatch.setattr(docker_host, "check_docker", lambda: None)
+    monkeypatch.setattr(docker_host, "check_compose", lambda: None)
     prepared = prepare()
     compose_vars, mode = prepared.compose_vars, prepared.mode
     out = capsys.readouterr().out

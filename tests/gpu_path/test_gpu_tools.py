@@ -13,6 +13,7 @@ from tests.helpers import ROOT
 from tools import gpu_doctor
 from tools import gpu_layout
 from tools import nccl_check
+from tools.images import TRAINER_GPU_BUILD, image_of
 
 # Recorded on a 2 x A100 host (nvidia-smi 550.x), trimmed.
 SMI_CSV_2 = """0, GPU-5d7c2f0e-aaaa-bbbb-cccc-000000000000, NVIDIA A100-SXM4-80GB, 81920, 4, 81398, 550.54.15
@@ -104,7 +105,7 @@ def test_nccl_check_plan_trainer_listens_vllm_connects_test_double_for_gpu_run()
     env = nccl_check.nccl_env({"NCCL_SOCKET_IFNAME": "ens5"})
     assert env["NCCL_DEBUG"] == "INFO" and env["NCCL_P2P_DISABLE"] == "1" and env["NCCL_SOCKET_IFNAME"] == "ens5"
     layout = gpu_layout.placements(["0"], ["1"], fast_path=False)
-    t = nccl_check.docker_run_argv("trainer", "grpo-stack/trainer:gpu", layout["trainer"], "net", "t", env, "-",
+    t = nccl_check.docker_run_argv("trainer", image_of(TRAINER_GPU_BUILD), layout["trainer"], "net", "t", env, "-",
                                    51216, 64, 3)
     v = nccl_check.docker_run_argv("vllm", "vllm/vllm-openai:v0.31.0", layout["vllm"], "net", "v", env,
                                    "172.20.0.5", 51216, 64, 3)

@@ -184,3 +184,62 @@ def test_make_rehearse_two_processes_pushes_into_the_twin_and_judges_importance_
     assert ok is True, detail
     assert stages.parse(log)["importance_sampling"]["ok"] is True
 
+
+
+SERVED = """
+import json, sys, urllib.request
+def post(path, body):
+    req = urllib.request.Request('http://vllm:8000' + path, json.dumps(body).encode(), {'Content-Type': 'application/json'})
+    return json.load(urllib.request.urlopen(req, timeout=300))
+models = json.load(urllib.request.urlopen('http://vllm:8000/v1/models', timeout=60))['data']
+out = {'models': {m['id']: m.get('root') for m in models}}
+for m in models:
+    out[m['id']] = post('/v1/completions', {'model': m['id'], 'prompt': %s, 'max_tokens': 4, 'temperature': 0,
+                                            'logprobs': 1})['choices'][0]['logprobs']['token_logprobs']
+print(json.dumps(out))
+""" % PROMPT
+
+SAME_ADAPTER = """
+import sys
+from safetensors.torch import load_file
+pushed, saved = (load_file(f'{d}/adapter_model.safetensors') for d in sys.argv[1:3])
+assert pushed.keys() == saved.keys() and len(pushed) > 0, (sorted(pushed)[:3], sorted(saved)[:3])
+assert all((pushed[k] == saved[k]).all() for k in pushed), 'the pushed adapter is not the checkpoint one'
+assert any(t.abs().sum() > 0 for k, t in pushed.items() if 'lora_B' in k), 'lora_B still zero: nothing trained'
+print(len(pushed), 'adapter tensors, pushed == checkpoint')
+"""
+
+
+def test_make_rehearse_async_lora_pushes_the_adapter_alone_and_the_twin_serves_what_the_trainer_wrote(rehearsal):
+    """#32: ROLLOUTS=async with LORA_R=8 through `make rehearse`: the plan restarts the twin with the vllm service's
+    LoRA flags (trainer/run/lora.py), TRL's adapter-only sync writes <run>/.vllm_lora/trl-policy-v<N> and has the twin
+    load it by /v1/load_lora_adapter (no weight reload, no NCCL), the worker's requests name it, and after the run
+    the newest served adapter is the run's last checkpoint, byte for byte, and serves other log-probs than the base.
+    Last in this module: the twin keeps the LoRA flags after it."""
+    run = "rehearsal-lora-async"
+    # MAX_STALENESS=2: versions v2..v4 stay loaded (--max-loras=4); groups of 8 so a step moves the adapter
+    log = rehearse(rehearsal, TRAINER_PROCESSES="1", RUN_NAME=run, MAX_STEPS="3", ROLLOUTS="async", LORA_R="8",
+                   MAX_STALENESS="2", LEARNING_RATE="2e-3", NUM_GENERATIONS="8", PER_DEVICE_TRAIN_BATCH_SIZE="8")
+    assert "[train] ROLLOUTS=async: TRL's AsyncGRPOTrainer" in log
+    assert "training: LoRA r=8" in log
+    assert "[weight-sync] LoRA adapter-only (async): no NCCL group, no base weight pushed" in log, log[-6000:]
+    assert "[weight-sync] vLLM reloaded" not in log and "WEIGHT_TRANSFER=reload (async)" not in log
+    twin_args = docker("inspect", "--format", "{{json .Args}}", container(rehearsal, "vllm")).stdout
+    assert all(flag in twin_args for flag in ("--enable-lora", "--max-lora-rank=8", "--max-loras=4")), twin_args
+    rows = step_rows(rehearsal, run)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert sum(r["tools/call_frequency"] for r in rows) > 0  # the worker's requests, by adapter name, were served
+    print("[rehearsal lora async] weight sync s per step: " + ", ".join(
+        f"{r.get('perf/weight_sync_s', float('nan')):.3f}" for r in rows))
+
+    served = json.loads(on_agentnet(rehearsal, "python3", "-c", SERVED).strip().splitlines()[-1])
+    adapters = {name: root for name, root in served["models"].items() if name.startswith("trl-policy-v")}
+    newest = max(adapters, key=lambda name: int(name.rsplit("v", 1)[1]))
+    # TRL's cold sync before step 1 is v1, then one per step; v1 was unloaded past MAX_STALENESS
+    assert sorted(adapters) == ["trl-policy-v2", "trl-policy-v3", "trl-policy-v4"], served["models"]
+    assert adapters[newest] == f"/outputs/{run}/.vllm_lora/{newest}"  # the folder the trainer wrote, read-only
+    (base_name,) = set(served["models"]) - set(adapters)  # the tiny model the twin serves
+    base = served[base_name]
+    print(f"[rehearsal lora async] base {base}\n{newest} {served[newest]}")
+    assert served[newest] != base, "the pushed adapter did not change what the twin serves"
+    print(outputs_run(rehearsal, "python3", "-c", SAME_ADAPTER, adapters[newest], f"/outputs/{run}/checkpoint-3"))

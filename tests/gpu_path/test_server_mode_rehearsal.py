@@ -32,6 +32,7 @@ from tests.gpu_path.conftest import (
     wait_until_healthy,
 )
 from tests.helpers import build_images
+from tools.images import local_env_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -53,7 +54,7 @@ def rehearsal_stack(gpu_config, tiny_model_dir, twin_hf_cache, tmp_path_factory)
     env_name = f"{network}-env"
     docker("run", "-d", "--name", env_name, "--label", "grpo-test=1", "--network", network,
            "--network-alias", "env-echo", "-e", "ENV_NAME=echo", "-e", "MAX_CONCURRENT_ENVS=64",
-           "grpo-stack/env-server:local")
+           local_env_image())
     twin = start_twin(gpu_config, twin_hf_cache, docker_args=("--network", network, "--network-alias", "vllm",
                                                                "-v", f"{weights}:/weights:ro"))
     try:

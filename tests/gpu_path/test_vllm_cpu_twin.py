@@ -66,12 +66,12 @@ def test_commands_for_vllm_based_images_say_python3():
     """Every command the host runs in the trainer images (the GPU one is built on vLLM's) starts with python3."""
     import re
 
-    from tools.stack import TRAINER_PYTHON
+    from tools.docker_host import TRAINER_PYTHON
 
     assert TRAINER_PYTHON == ("python3",)
     compose = (ROOT / "compose.yaml").read_text()
     assert not re.search(r'\["python",', compose), "compose.yaml runs `python` in an image"
-    for path in [ROOT / "tools/stack.py", ROOT / "tools/prepare.py", *(ROOT / "tools/commands").glob("*.py"),
+    for path in [ROOT / "tools/docker_host.py", ROOT / "tools/prepare.py", *(ROOT / "tools/commands").glob("*.py"),
                  ROOT / "Makefile"]:
         assert not re.search(r'(?<![\w/.])python -m trainer', path.read_text()), path
 

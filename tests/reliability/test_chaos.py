@@ -38,4 +38,5 @@ def test_short_chaos_run_keeps_its_figures(docker, tmp_path):
            f"{f['calls_checked']} replies checked, 0 paired wrong; {f['infra_failures']} of {f['episodes']} episodes "
            f"lost to infrastructure; 0 steps lost or repeated; 0 slots held "
            f"{f['slots_held_at_end']['after_s']:.0f} s after exit; {len(f['stalls'])} stalls within bound "
-           f"({sum(1 for s in f['stalls'] if s['diagnosis'])} with a diagnosis line)")
+           f"({sum(1 for s in f['stalls'] if s['diagnosis'])} of {sum(1 for s in f['stalls'] if s['waited'])} "
+           f"waited on with a diagnosis line); {f['replayed']} episodes saved by a replayed reset")

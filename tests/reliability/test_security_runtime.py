@@ -21,10 +21,11 @@ from websockets.sync.client import connect
 
 from tests.helpers import ROOT, build_images, write_env_file
 from tests.reliability.common import ENV_NAMES, VALID_ACTIONS, assert_structured, report
+from tools.images import ENV_SERVER_BUILD, TRAINER_CPU_BUILD, image_of
 
 pytestmark = pytest.mark.docker
 
-IMAGES = {"env-server": "grpo-stack/env-server:local", "trainer-cpu": "grpo-stack/trainer:cpu"}
+IMAGES = {"env-server": image_of(ENV_SERVER_BUILD), "trainer-cpu": image_of(TRAINER_CPU_BUILD)}
 DOCKERFILES = {"env-server": "services/env-server/Dockerfile", "trainer-cpu": "services/trainer/Dockerfile.cpu"}
 
 
@@ -99,7 +100,7 @@ def read_secret_in_container(base: list[str], tmp_path: Path) -> subprocess.Comp
     a file its non-root user can read (length only). Stand-in: the CPU trainer image instead of the GPU one (both run
     as uid 10001; the GPU image is not built on CPU machines)."""
     override = tmp_path / "model-download-on-cpu-image.yaml"
-    override.write_text('services:\n  model-download:\n    image: grpo-stack/trainer:cpu\n')
+    override.write_text(f'services:\n  model-download:\n    image: {IMAGES["trainer-cpu"]}\n')
     return subprocess.run(
         [*base, "-f", str(ROOT / "compose.yaml"), "-f", str(override), "run", "--rm", "--no-deps", "--entrypoint",
          "python3", "model-download", "-c",
@@ -109,14 +110,14 @@ def read_secret_in_container(base: list[str], tmp_path: Path) -> subprocess.Comp
 
 def test_token_file_made_by_setup_is_readable_by_the_container_user(docker, tmp_path, monkeypatch):
     _need_image("trainer-cpu")
-    import tools.stack as stack
+    from tools import docker_host
     from tools import settings
 
     project = f"grpo-test-{uuid.uuid4().hex[:8]}"
     token_file = tmp_path / ".secrets" / "hf_token"
     env_file = write_env_file(tmp_path / "s.env", project, ["cpu"], {"HF_TOKEN_FILE": str(token_file)})
     monkeypatch.setattr(settings, "ENV_FILE", env_file)
-    stack.setup()
+    docker_host.setup()
     with token_file.open("w") as f:  # what a user does next: put the token in (mode is kept)
         f.write("hf_" + "x" * 34 + "\n")
     base = ["docker", "compose", "--env-file", str(env_file), "-p", project]

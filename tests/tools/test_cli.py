@@ -91,9 +91,10 @@ def test_port_in_use_names_the_port_and_the_fix(tmp_path):
 
 
 def test_doctor_reports_every_problem_at_once(tmp_path):
-    r = stack(tmp_path, "doctor", make=True, env_lines="ENV_NAME=nope\nTRAIN_MODE=tpu",
+    r = stack(tmp_path, "doctor", make=True, env_lines="ENV_NAME=nope\nTRAIN_MODE=tpu\nLEARNIG_RATE=0.1",
               extra_env={"STACK_FAKE_NO_GPU": "1"})
     assert r.returncode != 0
+    assert "WARN LEARNIG_RATE in .env: no setting reads it (did you mean LEARNING_RATE?)" in r.stdout
     assert "ENV_NAME: 'nope' is not built in" in r.stderr
     assert "TRAIN_MODE: unknown value 'tpu'" in r.stderr
     assert "doctor found problems" in r.stdout
@@ -118,24 +119,23 @@ def test_every_env_service_is_generated_from_the_one_template(tmp_path, monkeypa
     for echo, for a built-in env added as one folder + its registry line (maze), and for an image named in .env;
     ENV_URLS's envs get none."""
     from envs import registry
-    from tools import settings
-    from tools import stack as stack_module
+    from tools import compose_file, images, settings
     from tools.plan import make_plan
 
     monkeypatch.setitem(registry._SPECS, "maze", registry._SPECS["catch"])  # stands in for envs/maze/
     monkeypatch.setattr(settings, "ENV_FILE", tmp_path / "none.env")
-    servers = [n for n, svc in stack_module.compose_yaml_services().items()
+    servers = [n for n, svc in images.compose_yaml_services().items()
                if n.startswith("env-") and "build" not in svc.get("profiles", [])]
     assert servers == ["env-template"]
     plan = make_plan({"ENV_NAME": "echo,maze,connect4,far", "ENV_CONNECT4_IMAGE": "example/connect4:1",
                       "ENV_URLS": "far=http://10.0.0.9:8000", "TRAIN_MODE": "cpu"}, None)
-    files = stack_module.write_compose_files(plan.generated_compose())
+    files = compose_file.write_compose_files(plan.generated_compose())
     generated = yaml.safe_load(files[1].read_text())["services"]
     assert set(generated) == {"env-echo", "env-maze", "env-connect4", "trainer", "trainer-cpu", "model-init"}
     for name in ("echo", "maze"):
         assert generated[f"env-{name}"] == {
             "extends": {"file": str(ROOT / "compose.yaml"), "service": "env-template"}, "profiles": [name],
-            "image": f"${{ENV_{name.upper()}_IMAGE:-grpo-stack/env-server:local}}",
+            "image": f"${{ENV_{name.upper()}_IMAGE:-{images.local_env_image()}}}",
             "deploy": {"replicas": f"${{ENV_{name.upper()}_REPLICAS:-1}}"}, "environment": {"ENV_NAME": name},
             "user": f"${{ENV_{name.upper()}_USER:-10001:10001}}"}  # non-root whatever the image says (SECURITY.md)
     assert generated["env-connect4"]["image"] == "${ENV_CONNECT4_IMAGE}"
@@ -165,9 +165,10 @@ def test_fleet_mode_starts_no_env_service_and_joins_the_trainers_not_vllm_to_the
     assert set(config["services"]["model-init"]["networks"]) == {"envnet", "fleet"}
     assert config["services"]["trainer-cpu"]["environment"]["ENV_FLEET"] == "swarm"
     assert config["services"]["trainer-cpu"]["environment"]["ENV_CONNECT4_IMAGE"] == "example/connect4:1"
-    from tools import stack as stack_module
+    from tools import compose_file
+    from tools.derive import env_kinds
 
-    attached = stack_module.fleet_attachments({"ENV_NAME": "echo", "ENV_FLEET": "swarm"})
+    attached = compose_file.fleet_attachments(env_kinds({"ENV_NAME": "echo", "ENV_FLEET": "swarm"}))
     assert "vllm" not in attached and set(attached) == {"trainer", "trainer-cpu", "model-init"}
 
 
@@ -204,8 +205,40 @@ def test_a_compose_env_service_becomes_a_swarm_service_with_the_same_values():
 
 
 def test_compose_before_2_24_4_is_refused_for_override_tags():
-    from tools.stack import compose_too_old
+    from tools.docker_host import compose_too_old
 
     assert "need >= 2.24.4" in compose_too_old("2.24.3") and "`!override`" in compose_too_old("v2.24.0")
     assert compose_too_old("2.24.4") is None and compose_too_old("v2.40.3") is None
     assert compose_too_old("garbage") is not None
+
+
+def test_report_baseline_and_clean_are_host_commands_running_what_the_makefile_ran(monkeypatch, tmp_path):
+    """The Makefile's one-liners call these; what each runs, with Compose and Docker recorded instead of called."""
+    from tools import docker_host, images, prepare
+    from tools.commands import baseline, clean, report
+    from tools.plan import make_plan
+
+    calls = []
+    prepared = prepare.Prepared(make_plan({"TRAIN_MODE": "cpu"}, None), {})
+    monkeypatch.setattr(prepare.Prepared, "compose", lambda self, *args, **kw: calls.append(("compose", *args)) or 0)
+    monkeypatch.setattr(docker_host, "run", lambda cmd, **kw: calls.append(tuple(cmd)))
+    for command in (report, baseline, clean):
+        monkeypatch.setattr(command, "prepare", lambda: prepared)
+    monkeypatch.setattr(baseline, "bring_up", lambda p: calls.append(("bring_up",)))
+    monkeypatch.setattr(report, "ROOT", tmp_path)
+
+    assert report.run(["--run", "r1"]) == 0
+    built, ran = calls[-2], calls[-1]
+    assert built == ("compose", "--progress", "quiet", "build", "trainer-cpu-image")
+    assert ran[:4] == ("compose", "run", "--rm", "--no-deps") and ran[ran.index("--user") + 1] == f"{os.getuid()}:{os.getgid()}"
+    assert f"{tmp_path / 'reports'}:/reports" in ran and (tmp_path / "reports").is_dir()
+    assert ran[ran.index("trainer-cpu"):] == ("trainer-cpu", "python3", "-m", "trainer.report", "--outputs", "/outputs",
+                                              "--run", "r1", "--out-dir", "/reports")
+    calls.clear()
+    assert baseline.run([]) == 0
+    assert calls[0] == ("bring_up",) and calls[-1][-3:] == ("python3", "-m", "trainer.baseline")
+    calls.clear()
+    assert clean.run([]) == 0
+    assert calls[0] == ("compose", "--profile", "*", "down", "--volumes", "--remove-orphans")
+    assert calls[1][:4] == ("docker", "image", "rm", "-f")
+    assert set(calls[1][4:]) == {images.image_of(s) for s in images.BUILT_HERE} and len(calls[1][4:]) == 5

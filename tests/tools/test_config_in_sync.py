@@ -7,10 +7,10 @@ import re
 import yaml
 
 from tests.helpers import ROOT
-from tools.stack import parse_env_file
+from tools.errors import parse_env_file
 
 # Set by compose for every run, not by users: the container paths and service URLs.
-FIXED_BY_COMPOSE = {"OUTPUT_DIR", "VLLM_SERVER_URL", "VLLM_WORLD_SIZE"}  # the last: tools/stack.py, from VLLM_GPU
+FIXED_BY_COMPOSE = {"OUTPUT_DIR", "VLLM_SERVER_URL", "VLLM_WORLD_SIZE"}  # the last: tools/gpu_layout.py, from VLLM_GPU
 
 
 def readme_table_vars() -> list[str]:
@@ -62,3 +62,35 @@ def test_compose_fallbacks_and_env_example_repeat_the_one_python_default():
     for value in (defaults.GPU_MODEL, defaults.VLLM_IMAGE):
         writers = [p.relative_to(ROOT).as_posix() for p in python_sources if f'"{value}"' in p.read_text()]
         assert writers == ["contract/defaults.py"], (value, writers)
+
+
+def test_a_misspelled_env_key_is_named_with_the_setting_it_resembles_and_legitimate_keys_are_not():
+    from tools.env_keys import unread_keys
+
+    assert unread_keys(parse_env_file(ROOT / ".env.example")) == []  # every key the example names is read
+    legit = {"ENV_CONNECT4_IMAGE": "org/env:1", "ENV_CONNECT4_REPLICAS": "auto", "ENV_CONNECT4_USER": "1000",
+             "HF_TOKEN": "x", "MY_APP_PORT": "9000", "WANDB_PROJECT": "p", "NCCL_IB_DISABLE": "1"}
+    assert unread_keys(legit) == []
+    lines = unread_keys({"LEARNIG_RATE": "0.1", "MY_OWN_THING": "1", **legit})
+    assert len(lines) == 2 and "LEARNIG_RATE" in lines[0] and "did you mean LEARNING_RATE?" in lines[0], lines
+    assert lines[1].startswith("MY_OWN_THING in .env: no setting reads it")
+
+
+def test_make_train_warns_of_a_misspelled_key_before_anything_starts(monkeypatch, capsys):
+    import pytest
+
+    from tools.commands import train
+    from tools.plan import make_plan
+    from tools.prepare import Prepared
+
+    class Started(Exception):
+        pass
+
+    def bring_up(prepared):
+        raise Started
+
+    monkeypatch.setattr(train, "bring_up", bring_up)
+    plan = make_plan({"TRAIN_MODE": "cpu", "LEARNIG_RATE": "0.1"}, None)
+    with pytest.raises(Started):
+        train.train(Prepared(plan, {}), [])
+    assert "LEARNIG_RATE in .env: no setting reads it (did you mean LEARNING_RATE?)" in capsys.readouterr().out

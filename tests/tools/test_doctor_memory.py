@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from tools import gpu_doctor, stack
+from tools import derive, gpu_doctor
 from tools.commands import doctor
 
 QWEN3_06B = {"model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024, "intermediate_size": 3072,
@@ -26,7 +26,7 @@ ONE_24GB = gpu_doctor.parse_gpu_csv(
 
 
 def rows_for(gpus, dotenv, mode, config=QWEN3_06B, where="test"):
-    return gpu_doctor.memory_rows(gpus, dotenv, mode, stack.run_config(dotenv, mode), config, where)
+    return gpu_doctor.memory_rows(gpus, dotenv, mode, derive.run_config(dotenv, mode), config, where)
 
 
 def test_two_gpu_host_prints_the_breakdown_for_the_trainer_gpu_only_test_double_for_gpu_host():
@@ -75,9 +75,9 @@ def test_a_model_not_downloaded_yet_is_said_so_not_failed():
 
 def test_model_name_as_a_local_folder_is_read_from_it(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_06B))
-    cfg = stack.run_config({"MODEL_NAME": str(tmp_path)}, "gpu")
+    cfg = derive.run_config({"MODEL_NAME": str(tmp_path)}, "gpu")
     assert gpu_doctor.model_config(cfg) == (QWEN3_06B, str(tmp_path))
-    missing = stack.run_config({"MODEL_NAME": str(tmp_path / "nope")}, "gpu")
+    missing = derive.run_config({"MODEL_NAME": str(tmp_path / "nope")}, "gpu")
     assert gpu_doctor.model_config(missing)[0] is None
 
 
@@ -87,7 +87,7 @@ def test_config_json_is_read_from_the_hf_cache_volume_at_the_pinned_revision():
     container; a volume that does not exist is not created."""
     volume = f"grpo-test-hmaster-hf-{uuid.uuid4().hex[:8]}"
     rev = "c1899de289a04d12100db370d81485cdf75e47ca"
-    cfg = stack.run_config({"MODEL_NAME": "Qwen/Qwen3-0.6B", "MODEL_REVISION": rev}, "gpu")
+    cfg = derive.run_config({"MODEL_NAME": "Qwen/Qwen3-0.6B", "MODEL_REVISION": rev}, "gpu")
     image = gpu_doctor.probe_image()
     try:
         assert gpu_doctor.model_config(cfg, volume=volume) == (
@@ -102,9 +102,9 @@ def test_config_json_is_read_from_the_hf_cache_volume_at_the_pinned_revision():
                        check=True, capture_output=True)
         config, where = gpu_doctor.model_config(cfg, volume=volume)
         assert config == QWEN3_06B and where == f"Qwen/Qwen3-0.6B@{rev[:12]} in volume {volume}"
-        main = stack.run_config({"MODEL_NAME": "Qwen/Qwen3-0.6B", "MODEL_REVISION": "main"}, "gpu")
+        main = derive.run_config({"MODEL_NAME": "Qwen/Qwen3-0.6B", "MODEL_REVISION": "main"}, "gpu")
         assert gpu_doctor.model_config(main, volume=volume)[0] == QWEN3_06B  # a branch: through refs/
-        other = stack.run_config({"MODEL_NAME": "Qwen/Qwen3-0.6B", "MODEL_REVISION": "0" * 40}, "gpu")
+        other = derive.run_config({"MODEL_NAME": "Qwen/Qwen3-0.6B", "MODEL_REVISION": "0" * 40}, "gpu")
         assert gpu_doctor.model_config(other, volume=volume)[0] is None
     finally:
         subprocess.run(["docker", "volume", "rm", "-f", volume], capture_output=True)

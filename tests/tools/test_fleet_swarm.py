@@ -20,6 +20,7 @@ import time
 import pytest
 
 from tests.helpers import EnvFileStack, build_images
+from tools.images import local_env_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -84,7 +85,7 @@ def task_address(cid: str, network: str) -> str:
 
 def tasks_dns(stack) -> list[str]:
     """What `tasks.env-echo` answers on the fleet's network now (a throw-away container, as the trainer asks)."""
-    res = cli("run", "--rm", "--network", stack.name, "--entrypoint", "python", "grpo-stack/env-server:local", "-c",
+    res = cli("run", "--rm", "--network", stack.name, "--entrypoint", "python", local_env_image(), "-c",
               "import socket; print(' '.join(sorted({a[4][0] for a in socket.getaddrinfo('tasks.env-echo', 8000, "
               "socket.AF_INET)})))", check=False)
     return res.stdout.split()

@@ -19,6 +19,7 @@ from collections import Counter
 import pytest
 
 from tests.helpers import ROOT, EnvFileStack, build_images
+from tools.images import local_env_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -66,7 +67,7 @@ def two_nodes(docker, tmp_path_factory):
             cli("exec", node, "docker", "swarm", "join", "--token", token, f"{manager['NodeAddr']}:2377")
             wait_for("the worker is Ready", lambda: f"{node} Ready" in cli("node", "ls", "--format",
                                                                         "{{.Hostname}} {{.Status}}").stdout)
-            save = subprocess.Popen(["docker", "save", "grpo-stack/env-server:local"], stdout=subprocess.PIPE)
+            save = subprocess.Popen(["docker", "save", local_env_image()], stdout=subprocess.PIPE)
             cli("exec", "-i", node, "docker", "load", stdin=save.stdout)  # no registry: the image goes over by hand
             assert save.wait() == 0
             yield stack, manager["NodeID"], node
@@ -90,7 +91,7 @@ def test_tasks_spread_over_both_nodes_and_keep_off_the_labelled_gpu_host(two_nod
     manager = cli("node", "inspect", manager_id, "--format", "{{.Description.Hostname}}").stdout.strip()
     up = stack.stack("fleet", "up")
     assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
-    assert "image(s) only on this machine: grpo-stack/env-server:local" in up.stdout  # the warning a user gets
+    assert f"image(s) only on this machine: {local_env_image()}" in up.stdout  # the warning a user gets
     assert placement(stack) == {manager: 2, node: 2}
 
     cli("node", "update", "--label-add", "grpo.role=gpu", manager_id)  # README "Across machines", step 2

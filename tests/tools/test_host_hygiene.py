@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-import tools.stack as stack
+from tools import docker_host
+from tools.derive import env_kinds
+from tools.errors import StackError
 
 
 def token_env(tmp_path, dir_mode: int, file_mode: int = 0o644) -> dict[str, str]:
@@ -19,28 +21,28 @@ def token_env(tmp_path, dir_mode: int, file_mode: int = 0o644) -> dict[str, str]
 
 
 def test_private_token_directory_passes(tmp_path):
-    assert stack.check_token_file(token_env(tmp_path, 0o700)) is None
+    assert docker_host.check_token_file(token_env(tmp_path, 0o700)) is None
 
 
 @pytest.mark.parametrize("mode", [0o750, 0o705, 0o755, 0o777])
 def test_token_directory_open_to_group_or_world_fails_with_the_fix(tmp_path, mode):
-    problem = stack.check_token_file(token_env(tmp_path, mode))
+    problem = docker_host.check_token_file(token_env(tmp_path, mode))
     assert problem and "chmod 700" in problem and "other users" in problem
 
 
 def test_token_file_unreadable_by_the_containers_fails(tmp_path):
-    problem = stack.check_token_file(token_env(tmp_path, 0o700, file_mode=0o600))
+    problem = docker_host.check_token_file(token_env(tmp_path, 0o700, file_mode=0o600))
     assert problem and "chmod 644" in problem
 
 
 @pytest.mark.parametrize("image", ["--privileged", "-v/:/host", "a b", "img;rm", "x\n-y"])
 def test_an_image_name_that_docker_would_read_as_options_is_refused_before_docker_runs(image, monkeypatch, capsys):
     ran = []
-    monkeypatch.setattr(stack, "run", lambda cmd, **kw: ran.append(cmd))
+    monkeypatch.setattr(docker_host, "run", lambda cmd, **kw: ran.append(cmd))
     env = {"ENV_NAME": "thing", "ENV_THING_IMAGE": image}
-    with pytest.raises(stack.StackError):  # exits 2, its one line on stderr
-        stack.check_custom_images(env)
-    assert f"ENV_THING_IMAGE={image!r} is not an image name" in capsys.readouterr().err
+    with pytest.raises(StackError) as stop:  # the CLI prints its one line on stderr and exits 2
+        docker_host.check_custom_images(env_kinds(env))
+    assert f"ENV_THING_IMAGE={image!r} is not an image name" in str(stop.value)
     assert ran == []
 
 
@@ -50,6 +52,6 @@ def test_ordinary_image_names_pass_and_reach_docker_after_a_double_dash(image, m
     import subprocess
 
     ran = []
-    monkeypatch.setattr(stack, "run", lambda cmd, **kw: ran.append(cmd) or subprocess.CompletedProcess(cmd, 0))
-    stack.check_custom_images({"ENV_NAME": "thing", "ENV_THING_IMAGE": image})
+    monkeypatch.setattr(docker_host, "run", lambda cmd, **kw: ran.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+    docker_host.check_custom_images(env_kinds({"ENV_NAME": "thing", "ENV_THING_IMAGE": image}))
     assert ran == [["docker", "image", "inspect", "--", image]]

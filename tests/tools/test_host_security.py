@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from tests.helpers import ROOT
-from tools import stack
+from tools import docker_host
 
 ARGV_PRINTER = f"{sys.executable} -c 'import json, sys; print(json.dumps(sys.argv[1:]))'"
 
@@ -22,7 +22,7 @@ ARGV_PRINTER = f"{sys.executable} -c 'import json, sys; print(json.dumps(sys.arg
     ("dev", False, False),
 ])
 def test_engine_versions_that_let_the_lan_reach_loopback_ports_are_warned_about(version, firewalld, warned):
-    msg = stack.loopback_exposure(version, firewalld)
+    msg = docker_host.loopback_exposure(version, firewalld)
     assert bool(msg) is warned, msg
     if warned:
         assert msg.startswith(f"Docker Engine {version}:") and "Upgrade Docker Engine to >= 28." in msg
@@ -32,7 +32,7 @@ def test_engine_versions_that_let_the_lan_reach_loopback_ports_are_warned_about(
 
 
 def engine() -> str:
-    r = stack.run(["docker", "version", "--format", "{{.Server.Version}}"])
+    r = docker_host.run(["docker", "version", "--format", "{{.Server.Version}}"])
     if r.returncode != 0:
         pytest.skip("no Docker engine answering")
     return r.stdout.strip()
@@ -45,7 +45,7 @@ def test_make_doctor_warns_about_this_engine_without_failing_for_it(tmp_path):
     env = dict(os.environ, STACK_ENV_FILE=str(env_file))
     r = subprocess.run(["make", "--no-print-directory", "doctor"], cwd=ROOT, env=env, capture_output=True, text=True,
                        timeout=300)
-    expected = stack.loopback_exposure(engine(), stack.firewalld_running())
+    expected = docker_host.loopback_exposure(engine(), docker_host.firewalld_running())
     lines = [line for line in r.stdout.splitlines() if "docker loopback ports" in line]
     assert lines == ([f"  WARN docker loopback ports: {expected}"] if expected else []), r.stdout
     assert "FAIL docker loopback" not in r.stdout

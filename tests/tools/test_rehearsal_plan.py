@@ -10,11 +10,11 @@ import subprocess
 import pytest
 
 from tests.helpers import ROOT
-from tools.stack import compose_yaml_services
+from tools.images import compose_yaml_services
 
 
 def rehearsal_config(tmp_path, monkeypatch, lines: str = "") -> tuple[dict, object]:
-    from tools import settings, stack
+    from tools import docker_host, settings
     from tools.plan import rehearsal_plan
     from tools.prepare import compose_vars_for
 
@@ -22,7 +22,7 @@ def rehearsal_config(tmp_path, monkeypatch, lines: str = "") -> tuple[dict, obje
     env_file.write_text((ROOT / ".env.example").read_text() + lines)
     monkeypatch.setattr(settings, "ENV_FILE", env_file)
     plan = rehearsal_plan(settings.load())
-    cmd, env = stack.compose_command(compose_vars_for(plan, "compose.rehearse"), "config", "--format", "json")
+    cmd, env = docker_host.compose_command(compose_vars_for(plan, "compose.rehearse"), "config", "--format", "json")
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout), plan
@@ -60,7 +60,49 @@ def test_the_trainer_trains_on_cpu_and_pushes_by_reload_through_a_shared_volume(
 def test_a_bad_training_setting_stops_the_rehearsal_with_one_line(tmp_path, monkeypatch, capsys):
     from tools.errors import StackError
 
-    with pytest.raises(StackError):
+    with pytest.raises(StackError) as stop:  # the CLI prints it, once, and exits 2
         rehearsal_config(tmp_path, monkeypatch, "\nNUM_GENERATIONS=3\nPER_DEVICE_TRAIN_BATCH_SIZE=4\n")
-    err = capsys.readouterr().err.strip().splitlines()
+    err = str(stop.value).strip().splitlines()
     assert len(err) == 1 and "NUM_GENERATIONS=3" in err[0] and "PER_DEVICE_TRAIN_BATCH_SIZE" in err[0], err
+
+
+LORA_ASYNC = "\nTRAIN_MODE=auto\nROLLOUTS=async\nLORA_R=8\nMAX_STALENESS=2\n"
+
+
+def test_lora_async_serves_adapters_with_the_same_flags_in_the_rehearsal_as_on_a_gpu_host(tmp_path, monkeypatch):
+    """#32: LORA_R with ROLLOUTS=async syncs the adapter alone, so vLLM serves LoRA: its LoRA flags, the runtime
+    adapter routes and the trainer's outputs (read-only, where TRL writes <run dir>/.vllm_lora) come from
+    trainer/run/lora.py, and the twin of `make rehearse` runs exactly the GPU host's vllm command."""
+    from tests.gpu_path.conftest import resolved
+    from tests.gpu_path.test_gpu_layouts import host_with
+
+    config, plan = rehearsal_config(tmp_path, monkeypatch, LORA_ASYNC)
+    twin = config["services"]["vllm"]
+    gpu_host = resolved(tmp_path, monkeypatch, LORA_ASYNC, host_with(2))["vllm"]
+    hub_pins = ("--revision=", "--tokenizer-revision=")  # the twin serves a local folder (MODEL_REVISION empty)
+    assert [f for f in twin["command"] if not f.startswith(hub_pins)] == \
+        [f for f in gpu_host["command"] if not f.startswith(hub_pins)]
+    assert len(twin["command"]) == len(compose_yaml_services()["vllm"]["command"]) + 3
+    assert twin["command"][-3:] == ["--enable-lora", "--max-lora-rank=8", "--max-loras=4"]  # MAX_STALENESS + 2
+    for vllm in (twin, gpu_host):
+        assert vllm["environment"]["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
+        outputs = next(v for v in vllm["volumes"] if v["target"] == "/outputs")
+        assert outputs["source"] == "outputs" and outputs["read_only"] is True
+    assert {v["target"] for v in twin["volumes"]} == {"/models", "/weights", "/outputs"}
+    # full fine-tuning, or LoRA with sync rollouts (merged weights pushed): compose.yaml's flags alone
+    for lines in ("\nROLLOUTS=async\n", "\nROLLOUTS=sync\nLORA_R=8\n"):
+        plain, _ = rehearsal_config(tmp_path, monkeypatch, "\nTRAIN_MODE=auto\n" + lines)
+        assert "--enable-lora" not in plain["services"]["vllm"]["command"]
+        assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in plain["services"]["vllm"]["environment"]
+
+
+def test_lora_async_with_data_parallel_vllm_stops_with_one_line(tmp_path, monkeypatch, capsys):
+    from tests.gpu_path.conftest import resolved
+    from tests.gpu_path.test_gpu_layouts import host_with
+    from tools.errors import StackError
+
+    with pytest.raises(StackError) as raised:
+        resolved(tmp_path, monkeypatch, LORA_ASYNC + "VLLM_GPU=0,1\nTRAINER_GPU=2\nVLLM_PARALLEL=data\n", host_with(3))
+    err = str(raised.value).strip().splitlines()  # the CLI prints it once (tools/cli.py)
+    assert len(err) == 1 and "LORA_R with ROLLOUTS=async and vLLM data parallel" in err[0], err
+    assert "VLLM_PARALLEL=tensor" in err[0]

@@ -131,3 +131,128 @@ def test_the_worker_gets_a_traced_loop_class_it_can_pickle_by_name():
     worker._loop_cls = Untraced
     with pytest.raises(TypeError, match=r"class Untraced\(TracedRollouts, \.\.\.\)"):
         use_traced_loop(worker)
+
+
+# ---------------------------------------------------------------------------- #33: infra-ended episodes, async side
+class EveryOtherResetDown(registry.get("echo").tool_class):
+    """The echo tool class whose env is unreachable at every second reset (the session client's error after its
+    reconnect wait, raised at once): each group of two then has one episode the env side ended."""
+
+    resets = 0
+
+    def reset(self, **row):
+        EveryOtherResetDown.resets += 1
+        if EveryOtherResetDown.resets % 2 == 0:
+            raise ConnectionError("Cannot reach env server at ws://env-echo:8000/ws: [Errno 111] refused")
+        return super().reset(**row)
+
+
+def infra_loop(tmp_path, tiny_model_dir, url, tool_class, reward_funcs):
+    PartialState()
+    STATS.drain()
+    STATS.drain_infra_failures()
+    spec = registry.get("echo")
+    rows = [encode_row(dict(r)) for r in spec.make_dataset(4, 0)]
+    loop = ScriptedTurnsLoop(
+        model_name="tiny", dataset=Dataset.from_list(rows), reward_funcs=reward_funcs,
+        processing_class=AutoTokenizer.from_pretrained(tiny_model_dir), eos_token_ids=[],
+        rollout_buffer=queue.Queue(), model_version_value=SimpleNamespace(value=0),
+        heartbeat_value=SimpleNamespace(value=0.0), failed_event=threading.Event(),
+        exception_info_queue=queue.Queue(), metrics_queue=queue.Queue(),
+        environment_factory=EnvFactory("echo", tool_class, url), num_generations=2,
+        max_inflight_tasks=2, max_tokens=64, trace_dir=str(tmp_path), trace_every=1, trace_samples=2)
+    loop.eos_token_ids = [loop.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    return loop
+
+
+def test_an_episode_the_env_side_ended_is_counted_and_never_reaches_the_trainer(tmp_path, tiny_model_dir,
+                                                                                echo_server, monkeypatch):
+    """With the unfinished-episode penalty among the reward functions (it scores an unmarked row, so it must see the
+    episodes to say None), each group's one env-ended episode is out of its baseline (the other's advantage is 0: it
+    is the only scored row), its sample is dropped before the queue (never in a loss or its token count), and the
+    step record counts it under the sync trainer's key."""
+    from trainer.rollouts import infra_failures
+    from trainer.rollouts.rewards import unfinished_penalty
+
+    monkeypatch.setattr(EveryOtherResetDown, "resets", 0)
+    monkeypatch.setattr(infra_failures, "WINDOWS", infra_failures.FailureWindow())
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    penalty = unfinished_penalty(-1.0, frozenset({tokenizer.convert_tokens_to_ids("<|im_end|>")}))
+    loop = infra_loop(tmp_path, tiny_model_dir, echo_server.url, EveryOtherResetDown, [penalty])
+    try:
+        run_loop(loop, samples_wanted=2)
+    finally:
+        loop._tool_pool.shutdown(wait=True)
+        loop._loop.close()
+    samples = []
+    while not loop.rollout_buffer.empty():
+        samples.append(loop.rollout_buffer.get_nowait())
+    sink = defaultdict(list)
+    while not loop._metrics_queue.empty():
+        for key, value in loop._metrics_queue.get_nowait().items():
+            sink[key].append(value)
+    groups = len(sink[async_metrics.INFRA_TOTAL])
+    assert groups >= 2 and sink[async_metrics.INFRA_TOTAL] == [1.0] * groups  # one env-ended episode per group
+    assert len(samples) == groups  # one trained sample per group: the env-ended one was dropped
+    for sample in samples:
+        assert sample.advantage == 0.0, "the env-ended episode was in the group's baseline"
+        assert sample.metrics["reward"] == sample.metrics["reward"]  # not NaN: a scored episode
+        assert sample.completion_mask.sum() > 0
+    record = async_metrics.record({k: _reduce_metric(k, v) for k, v in sink.items()})
+    assert record[infra_failures.METRIC] == groups
+    assert record["env/echo/infra_failures"] >= 1
+    [traced] = [r for r in traces.read(tmp_path / traces.ROLLOUTS_FILE) if r["infra_failure"]]
+    assert traced["infra_failure"].startswith("reset failed: connection lost") and traced["reward"] is None
+
+
+class AlwaysDown(registry.get("echo").tool_class):
+    def reset(self, **row):
+        raise ConnectionError("Cannot reach env server at ws://env-echo:8000/ws: [Errno 111] refused")
+
+
+def test_a_dead_env_in_the_rollout_worker_stops_the_trainer_with_the_sync_line(tmp_path, tiny_model_dir, monkeypatch):
+    """TRL's worker loop (`run`, as in the spawned child) ends on EnvDown and reports it; the trainer's health check
+    (async_run.stop_on_env_down over TRL's own) raises that EnvDown, one line, on its next empty queue: train.py then
+    exits 6, as in sync mode, instead of a chained traceback or a wait for the 300 s heartbeat."""
+    from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
+
+    from trainer.rollouts import infra_failures
+    from trainer.run.async_run import stop_on_env_down
+
+    monkeypatch.setattr(infra_failures, "WINDOWS", infra_failures.FailureWindow(window=8, min_episodes=4))
+    loop = infra_loop(tmp_path, tiny_model_dir, "http://127.0.0.1:9", AlwaysDown, [])
+
+    async def loops_without_http_session(stop_event):  # TRL's _run_loops minus aiohttp's session (not installed here)
+        await asyncio.gather(loop._generate_loop(stop_event=stop_event), loop._score_loop(stop_event=stop_event))
+
+    loop._run_loops = loops_without_http_session
+    with pytest.raises(infra_failures.EnvDown):
+        loop.run()  # TRL's own: puts (type, message, traceback), sets the failed event, re-raises
+    worker = object.__new__(AsyncRolloutWorker)  # TRL's class (its __init__ wants vLLM installed)
+    worker._failed_event, worker._exception_info_queue = loop._failed_event, loop._exception_info_queue
+    worker._heartbeat_value, worker._process = SimpleNamespace(value=0.0), None
+    stop_on_env_down(worker)
+    with pytest.raises(infra_failures.EnvDown) as stopped:
+        worker.check_health(300.0)
+    line = str(stopped.value)
+    assert "\n" not in line and line.startswith("env echo: ") and "Cannot reach env server" in line
+
+
+def test_the_health_check_keeps_trls_report_for_other_failures_and_sees_a_silent_death_at_once():
+    from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
+
+    from trainer.run.async_run import stop_on_env_down
+
+    worker = object.__new__(AsyncRolloutWorker)
+    worker._failed_event, worker._exception_info_queue = threading.Event(), queue.Queue(maxsize=1)
+    worker._heartbeat_value = SimpleNamespace(value=__import__("time").time())
+    worker._process = SimpleNamespace(pid=4242, exitcode=-9, is_alive=lambda: False)
+    stop_on_env_down(worker)
+    with pytest.raises(RuntimeError, match=r"pid 4242\) exited with code -9") as died:
+        worker.check_health(300.0)  # the heartbeat is fresh: TRL's check alone would wait for it to go stale
+    assert "\n" not in str(died.value)
+    worker._failed_event.set()
+    worker._exception_info_queue.put(("ValueError", "bad row", "Traceback ..."))
+    with pytest.raises(RuntimeError, match="Rollout worker child has failed") as failed:
+        worker.check_health(300.0)
+    assert "ValueError: bad row" in str(failed.value.__cause__)

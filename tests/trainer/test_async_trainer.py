@@ -5,7 +5,6 @@ tests/gpu_path/test_async_rehearsal.py."""
 
 from __future__ import annotations
 
-import importlib
 import pickle
 import subprocess
 import sys
@@ -147,13 +146,6 @@ def test_the_stack_rollout_loop_and_reload_transfer_pickle_by_name():
     assert pickle.loads(pickle.dumps(transfer)).folder == "/weights"
 
 
-@pytest.mark.parametrize("module, name, members", __import__("trainer.run.async_trainer").run.async_trainer.TRL_PRIVATES)
-def test_the_trl_privates_the_async_trainer_relies_on_exist(module, name, members):
-    obj = getattr(importlib.import_module(module), name)
-    for member in members:
-        assert hasattr(obj, member), f"{module}.{name}.{member} is gone: re-check trainer/run/async_trainer.py"
-
-
 def test_the_async_config_carries_the_sync_settings():
     from trainer.run.async_trainer import build_async_config
 
@@ -229,42 +221,25 @@ def test_a_tool_call_past_tool_timeout_s_fails_with_the_sync_message_and_closes_
 
 
 # ---------------------------------------------------------------------------------------------- the pin
-# sha256 of the dedented source of each TRL function trainer/run/async_trainer.py relies on, in trl 1.16.0 (the same
-# digest as tests/trainer/test_rollout_loop.py's pin): a TRL upgrade names what to re-check.
-PINNED = {
-    "trl.experimental.async_grpo.async_rollout_worker._AsyncRolloutLoop._execute_tool_calls": (
-        "89feb747a530221790466cfc758761ca210279e83ab19bfdc412016686165cf9",
-        "StackRolloutLoop wraps the tools it is handed (TOOL_TIMEOUT_S): still awaited when a coroutine function, "
-            "an exception still becomes the model's {'error': ...}"),
-    "trl.experimental.async_grpo.async_rollout_worker._AsyncRolloutLoop._post": (
-        "d879b18016b977be20b1057c2023be613ee093caeeba2078f8ab0db004c1c73e",
-        "StackRolloutLoop._post adds the neutral penalties and drops the seed on the CPU twin"),
-    "trl.experimental.async_grpo.async_rollout_worker._AsyncRolloutLoop._generate_one_turn": (
-        "cc52b73f459a70923cbc305102f559d33f1b67204e2c24924a7124c173b31d8b",
-        "the completion payload (`seed`, no presence/frequency penalty, max_tokens per turn) StackRolloutLoop edits"),
-    "trl.experimental.async_grpo.async_rollout_worker._AsyncRolloutLoop.__init__": (
-        "69b0c04bd6725a1183b7c1b1fe6204422509c56b054d364f480ac6a8776daf29",
-        "`_tool_pool` (TOOL_CONCURRENCY resizes it) and the probe instance of each env factory"),
-    "trl.experimental.async_grpo.async_rollout_worker.AsyncRolloutWorker.start": (
-        "e18c56d86e4e0bf4ed77c7a551a731b5a70406421be38991c1ab203a9e414f10",
-        "spawns `self._loop_cls(**self._loop_kwargs)`: the per-instance loop class and kwargs the subclass sets"),
-    "trl.experimental.async_grpo.async_grpo_trainer.AsyncGRPOTrainer.__init__": (
-        "3da8098371b3142c38b7fd81c3bca3322e24b6930b3962d3f479d7dbe64f84e6",
-        "get_peak_flops_per_device (replaced while it runs, CPU), the worker's `model_name` kwarg (the served id), "
-            "`weight_transfer` taking over the sync"),
-    "trl.experimental.async_grpo.async_grpo_trainer.AsyncGRPOTrainer._sync_weight_merged": (
-        "b9b5fa4dd30ac95069bb757fc152e6e28545e490b5cc2037553f3488e78920a4",
-        "the order ReloadWeightTransfer relies on: pause, send_weights (rank 0; others iterate for FSDP2), resume"),
-}
+# The TRL sources trainer/run/async_trainer.py relies on are pinned in trainer/run/trl_privates.py (tests/trainer/test_trl_privates.py).
 
 
-@pytest.mark.parametrize("dotted", sorted(PINNED))
-def test_trl_sources_the_async_trainer_relies_on_are_the_pinned_ones(dotted):
-    import trl
+def test_lora_async_unloads_the_policy_adapters_an_earlier_run_left_in_vllm(monkeypatch, capsys):
+    """A fresh run numbers its adapters from v1 again; vLLM refuses a name it holds (400), so the earlier run's go."""
+    import requests
 
-    from tests.trainer.test_rollout_loop import source_digest
-    from trainer.rollouts.rollout_loop import TRL_VERSION
+    from trainer.run.async_trainer import _unload_earlier_adapters
 
-    expected, what = PINNED[dotted]
-    assert trl.__version__ == TRL_VERSION, f"trl {trl.__version__} installed, the async trainer follows {TRL_VERSION}"
-    assert source_digest(dotted) == expected, f"{dotted} changed in trl {trl.__version__}: re-check {what}"
+    held = ["/models/base", "trl-policy-v3", "trl-policy-v4", "my-own-adapter"]
+    unloaded = []
+
+    class Answer:
+        def json(self):
+            return {"data": [{"id": name} for name in held]}
+
+    monkeypatch.setattr(requests, "get", lambda url, timeout: Answer())
+    monkeypatch.setattr(requests, "post", lambda url, json, timeout: unloaded.append((url, json["lora_name"])))
+    _unload_earlier_adapters("http://vllm:8000/", "trl-policy-v")
+    assert unloaded == [("http://vllm:8000/v1/unload_lora_adapter", "trl-policy-v3"),
+                        ("http://vllm:8000/v1/unload_lora_adapter", "trl-policy-v4")]
+    assert "unloaded 2 adapter(s) an earlier run left in vLLM" in capsys.readouterr().out

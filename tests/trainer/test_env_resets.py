@@ -10,12 +10,8 @@ could never open it). A reset that raises surfaces as TRL's does: the first fail
 
 from __future__ import annotations
 
-import ast
-import hashlib
-import inspect
 import itertools
 import re
-import textwrap
 import threading
 
 import pytest
@@ -151,28 +147,4 @@ def test_reset_all_is_bounded_by_tool_concurrency():
 
 
 # ---------------------------------------------------------------------------------------------- the pin
-# sha256 of the dedented source of the TRL method whose reset loop trainer/rollouts/rollout_loop.py runs ahead of it.
-PINNED = {
-    "trl.trainer.grpo_trainer.GRPOTrainer._generate_and_score_completions": (
-        "3d5cec813b83b3964b0aa9acdbb3f233f4e036ea1a2b0ac5aa521e23f321e7ef",
-        "the env pool drawing _reset_batch_at_once repeats (pool cursor per environment, factory call when a pool "
-        "runs short) and the reset loop it feeds (reset(**row) on each env in batch order, `environment` dropped in "
-        "multi-environment mode)"),
-}
-
-
-@pytest.mark.parametrize("dotted", sorted(PINNED))
-def test_trl_source_the_resets_follow_is_the_pinned_one(dotted):
-    import importlib
-
-    import trl
-
-    from trainer.rollouts.rollout_loop import TRL_VERSION
-
-    module_name, cls_name, func_name = dotted.rsplit(".", 2)
-    source = textwrap.dedent(inspect.getsource(getattr(getattr(importlib.import_module(module_name), cls_name),
-                                                       func_name)))
-    ast.parse(source)
-    expected, what = PINNED[dotted]
-    assert trl.__version__ == TRL_VERSION, f"trl {trl.__version__} installed, the resets follow {TRL_VERSION}"
-    assert hashlib.sha256(source.encode()).hexdigest() == expected, f"{dotted} changed: re-check {what}"
+# The TRL sources whose reset loop trainer/rollouts/rollout_loop.py runs ahead of it (GRPOTrainer._generate_and_score_completions) are pinned in trainer/run/trl_privates.py (tests/trainer/test_trl_privates.py).

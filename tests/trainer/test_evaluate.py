@@ -76,6 +76,7 @@ def test_the_numbers_are_real_episodes_and_consistent(evaluated):
         assert row["mean_reward"] >= row["success_rate"] - 1e-9
         assert 0 <= row["tool_failures_per_episode"] <= row["tool_calls_per_episode"]
         assert row["tokens_per_episode"] > 0
+        assert row["infra_failures"] == 0  # a healthy server: every episode scored
     assert any(row["tool_calls_per_episode"] > 0 for row in data["rows"]), "no episode called a tool"
 
 
@@ -127,3 +128,32 @@ def test_no_gpu_check_where_the_trainer_runs_on_cpu(tmp_path):
     assert check_gpu_memory(RunConfig.load([]), "cpu", [str(tmp_path)]) is None  # no child process, no CUDA asked
     (tmp_path / "model.safetensors").write_bytes(b"x" * 1000)
     assert weights_bytes(tmp_path) == 1000 and weights_bytes(tmp_path / "missing") == 0
+
+
+# ------------------------------------------------------------------ #33 item 4: episodes the env side ended
+def test_an_episode_the_env_side_ended_is_left_out_of_every_figure_and_counted():
+    from trainer.after.evaluate import Episode, summarize
+
+    lost = "reset failed: connection lost: ConnectionError: Cannot reach env server"
+    episodes = [Episode(0, 1.0, 1, 0, 10), Episode(0, 0.0, 0, 1, 30, lost),  # task 0: one scored, one lost
+                Episode(1, 0.2, 1, 0, 10), Episode(1, 1.0, 1, 0, 20)]
+    row = summarize("trained", "echo", episodes, 2, 0.5)
+    assert row["episodes"] == 3 and row["infra_failures"] == 1
+    assert row["mean_reward"] == pytest.approx((1.0 + 0.2 + 1.0) / 3)  # not (... + 0) / 4: the lost one is not a 0
+    assert row["success_rate"] == pytest.approx(2 / 3)
+    assert row["tokens_per_episode"] == pytest.approx(40 / 3) and row["tool_failures_per_episode"] == 0
+    assert row["pass_at_k"]["1"] == pytest.approx((1.0 + 0.5) / 2)  # task 0 over its one scored episode
+    assert row["pass_at_k"]["2"] == pytest.approx(1.0)  # only task 1 has two scored episodes
+    assert set(row) == set(eval_report.ROW_KEYS)
+
+
+def test_an_env_that_lost_every_episode_shows_no_figure_and_says_how_many():
+    from trainer.after.evaluate import Episode, summarize
+
+    row = summarize("base", "echo", [Episode(0, 0.0, 0, 1, 5, "no reply"), Episode(0, 0.0, 0, 1, 5, "no reply")],
+                    2, 0.5)
+    assert row["episodes"] == 0 and row["infra_failures"] == 2 and row["mean_reward"] is None
+    data = {"threshold": 0.5, "ks": [1, 2], "rows": [row]}
+    table = eval_report.markdown_table(data)
+    assert "env-ended (left out)" in table.splitlines()[0]
+    assert table.splitlines()[-1] == "| echo | base | 0 | n/a | n/a | n/a | n/a | n/a | n/a | n/a | 2 |"

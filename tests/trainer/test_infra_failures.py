@@ -225,7 +225,9 @@ def scripted_trainer(tmp_path, tiny_model_dir, echo_server, monkeypatch):
     def scripted_turn(prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         turns.append(len(prompt_ids))
         if len(turns) == 1:
-            trainer.environments[3]._client.close()  # its session is gone before its call (a server restart)
+            lost = trainer.environments[3]._client
+            lost.close()  # its session is gone before its call (a server restart) ...
+            lost._replayable = None  # ... and cannot be replayed (as after an answered step; the client's own tests)
             return [list(ids) for ids in first], None
         return [list(answer) for _ in prompt_ids], None
 

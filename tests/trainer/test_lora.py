@@ -129,24 +129,5 @@ def test_qloras_push_without_merging_yields_exactly_what_trls_merge_then_read_yi
     print(f"TRL's merge + unmerge moved the fp32 base by up to {drift:.1e} (rounding); merged_weights by 0")
 
 
-# sha256 of the dedented source of each TRL private trainer/run/lora.py relies on, in trl 1.16.0 (as the rollout loop's pin)
-PINNED = {
-    "trl.generation.vllm_generation.VLLMGeneration._iter_named_params": (
-        "e68f35cf66fe49f6f38d7b7084b66a9a76a0ace2bf1ad7e72836f6bc435bc7aa",
-        "the one iterator every push reads, which lora.push_without_merging replaces for QLoRA and merged_weights "
-        "must equal (names, order, merged values; the differential test above)"),
-    "trl.generation.vllm_generation.VLLMGeneration._fix_param_name_to_vllm": (
-        "35e6cb36995b927d4177adea289e49a1526708ab5005b82e2d7e6a49508a5df5",
-        "the vLLM parameter names merged_weights yields through it"),
-}
-
-
-def test_trl_sources_lora_relies_on_are_the_pinned_ones():
-    import trl
-
-    from tests.trainer.test_rollout_loop import source_digest
-    from trainer.rollouts.rollout_loop import TRL_VERSION
-
-    assert trl.__version__ == TRL_VERSION
-    for dotted, (expected, what) in PINNED.items():
-        assert source_digest(dotted) == expected, f"{dotted} changed in trl {trl.__version__}: re-check {what}"
+# The TRL privates trainer/run/lora.py relies on (VLLMGeneration._iter_named_params, _fix_param_name_to_vllm) are pinned in
+# trainer/run/trl_privates.py (tests/trainer/test_trl_privates.py).

@@ -10,13 +10,10 @@ the budget.
 
 from __future__ import annotations
 
-import ast
 import copy
-import hashlib
 import inspect
 import json
 import re
-import textwrap
 
 import pytest
 
@@ -185,38 +182,7 @@ def test_the_batch_covers_every_decision_of_the_loop(both_loops):
 
 
 # ---------------------------------------------------------------------------------------------- the pin
-# sha256 of the dedented source of each TRL function this loop copies or relies on, in trl 1.16.0.
-PINNED = {
-    "trl.trainer.grpo_trainer.GRPOTrainer._tool_call_loop": (
-        "45b10ad512c52ceaa8f3a009ed4c2ded4ed03febb289889d529fafecb23363dd",
-        "the tool loop trainer/rollouts/rollout_loop.py copies: port any change in messages, masks, counts, overlong "
-            "rollback or the iteration limit"),
-    "trl.generation.vllm_generation.VLLMGeneration.generate": (
-        "50190d860bb1870bd877f77bb060d1fe09645d60d2225d81e78030b2ec824e64",
-        "the generation collective the loop keeps in step (server: gather_object + slice by process_index * "
-            "len(prompts); colocate TP: all_gather_object): re-check that equal prompt counts per rank suffice"),
-}
-
-
-def source_digest(dotted: str) -> str:
-    import importlib
-
-    module_name, cls_name, func_name = dotted.rsplit(".", 2)
-    cls = getattr(importlib.import_module(module_name), cls_name)
-    source = textwrap.dedent(inspect.getsource(getattr(cls, func_name)))
-    ast.parse(source)
-    return hashlib.sha256(source.encode()).hexdigest()
-
-
-@pytest.mark.parametrize("dotted", sorted(PINNED))
-def test_trl_sources_the_loop_follows_are_the_pinned_ones(dotted):
-    import trl
-
-    from trainer.rollouts.rollout_loop import TRL_VERSION
-
-    expected, what = PINNED[dotted]
-    assert trl.__version__ == TRL_VERSION, f"trl {trl.__version__} installed, the loop follows {TRL_VERSION}"
-    assert source_digest(dotted) == expected, f"{dotted} changed in trl {trl.__version__}: re-check {what}"
+# The sources this loop copies or relies on are pinned in trainer/run/trl_privates.py (tests/trainer/test_trl_privates.py).
 
 
 def test_trl_calls_the_loop_with_the_pinned_signature():

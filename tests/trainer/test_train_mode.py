@@ -1,4 +1,4 @@
-"""The one TRAIN_MODE rule (contract/train_mode.py), used by the host (tools/stack.py, gpu_doctor) and the
+"""The one TRAIN_MODE rule (contract/train_mode.py), used by the host (tools/derive.py, gpu_doctor) and the
 trainer (contract.config): same inputs, same mode, wherever it is resolved."""
 
 from __future__ import annotations

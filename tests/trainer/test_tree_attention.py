@@ -10,12 +10,8 @@ fetching) its FA3 kernel; the TRL sources this follows are pinned.
 
 from __future__ import annotations
 
-import ast
-import hashlib
-import importlib
 import inspect
 import re
-import textwrap
 
 import pytest
 import torch
@@ -226,45 +222,7 @@ def test_choose_backend_without_cuda_says_why():
 
 
 # ---------------------------------------------------------------------------------------------- the pin
-# sha256 of the dedented source of the TRL code tree_attention.py follows, in trl 1.16.0.
-PINNED = {
-    "trl.experimental.async_grpo.packing.tree_attention": (
-        "558ae72eccb3310e9a4f0a35e4f16a865351183a41fd824af9eb250e552af1cb",
-        "the kernel call tree_attention.py reproduces (gathered K/V, causal=True bottom-right, window, softcap)"),
-    "trl.experimental.async_grpo.packing.TreeRow.pack": (
-        "c7379352296e55f529b5ae455e74fb17110acdc7b01f4113285c348562f67713",
-        "the tree layout tree_mask reads (segments contiguous, kv_index = root-to-segment paths)"),
-    "trl.experimental.async_grpo.packing.register_tree_attention": (
-        "da79c546d534d80d001536da39fba0953ff6f14556e45d8f48a4c9c5dd977ab1",
-        "what register() mirrors (attention + no-op mask function under TREE_ATTENTION)"),
-    "trl.experimental.async_grpo.async_grpo_trainer.AsyncGRPOTrainer.compute_loss": (
-        "4fad05bf0e8bb74090dc902b988afd9782b52bd42cf2931ffb690cb43381a255",
-        "the tree kwargs the model gets (tree_max_seqlen_q/_k from tree_max_seqlens)"),
-}
-
-
-def source_digest(dotted: str) -> str:
-    parts = dotted.split(".")
-    for split in range(len(parts) - 1, 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:split]))
-        except ImportError:
-            continue
-        for name in parts[split:]:
-            obj = getattr(obj, name)
-        break
-    source = textwrap.dedent(inspect.getsource(obj))
-    ast.parse(source)
-    return hashlib.sha256(source.encode()).hexdigest()
-
-
-@pytest.mark.parametrize("dotted", sorted(PINNED))
-def test_trl_sources_tree_attention_follows_are_the_pinned_ones(dotted):
-    import trl
-
-    expected, what = PINNED[dotted]
-    assert trl.__version__ == "1.16.0", f"trl {trl.__version__} installed, tree_attention.py follows 1.16.0"
-    assert source_digest(dotted) == expected, f"{dotted} changed in trl {trl.__version__}: re-check {what}"
+# The TRL sources tree_attention.py follows are pinned in trainer/run/trl_privates.py (tests/trainer/test_trl_privates.py).
 
 
 def test_trls_trainer_registers_through_the_name_install_replaces():

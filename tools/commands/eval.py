@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from tools import stack
+from tools import docker_host
 from tools.commands.up import bring_up
 from tools.prepare import prepare, run_in_cpu_trainer
 
@@ -17,4 +17,4 @@ def run(rest: list[str]) -> int:
     if service == "trainer-cpu":
         return run_in_cpu_trainer(prepared, *EVALUATE, *rest)
     # GPU hosts: the trainer image on the trainer's GPU, vLLM inside it (trainer.evaluate); the model is downloaded
-    return prepared.compose("run", "--rm", "--no-deps", service, *stack.TRAINER_PYTHON, *EVALUATE, *rest)
+    return prepared.compose("run", "--rm", "--no-deps", service, *docker_host.TRAINER_PYTHON, *EVALUATE, *rest)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 
-from tools import stack
+from tools import settings
 from tools.prepare import prepare
 
 
 def run(rest: list[str]) -> int:
     prepared = prepare()
     # made here, as this user: Docker would create a missing bind-mount source owned by root
-    (stack.ROOT / "exports").mkdir(exist_ok=True)
+    (settings.ROOT / "exports").mkdir(exist_ok=True)
     prepared.compose("--progress", "quiet", "build", "trainer-cpu-image", extra_profiles=("build",))
     # as the host user, like `make report`: the folder is theirs; the compose service adds the volume and the secret
     user = f"{os.getuid()}:{os.getgid()}"

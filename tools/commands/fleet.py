@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tools import fleet, stack
+from tools import docker_host, fleet
 
 
 def run(rest: list[str]) -> int:
-    stack.setup()
+    docker_host.setup()
     return fleet.main(rest)

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from tools import stack
+from tools import docker_host
 
 
 def run(rest: list[str]) -> int:
-    stack.setup()
+    docker_host.setup()
     return 0

@@ -6,7 +6,9 @@ from __future__ import annotations
 import subprocess
 import time
 
-from tools import stack
+from tools import docker_host, settings
+from tools.errors import StackError, say
+from contract.train_mode import spec as mode_spec
 from contract import sampling_health
 from tools.commands.up import bring_up
 from tools.prepare import Prepared, prepare
@@ -43,7 +45,7 @@ SMOKE_STAGES = {
 def smoke_stages(mode: str, rollouts: str = "sync") -> tuple[str, ...]:
     """The mode's stages; ROLLOUTS=async adds `staleness` after the first weight sync (the importance-sampling stage
     then judges TRL's async `ratio`: contract.sampling_health.ASYNC_RATIO)."""
-    found = stack.mode_spec(mode).smoke_stages
+    found = mode_spec(mode).smoke_stages
     if rollouts != "async" or "first_weight_sync" not in found:
         return found
     at = found.index("first_weight_sync") + 1
@@ -75,7 +77,7 @@ def smoke_table(mode: str, found: dict[str, dict], failed_rc: int | None,
 
 def run_logged(cmd: list[str], dotenv: dict[str, str]) -> tuple[int, str]:
     """Run, echo every line as it comes, and keep the text for the stage records."""
-    proc = subprocess.Popen(cmd, cwd=stack.ROOT, env=dotenv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen(cmd, cwd=settings.ROOT, env=dotenv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             bufsize=1)
     seen = []
     assert proc.stdout is not None
@@ -93,12 +95,12 @@ def smoke(prepared: Prepared, require_gpu: bool) -> int:
     mode, compose_vars = prepared.mode, prepared.compose_vars
     rollouts = (prepared.plan.settings.values.get("ROLLOUTS") or "sync").strip().lower()
     if require_gpu and mode == "cpu":
-        raise stack.StackError(f"make gpu-smoke checks the GPU path, and this host has {stack.detect_gpus().detail}; "
+        raise StackError(f"make gpu-smoke checks the GPU path, and this host has {docker_host.detect_gpus().detail}; "
                          "`make doctor` says why, `make train` trains on the CPU profile here")
     log_text, t0 = "", time.monotonic()
     if mode != "cpu":
-        stack.say("stage: model download (model-download job)")
-        rc, text = run_logged(stack.compose_command(compose_vars, "run", "--rm", "-T", "model-download")[0], compose_vars)
+        say("stage: model download (model-download job)")
+        rc, text = run_logged(docker_host.compose_command(compose_vars, "run", "--rm", "-T", "model-download")[0], compose_vars)
         log_text += text
         if rc != 0:
             lines, _ = smoke_table(mode, stages.parse(log_text), rc, rollouts)
@@ -107,15 +109,15 @@ def smoke(prepared: Prepared, require_gpu: bool) -> int:
     bring_up(prepared)
     service = prepared.plan.spec.trainer_service
     if prepared.plan.spec.makes_model_locally:
-        rc, text = run_logged(stack.compose_command(compose_vars, "run", "--rm", "-T", "model-init")[0], compose_vars)
+        rc, text = run_logged(docker_host.compose_command(compose_vars, "run", "--rm", "-T", "model-init")[0], compose_vars)
         if rc != 0:
-            stack.say(f"the CPU profile's model-init job failed (exit {rc}); the messages above say why")
+            say(f"the CPU profile's model-init job failed (exit {rc}); the messages above say why")
             return rc
-    args = [*stack.TRAINER_PYTHON, "-m", "trainer.launch", "--max-steps", str(SMOKE_STEPS), "--run-name", f"smoke-{mode}",
+    args = [*docker_host.TRAINER_PYTHON, "-m", "trainer.launch", "--max-steps", str(SMOKE_STEPS), "--run-name", f"smoke-{mode}",
             "--resume", "fresh", "--logging-steps", "1"]  # every step's metrics: the importance-sampling stage reads 2-3
-    stack.say(f"stage: {SMOKE_STEPS} training steps with `{service}` (mode {mode}, ROLLOUTS={rollouts}), "
+    say(f"stage: {SMOKE_STEPS} training steps with `{service}` (mode {mode}, ROLLOUTS={rollouts}), "
               f"run smoke-{mode}")
-    rc, text = run_logged(stack.compose_command(compose_vars, "run", "--rm", "-T", "--no-deps", service, *args)[0], compose_vars)
+    rc, text = run_logged(docker_host.compose_command(compose_vars, "run", "--rm", "-T", "--no-deps", service, *args)[0], compose_vars)
     lines, ok = smoke_table(mode, stages.parse(log_text + text), rc, rollouts)
     print(f"[stack] smoke run, mode {mode}, {time.monotonic() - t0:.0f}s in all:")
     print("\n".join(lines))

@@ -5,27 +5,30 @@ from __future__ import annotations
 
 from typing import Callable
 
-from tools import stack
+from tools import docker_host, env_keys
+from tools.errors import say
 from contract.defaults import EXIT_VLLM_RESTART
 from tools.commands.up import bring_up
 from tools.prepare import Prepared, prepare
 
 
 def train(prepared: Prepared, args: list[str]) -> int:
+    for line in env_keys.unread_keys(prepared.plan.values):  # a misspelled setting would silently keep its default
+        say(f"WARNING: {line}")
     bring_up(prepared)
     spec, mode = prepared.plan.spec, prepared.mode
     deps: list[str] = []
     if spec.makes_model_locally:  # the init job in the foreground, so its messages (e.g. an env's bad schema) are seen
         rc = prepared.compose("run", "--rm", "model-init")
         if rc != 0:
-            stack.say(f"the CPU profile's model-init job failed (exit {rc}); the messages above say why")
+            say(f"the CPU profile's model-init job failed (exit {rc}); the messages above say why")
             return rc
         deps = ["--no-deps"]  # env servers are up and healthy (above), the model is made
-    stack.say(f"training with `{spec.trainer_service}` (mode {mode}); outputs go to the `outputs` volume")
+    say(f"training with `{spec.trainer_service}` (mode {mode}); outputs go to the `outputs` volume")
 
     def run_trainer() -> int:
         return prepared.compose("run", "--rm", *deps, spec.trainer_service,
-                                *([*stack.TRAINER_PYTHON, "-m", "trainer.launch", *args] if args else []))
+                                *([*docker_host.TRAINER_PYTHON, "-m", "trainer.launch", *args] if args else []))
 
     def restart_vllm() -> int:  # a fresh container, not the wedged one restarted; `--wait`: until healthy
         return prepared.compose("up", "-d", "--no-deps", "--force-recreate", "--wait", "vllm")
@@ -34,10 +37,10 @@ def train(prepared: Prepared, args: list[str]) -> int:
     where = ("the CPU profile (tiny local model, no vLLM)" if mode == "cpu" else
              f"mode {mode}'s rehearsal on CPU" if prepared.plan.rehearsal else f"mode {mode}")
     if rc == 0:
-        stack.say(f"training finished on {where}; `make rollouts` shows what the model did, `make eval` scores it, "
+        say(f"training finished on {where}; `make rollouts` shows what the model did, `make eval` scores it, "
                   "`make report` plots it")
     else:
-        stack.say(f"training on {where} stopped with exit code {rc}; the messages above say why. "
+        say(f"training on {where} stopped with exit code {rc}; the messages above say why. "
                   "`make train` again resumes from the last checkpoint")
     return rc
 
@@ -49,10 +52,10 @@ def recovering(run_trainer: Callable[[], int], restart_vllm: Callable[[], int]) 
     rc = run_trainer()
     if rc != EXIT_VLLM_RESTART:
         return rc
-    stack.say("restarting the vllm service (the trainer's line above says why), health-gated, then training again")
+    say("restarting the vllm service (the trainer's line above says why), health-gated, then training again")
     restarted = restart_vllm()
     if restarted != 0:
-        stack.say(f"restarting the vllm service failed (exit {restarted}); `docker compose logs vllm` says why")
+        say(f"restarting the vllm service failed (exit {restarted}); `docker compose logs vllm` says why")
         return restarted
     return run_trainer()
 

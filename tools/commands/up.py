@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from tools import fleet, stack
+from tools import docker_host, fleet
+from tools.errors import StackError, say
 from tools.commands.build import build
 from tools.prepare import Prepared, prepare
 
@@ -13,29 +14,29 @@ def bring_up(prepared: Prepared) -> None:
     plan, values = prepared.plan, prepared.plan.values
     if plan.fleet:
         fleet.role(values)  # no swarm: say so before any build
-    exposure = stack.check_loopback_guarantee()
+    exposure = docker_host.check_loopback_guarantee()
     if exposure:  # warn, do not stop: CI's Debian engine is 20.10, and the fix is the host's (SECURITY.md)
-        stack.say(f"WARNING: {exposure}")
+        say(f"WARNING: {exposure}")
     build(prepared)
     processes = int(prepared.compose_vars.get("TRAINER_PROCESSES") or values.get("TRAINER_PROCESSES") or 1)
     if plan.fleet:
         fleet.up_here(values, plan.mode, processes)
     services, profiles = list(plan.services), prepared.compose_vars["COMPOSE_PROFILES"]
     if plan.settings.DASHBOARD:
-        problem = stack.check_port(values, "DASHBOARD_PORT")
+        problem = docker_host.check_port(values, "DASHBOARD_PORT")
         if problem:
-            raise stack.StackError(problem)
+            raise StackError(problem)
         services.append("dashboard")
         profiles += ",dashboard"
     if not plan.fleet:
-        stack.check_custom_images(values)
-        prepared.compose_vars.update(stack.resolve_auto_replicas(values, plan.mode, processes))  # each opens sessions
+        docker_host.check_custom_images(plan.envs)
+        prepared.compose_vars.update(docker_host.resolve_auto_replicas(plan.envs, values, plan.mode, processes))  # each opens sessions
     if not services:
         return
-    stack.say("starting " + ", ".join(services) + " and waiting until healthy")
-    if stack.compose({**prepared.compose_vars, "COMPOSE_PROFILES": profiles}, "up", "-d", "--wait", *services) != 0:
-        custom = stack.unhealthy_custom_envs(prepared.compose_vars, values)
-        raise stack.StackError("; ".join(custom) if custom else
+    say("starting " + ", ".join(services) + " and waiting until healthy")
+    if docker_host.compose({**prepared.compose_vars, "COMPOSE_PROFILES": profiles}, "up", "-d", "--wait", *services) != 0:
+        custom = docker_host.unhealthy_custom_envs(prepared.compose_vars, plan.envs)
+        raise StackError("; ".join(custom) if custom else
                                "some services did not become healthy: `make ps` and `make logs` show why; "
                                "`make doctor` checks the usual causes")
 

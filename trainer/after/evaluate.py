@@ -129,26 +129,38 @@ class Episode:
     calls: int
     failures: int
     tokens: int
+    infra_failure: str | None = None  # why the env side ended it (trainer.rollouts.infra_failures): then it is not scored
 
 
 def summarize(model: str, env: str, episodes: list[Episode], generations: int, threshold: float) -> dict[str, Any]:
-    """One eval.json row: means over episodes, pass@k over tasks (each played `generations` times)."""
-    n = len(episodes)
+    """One eval.json row: means over the scored episodes, pass@k over tasks (each played `generations` times).
+    An episode the env side ended (its server died, its session was lost, a reply never came) is not the model's
+    failure: it is left out of every figure and counted in `infra_failures`; `episodes` counts the scored ones, and
+    pass@k for a task is taken over its scored episodes (a task with fewer than k of them is left out of pass@k)."""
     tasks: dict[int, list[Episode]] = {}
     for ep in episodes:
         tasks.setdefault(ep.task, []).append(ep)
     if any(len(group) != generations for group in tasks.values()):
         raise ValueError(f"every task needs {generations} episodes for pass@k")
-    passed = [sum(ep.reward > threshold for ep in group) for group in tasks.values()]
+    scored = [ep for ep in episodes if ep.infra_failure is None]
+    n = len(scored)
+    passed = [(len(ok), sum(ep.reward > threshold for ep in ok))
+              for ok in ([ep for ep in group if ep.infra_failure is None] for group in tasks.values())]
+
+    def mean(values: list[float]) -> float | None:
+        return sum(values) / len(values) if values else None  # every episode lost to the env: no figure
+
+    def pass_rate(k: int) -> float | None:
+        return mean([eval_report.pass_at_k(m, c, k) for m, c in passed if m >= k])
+
     return {
-        "model": model, "env": env, "episodes": n,
-        "mean_reward": sum(ep.reward for ep in episodes) / n,
-        "success_rate": sum(passed) / n,
-        "pass_at_k": {str(k): sum(eval_report.pass_at_k(generations, c, k) for c in passed) / len(passed)
-                      for k in range(1, generations + 1)},
-        "tool_calls_per_episode": sum(ep.calls for ep in episodes) / n,
-        "tool_failures_per_episode": sum(ep.failures for ep in episodes) / n,
-        "tokens_per_episode": sum(ep.tokens for ep in episodes) / n,
+        "model": model, "env": env, "episodes": n, "infra_failures": len(episodes) - n,
+        "mean_reward": mean([ep.reward for ep in scored]),
+        "success_rate": mean([float(ep.reward > threshold) for ep in scored]),
+        "pass_at_k": {str(k): pass_rate(k) for k in range(1, generations + 1)},
+        "tool_calls_per_episode": mean([ep.calls for ep in scored]),
+        "tool_failures_per_episode": mean([ep.failures for ep in scored]),
+        "tokens_per_episode": mean([ep.tokens for ep in scored]),
     }
 
 
@@ -213,11 +225,13 @@ def play_model(cfg: RunConfig, mode: str, label: str, model_name: str,
     import torch
     from datasets import Dataset
 
-    from trainer.run import preflight
+    from envs.core.tool import close_session, trace_of
     from trainer.rollouts.envs_binding import build_factories, encode_row
     from trainer.rollouts.rewards import stop_token_ids, unfinished_penalty
-    from trainer.run.model import load_model_and_tokenizer
+    from trainer.run import preflight
     from trainer.run.grpo_trainer import make_trainer_class
+    from trainer.run.model import load_model_and_tokenizer
+    from trainer.run.trl_privates import environment_pool
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import transformers
@@ -274,17 +288,20 @@ def play_model(cfg: RunConfig, mode: str, label: str, model_name: str,
                     trainer._generate_and_score_completions(inputs)
                 counts = trainer.last_tool_counts or [(0, 0)] * len(inputs)
                 for i, env in enumerate(trainer.environments):
-                    reward = getattr(getattr(env, "_trace", None), "env_reward", None)
+                    reward = getattr(trace_of(env), "env_reward", None)
                     episodes.append(Episode(first + i // generations, float(reward or 0.0), counts[i][0],
-                                            counts[i][1], trainer.last_tokens[i]))
+                                            counts[i][1], trainer.last_tokens[i],
+                                            getattr(env, "_infra_failure", None)))
                 progress.update(len(episodes))
             out.append(summarize(label, name, episodes, generations, threshold))
+            lost = [ep.infra_failure for ep in episodes if ep.infra_failure is not None]
+            if lost:  # not the model's failures: said, counted, and out of the scores
+                log(f"{label} {name}: {len(lost)} of {len(episodes)} episodes ended by the env side, left out of the "
+                    f"scores (infra_failures in eval.json); last: {lost[-1]}")
     finally:
-        for pool in getattr(trainer, "_environment_pool", {}).values():  # free the sessions for the next model
+        for pool in environment_pool(trainer).values():  # free the sessions for the next model
             for env in pool:
-                close = getattr(getattr(env, "_client", None), "close", None)
-                if callable(close):
-                    close()
+                close_session(env)
     return out
 
 

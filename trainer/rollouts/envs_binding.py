@@ -31,8 +31,8 @@ import threading
 from collections import Counter
 from typing import Any
 
-from envs.core.client import SessionClient
 from envs.core.replicas import ReplicaSet, ResolveError, resolve
+from envs.core.tool import close_session, infra_failure_of, session_of, trace_of
 from envs.core.untrusted import BadReward, check_reward, safe_text, strip_credentials
 from trainer.rollouts import infra_failures
 from trainer.run.metrics import STATS, RolloutStats
@@ -101,8 +101,8 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS,
         self._count_lock = threading.Lock()  # the call runs in a worker thread, the loop's timeout in another
         with stats.timer("env"):
             tool_class.__init__(self, url)
-        client = getattr(self, "_client", None)  # every tool class in envs/ keeps its SessionClient there
-        if isinstance(client, SessionClient):
+        client = session_of(self)  # every tool class in envs/ has one (envs.core.tool.EnvTool)
+        if client is not None:
             client.message_timeout_s = None if step_timeout_s is None else step_timeout_s + REPLY_GRACE_S
             client.reset_timeout_s = reset_timeout_s
 
@@ -136,16 +136,15 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS,
             if self._infra_failure is None:
                 bound = "" if step_timeout_s is None else f" ({step_timeout_s:g} s)"
                 self._infra_failure = f"no reply within TOOL_TIMEOUT_S{bound}; the session was closed"
-                if getattr(self, "_trace", None) is not None:
-                    self._trace.infra_failure = self._infra_failure
+                trace = trace_of(self)
+                if trace is not None:
+                    trace.infra_failure = self._infra_failure
             if not self._call_failure_counted:  # it may have failed by itself as the loop gave up on it
                 self._call_failure_counted = True
                 self._episode_failures += 1
-        client = getattr(self, "_client", None)  # every tool class in envs/ keeps its SessionClient there
-        where = getattr(client, "shown_url", url)
+        where = getattr(session_of(self), "shown_url", url)
         _log_infra(env_name, f"{self._infra_failure} ({where})")  # the stall's one-line diagnosis
-        if client is not None and callable(getattr(client, "close", None)):
-            client.close()
+        close_session(self)
 
     def get_reward(self) -> float | None:
         if self._infra_failure is not None:  # not the model's: no reward (TRL leaves a NaN row out)
@@ -161,8 +160,9 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS,
             _log_bad_reward(env_name, exc)
             reward = FAILED_EPISODE_REWARD
         stats.add_episode(env_name, reward, self._episode_calls, self._episode_failures)
-        if getattr(self, "_trace", None) is not None:
-            self._trace.env_reward = reward
+        trace = trace_of(self)
+        if trace is not None:
+            trace.env_reward = reward
         return reward
 
     namespace: dict[str, Any] = {
@@ -258,7 +258,7 @@ def _instrumented(method, limit: int):
 
 def _traced(env, episode: int, tool: str, arguments: dict, result: Any, failed: bool) -> None:
     """Into the episode's trace (trainer.rollouts.traces), unless the call outlived its episode (a late timed-out one)."""
-    trace = getattr(env, "_trace", None)
+    trace = trace_of(env)
     if trace is not None and episode == env._episode and not env._abandoned:
         trace.call(tool, arguments, result, failed)
 
@@ -277,9 +277,9 @@ def _start_call(env) -> int:
         if env._abandoned:
             env._episode_failures += 1
             raise RuntimeError(SESSION_CLOSED)
-        if env._infra_failure is not None:  # its reset failed, or an earlier call lost the session
+        if infra_failure_of(env) is not None:  # its reset failed, or an earlier call lost the session
             env._episode_failures += 1
-            raise RuntimeError(ENV_UNAVAILABLE.format(why=env._infra_failure))
+            raise RuntimeError(ENV_UNAVAILABLE.format(why=infra_failure_of(env)))
         env._call_failure_counted = False
         return env._episode
 
@@ -287,11 +287,11 @@ def _start_call(env) -> int:
 def _mark_infra(env, episode: int, why: str) -> None:
     """The env side ended `episode` (its first reason is kept); a late failure of an earlier episode is not this one's."""
     with env._count_lock:
-        if env._episode != episode or env._infra_failure is not None:
+        if env._episode != episode or infra_failure_of(env) is not None:
             return
         env._infra_failure = why
     _log_infra(env.env_name, why)
-    trace = getattr(env, "_trace", None)
+    trace = trace_of(env)
     if trace is not None:
         trace.infra_failure = why
 

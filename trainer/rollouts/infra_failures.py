@@ -94,7 +94,9 @@ WINDOWS = FailureWindow()
 
 def row_mask(environments) -> list[bool]:
     """For each rollout of a batch: whether its episode ended by the env side (the binding's mark)."""
-    return [getattr(env, "_infra_failure", None) is not None for env in environments or []]
+    from envs.core.tool import infra_failure_of
+
+    return [infra_failure_of(env) is not None for env in environments or []]
 
 
 # ---------------------------------------------------------------------------- the sync trainer's side (trainer.train)
@@ -139,3 +141,25 @@ def leave_out_of_loss(trainer, output: dict) -> dict:
     output["num_items_in_batch"] = trainer.accelerator.gather(loss_mask.sum()).sum()
     trainer._infra_any = False
     return output
+
+
+# ---------------------------------------------------------------------------- the async trainer's side (ROLLOUTS=async)
+# TRL's rollout worker (a spawned process) scores each group (`_score_group`: NaN-aware, a row every reward function
+# left None gets advantage 0 and stays out of the group's mean and std) and queues one sample per training row.
+# trainer.run.async_run.TracedRollouts hands the reward functions the episodes (`environments`, as the sync trainer does:
+# the stack's say None for an env-ended one) and then drops those episodes' samples before the queue: never trained,
+# so no advantage and no tokens in the loss's normaliser (TRL's `global_n_tokens` counts the trained tokens of the
+# batch). The count goes to the trainer as `rollout/infra_failures_total` (summed per logging window, one push per
+# group, 0 included), which trainer.run.async_metrics.record writes as METRIC, per step as in sync mode.
+def ended_by_env(episodes) -> list[bool]:
+    """For each rollout of a group (its episode stand-in, or None without an env): whether the env side ended it."""
+    return [getattr(episode, "_infra_failure", None) is not None for episode in episodes]
+
+
+def leave_out_samples(completions: list, samples: list, ended: list[bool]) -> list:
+    """`samples` (TRL's RolloutSamples of a group; `sample.completion` is the group's own list object) without those of
+    the rollouts `ended` marks."""
+    if not any(ended):
+        return samples
+    dropped = {id(completion) for completion, out in zip(completions, ended) if out}
+    return [sample for sample in samples if id(sample.completion) not in dropped]

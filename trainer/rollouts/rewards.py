@@ -33,7 +33,8 @@ def unfinished_penalty(penalty: float, stop_ids: frozenset[int]) -> Callable[...
 
 def unfinished(completion_ids: list[list[int]], *, penalty: float, stop_ids: frozenset[int],
                environments: list | None = None, **_: object) -> list[float | None]:
-    ended = [getattr(env, "_infra_failure", None) is not None for env in environments or []] \
-        or [False] * len(completion_ids)
+    from envs.core.tool import infra_failure_of
+
+    ended = [infra_failure_of(env) is not None for env in environments or []] or [False] * len(completion_ids)
     return [None if gone else -penalty if ids and ids[-1] not in stop_ids else 0.0
             for ids, gone in zip(completion_ids, ended)]

@@ -26,7 +26,7 @@
 
 Everything else is TRL's: the messages and their order, tool masks, logprobs, call and failure
 counts, the overlong rollback and the iteration limit. tests/trainer/test_rollout_loop.py checks the
-result against TRL's own loop token for token, and pins the TRL source this copy follows.
+result against TRL's own loop token for token, and trainer/run/trl_privates.py pins the TRL source this copy follows.
 Text only: a vision-language model (tool images) keeps TRL's loop.
 """
 
@@ -38,8 +38,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-# The TRL release this loop was copied from; tests/trainer/test_rollout_loop.py pins its source.
-TRL_VERSION = "1.16.0"
+from envs.core.tool import abandon_session
+from trainer.run.trl_privates import TRL_VERSION, environment_pool  # noqa: F401  (the release this loop was copied from)
 
 TIMEOUT_ERROR = ("Tool {name} timed out after {seconds:g} s and the env session was closed. "
                  "Stop calling tools and give your final answer.")
@@ -299,7 +299,7 @@ def make_rollout_loop_class(base: type) -> type:
                 return []  # TRL raises its own error for an unknown environment
             envs, cursor = [], {}
             for name in names:
-                pool = self._environment_pool[name]
+                pool = environment_pool(self)[name]
                 index = cursor.get(name, 0)
                 if index == len(pool):
                     pool.append(self.environment_factories[name]())
@@ -317,9 +317,8 @@ def make_rollout_loop_class(base: type) -> type:
 
         def _rollout_calls(self, i: int, calls: list[dict]) -> RolloutCalls:
             env = self.environments[i] if self.environments else None
-            abandon = getattr(env, "_abandon_session", None)
             return RolloutCalls(calls, self._sync_tool_dicts[i], self._async_tool_dicts[i],
-                                abandon if callable(abandon) else (lambda: None))
+                                lambda: abandon_session(env))  # a call past TOOL_TIMEOUT_S closes its session
 
         def _input_fits(self, length: int) -> bool:
             """Whether the next turn can be generated from an input of `length` tokens. Server mode: vLLM's own

@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from envs.core import tool as env_tool
 from envs.core.untrusted import escape_controls, one_line
 
 ROLLOUTS_FILE = "rollouts.jsonl"
@@ -62,8 +63,8 @@ def rows(step: int, prompts: list, completions: list, environments: list, reward
     out = []
     for i, (prompt, completion) in enumerate(zip(prompts, completions)):
         env = environments[i] if environments and i < len(environments) else None
-        trace: Trace | None = getattr(env, "_trace", None)
-        step_rewards = getattr(env, "_rewards", None)  # generic envs keep the per-step rewards they were sent
+        trace: Trace | None = env_tool.trace_of(env)
+        step_rewards = env_tool.step_rewards(env)  # generic envs keep the per-step rewards they were sent
         out.append(_jsonable({
             "step": step,
             "env": trace.env if trace else getattr(env, "env_name", "?"),
@@ -71,7 +72,7 @@ def rows(step: int, prompts: list, completions: list, environments: list, reward
             "prompt": prompt,
             "turns": completion if isinstance(completion, list) else [{"role": "assistant", "content": completion}],
             "tool_calls": trace.calls if trace else [],
-            "step_rewards": list(step_rewards) if isinstance(step_rewards, list) else None,
+            "step_rewards": step_rewards,
             "env_reward": trace.env_reward if trace else None,
             "reward": None if trace and trace.infra_failure else total[i],
             "rewards": {k: (None if v != v else v) for k, v in rewards[i].items()},  # NaN (not scored): null

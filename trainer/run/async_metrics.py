@@ -14,6 +14,8 @@ dict into the metrics.jsonl record a sync run writes, so metrics.jsonl, every tr
     async/queue_depth                   scored samples waiting in the rollout queue when the trainer took one
     async/vllm_paused_s                 seconds vLLM stood paused per weight sync (pause returned -> resume returned)
     async/rollout_wait_s                seconds the trainer waited on the rollout queue in the step
+    rollout/infra_failures              episodes the env side ended (trainer.rollouts.infra_failures) among those the
+                                        worker scored in the logging window; their samples are never trained
 
 Time split (sync: generation / env / scoring / training / weight_sync, one after another): in an async run
 generation, env calls and scoring overlap training in the rollout worker, so only what the trainer waited for is on
@@ -40,6 +42,8 @@ STALENESS_RAW = "sample/staleness_mean"  # TRL appends one value per trained sam
 STALENESS_KEYS = ("async/staleness_p50", "async/staleness_p90", "async/staleness_max")
 LAG_PREFIX = "async/samples_at_lag/"
 EPISODES_SUFFIX = "/episodes_total"  # TRL sums a key whose last word is `total` (trl _reduce_metric)
+INFRA_TOTAL = "rollout/infra_failures_total"  # episodes the env side ended (trainer.rollouts.infra_failures), summed
+INFRA_SUFFIX = "/infra_failures_total"  # env/<env>/infra_failures_total: the same, per env
 
 
 def _number(value: Any) -> float | None:
@@ -117,6 +121,8 @@ def record(logs: dict[str, Any]) -> dict[str, Any]:
             out[f"{key}/mean"] = value  # async: rewards/<func>, per sample; sync: rewards/<func>/mean
         elif key.startswith("env/") and key.endswith(EPISODES_SUFFIX):
             out[key[: -len(EPISODES_SUFFIX)] + "/episodes"] = value
+        elif key.endswith(INFRA_SUFFIX):  # rollout/ and env/<env>/: the sync trainer's names
+            out[key[: -len(INFRA_SUFFIX)] + "/infra_failures"] = value
         else:
             out[key] = value
     for key in [k for k in out if k.startswith("env/") and k.endswith("/episode_length")]:

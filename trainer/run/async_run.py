@@ -9,11 +9,12 @@ Two pieces, one per process of TRL's async design:
   * `TracedRollouts`, a mixin for TRL's rollout loop class in the spawned worker process (where the env sessions
     live; `TracedRolloutLoop` is TRL's loop with it, `use_traced_loop` puts it in the worker): every
     scored group sends the env binding's episode counts (trainer.run.metrics.STATS of that process) to the trainer as TRL
-    metric rates (env/<env>/...), and every TRACE_EVERY policy versions one group goes to rollouts.jsonl
-    (trainer.rollouts.traces' schema, plus `policy_version`; `step` is policy_version + 1, the step a sync run would have
-    traced these rollouts at).
+    metric rates (env/<env>/...), an episode the env side ended is counted (rollout/infra_failures) and its samples
+    are dropped before the queue (trainer.rollouts.infra_failures), and every TRACE_EVERY policy versions one group goes to
+    rollouts.jsonl (trainer.rollouts.traces' schema, plus `policy_version`; `step` is policy_version + 1, the step a sync
+    run would have traced these rollouts at).
 
-PINNED to trl 1.16.0 (trl/experimental/async_grpo); re-check on a TRL upgrade:
+PINNED to trl 1.16.0 (trl/experimental/async_grpo; trainer/run/trl_privates.py lists each); re-check on a TRL upgrade:
   * async_grpo_trainer.py: `AsyncGRPOTrainer.log` reduces `self._metrics["train"]`, where `RolloutQueueDataset`
     appends one `sample/staleness_mean` value per trained sample; `_sync_weight` is the method the weight-sync
     callback calls (through `self`); `_TrainBeginCallback` calls `self.weight_transfer.init_weight_transfer()`.
@@ -35,9 +36,10 @@ from typing import Any
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # as trainer.run.async_trainer: ROLLOUTS=async is chosen on purpose
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, _AsyncRolloutLoop  # noqa: E402
 
-from trainer.run import async_metrics
-from trainer.rollouts import traces
 from contract import stages
+from envs.core.tool import detached
+from trainer.rollouts import infra_failures, traces
+from trainer.run import async_metrics
 
 
 class AfterRun:
@@ -73,7 +75,8 @@ class AfterRun:
         # TRL also syncs once before the first step (unchanged weights); the smoke's stage is the first trained push.
         if self.state.global_step >= 1:
             stages.mark("first_weight_sync", time.perf_counter() - start,
-                        f"async: trained weights pushed by {type(self.weight_transfer).__name__}")
+                        "async: trained adapter loaded by /v1/load_lora_adapter" if getattr(self, "_lora_sync", False)
+                        else f"async: trained weights pushed by {type(self.weight_transfer).__name__}")
 
     def _forward_traces(self) -> None:
         """The complete rows the rollout worker appended since the last call, to the trackers' tables."""
@@ -122,29 +125,32 @@ class TracedRollouts:
         result = await super()._generate_one(prompt, tool_dict=tool_dict, tools=tools, group_id=group_id)
         env = next((m.__self__ for m in tool_dict.values() if hasattr(m, "__self__")), None)
         if env is not None:  # the env goes back to the pool after its reward; its Trace object stays this episode's
-            step_rewards = getattr(env, "_rewards", None)
-            self._episode_of[id(result[0])] = SimpleNamespace(
-                _trace=getattr(env, "_trace", None), env_name=getattr(env, "env_name", "?"),
-                _rewards=list(step_rewards) if isinstance(step_rewards, list) else None)
+            self._episode_of[id(result[0])] = detached(env)
         return result
 
     async def _score_group(self, group):
-        samples = await super()._score_group(group)
         episodes = [self._episode_of.pop(id(c), None) for c in group.completions]
-        self._push_episode_counts()
+        ended = infra_failures.ended_by_env(episodes)
+        if any(ended):  # the stack's reward functions say None for them, as in sync mode (they read `environments`)
+            group.reward_kwargs["environments"] = episodes
+        samples = await super()._score_group(group)
+        self._push_episode_counts(sum(ended))
         try:
             self._trace(group, samples, episodes)
         except OSError as exc:  # a full disk must not stop generation; the trainer's checkpoints will say so
             print(f"[train] rollout traces not written: {exc}", flush=True)
-        return samples
+        return infra_failures.leave_out_samples(group.completions, samples, ended)
 
-    def _push_episode_counts(self) -> None:
+    def _push_episode_counts(self, infra: int = 0) -> None:
         from trainer.run.metrics import STATS  # this process's: the env binding records into it here
 
         _, episodes = STATS.drain()
         rates = async_metrics.episode_rates(episodes)
-        if rates:
-            self._push_metrics(rates)
+        # every group pushes the count, 0 included: each step record has rollout/infra_failures, as a sync one does
+        rates[async_metrics.INFRA_TOTAL] = float(infra)
+        rates.update({f"env/{env}{async_metrics.INFRA_SUFFIX}": float(n)
+                      for env, n in sorted(STATS.drain_infra_failures().items())})
+        self._push_metrics(rates)
 
     def _trace(self, group, samples, episodes) -> None:
         step = group.model_version + 1
@@ -180,3 +186,33 @@ def use_traced_loop(worker: AsyncRolloutWorker, **trace_kwargs: Any) -> None:
                             "cannot be composed at run time)")
         worker._loop_cls = TracedRolloutLoop
     worker._loop_kwargs.update(trace_kwargs)
+
+
+def stop_on_env_down(worker: AsyncRolloutWorker) -> None:
+    """TRL's health check of its rollout worker (called by the trainer each time its sample queue is empty), made to
+    say what stopped the worker in one line: a dead env (trainer.rollouts.infra_failures.EnvDown, raised by the env binding in
+    the worker) stops the run as in sync mode (trainer.train: exit 6), and a worker process that died without a word
+    (killed, out of memory) is noticed at once, not after `heartbeat_stale_after_s` (300 s)."""
+    import queue
+
+    original = worker.check_health
+
+    def check_health(stale_after_s: float) -> None:
+        if worker._failed_event.is_set():
+            try:
+                info = worker._exception_info_queue.get_nowait()
+            except queue.Empty:
+                info = None
+            if info is not None and info[0] == infra_failures.EnvDown.__name__:
+                raise infra_failures.EnvDown(info[1])
+            if info is not None:
+                worker._exception_info_queue.put_nowait(info)  # TRL's check below reads and chains it
+        else:
+            process = worker._process
+            if process is not None and not process.is_alive():
+                raise RuntimeError(f"the rollout worker process (pid {process.pid}) exited with code "
+                                   f"{process.exitcode} without a reason (killed? out of memory?); its env sessions "
+                                   "and queued samples are gone: check memory, then resume")
+        original(stale_after_s)
+
+    worker.check_health = check_health

@@ -11,6 +11,9 @@ trains) and protocols do the work; this module plugs the stack in where TRL leav
   TOOL_CONCURRENCY and the neutral sampling penalties meaning what they mean in sync mode.
 - `make_async_trainer_class`: a thin `AsyncGRPOTrainer` subclass that runs on CPU (no CUDA peak-FLOPs lookup)
   and hands the rollout worker `StackRolloutLoop`.
+- LORA_R: TRL's own adapter-only sync (trainer/run/lora.py says how); no weight-transfer backend is passed then
+  (TRL probes vLLM's /server_info only without one), whatever WEIGHT_TRANSFER says: the adapter goes by a shared
+  folder and HTTP on a GPU host and in the rehearsal alike.
 
 Everything the child gets is pickled: env factories (trainer.rollouts.envs_binding.EnvFactory), reward functions
 (functools.partial, trainer.rollouts.rewards) and this module's classes, all module-level.
@@ -28,22 +31,17 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from trainer.run.async_run import AfterRun, TracedRollouts
+from envs.core.tool import abandon_session
+from trainer.run.async_run import AfterRun, TracedRollouts, stop_on_env_down
 from contract.config import RunConfig
 
 logger = logging.getLogger("trainer.async")
 
-# TRL privates this module relies on, for trl == trainer.rollouts.rollout_loop.TRL_VERSION (re-check each on a TRL upgrade:
-# tests/trainer/test_async_trainer.py PINNED holds the sources' digests and fails when one changes or goes):
-#   trl.experimental.async_grpo.async_rollout_worker._AsyncRolloutLoop   subclassed: `_execute_tool_calls`, `_post`,
-#                                                                        `_tool_pool` (its thread pool for env calls)
-#   trl.experimental.async_grpo.async_rollout_worker.AsyncRolloutWorker  `_loop_cls`, `_loop_kwargs` (set per instance)
-#   trl.experimental.async_grpo.async_grpo_trainer.get_peak_flops_per_device  replaced while __init__ runs
-TRL_PRIVATES = (
-    ("trl.experimental.async_grpo.async_rollout_worker", "_AsyncRolloutLoop", ("_execute_tool_calls", "_post")),
-    ("trl.experimental.async_grpo.async_rollout_worker", "AsyncRolloutWorker", ("_loop_cls", "start")),
-    ("trl.experimental.async_grpo.async_grpo_trainer", "get_peak_flops_per_device", ()),
-)
+# The TRL privates this module relies on (`_AsyncRolloutLoop` and its `_execute_tool_calls`, `_post`, `_tool_pool`;
+# the worker's `_loop_cls` and `_loop_kwargs`; `check_health` wrapped: `_failed_event`,
+# `_exception_info_queue`, `_process`; get_peak_flops_per_device;
+# LORA_R: `_lora_sync` read, `_lora_dir` and `_lora_name` logged, `_sync_weight_lora` does the push) are pinned in
+# trainer/run/trl_privates.py.
 
 
 def build_async_config(cfg: RunConfig, mode: str):
@@ -142,7 +140,7 @@ class StackRolloutLoop(TracedRollouts, _rollout_loop_base()):  # traces + env co
     """TRL's rollout loop (it runs in the spawned child) with the sync trainer's meanings:
 
     - TOOL_TIMEOUT_S: a tool call that runs longer fails; the model reads the rollout loop's message
-      (trainer.rollouts.rollout_loop.TIMEOUT_ERROR) and the rollout's env session is closed (`_abandon_session`).
+      (trainer.rollouts.rollout_loop.TIMEOUT_ERROR) and the rollout's env session is closed (envs.core.tool.abandon_session).
     - TOOL_CONCURRENCY: the most env calls (tools, resets, rewards) in flight at once, the size of TRL's thread
       pool for them (TRL's default: one per in-flight rollout).
     - vLLM's presence/frequency penalties sent as 0 (trainer.gpu.grpo_kwargs.NEUTRAL_SAMPLING), as the sync
@@ -181,9 +179,7 @@ class StackRolloutLoop(TracedRollouts, _rollout_loop_base()):  # traces + env co
             try:
                 return await asyncio.wait_for(work, seconds)
             except (asyncio.TimeoutError, TimeoutError):
-                abandon = getattr(getattr(tool, "__self__", None), "_abandon_session", None)
-                if callable(abandon):
-                    abandon()
+                abandon_session(getattr(tool, "__self__", None))  # the env whose call it was (envs.core.tool)
                 raise RuntimeError(TIMEOUT_ERROR.format(name=tool.__name__, seconds=seconds)) from None
 
         return call
@@ -226,15 +222,52 @@ def make_async_trainer_class():
                 super().__init__(*args, **kwargs)
             finally:
                 trl_async.get_peak_flops_per_device = original
+            if kwargs.get("peft_config") is not None:
+                _check_adapter_sync(self)
             worker = self.rollout_worker
             if isinstance(worker, trl_async.AsyncRolloutWorker):  # rank 0: the worker is spawned at train begin
                 worker._loop_cls = StackRolloutLoop
+                stop_on_env_down(worker)  # a dead env seen by the worker stops the run in one line (exit 6)
                 worker._loop_kwargs.update(tool_timeout_s=tool_timeout_s, tool_concurrency=tool_concurrency,
                                            request_seeds=request_seeds)
                 if served_model:  # TRL names the trainer's model path; vLLM answers 404 to any id it does not serve
                     worker._loop_kwargs["model_name"] = served_model
 
     return StackAsyncGRPOTrainer
+
+
+def _check_adapter_sync(trainer) -> None:
+    """LORA_R: TRL chose the adapter-only sync (every rank got rank 0's probe of vLLM), or the run stops here, before
+    any step: its fallback would push merged weights over NCCL, which the vllm service was not started for."""
+    from contract import stages
+
+    if not getattr(trainer, "_lora_sync", False):
+        raise RuntimeError(
+            f"vLLM at {trainer.args.vllm_server_base_url} does not take LoRA adapters (started without --enable-lora, "
+            "or a layout TRL's adapter sync refuses: see TRL's warning above); `make train` and `make rehearse` start "
+            "it with the flags LORA_R needs (contract/lora_rules.py vllm_lora_flags): restart the vllm service")
+    where = os.path.join(trainer._lora_dir, f"{trainer._lora_name}-v<N>")
+    print(f"[weight-sync] LoRA adapter-only (async): no NCCL group, no base weight pushed; each sync pauses vLLM, "
+          f"saves the adapter to {where}, loads it by /v1/load_lora_adapter and resumes; requests name "
+          f"{trainer._lora_name}-v<N>", flush=True)
+    if trainer.accelerator.is_main_process:
+        _unload_earlier_adapters(trainer.args.vllm_server_base_url, f"{trainer._lora_name}-v")
+        stages.mark("rendezvous", 0.0, f"async LoRA: adapters by /v1/load_lora_adapter from {trainer._lora_dir}")
+
+
+def _unload_earlier_adapters(base_url: str, prefix: str) -> None:
+    """Unload the policy adapters an earlier run left in the vllm service (it outlives runs): TRL numbers a fresh run's
+    versions from v1 again, and vLLM refuses a name it already holds (HTTP 400: the run would stop at its second sync);
+    they would also take --max-loras slots. A resumed run goes on numbering from its checkpoint, past them."""
+    import requests
+
+    models = requests.get(f"{base_url.rstrip('/')}/v1/models", timeout=60).json().get("data", [])
+    earlier = [m["id"] for m in models if str(m.get("id", "")).startswith(prefix)]
+    for name in earlier:
+        requests.post(f"{base_url.rstrip('/')}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=60)
+    if earlier:
+        print(f"[weight-sync] unloaded {len(earlier)} adapter(s) an earlier run left in vLLM: {', '.join(earlier)}",
+              flush=True)
 
 
 def build_trainer(cfg: RunConfig, mode: str, *, tokenizer, dataset, factories, reward_funcs, callbacks,
@@ -246,8 +279,11 @@ def build_trainer(cfg: RunConfig, mode: str, *, tokenizer, dataset, factories, r
     backend = tree_attention.install()
     print(f"[train] ROLLOUTS=async: TRL's AsyncGRPOTrainer, max staleness {cfg.max_staleness}; tree attention "
           f"backend {backend}", flush=True)
+    from trainer.run import lora
+
+    peft = lora.peft_config(cfg)
     weight_transfer = None
-    if cfg.weight_transfer == "reload":
+    if cfg.weight_transfer == "reload" and peft is None:  # LORA_R: TRL's adapter sync, the same on GPU (module doc)
         weight_transfer = ReloadWeightTransfer(cfg.vllm_server_url, cfg.weight_reload_dir,
                                                float(cfg.weight_sync_timeout_s), served_dtype)
     trainer_cls = make_async_trainer_class()
@@ -260,6 +296,7 @@ def build_trainer(cfg: RunConfig, mode: str, *, tokenizer, dataset, factories, r
         environment_factory=factories,
         callbacks=callbacks,
         weight_transfer=weight_transfer,
+        peft_config=peft,
         tool_timeout_s=cfg.tool_timeout_s,
         tool_concurrency=cfg.tool_concurrency,
         served_model=served_model,

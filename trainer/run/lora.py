@@ -7,6 +7,12 @@ TRL 1.16 does the training side: `GRPOTrainer(peft_config=...)` wraps the model,
 (transformers saves a PeftModel's adapter), resume loads it back, and every weight push merges the adapter into the
 base, streams the merged weights under the base's names and unmerges (`VLLMGeneration._iter_named_params`), so vLLM
 serves merged weights and needs no LoRA support in sync mode.
+
+ROLLOUTS=async pushes the adapter alone (TRL 1.16's AsyncGRPOTrainer, `_sync_weight_lora`): each sync pauses vLLM,
+saves the adapter to `<run dir>/.vllm_lora/trl-policy-v<N>`, has vLLM load it through `/v1/load_lora_adapter`,
+resumes, and the rollout worker names `trl-policy-v<N>` in its requests; no base weight moves, no NCCL group forms.
+vLLM must serve LoRA for it: contract.lora_rules' `vllm_lora_flags` and `VLLM_LORA_ENV` are the vllm service's extra flags and
+environment (tools/compose_file.add_lora_serving adds them, with the outputs volume read-only, on a GPU host and in `make rehearse` alike).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ if TYPE_CHECKING:
 
 ADAPTER_CONFIG = "adapter_config.json"
 ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+ADAPTER_SYNC_DIR = ".vllm_lora"  # TRL's AsyncGRPOTrainer._lora_dir: <run dir>/.vllm_lora/trl-policy-v<N>
 
 
 def peft_config(cfg: "RunConfig"):

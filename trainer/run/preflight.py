@@ -369,10 +369,29 @@ def check_trackers(cfg: RunConfig, report: PreflightReport) -> list[str]:
     return []
 
 
+def check_trl(cfg: RunConfig, report: PreflightReport) -> list[str]:
+    """The TRL internals this run's trainer relies on (trainer.run.trl_privates), on the installed TRL: one line naming
+    each that moved and what to re-check."""
+    from trainer.run import trl_privates
+
+    problem = trl_privates.startup_problem(cfg.rollouts)
+    if problem:
+        return [problem]
+    version = trl_privates.installed_version()
+    if version != trl_privates.TRL_VERSION:
+        report.warnings.append(f"trl {version} is installed; the stack was checked against trl "
+                               f"{trl_privates.TRL_VERSION}: the TRL internals it relies on are there, but their code "
+                               "may differ (tests/trainer/test_trl_privates.py names what changed)")
+    else:
+        report.ok.append(f"trl {version}: every TRL internal the trainer relies on is in place (trainer/run/trl_privates.py)")
+    return []
+
+
 def run_all(cfg: RunConfig, mode: str, wait_s: float = 20.0, tokenizer=None, num_processes: int = 1) -> PreflightReport:
     """Every check, once (rank 0 when several trainer processes run: capacity is counted for all of them)."""
     report = PreflightReport()
-    errors = check_env_servers(cfg, report, wait_s=wait_s, num_processes=num_processes)
+    errors = check_trl(cfg, report)
+    errors += check_env_servers(cfg, report, wait_s=wait_s, num_processes=num_processes)
     errors += check_trackers(cfg, report)
     if tokenizer is None:
         tokenizer, err = load_tokenizer(cfg, mode)
