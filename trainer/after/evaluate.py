@@ -225,7 +225,7 @@ def play_model(cfg: RunConfig, mode: str, label: str, model_name: str,
     import torch
     from datasets import Dataset
 
-    from envs.core.tool import close_session, trace_of
+    from envs.core.tool import close_session, infra_failure_of, trace_of
     from trainer.rollouts.envs_binding import build_factories, encode_row
     from trainer.rollouts.rewards import stop_token_ids, unfinished_penalty
     from trainer.run import preflight
@@ -291,7 +291,7 @@ def play_model(cfg: RunConfig, mode: str, label: str, model_name: str,
                     reward = getattr(trace_of(env), "env_reward", None)
                     episodes.append(Episode(first + i // generations, float(reward or 0.0), counts[i][0],
                                             counts[i][1], trainer.last_tokens[i],
-                                            getattr(env, "_infra_failure", None)))
+                                            infra_failure_of(env)))
                 progress.update(len(episodes))
             out.append(summarize(label, name, episodes, generations, threshold))
             lost = [ep.infra_failure for ep in episodes if ep.infra_failure is not None]

@@ -29,6 +29,7 @@ from collections import deque
 from websockets.exceptions import ConnectionClosed
 
 from envs.core.client import EnvServerError, RedirectRefused
+from envs.core.tool import infra_failure_of
 from envs.core.untrusted import UntrustedReply, one_line
 
 # Error-frame codes that say the server side failed, not the call (openenv's WSErrorCode; SESSION_LOST is ours).
@@ -153,7 +154,7 @@ def leave_out_of_loss(trainer, output: dict) -> dict:
 # group, 0 included), which trainer.run.async_metrics.record writes as METRIC, per step as in sync mode.
 def ended_by_env(episodes) -> list[bool]:
     """For each rollout of a group (its episode stand-in, or None without an env): whether the env side ended it."""
-    return [getattr(episode, "_infra_failure", None) is not None for episode in episodes]
+    return [infra_failure_of(episode) is not None for episode in episodes]
 
 
 def leave_out_samples(completions: list, samples: list, ended: list[bool]) -> list:
