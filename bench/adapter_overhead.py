@@ -5,7 +5,7 @@ hand-written echo tool class, side by side in one run against the same echo serv
 
 A "step" is what TRL 1.16's GRPOTrainer does with the envs of one generation batch, one call after
 another from one thread: reset every rollout, one tool call each, then `get_reward` each. Both
-classes are bound exactly as the trainer binds them (`trainer.envs_binding.bind`), so the figure is
+classes are bound exactly as the trainer binds them (`trainer.rollouts.envs_binding.bind`), so the figure is
 the trainer's own `time/env_s`. Steps alternate between the two (A, B, A, B, ...) so machine noise
 hits both alike. Goal: zero-code within 10 % of hand-written (printed as a ratio, not asserted).
 """
@@ -61,8 +61,8 @@ def main() -> None:
     from envs import registry
     from envs.core.tool import close_session
     from envs.generic import GenericSpec
-    from trainer.envs_binding import bind
-    from trainer.metrics import RolloutStats
+    from trainer.rollouts.envs_binding import bind
+    from trainer.run.metrics import RolloutStats
 
     proc, url = start_echo_server(2 * args.rollouts)
     try:

@@ -50,7 +50,7 @@ while True:
 
 
 def async_available() -> bool:
-    from trainer.config import RunConfig
+    from contract.config import RunConfig
 
     return "rollouts" in RunConfig.model_fields
 
@@ -87,7 +87,7 @@ class Project:
     def seed_model(self, folder: Path) -> None:
         """Put a tiny model made by `python -m trainer.tiny_model` where model-init makes it (model-init then finds it
         complete and skips its minutes of warm-start)."""
-        from trainer.config import CPU_DEFAULT_MODEL
+        from contract.config import CPU_DEFAULT_MODEL
 
         volume = f"{self.name}_models"
         subprocess.run(["docker", "volume", "create", "--label", f"com.docker.compose.project={self.name}", "--label",

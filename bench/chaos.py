@@ -352,7 +352,7 @@ class Trainer:
             self.lines.append((time.time(), line.rstrip()))
 
     def steps_logged(self) -> list[dict]:
-        from trainer.metrics import read_metrics
+        from trainer.run.metrics import read_metrics
 
         return read_metrics(self.out / "chaos")
 
@@ -396,7 +396,7 @@ def paired_wrong(rows: list[dict]) -> tuple[int, int]:
 
 def figures(args, trainer: Trainer, injector: Injector, killed_at: dict, slots: dict, wall_s: float,
             generation_batch: int) -> dict:
-    from trainer import rollouts
+    from trainer.rollouts import traces as rollouts
 
     rows = trainer.steps_logged()
     steps = [r["step"] for r in rows]
@@ -521,7 +521,7 @@ def print_figures(f: dict) -> None:
 
 # ---------------------------------------------------------------------------- the run
 def run(args) -> dict:
-    from trainer.config import RunConfig
+    from contract.config import RunConfig
 
     work = Path(args.out or tempfile.mkdtemp(prefix="chaos-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -1,4 +1,4 @@
-"""Reset seconds per step: TRL's sequential env resets against the stack's resets at once (trainer/rollout_loop.py).
+"""Reset seconds per step: TRL's sequential env resets against the stack's resets at once (trainer/rollouts/rollout_loop.py).
 
     .venv/bin/python bench/env_resets.py [--batches 8,64] [--delay 0.25] [--concurrency N] [--model DIR]
 
@@ -84,7 +84,7 @@ def main() -> None:
     args = p.parse_args()
     from trl import GRPOTrainer
 
-    from trainer.train import make_trainer_class
+    from trainer.run.grpo_trainer import make_trainer_class
 
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(args.model) if args.model else Path(tmp) / "tiny"

@@ -7,7 +7,7 @@ on loopback, the trainer's own `trainer.train`):
   * a 30-step run (MAX_STEPS' default): mean env reward of the last 10 steps against the first 10;
   * a 100-step run: the share of exact echoes in its last 10 steps (a lower bound from the mean reward), and the
     share of completions cut at the token budget over the run;
-  * greedy exact first calls on held-out rows (trainer.first_turn) of the base model and of each run's end.
+  * greedy exact first calls on held-out rows (trainer.after.first_turn) of the base model and of each run's end.
 A benchmark, not a test: it prints figures beside the goals and never fails on them.
 """
 
@@ -33,7 +33,7 @@ def train(model: Path, url: str, out: Path, run: str, steps: int, seed: int) -> 
             "--env-urls", f"echo={url}", "--run-name", run, "--max-steps", str(steps), "--seed", str(seed),
             "--save-steps", "10000", "--resume", "fresh"]
     subprocess.run([sys.executable, "-m", "trainer.train", *argv], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    from trainer.metrics import read_metrics
+    from trainer.run.metrics import read_metrics
 
     return read_metrics(out / run)
 
@@ -55,7 +55,7 @@ def main() -> None:
     p.add_argument("--seeds", default="42,7", help="training seeds, comma-separated (default 42,7)")
     p.add_argument("--model", default=None, help="a tiny model already built (default: build one with the defaults)")
     args = p.parse_args()
-    from trainer.first_turn import evaluate
+    from trainer.after.first_turn import evaluate
 
     with tempfile.TemporaryDirectory() as tmp:
         model = Path(args.model) if args.model else Path(tmp) / "tiny-qwen3"

@@ -1,4 +1,4 @@
-"""Env seconds per step: TRL's stock tool loop against the stack's rollout loop (trainer/rollout_loop.py).
+"""Env seconds per step: TRL's stock tool loop against the stack's rollout loop (trainer/rollouts/rollout_loop.py).
 
     .venv/bin/python bench/tool_rounds.py [--batches 8,64,256] [--delay 0.25] [--rounds 1] [--model DIR]
 
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from envs.core.tool import close_session  # noqa: E402
 from tests.helpers import free_port, start_fixture  # noqa: E402
 from tests.trainer.scripted import make_trainer, run_batch, script  # noqa: E402
-from trainer.trl_privates import environment_pool  # noqa: E402
+from trainer.run.trl_privates import environment_pool  # noqa: E402
 
 GOAL_BATCH, GOAL_SHARE = 64, 0.8
 

@@ -112,18 +112,18 @@ def gpu_services(layout: gpu_layout.GpuLayout | None, cdi: bool) -> dict[str, di
 
 
 def add_lora_serving(services: dict[str, dict], cfg) -> dict[str, dict]:
-    """LORA_R with ROLLOUTS=async (trainer/lora.py): the vllm service serves LoRA adapters. Its command becomes
+    """LORA_R with ROLLOUTS=async (contract/lora_rules.py, trainer/run/lora.py): the vllm service serves LoRA adapters. Its command becomes
     compose.yaml's flags plus the adapter ones, it may load adapters at run time, and it reads the trainer's adapter
     folders (`<run dir>/.vllm_lora/...`) read-only at the path the trainer writes them. The same on a GPU host and in
     `make rehearse` (whose twin runs the vllm service's command); `services` unchanged when the run needs none."""
-    from trainer import lora
+    from contract import lora_rules
 
-    flags = lora.vllm_lora_flags(cfg)
+    flags = lora_rules.vllm_lora_flags(cfg)
     if not flags:
         return services
     vllm = services.setdefault("vllm", {})
     vllm["command"] = Override([*compose_yaml_services()["vllm"]["command"], *flags])
-    vllm["environment"] = {**vllm.get("environment", {}), **lora.VLLM_LORA_ENV}
+    vllm["environment"] = {**vllm.get("environment", {}), **lora_rules.VLLM_LORA_ENV}
     mount = f"outputs:{cfg.output_dir.rstrip('/') or '/'}:ro"
     volumes = vllm.get("volumes")
     vllm["volumes"] = type(volumes)([*volumes, mount]) if volumes else [mount]  # an `!override` list stays one

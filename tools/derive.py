@@ -14,8 +14,8 @@ from envs import naming
 from tools import env_replicas, gpu_doctor, gpu_layout, settings
 from tools.errors import StackError, parse_env_file
 from tools.settings import ROOT
-from trainer.train_mode import MODES, TrainModeError, resolve_train_mode  # stdlib only
-from trainer.train_mode import spec as mode_spec
+from contract.train_mode import MODES, TrainModeError, resolve_train_mode  # stdlib only
+from contract.train_mode import spec as mode_spec
 
 
 @dataclass(frozen=True)
@@ -90,8 +90,8 @@ def resolve_mode(values: dict[str, str], gpus: gpu_doctor.DockerGpus | None) -> 
 
 
 def run_config(values: dict[str, str], mode: str):
-    """The trainer's typed config (trainer.config.RunConfig, light imports only) from .env's values."""
-    from trainer.config import RunConfig
+    """The trainer's typed config (contract.config.RunConfig, light imports only) from .env's values."""
+    from contract.config import RunConfig
 
     keys = set(parse_env_file(settings.ENV_EXAMPLE))
     chosen = {k: v for k, v in values.items() if k in keys and v != ""}

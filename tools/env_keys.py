@@ -23,7 +23,7 @@ READ_BY_PATTERN = re.compile(r"ENV_[A-Z0-9]+_[A-Z0-9_]+|HF_[A-Z0-9_]+|[A-Z0-9_]+
 @functools.lru_cache(maxsize=1)
 def known_keys() -> frozenset[str]:
     from envs.core.settings import ServerSettings
-    from trainer.config import RunConfig
+    from contract.config import RunConfig
 
     fields = {*StackEnv.model_fields, *(f.upper() for f in RunConfig.model_fields),
               *(f.upper() for f in ServerSettings.model_fields)}

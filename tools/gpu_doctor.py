@@ -24,8 +24,8 @@ from typing import Callable
 
 from tools import gpu_layout, images
 from tools.settings import load_env
-from trainer import defaults
-from trainer.train_mode import spec as mode_spec  # stdlib only: the GPU defaults of each mode
+from contract import defaults
+from contract.train_mode import spec as mode_spec  # stdlib only: the GPU defaults of each mode
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_GPU = "no NVIDIA GPU here"
@@ -181,11 +181,11 @@ def model_config(cfg, runner: Runner | None = None, volume: str = HF_CACHE_VOLUM
     """(config.json, where it was read) of the run's model: MODEL_NAME as a folder here, else the snapshot at
     MODEL_REVISION in the stack's HF cache volume (read by a throw-away container; never creates the volume).
     (None, why) before the model-download job has run."""
-    from trainer import memory
-    from trainer.config import is_hub_id
+    from contract import memory
+    from contract.config import is_hub_id
 
     runner = runner or run
-    name, revision = cfg.resolved_model_name(cfg.resolved_train_mode()), cfg.model_revision or "main"
+    name, revision = cfg.resolved_model_name(), cfg.model_revision or "main"
     if not is_hub_id(name):
         found = memory.read_config(name)
         return (found, name) if found else (None, f"{name}/config.json not found")
@@ -204,10 +204,10 @@ def model_config(cfg, runner: Runner | None = None, volume: str = HF_CACHE_VOLUM
 
 def memory_rows(gpus: list[Gpu], dotenv: dict[str, str], mode: str, cfg, config: dict | None,
                 where: str) -> list[tuple[bool, str, str]]:
-    """One row per trainer GPU: trainer.memory's estimate for this model, layout and lengths next to the GPU's memory;
+    """One row per trainer GPU: contract.memory's estimate for this model, layout and lengths next to the GPU's memory;
     a FAIL names what to change. The host does not know the prompts: DEFAULT_PROMPT_TOKENS stands in (the trainer's
     preflight measures them)."""
-    from trainer import memory
+    from contract import memory
 
     if config is None:
         return [(True, "trainer memory", f"not estimated: {where}; the trainer's preflight prints it")]
@@ -318,7 +318,7 @@ def probe(runner: Runner = run, dotenv: dict[str, str] | None = None) -> DockerG
 
 def print_report(found: DockerGpus, dotenv: dict[str, str]) -> bool:
     """Print one ok/FAIL row per GPU check for GPUs already detected; True when all pass."""
-    from trainer.train_mode import resolve_train_mode
+    from contract.train_mode import resolve_train_mode
 
     mode = (dotenv.get("TRAIN_MODE") or "auto").lower()
     if mode == "auto":

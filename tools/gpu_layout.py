@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from trainer.train_mode import spec as mode_spec  # stdlib only: the GPU defaults of each mode
+from contract.train_mode import spec as mode_spec  # stdlib only: the GPU defaults of each mode
 
 FAST_PATH_HOSTID = "grpo-stack-gpu-host"
 CDI_PREFIX = "nvidia.com/gpu="

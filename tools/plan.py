@@ -21,8 +21,8 @@ from tools.errors import StackError
 from tools.gpu_doctor import DockerGpus
 from tools.images import TRAINER_REHEARSE_BUILD, local_env_image
 from tools.settings import WHEELS, StackEnv
-from trainer.train_mode import ModeSpec
-from trainer.train_mode import spec as mode_spec
+from contract.train_mode import ModeSpec
+from contract.train_mode import spec as mode_spec
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class StackPlan:
         services = compose_file.merge_services(envs, compose_file.gpu_services(self.layout, self.cdi))
         if self.rehearsal:
             services = compose_file.merge_services(services, rehearsal.services(envs.get("trainer", {}).get("depends_on", {})))
-        if self.spec.runs_vllm_service:  # LoRA adapters synced alone: vLLM's LoRA flags (trainer/lora.py)
+        if self.spec.runs_vllm_service:  # LoRA adapters synced alone: vLLM's LoRA flags (trainer/run/lora.py)
             services = compose_file.add_lora_serving(services, derive.run_config(self.values, self.mode))
         if not services:
             return {}
@@ -129,9 +129,9 @@ def make_plan(settings: StackEnv | dict[str, str], gpus: DockerGpus | None) -> S
             notes.append(note)
     layout = derive.gpu_layout_for(values, mode, gpus)
     if layout is not None:
-        from trainer import lora
+        from contract import lora_rules
 
-        problem = lora.serving_problem(derive.run_config(values, mode), layout.data_parallel)
+        problem = lora_rules.serving_problem(derive.run_config(values, mode), layout.data_parallel)
         if problem:
             raise StackError(problem)
         notes.append(layout.describe())

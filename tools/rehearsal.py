@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from tools.compose_file import Override, OverrideMap, Reset
 from tools.images import TRAINER_REHEARSE_BUILD, TWIN_BUILD, image_of
-from trainer.config import CPU_DEFAULT_MODEL, default
+from contract.config import CPU_DEFAULT_MODEL, default
 
 BUILD_PROFILES = ("vllm-cpu", "build-rehearse")  # the twin's (TWIN_BUILD) and the rehearsal trainer's
 PROFILE = "rehearse"              # model-init joins it: the twin serves the model it makes

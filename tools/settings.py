@@ -21,7 +21,7 @@ WHEELS = ROOT / ".wheels"  # CPU images take torch from here when a CPU wheel is
 
 class StackEnv(BaseSettings):
     """The host's view of `.env`, read once (what decides what runs; the trainer validates its own
-    knobs with trainer.config.RunConfig). Process variables win over the file, as in Compose. Every
+    knobs with contract.config.RunConfig). Process variables win over the file, as in Compose. Every
     other key (ENV_<NAME>_IMAGE, ENV_<NAME>_REPLICAS, ...) is kept as given, in `values`."""
 
     model_config = SettingsConfigDict(case_sensitive=True, extra="ignore", env_ignore_empty=True)
@@ -32,7 +32,7 @@ class StackEnv(BaseSettings):
     DASHBOARD: bool = False
     DASHBOARD_PORT: Optional[int] = Field(6006, ge=1, le=65535)
     HF_TOKEN_FILE: str = "./.secrets/hf_token"
-    VLLM_GPU: str = ""  # empty: the mode's default (trainer.train_mode.MODE_SPECS)
+    VLLM_GPU: str = ""  # empty: the mode's default (contract.train_mode.MODE_SPECS)
     TRAINER_GPU: str = ""
     VLLM_PARALLEL: Literal["tensor", "data"] = "tensor"
     ENV_FLEET: Literal["compose", "swarm"] = "compose"

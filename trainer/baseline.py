@@ -13,7 +13,7 @@ import sys
 import time
 
 from envs.core.untrusted import one_line, strip_credentials
-from trainer.config import ConfigError, RunConfig
+from contract.config import ConfigError, RunConfig
 
 
 def play(tool, row: dict, choose, max_turns: int) -> dict:
@@ -39,8 +39,8 @@ def play(tool, row: dict, choose, max_turns: int) -> dict:
 def run_env(name: str, cfg: RunConfig, episodes: int, max_turns: int, seed: int) -> dict[str, dict]:
     from envs import registry
     from envs.core.tool import close_session
-    from trainer.envs_binding import bind, resolve_replicas
-    from trainer.preflight import probe_server
+    from trainer.rollouts.envs_binding import bind, resolve_replicas
+    from trainer.run.preflight import probe_server
 
     spec = registry.resolve(name, cfg.env_url(name), **cfg.generic_env_options())
     cls = bind(name, spec.tool_class, cfg.env_url(name), text_chars=cfg.env_observation_chars)  # same class, replicas and counters as training

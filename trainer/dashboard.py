@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from trainer import trackers
+from contract import tracker_names
 
 PORT = 6006
 OUTPUTS = "/outputs"
@@ -18,7 +18,7 @@ OUTPUTS = "/outputs"
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
-        names = trackers.parse(os.environ.get("REPORT_TO") or "tensorboard")
+        names = tracker_names.parse(os.environ.get("REPORT_TO") or "tensorboard")
     except ValueError as exc:
         print(f"[dashboard] REPORT_TO: {exc}", file=sys.stderr)
         return 2
@@ -26,18 +26,18 @@ def main(argv: list[str] | None = None) -> int:
         cmd = ["tensorboard", "--logdir", OUTPUTS, "--host", "0.0.0.0", "--port", str(PORT)]
         print(f"[dashboard] {' '.join(cmd)}", flush=True)
         return 0 if "--dry-run" in argv else os.execvp(cmd[0], cmd)
-    problem = trackers.check_installed(["trackio"])
+    problem = tracker_names.check_installed(["trackio"])
     if problem:
         print(f"[dashboard] {problem}", file=sys.stderr)
         return 2
-    os.environ.setdefault("TRACKIO_DIR", f"{OUTPUTS}/{trackers.TRACKIO_DIR}")  # before trackio is imported
+    os.environ.setdefault("TRACKIO_DIR", f"{OUTPUTS}/{tracker_names.TRACKIO_DIR}")  # before trackio is imported
     print(f"[dashboard] trackio's UI on {os.environ['TRACKIO_DIR']}", flush=True)
     if "--dry-run" in argv:
         return 0
     import trackio
 
     # 0.0.0.0 inside the container, which publishes the port on 127.0.0.1 only.
-    trackio.show(project=trackers.PROJECT, host="0.0.0.0", server_port=PORT, open_browser=False, block_thread=True)
+    trackio.show(project=tracker_names.PROJECT, host="0.0.0.0", server_port=PORT, open_browser=False, block_thread=True)
     return 0
 
 

@@ -28,7 +28,7 @@ def report_download(model: str, revision: str | None, token: str | None, stop: t
     from huggingface_hub import HfApi
     from huggingface_hub.constants import HF_HUB_CACHE
 
-    from trainer.progress import Progress
+    from trainer.run.progress import Progress
 
     try:
         info = HfApi().model_info(model, revision=revision, token=token, files_metadata=True)
@@ -44,16 +44,16 @@ def report_download(model: str, revision: str | None, token: str | None, stop: t
 
 
 def check_downloaded(path: str, model: str) -> list[str]:
-    """The chat-template checks of trainer.preflight on the tokenizer just downloaded."""
+    """The chat-template checks of trainer.run.preflight on the tokenizer just downloaded."""
     from transformers import AutoTokenizer
 
-    from trainer.preflight import check_chat_template
+    from trainer.run.preflight import check_chat_template
 
     return check_chat_template(AutoTokenizer.from_pretrained(path), model)
 
 
 def main() -> int:
-    from trainer import stages
+    from contract import stages
 
     model = os.environ.get("MODEL_NAME", "")
     revision = os.environ.get("MODEL_REVISION") or None

@@ -12,7 +12,8 @@ import importlib.util
 import os
 import sys
 
-from trainer.config import ConfigError, RunConfig
+from contract.config import ConfigError, RunConfig
+from trainer.run import grpo_args
 
 RENDEZVOUS_PORT = 29500  # torch.distributed among the trainer's own processes (inside its container)
 # On SIGTERM the launcher (torchrun underneath) SIGKILLs its workers after TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s by
@@ -54,8 +55,8 @@ def launch_argv(n: int, mode: str, sharding: str, args: list[str], port: int = R
     if sharding == "zero3" and importlib.util.find_spec("deepspeed") is None:
         raise LaunchError("TRAINER_SHARDING=zero3 needs DeepSpeed, which the trainer image does not carry; use "
                           "TRAINER_SHARDING=fsdp (PyTorch's own sharding, in the image) or ddp (edit .env)")
-    # accelerate launch with torchrun's store on 127.0.0.1 only (trainer/loopback_launch.py says why)
-    return [sys.executable, "-m", "trainer.loopback_launch", "--num_processes", str(n), "--num_machines", "1",
+    # accelerate launch with torchrun's store on 127.0.0.1 only (trainer/run/loopback_launch.py says why)
+    return [sys.executable, "-m", "trainer.run.loopback_launch", "--num_processes", str(n), "--num_machines", "1",
             "--main_process_port", str(port), "--rdzv_backend", "loopback", "--rdzv_conf", f"port={port}",
             "--dynamo_backend", "no", *SHARDING_FLAGS[sharding], "-m", "trainer.train", *args]
 
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"[launch] config error:\n{exc}", file=sys.stderr, flush=True)
         return 2
-    mode = cfg.resolved_train_mode()
+    mode = grpo_args.resolved_train_mode(cfg)
     if mode == "gpu":  # before any process starts: the container's exit code is this one, whatever the count
         from trainer.gpu.push_state import EXIT_VLLM_RESTART, restart_line, restart_reason
 

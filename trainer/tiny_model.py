@@ -135,7 +135,7 @@ def local_env_server(env_name: str, max_sessions: int = 4):
 
 def tool_functions(instance) -> list:
     """Bound tool methods, exactly as TRL exposes them (public functions minus reset/get_reward)."""
-    from trainer.envs_binding import tool_method_names
+    from trainer.rollouts.envs_binding import tool_method_names
 
     return [getattr(instance, name) for name in tool_method_names(type(instance))]
 
@@ -295,7 +295,7 @@ def sample_check(model, tokenizer, convs: list[Demo], template_kwargs: dict, n: 
     """Sample first turns like GRPO will (temperature 1): how often is a tool call made, and the expert's exactly?"""
     import torch
 
-    from trainer.first_turn import first_calls, score
+    from trainer.after.first_turn import first_calls, score
 
     torch.manual_seed(seed)
     picked = convs[:: max(1, len(convs) // n)][:n]  # spread over the envs
@@ -375,13 +375,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--force", action="store_true", help="rebuild even if a complete model is there")
     args = p.parse_args(argv)
     out = Path(args.out)
-    from trainer.config import RunConfig
+    from contract.config import RunConfig
 
     cfg = RunConfig.load([] if args.env is None else ["--env-name", args.env])
     try:
         specs = warm_start_specs(cfg)
     except Exception as exc:  # noqa: BLE001 - InterfaceError / UnsupportedSchema: one line, with the env
-        from trainer.preflight import image_hint
+        from trainer.run.preflight import image_hint
 
         images = "".join(image_hint(n) for n in cfg.env_names)
         log(f"cannot learn the tools of {cfg.env_name}{images}: {exc}")

@@ -37,7 +37,7 @@ from envs.core.untrusted import MAX_REPLY_BYTES, UntrustedReply, loads_reply, on
 
 ERROR_CHARS = 2000  # an env's error text kept (the tool binding trims it again to ENV_OBSERVATION_CHARS)
 # A reply's bound when the caller names none (probes, tests). The trainer always names its own: TOOL_TIMEOUT_S for
-# steps, RESET_TIMEOUT_S for resets (trainer.envs_binding); read at construction, so a test can lower it.
+# steps, RESET_TIMEOUT_S for resets (trainer.rollouts.envs_binding); read at construction, so a test can lower it.
 DEFAULT_REPLY_TIMEOUT_S = 120.0
 _DEFAULT: Any = object()
 

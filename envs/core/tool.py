@@ -3,7 +3,7 @@ trainer and the benches reach it.
 
 TRL publishes every public function of a tool class as a tool the model may call (all but `reset` and `get_reward`),
 so what a tool instance keeps for the trainer lives in underscored attributes of `EnvTool`, and nothing outside this
-module (and the classes that write them: the tool classes and trainer.envs_binding's bound subclass) spells those
+module (and the classes that write them: the tool classes and trainer.rollouts.envs_binding's bound subclass) spells those
 names. The trainer calls the functions below instead; each accepts any object (a custom env that does not derive
 from `EnvTool`, a test double, `detached`'s snapshot) and answers "nothing there" where the attribute is missing.
 
@@ -11,7 +11,7 @@ What an instance holds:
   * `_client`: its env-server session (envs.core.client.SessionClient), one per instance;
   * `_rewards`: the per-step rewards the env sent this episode, where the tool class keeps them (envs.generic);
   * `_trace`: the episode as the binding saw it (trainer.rollouts.Trace), set at each reset;
-  * `_infra_failure`: why the env side ended this episode (trainer.infra_failures), else None;
+  * `_infra_failure`: why the env side ended this episode (trainer.rollouts.infra_failures), else None;
   * `_abandon_session()`: what the rollout loop calls when a call outran TOOL_TIMEOUT_S (the binding's records why).
 """
 

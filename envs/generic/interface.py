@@ -25,7 +25,7 @@ from envs.core import untrusted
 # Fields every OpenEnv `Action` carries that are not the env's own (set by the framework, not the policy).
 FRAMEWORK_ACTION_FIELDS = ("metadata",)
 # Names a learned tool must not take: the env class's own methods (TRL calls reset/get_reward) and the attributes
-# trainer.envs_binding gives every bound class; a tool by one of these names would replace it.
+# trainer.rollouts.envs_binding gives every bound class; a tool by one of these names would replace it.
 RESERVED_TOOL_NAMES = ("reset", "get_reward", "env_name", "replica_set")
 # What an env server may make us parse (a third-party image): bounded, so a hostile /schema cannot stall preflight.
 MAX_SCHEMA_NODES = 20_000  # after $refs are inlined

@@ -1,7 +1,7 @@
 """A TRL `environment_factory` class for any OpenEnv server, built from its `EnvInterface`.
 
 Same contract as the hand-written tool classes (`__init__(base_url)`, `reset(**row)`, tools,
-`get_reward()`), so `trainer.envs_binding.bind` spreads it over replicas and counts its calls.
+`get_reward()`), so `trainer.rollouts.envs_binding.bind` spreads it over replicas and counts its calls.
   * reset: starts an episode (the row's `reset_kwargs` go to the server) and returns the reset
     observation as text, which TRL appends to the prompt;
   * each tool: one step on the server; MCP tools return the tool's result, typed actions the new

@@ -11,7 +11,7 @@ import pytest
 from transformers.utils import get_json_schema
 
 from envs import registry
-from trainer.envs_binding import tool_method_names
+from trainer.rollouts.envs_binding import tool_method_names
 
 TOOLS = {"echo": {"echo_message", "echo_with_length"}, "wordle": {"guess"}, "catch": {"move"}}
 

@@ -16,7 +16,7 @@ import requests
 from transformers.utils import get_json_schema
 
 from tests.helpers import ROOT, free_port, start_fixture
-from trainer.envs_binding import tool_method_names
+from trainer.rollouts.envs_binding import tool_method_names
 
 @pytest.fixture(scope="module")
 def servers():
@@ -204,7 +204,7 @@ def test_capacity_is_probed_when_health_does_not_report_it():
     a probe right after another one (or after another test's session) could find slots not yet freed."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from trainer.preflight import probe_capacity
+    from trainer.run.preflight import probe_capacity
 
     wanted = {"guess": ("guess", {}), "notebook": ("notebook", {"MAX_CONCURRENT_ENVS": "3"}),
               "notebook2": ("notebook", {"MAX_CONCURRENT_ENVS": "3"})}

@@ -74,9 +74,9 @@ def test_an_action_titled_reset_keeps_the_classes_own_reset():
 
 
 def test_every_name_the_bound_class_owns_is_reserved():
-    """A new attribute of GenericTool or of trainer.envs_binding's bound class must be reserved too."""
+    """A new attribute of GenericTool or of trainer.rollouts.envs_binding's bound class must be reserved too."""
     from envs.generic.interface import EnvInterface, ToolSpec
-    from trainer.envs_binding import bind, tool_method_names
+    from trainer.rollouts.envs_binding import bind, tool_method_names
 
     cls = make_tool_class("probe", EnvInterface("mcp", (ToolSpec("note", "Note.", ()),)))
     bound = bind("probe", cls, "http://127.0.0.1:9")

@@ -37,7 +37,7 @@ def make_model_dir(out: Path) -> Path:
 
 
 def run_config(model_dir: Path):
-    from trainer.config import RunConfig
+    from contract.config import RunConfig
 
     return RunConfig.load([], model_name=str(model_dir), train_mode="gpu")
 
@@ -48,7 +48,7 @@ def load(model_dir: Path, dtype: str):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trainer.train import load_model_and_tokenizer
+    from trainer.run.model import load_model_and_tokenizer
 
     cfg = run_config(model_dir)
     if dtype == "fp32":
@@ -60,7 +60,9 @@ def optimizer(model, cfg):
     """The optimizer HF's Trainer builds from the project's GRPOConfig (AdamW, fused, the GPU learning rate 1e-5)."""
     from transformers import Trainer
 
-    args = cfg.to_grpo_config("gpu")
+    from trainer.run import grpo_args
+
+    args = grpo_args.grpo_config(cfg, "gpu")
     cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
     return cls([p for p in model.parameters() if p.requires_grad], **kwargs), kwargs
 

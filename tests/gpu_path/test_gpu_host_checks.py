@@ -12,7 +12,7 @@ import pytest
 
 from tests.gpu_path.conftest import devices, resolved
 from tests.helpers import ROOT
-from trainer import stages
+from contract import stages
 from tools import gpu_doctor
 from tools import gpu_layout
 from tools import derive, docker_host, settings

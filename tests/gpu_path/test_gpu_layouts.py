@@ -11,7 +11,7 @@ import pytest
 
 from tests.gpu_path.conftest import devices, resolved
 from tests.helpers import ROOT, free_port
-from trainer.config import RunConfig
+from contract.config import RunConfig
 from trainer.launch import LaunchError, launch_argv, process_count
 from tools import gpu_doctor
 from tools import gpu_layout
@@ -104,7 +104,7 @@ def test_launcher_runs_one_process_in_place_and_several_through_accelerate():
     cfg = RunConfig.load(["--train-mode", "cpu"])
     assert launch_argv(1, "cpu", "ddp", ["--max-steps", "2"])[1:] == ["-m", "trainer.train", "--max-steps", "2"]
     argv = launch_argv(2, "cpu", "ddp", ["--max-steps", "2"])
-    assert argv[1:3] == ["-m", "trainer.loopback_launch"] and "--multi_gpu" in argv
+    assert argv[1:3] == ["-m", "trainer.run.loopback_launch"] and "--multi_gpu" in argv
     assert argv[argv.index("--num_processes") + 1] == "2" and argv[-4:] == ["-m", "trainer.train", "--max-steps", "2"]
     fsdp = launch_argv(4, "gpu", "fsdp", [])
     assert "--use_fsdp" in fsdp and fsdp[fsdp.index("--fsdp_version") + 1] == "2"

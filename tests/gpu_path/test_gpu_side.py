@@ -20,11 +20,12 @@ import pytest
 
 from trainer.gpu import grpo_kwargs, nccl, server, trl_hooks, watchdog
 from tests.helpers import ROOT
+from trainer.run import grpo_args
 
 
 def cfg(**kw):
     """The trainer's typed settings (what trainer.gpu takes), from explicit values only."""
-    from trainer.config import RunConfig
+    from contract.config import RunConfig
 
     base = dict(train_mode="gpu", vllm_server_url="http://vllm:8000/", vllm_max_model_len=None)
     base.update(kw)
@@ -57,9 +58,9 @@ VLLM_FILLED_FROM_GENERATION_CONFIG = ("repetition_penalty", "presence_penalty", 
 def test_both_modes_send_every_sampling_field_vllm_would_fill_from_the_generation_config(mode, tmp_path):
     """Server mode's request (trl VLLMGeneration.generate -> VLLMClient.generate) names each field vLLM would take
     from generation_config.json, and colocate's SamplingParams get the same values: both sample one policy."""
-    from trainer.config import RunConfig
+    from contract.config import RunConfig
 
-    args = RunConfig(train_mode=mode).to_grpo_config(mode, output_dir=str(tmp_path), use_cpu=True, bf16=False,
+    args = grpo_args.grpo_config(RunConfig(train_mode=mode), mode, output_dir=str(tmp_path), use_cpu=True, bf16=False,
                                                      **grpo_kwargs.grpo_vllm_kwargs(RunConfig(train_mode=mode)))
     # the fields trl 1.16 sets itself in both modes (vllm_generation.py), then generation_kwargs on top
     sent = {"repetition_penalty": args.repetition_penalty, "temperature": args.temperature, "top_p": args.top_p,
@@ -89,7 +90,7 @@ def test_cpu_mode_does_not_use_vllm_and_unknown_modes_are_refused():
 def test_kwargs_are_accepted_by_trl_grpoconfig_and_by_the_real_runconfig(mode, tmp_path):
     from trl import GRPOConfig
 
-    from trainer.config import RunConfig
+    from contract.config import RunConfig
 
     run_cfg = RunConfig(train_mode=mode)
     kw = grpo_kwargs.grpo_vllm_kwargs(run_cfg)
@@ -255,7 +256,7 @@ def test_a_weight_sync_past_the_timeout_fails_with_a_diagnosis_test_double_for_n
 
 
 def test_the_smokes_first_weight_sync_stage_is_the_first_push_after_a_step(monkeypatch, capsys):
-    from trainer import stages
+    from contract import stages
 
     monkeypatch.setattr(stages, "_seen", set())
     trainer, logged = fake_trainer(seconds=0.0), []

@@ -26,7 +26,8 @@ SERVE_FLAGS = ["--dtype=float32", "--max-model-len=512", "--enforce-eager"]
 def exports(tmp_path_factory, tiny_model_dir):
     """A 3-step LoRA run on the tiny model (CPU profile), exported merged (default) and as the adapter alone."""
     from tests.trainer.conftest import EnvServer
-    from trainer import export, train
+    from trainer import train
+    from trainer.after import export
 
     outputs = tmp_path_factory.mktemp("lora-twin-run")
     server = EnvServer("echo", 16)

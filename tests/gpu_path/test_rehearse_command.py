@@ -18,8 +18,9 @@ import pytest
 
 from tests.gpu_path.conftest import TRAINER_STANDIN_IMAGE, ensure_trainer_standin_image
 from tests.helpers import EnvFileStack
-from trainer import first_turn, sampling_health, stages
-from trainer.config import CPU_DEFAULT_MODEL
+from trainer.after import first_turn
+from contract import sampling_health, stages
+from contract.config import CPU_DEFAULT_MODEL
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(3600)]
 
@@ -93,7 +94,7 @@ def served_base_model_again(stack: EnvFileStack) -> None:
 
 
 def served_exact_rate(stack: EnvFileStack) -> dict:
-    out = on_agentnet(stack, "python3", "-m", "trainer.first_turn", "--model", CPU_DEFAULT_MODEL, "--server",
+    out = on_agentnet(stack, "python3", "-m", "trainer.after.first_turn", "--model", CPU_DEFAULT_MODEL, "--server",
                       "http://vllm:8000")
     return json.loads(out.strip().splitlines()[-1])
 
@@ -120,7 +121,7 @@ def rehearse(stack: EnvFileStack, **settings: str) -> str:
 
 def check_server_mode_log(log: str, rollouts: str = "sync") -> None:
     assert "make rehearse: TRAIN_MODE=gpu's services on CPU" in log  # the plan said what it runs
-    if rollouts == "async":  # TRL's AsyncGRPOTrainer, its WeightTransferProtocol by reload (trainer.async_trainer)
+    if rollouts == "async":  # TRL's AsyncGRPOTrainer, its WeightTransferProtocol by reload (trainer.run.async_trainer)
         assert "[train] ROLLOUTS=async: TRL's AsyncGRPOTrainer" in log
         assert "[weight-sync] WEIGHT_TRANSFER=reload (async): no NCCL group" in log  # the one stand-in, said so
         assert "[weight-sync] vLLM reloaded" in log
@@ -153,7 +154,7 @@ def test_make_rehearse_one_process_trains_through_the_twin_and_learns(rehearsal,
     assert served_logprobs(rehearsal) != trained, "the pushes never changed what the twin serves"
     served_before = served_exact_rate(rehearsal)
     before = first_turn.evaluate(str(tiny_model_dir))
-    after = json.loads(outputs_run(rehearsal, "python3", "-m", "trainer.first_turn", "--model",
+    after = json.loads(outputs_run(rehearsal, "python3", "-m", "trainer.after.first_turn", "--model",
                                    f"/outputs/{run}/checkpoint-{LEARN_STEPS}").strip().splitlines()[-1])
     print(f"[{run}] greedy exact first calls on {after['prompts']} held-out rows: {before['exact_rate']:.2f} "
           f"before, {after['exact_rate']:.2f} after {LEARN_STEPS} steps; served by the twin (bf16): "
@@ -211,7 +212,7 @@ print(len(pushed), 'adapter tensors, pushed == checkpoint')
 
 def test_make_rehearse_async_lora_pushes_the_adapter_alone_and_the_twin_serves_what_the_trainer_wrote(rehearsal):
     """#32: ROLLOUTS=async with LORA_R=8 through `make rehearse`: the plan restarts the twin with the vllm service's
-    LoRA flags (trainer/lora.py), TRL's adapter-only sync writes <run>/.vllm_lora/trl-policy-v<N> and has the twin
+    LoRA flags (trainer/run/lora.py), TRL's adapter-only sync writes <run>/.vllm_lora/trl-policy-v<N> and has the twin
     load it by /v1/load_lora_adapter (no weight reload, no NCCL), the worker's requests name it, and after the run
     the newest served adapter is the run's last checkpoint, byte for byte, and serves other log-probs than the base.
     Last in this module: the twin keeps the LoRA flags after it."""

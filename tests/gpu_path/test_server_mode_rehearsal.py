@@ -119,7 +119,7 @@ def test_a_trainer_killed_mid_push_wedges_vllm_and_the_next_train_restarts_it_an
     Differs from `make train` in one place: the twin restarts by `docker restart`, the vllm service by compose's
     `up --force-recreate --wait`."""
     from tools.commands.train import recovering
-    from trainer.defaults import EXIT_VLLM_RESTART
+    from contract.defaults import EXIT_VLLM_RESTART
     from trainer.gpu.push_state import MARKER_NAME
 
     network, twin, model_dir, weights = rehearsal_stack
@@ -207,7 +207,8 @@ def test_rollouts_async_after_the_run__sigterm_resume_traces_report_export_eval(
     saves a complete checkpoint with TRL's rollout_state.json and exits 143; `make train` again resumes from it and
     logs every step once; its records carry the sync run's keys plus the staleness figures; then `make rollouts`,
     `make report`, `make export` and `make eval` (their modules, in the trainer image) work on its folder."""
-    from trainer import async_metrics, checkpoints, rollouts, trackers
+    from trainer.run import async_metrics, checkpoints, trackers
+    from trainer.rollouts import traces
 
     network, twin, model_dir, weights = rehearsal_stack
     outputs = tmp_path / "outputs"
@@ -252,8 +253,8 @@ def test_rollouts_async_after_the_run__sigterm_resume_traces_report_export_eval(
         assert row["rollouts"] == "async" and {"reward", "reward/echo", "rollout/tool_calls_per_episode",
                                                  "time/step_s", "time/training_s", "time/weight_sync_s"} <= keys, row
         assert set(async_metrics.STALENESS_KEYS) <= keys and "async/vllm_paused_s" in keys, row
-    traced = rollouts.read(outputs / run / rollouts.ROLLOUTS_FILE)
-    assert traced and all(rollouts.problems(r) == [] and r["step"] == r["policy_version"] + 1 for r in traced)
+    traced = traces.read(outputs / run / traces.ROLLOUTS_FILE)
+    assert traced and all(traces.problems(r) == [] and r["step"] == r["policy_version"] + 1 for r in traced)
 
     def tool(*args: str) -> subprocess.CompletedProcess:
         return docker("run", "--rm", "--network", network, "--label", "grpo-test=1", "-v", f"{outputs}:/outputs",

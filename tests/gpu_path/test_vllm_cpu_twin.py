@@ -116,10 +116,10 @@ def test_completions_from_token_ids_with_n_and_logprobs(vllm_cpu, trl_client_cls
 
 def test_the_twin_refuses_exactly_what_the_rollout_loops_server_rule_stops(vllm_cpu, trl_client_cls):
     """After a tool call TRL resends the whole episode so far with max_tokens=MAX_COMPLETION_LENGTH again; vLLM
-    refuses a prompt longer than max_model_len - max_tokens. trainer.rollout_loop.server_fits is that rule, with
+    refuses a prompt longer than max_model_len - max_tokens. trainer.rollouts.rollout_loop.server_fits is that rule, with
     the max_model_len the server reports (preflight reads it): checked at the boundary against vLLM itself."""
     from trainer.gpu import server
-    from trainer.rollout_loop import server_fits
+    from trainer.rollouts.rollout_loop import server_fits
 
     limit = int(next(a for a in vllm_cpu.command if a.startswith("--max-model-len=")).split("=", 1)[1])
     assert server.check_vllm_server(vllm_cpu.url, timeout_s=30).max_model_len == limit
@@ -211,7 +211,7 @@ def test_preflight_accepts_the_twins_routes_and_refuses_a_gpuless_trainer(vllm_c
     for key in [*nccl.NCCL_BRIDGE_DEFAULTS, "VLLM_HOST_IP"]:
         monkeypatch.delenv(key, raising=False)
 
-    from trainer.config import RunConfig
+    from contract.config import RunConfig
 
     cfg = RunConfig(train_mode="gpu", vllm_server_url=vllm_cpu.url, vllm_server_timeout_s=30, weight_sync_timeout_s=60)
     with pytest.raises(server.VLLMPreflightError) as err:

@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tests.gpu_path.test_gpu_side import fake_trainer
-from trainer.defaults import EXIT_VLLM_RESTART
+from contract.defaults import EXIT_VLLM_RESTART
 from trainer.gpu import push_state, trl_hooks, watchdog
 
 

@@ -1,4 +1,4 @@
-"""One config, four places: trainer.config.RunConfig, .env.example, compose.yaml, README's table."""
+"""One config, four places: contract.config.RunConfig, .env.example, compose.yaml, README's table."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def readme_table_vars() -> list[str]:
 
 
 def test_every_run_config_field_is_a_documented_env_variable():
-    from trainer.config import ENV_VARS
+    from contract.config import ENV_VARS
 
     example = set(parse_env_file(ROOT / ".env.example"))
     missing = [v for v in ENV_VARS if v not in example and v not in FIXED_BY_COMPOSE]
@@ -35,7 +35,7 @@ def test_readme_table_lists_exactly_the_env_example_variables():
 
 
 def test_compose_passes_every_run_config_field_to_both_trainers():
-    from trainer.config import ENV_VARS
+    from contract.config import ENV_VARS
 
     services = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"]
     for name in ("trainer", "trainer-cpu"):
@@ -45,10 +45,10 @@ def test_compose_passes_every_run_config_field_to_both_trainers():
 
 
 def test_compose_fallbacks_and_env_example_repeat_the_one_python_default():
-    """The model id, vLLM image and session cap are written once in Python (trainer.defaults, envs.core.settings);
+    """The model id, vLLM image and session cap are written once in Python (contract.defaults, envs.core.settings);
     compose.yaml's `${VAR:-...}` fallbacks and .env.example may only repeat them."""
     from envs.core.settings import DEFAULT_MAX_CONCURRENT_ENVS
-    from trainer import defaults
+    from contract import defaults
 
     wanted = {"MODEL_NAME": defaults.GPU_MODEL, "VLLM_IMAGE": defaults.VLLM_IMAGE,
               "MAX_CONCURRENT_ENVS": str(DEFAULT_MAX_CONCURRENT_ENVS)}
@@ -58,10 +58,10 @@ def test_compose_fallbacks_and_env_example_repeat_the_one_python_default():
         fallbacks = set(re.findall(r"\$\{" + var + r":-([^}]*)\}", compose))
         assert fallbacks == {value}, (var, fallbacks)
         assert example[var] == value, var
-    python_sources = [p for d in ("tools", "trainer", "envs") for p in (ROOT / d).rglob("*.py")]
+    python_sources = [p for d in ("tools", "contract", "trainer", "envs") for p in (ROOT / d).rglob("*.py")]
     for value in (defaults.GPU_MODEL, defaults.VLLM_IMAGE):
         writers = [p.relative_to(ROOT).as_posix() for p in python_sources if f'"{value}"' in p.read_text()]
-        assert writers == ["trainer/defaults.py"], (value, writers)
+        assert writers == ["contract/defaults.py"], (value, writers)
 
 
 def test_a_misspelled_env_key_is_named_with_the_setting_it_resembles_and_legitimate_keys_are_not():

@@ -1,4 +1,4 @@
-"""`make doctor`'s trainer-memory rows: the estimate (trainer.memory) next to each trainer GPU's memory, and where
+"""`make doctor`'s trainer-memory rows: the estimate (contract.memory) next to each trainer GPU's memory, and where
 the host reads the model's config.json (a folder, or the stack's HF cache volume through a throw-away container)."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def test_two_gpu_host_prints_the_breakdown_for_the_trainer_gpu_only_test_double_
 def test_lora_settings_are_sized_as_lora_and_an_8b_full_fine_tune_names_lora_test_double_for_gpu_host(monkeypatch):
     """#32 item 6: Qwen3-8B on one 80 GB trainer GPU: full fine-tuning does not fit and the line says LoRA would;
     LORA_R=16 fits."""
-    from trainer import memory
+    from contract import memory
 
     monkeypatch.setattr(gpu_doctor, "model_config", lambda cfg: (memory.qwen3_config("Qwen3-8B"), "recorded"))
     full = rows_for(TWO_H100, {}, "gpu", config=memory.qwen3_config("Qwen3-8B"))

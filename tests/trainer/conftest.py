@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from trainer.config import ENV_VARS
+from contract.config import ENV_VARS
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,7 @@ state = PartialState(cpu=True)
 pids = [None] * state.num_processes
 dist.all_gather_object(pids, os.getpid())
 if state.is_main_process:
-    mine = {os.getppid(), *pids}  # the agent (torchrun, inside `python -m trainer.loopback_launch`) and the ranks
+    mine = {os.getppid(), *pids}  # the agent (torchrun, inside `python -m trainer.run.loopback_launch`) and the ranks
     for line in subprocess.run(["ss", "-ltnpH"], capture_output=True, text=True, check=True).stdout.splitlines():
         if any(f"pid={pid}," in line for pid in mine):
             print("LISTEN", line.split()[3], flush=True)

@@ -1,21 +1,24 @@
 """A trainer on the rendezvous fixture env with the model's turns scripted (tests/trainer/test_tool_rounds.py,
 bench/tool_rounds.py). Everything between the trainer and the env server is the stack's own path: the env
-learned from /schema, bound by trainer.envs_binding, driven by train.py's trainer class (or TRL's, to compare)."""
+learned from /schema, bound by trainer.rollouts.envs_binding, driven by train.py's trainer class (or TRL's, to compare)."""
 
 from __future__ import annotations
 
 import json
 import re
 
+from trainer.run import grpo_args
+
 
 def make_trainer(url: str, model_dir, out_dir, batch: int, *flags: str, stock_loop: bool = False):
     """(trainer, tokenizer) on the env at `url`, `batch` rollouts per generation; `flags` are trainer.train's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer import preflight
-    from trainer.config import RunConfig
-    from trainer.envs_binding import build_factories
-    from trainer.train import build_dataset, make_trainer_class
+    from trainer.run import preflight
+    from contract.config import RunConfig
+    from trainer.rollouts.envs_binding import build_factories
+    from trainer.run.dataset import build_dataset
+    from trainer.run.grpo_trainer import make_trainer_class
 
     cfg = RunConfig.load(["--train-mode", "cpu", "--model-name", str(model_dir), "--output-dir", str(out_dir),
                           "--env-name", "rendezvous", "--env-urls", f"rendezvous={url}", "--num-generations", "2",
@@ -28,7 +31,7 @@ def make_trainer(url: str, model_dir, out_dir, batch: int, *flags: str, stock_lo
     else:
         trainer_class = make_trainer_class()
     trainer = trainer_class(
-        model=AutoModelForCausalLM.from_pretrained(model_dir), args=cfg.to_grpo_config("cpu"),
+        model=AutoModelForCausalLM.from_pretrained(model_dir), args=grpo_args.grpo_config(cfg, "cpu"),
         train_dataset=build_dataset(cfg, specs), processing_class=tokenizer,
         environment_factory=build_factories(cfg, specs))
     if not stock_loop:

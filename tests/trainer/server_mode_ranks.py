@@ -59,6 +59,7 @@ def server_mode_generation(trainer):
 def main() -> int:
     from trl import GRPOTrainer
 
+    import trainer.run.grpo_trainer as grpo_trainer
     import trainer.train as train
 
     log_dir = Path(os.environ["RANK_LOG_DIR"])
@@ -72,7 +73,7 @@ def main() -> int:
         return completion_ids, None
 
     GRPOTrainer._generate_single_turn = generate
-    make_trainer_class = train.make_trainer_class
+    make_trainer_class = grpo_trainer.make_trainer_class
 
     def make_logged_trainer_class():
         class Logged(make_trainer_class()):
@@ -96,7 +97,7 @@ def main() -> int:
                 return out
         return Logged
 
-    train.make_trainer_class = make_logged_trainer_class
+    grpo_trainer.make_trainer_class = make_logged_trainer_class
     return train.main(sys.argv[1:])
 
 

@@ -1,5 +1,5 @@
-"""trainer.async_run.TracedRolloutLoop: TRL 1.16's real async rollout loop (generate loop, env pool, get_reward,
-scoring) against a real echo server with the stack's env factory (trainer.envs_binding.EnvFactory), its vLLM
+"""trainer.run.async_run.TracedRolloutLoop: TRL 1.16's real async rollout loop (generate loop, env pool, get_reward,
+scoring) against a real echo server with the stack's env factory (trainer.rollouts.envs_binding.EnvFactory), its vLLM
 requests replaced by scripted turns (the one stand-in: no vLLM runs in this test). What it sends the trainer, reduced
 the way TRL's trainer reduces it, gives the sync run's per-env figures; its traces fit rollouts.jsonl's schema and
 hold each episode's calls and rewards."""
@@ -19,10 +19,11 @@ from transformers import AutoTokenizer
 from trl.experimental.async_grpo.async_grpo_trainer import _reduce_metric
 
 from envs import registry
-from trainer import async_metrics, rollouts
-from trainer.async_run import TracedRolloutLoop
-from trainer.envs_binding import EnvFactory, encode_row
-from trainer.metrics import STATS
+from trainer.run import async_metrics
+from trainer.rollouts import traces
+from trainer.run.async_run import TracedRolloutLoop
+from trainer.rollouts.envs_binding import EnvFactory, encode_row
+from trainer.run.metrics import STATS
 
 CALL = '<tool_call>\n{"name": "echo_message", "arguments": {"message": "hello"}}\n</tool_call><|im_end|>'
 ANSWER = "done<|im_end|>"
@@ -93,10 +94,10 @@ def test_the_worker_sends_the_sync_per_env_figures_and_traces_one_group_per_poli
     trained_rewards = [s.metrics["rewards/EchoTool"] for s in samples]
     assert min(trained_rewards) - 1e-9 <= record["env/echo/reward_mean"] <= max(trained_rewards) + 1e-9
 
-    rows = rollouts.read(tmp_path / rollouts.ROLLOUTS_FILE)
+    rows = traces.read(tmp_path / traces.ROLLOUTS_FILE)
     assert len(rows) == 2 and {r["step"] for r in rows} == {1} and {r["policy_version"] for r in rows} == {0}
     for row in rows:
-        assert rollouts.problems(row) == [], row
+        assert traces.problems(row) == [], row
         assert row["env"] == "echo" and row["reset"]  # the row's reset kwargs, from the env binding's trace
         [call] = row["tool_calls"]
         assert call["tool"] == "echo_message" and call["arguments"] == {"message": "hello"} and not call["failed"]
@@ -111,7 +112,7 @@ def test_the_worker_gets_a_traced_loop_class_it_can_pickle_by_name():
 
     from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, _AsyncRolloutLoop
 
-    from trainer.async_run import TracedRolloutLoop, TracedRollouts, use_traced_loop
+    from trainer.run.async_run import TracedRolloutLoop, TracedRollouts, use_traced_loop
 
     class Composed(TracedRollouts, _AsyncRolloutLoop):
         pass
@@ -170,8 +171,8 @@ def test_an_episode_the_env_side_ended_is_counted_and_never_reaches_the_trainer(
     episodes to say None), each group's one env-ended episode is out of its baseline (the other's advantage is 0: it
     is the only scored row), its sample is dropped before the queue (never in a loss or its token count), and the
     step record counts it under the sync trainer's key."""
-    from trainer import infra_failures
-    from trainer.rewards import unfinished_penalty
+    from trainer.rollouts import infra_failures
+    from trainer.rollouts.rewards import unfinished_penalty
 
     monkeypatch.setattr(EveryOtherResetDown, "resets", 0)
     monkeypatch.setattr(infra_failures, "WINDOWS", infra_failures.FailureWindow())
@@ -200,7 +201,7 @@ def test_an_episode_the_env_side_ended_is_counted_and_never_reaches_the_trainer(
     record = async_metrics.record({k: _reduce_metric(k, v) for k, v in sink.items()})
     assert record[infra_failures.METRIC] == groups
     assert record["env/echo/infra_failures"] >= 1
-    [traced] = [r for r in rollouts.read(tmp_path / rollouts.ROLLOUTS_FILE) if r["infra_failure"]]
+    [traced] = [r for r in traces.read(tmp_path / traces.ROLLOUTS_FILE) if r["infra_failure"]]
     assert traced["infra_failure"].startswith("reset failed: connection lost") and traced["reward"] is None
 
 
@@ -215,8 +216,8 @@ def test_a_dead_env_in_the_rollout_worker_stops_the_trainer_with_the_sync_line(t
     exits 6, as in sync mode, instead of a chained traceback or a wait for the 300 s heartbeat."""
     from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 
-    from trainer import infra_failures
-    from trainer.async_run import stop_on_env_down
+    from trainer.rollouts import infra_failures
+    from trainer.run.async_run import stop_on_env_down
 
     monkeypatch.setattr(infra_failures, "WINDOWS", infra_failures.FailureWindow(window=8, min_episodes=4))
     loop = infra_loop(tmp_path, tiny_model_dir, "http://127.0.0.1:9", AlwaysDown, [])
@@ -240,7 +241,7 @@ def test_a_dead_env_in_the_rollout_worker_stops_the_trainer_with_the_sync_line(t
 def test_the_health_check_keeps_trls_report_for_other_failures_and_sees_a_silent_death_at_once():
     from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 
-    from trainer.async_run import stop_on_env_down
+    from trainer.run.async_run import stop_on_env_down
 
     worker = object.__new__(AsyncRolloutWorker)
     worker._failed_event, worker._exception_info_queue = threading.Event(), queue.Queue(maxsize=1)

@@ -1,4 +1,4 @@
-"""trainer.envs_binding: replicas, round-robin, TRL-identical tool schemas, episode accounting."""
+"""trainer.rollouts.envs_binding: replicas, round-robin, TRL-identical tool schemas, episode accounting."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from transformers.utils import get_json_schema
 
 from envs.core.replicas import ReplicaSet
-from trainer.envs_binding import (
+from trainer.rollouts.envs_binding import (
     ENV_ROW_COLUMN,
     BindingError,
     bind,
@@ -17,7 +17,7 @@ from trainer.envs_binding import (
     resolve_replicas,
     tool_method_names,
 )
-from trainer.metrics import RolloutStats
+from trainer.run.metrics import RolloutStats
 
 
 class FakeTool:

@@ -14,9 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainer import checkpoints, train
-from trainer.checkpoints import MARKER
-from trainer.config import RunConfig
+from trainer.run import checkpoints
+from trainer.run.control import make_control_callback
+from trainer.run.resume import prepare_run_dir
+from trainer.run.checkpoints import MARKER
+from contract.config import RunConfig
 
 
 def checkpoint(run: Path, step: int, marked: bool = True, state: str | None = None) -> Path:
@@ -40,7 +42,7 @@ def test_an_empty_trainer_state_falls_back_to_the_previous_checkpoint(tmp_path, 
         checkpoints.pick(run, "6")
 
     cfg = RunConfig.load(["--output-dir", str(tmp_path), "--run-name", "r", "--max-steps", "10"])
-    assert train.prepare_run_dir(cfg) == (str(good), 4)
+    assert prepare_run_dir(cfg) == (str(good), 4)
     out = capsys.readouterr().out
     assert "removing incomplete checkpoint-6: its trainer_state.json is empty or unreadable" in out
     assert "resuming from" in out and not (run / "checkpoint-6").exists()
@@ -95,7 +97,7 @@ def test_a_real_save_is_marked_only_after_its_files_are_written(tiny_model_dir, 
             folder = Path(args.output_dir) / f"checkpoint-{state.global_step}"
             seen[state.global_step] = ((folder / "trainer_state.json").exists(), (folder / MARKER).exists())
 
-    tiny_trainer(tiny_model_dir, tmp_path, 2, [BeforeRunControl(), train.make_control_callback()]).train()
+    tiny_trainer(tiny_model_dir, tmp_path, 2, [BeforeRunControl(), make_control_callback()]).train()
     assert seen == {1: (True, False), 2: (True, False)}  # every file saved, no marker yet
     for step in (1, 2):
         folder = tmp_path / f"checkpoint-{step}"
@@ -109,7 +111,7 @@ def test_a_real_save_is_marked_only_after_its_files_are_written(tiny_model_dir, 
 def test_a_save_that_would_not_fit_stops_training_before_it(tiny_model_dir, tmp_path, monkeypatch, capsys):
     Usage = namedtuple("Usage", "total used free")
     monkeypatch.setattr(checkpoints.shutil, "disk_usage", lambda p: Usage(2**30, 2**30 - 4096, 4096))
-    control = train.make_control_callback()
+    control = make_control_callback()
     trainer = tiny_trainer(tiny_model_dir, tmp_path, 3, [control])
     trainer.train()
     assert trainer.state.global_step == 1  # stopped at the first save, not after three steps

@@ -1,4 +1,4 @@
-"""trainer.config: env vars + CLI parsing, validation messages, GRPOConfig mapping."""
+"""contract.config: env vars + CLI parsing, validation messages, GRPOConfig mapping."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.config import ENV_VARS, ConfigError, RunConfig, describe
+from contract.config import ENV_VARS, ConfigError, RunConfig, describe
+from trainer.run import grpo_args
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -107,7 +108,7 @@ def test_to_grpo_config_cpu(monkeypatch, tmp_path):
     cfg = load(monkeypatch, OUTPUT_DIR=str(tmp_path), MAX_STEPS="5", NUM_GENERATIONS="4",
                PER_DEVICE_TRAIN_BATCH_SIZE="4", GRADIENT_ACCUMULATION_STEPS="2", SAVE_STEPS="2",
                MAX_TOOL_CALLING_ITERATIONS="3", TEMPERATURE="0.7")
-    args = cfg.to_grpo_config("cpu")
+    args = grpo_args.grpo_config(cfg, "cpu")
     assert args.output_dir == f"{tmp_path}/echo"
     assert (args.max_steps, args.num_generations, args.per_device_train_batch_size) == (5, 4, 4)
     assert args.steps_per_generation == 2  # TRL's default: gradient_accumulation_steps
@@ -125,7 +126,7 @@ def test_env_var_list_is_the_field_list():
 
 def test_config_module_imports_without_torch():
     # `make doctor` validates .env on the host without torch: importing the config must not pull it in.
-    code = ("import sys; import trainer.config as c; c.RunConfig.load([]); "
+    code = ("import sys; import contract.config as c; c.RunConfig.load([]); "
             "bad = [m for m in ('torch', 'trl', 'transformers') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
@@ -133,11 +134,11 @@ def test_config_module_imports_without_torch():
 
 def test_check_cli_exit_codes(monkeypatch):
     env = {"PATH": "/usr/bin:/bin", "ENV_NAME": "9lives"}
-    bad = subprocess.run([sys.executable, "-m", "trainer.config", "--check"], cwd=REPO, env=env,
+    bad = subprocess.run([sys.executable, "-m", "contract.config", "--check"], cwd=REPO, env=env,
                          capture_output=True, text=True)
     assert bad.returncode == 1 and "ENV_NAME: '9lives' is not an env name" in bad.stderr
     env["ENV_NAME"] = "echo"
-    ok = subprocess.run([sys.executable, "-m", "trainer.config", "--check"], cwd=REPO, env=env,
+    ok = subprocess.run([sys.executable, "-m", "contract.config", "--check"], cwd=REPO, env=env,
                         capture_output=True, text=True)
     assert ok.returncode == 0, ok.stderr
 
@@ -146,8 +147,8 @@ def test_auto_mode_on_a_machine_without_cuda(monkeypatch):
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cfg = load(monkeypatch, TRAIN_MODE="auto")
-    assert cfg.resolved_train_mode() == "cpu"
-    assert cfg.resolved_learning_rate() == 2e-4  # the tiny model's default
+    assert grpo_args.resolved_train_mode(cfg) == "cpu"
+    assert cfg.resolved_learning_rate(grpo_args.resolved_train_mode(cfg)) == 2e-4  # the tiny model's default
     assert load(monkeypatch, TRAIN_MODE="gpu").resolved_learning_rate() == 1e-5
     assert load(monkeypatch, LEARNING_RATE="0.002").resolved_learning_rate("gpu") == 0.002
 
@@ -157,10 +158,10 @@ def test_auto_mode_with_one_gpu_picks_server_or_colocate(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     # the gpu profile runs a `vllm` service whose name resolves; colocate has none
-    assert load(monkeypatch, VLLM_SERVER_URL="http://127.0.0.1:8000").resolved_train_mode() == "gpu"
-    assert load(monkeypatch, VLLM_SERVER_URL="http://vllm.invalid:8000").resolved_train_mode() == "colocate"
+    assert grpo_args.resolved_train_mode(load(monkeypatch, VLLM_SERVER_URL="http://127.0.0.1:8000")) == "gpu"
+    assert grpo_args.resolved_train_mode(load(monkeypatch, VLLM_SERVER_URL="http://vllm.invalid:8000")) == "colocate"
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert load(monkeypatch, VLLM_SERVER_URL="http://vllm.invalid:8000").resolved_train_mode() == "gpu"
+    assert grpo_args.resolved_train_mode(load(monkeypatch, VLLM_SERVER_URL="http://vllm.invalid:8000")) == "gpu"
 
 
 def test_accepts_none_tells_a_nullable_setting_from_one_with_a_bounded_default():
@@ -195,7 +196,8 @@ def test_lora_settings_that_cannot_work_stop_with_one_line(monkeypatch, env, exp
 
 
 def test_lora_defaults_learning_rate_and_the_adapter_trl_gets(monkeypatch):
-    from trainer import lora
+    from contract import lora_rules
+    from trainer.run import lora
 
     full = load(monkeypatch, TRAIN_MODE="cpu")
     assert (full.lora_r, full.training_method, lora.peft_config(full)) == (0, "full", None)
@@ -208,12 +210,12 @@ def test_lora_defaults_learning_rate_and_the_adapter_trl_gets(monkeypatch):
                                    LORA_TARGET_MODULES=" q_proj , v_proj"))
     assert (listed.lora_alpha, sorted(listed.target_modules)) == (4, ["q_proj", "v_proj"])
     assert load(monkeypatch, TRAIN_MODE="gpu", LORA_R="16", QLORA="true").training_method == "qlora"
-    assert [lora.served_max_lora_rank(r) for r in (1, 4, 8, 9, 300, 512)] == [1, 8, 8, 16, 320, 512]
+    assert [lora_rules.served_max_lora_rank(r) for r in (1, 4, 8, 9, 300, 512)] == [1, 8, 8, 16, 320, 512]
 
 
 def test_qlora_on_auto_mode_is_refused_once_the_trainer_resolves_cpu(monkeypatch, tmp_path, capsys):
     from trainer import train
 
-    monkeypatch.setattr(RunConfig, "resolved_train_mode", lambda self: "cpu")
+    monkeypatch.setattr(grpo_args, "resolved_train_mode", lambda cfg: "cpu")
     assert train.main(["--lora-r", "8", "--qlora", "true", "--output-dir", str(tmp_path)]) == 2
     assert "QLORA=true needs a GPU" in capsys.readouterr().err

@@ -1,7 +1,7 @@
-"""A batch's envs reset at once (trainer/rollout_loop.py, change 4): the same prompts as TRL's sequential resets.
+"""A batch's envs reset at once (trainer/rollouts/rollout_loop.py, change 4): the same prompts as TRL's sequential resets.
 
 Differential test: one batch through TRL 1.16's `_generate_and_score_completions` and through the stack's trainer
-class (trainer.train.make_trainer_class), with an in-process env whose `reset` returns an observation that depends
+class (trainer.run.grpo_trainer.make_trainer_class), with an in-process env whose `reset` returns an observation that depends
 on the row and on the instance (and how often it was reset): the prompts the model is asked to continue, which env
 instance got which row, and the rewards must be identical. Concurrency is shown, not timed: in our run every reset
 waits on a barrier that only opens once the whole batch is inside `reset` at once (TRL's one-after-another resets
@@ -91,7 +91,7 @@ def run_batch(trainer_cls, tiny_model_dir, tmp_path, batches: int = 2, barrier: 
 def both(tiny_model_dir, tmp_path_factory):
     from trl import GRPOTrainer
 
-    from trainer.train import make_trainer_class
+    from trainer.run.grpo_trainer import make_trainer_class
 
     stock = run_batch(GRPOTrainer, tiny_model_dir, tmp_path_factory.mktemp("stock"))
     ours = run_batch(make_trainer_class(), tiny_model_dir, tmp_path_factory.mktemp("ours"), barrier=True)
@@ -116,7 +116,7 @@ def test_resets_at_once_give_trls_prompts(both):
 def test_a_failing_reset_surfaces_as_in_trl(trainer_name, tiny_model_dir, tmp_path):
     from trl import GRPOTrainer
 
-    from trainer.train import make_trainer_class
+    from trainer.run.grpo_trainer import make_trainer_class
 
     cls = GRPOTrainer if trainer_name == "stock" else make_trainer_class()
     with pytest.raises(RuntimeError, match=r"^reset 1 broke$"):  # the first failing row in batch order
@@ -125,7 +125,7 @@ def test_a_failing_reset_surfaces_as_in_trl(trainer_name, tiny_model_dir, tmp_pa
 
 def test_reset_all_is_bounded_by_tool_concurrency():
     """With TOOL_CONCURRENCY=2, a barrier of 2 opens; results keep the batch's order."""
-    from trainer.rollout_loop import reset_all
+    from trainer.rollouts.rollout_loop import reset_all
 
     in_reset, peak, lock = 0, 0, threading.Lock()
     gate = threading.Barrier(2)
@@ -147,4 +147,4 @@ def test_reset_all_is_bounded_by_tool_concurrency():
 
 
 # ---------------------------------------------------------------------------------------------- the pin
-# The TRL sources whose reset loop trainer/rollout_loop.py runs ahead of it (GRPOTrainer._generate_and_score_completions) are pinned in trainer/trl_privates.py (tests/trainer/test_trl_privates.py).
+# The TRL sources whose reset loop trainer/rollouts/rollout_loop.py runs ahead of it (GRPOTrainer._generate_and_score_completions) are pinned in trainer/run/trl_privates.py (tests/trainer/test_trl_privates.py).

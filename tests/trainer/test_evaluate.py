@@ -11,7 +11,9 @@ import json
 import pytest
 
 from envs import registry
-from trainer import eval_report, evaluate, train
+from contract import eval_report
+from trainer import train
+from trainer.after import evaluate
 
 TASKS, GENERATIONS = 4, 2  # NUM_GENERATIONS 2: not the default (4)
 
@@ -102,7 +104,7 @@ def test_a_bad_run_or_no_checkpoint_is_one_clear_line(evaluated, capsys):
 
 # ------------------------------------------------------------------ GPU hosts: free memory before vLLM loads
 def test_gpu_memory_verdict_fits_when_vllms_share_and_the_model_are_free():
-    from trainer.evaluate import gpu_memory_verdict
+    from trainer.after.evaluate import gpu_memory_verdict
 
     gb = 10**9
     assert gpu_memory_verdict(30 * gb, 80 * gb, 0.3, 2 * gb) is None  # needs 24 + 2
@@ -110,7 +112,7 @@ def test_gpu_memory_verdict_fits_when_vllms_share_and_the_model_are_free():
 
 
 def test_gpu_memory_verdict_held_by_training_is_one_line_saying_what_to_do():
-    from trainer.evaluate import gpu_memory_verdict
+    from trainer.after.evaluate import gpu_memory_verdict
 
     gb = 10**9
     line = gpu_memory_verdict(5 * gb, 80 * gb, 0.3, 2 * gb, "GPU 0 (H100)")
@@ -120,8 +122,8 @@ def test_gpu_memory_verdict_held_by_training_is_one_line_saying_what_to_do():
 
 
 def test_no_gpu_check_where_the_trainer_runs_on_cpu(tmp_path):
-    from trainer.config import RunConfig
-    from trainer.evaluate import check_gpu_memory, weights_bytes
+    from contract.config import RunConfig
+    from trainer.after.evaluate import check_gpu_memory, weights_bytes
 
     assert check_gpu_memory(RunConfig.load([]), "cpu", [str(tmp_path)]) is None  # no child process, no CUDA asked
     (tmp_path / "model.safetensors").write_bytes(b"x" * 1000)
@@ -130,7 +132,7 @@ def test_no_gpu_check_where_the_trainer_runs_on_cpu(tmp_path):
 
 # ------------------------------------------------------------------ #33 item 4: episodes the env side ended
 def test_an_episode_the_env_side_ended_is_left_out_of_every_figure_and_counted():
-    from trainer.evaluate import Episode, summarize
+    from trainer.after.evaluate import Episode, summarize
 
     lost = "reset failed: connection lost: ConnectionError: Cannot reach env server"
     episodes = [Episode(0, 1.0, 1, 0, 10), Episode(0, 0.0, 0, 1, 30, lost),  # task 0: one scored, one lost
@@ -146,7 +148,7 @@ def test_an_episode_the_env_side_ended_is_left_out_of_every_figure_and_counted()
 
 
 def test_an_env_that_lost_every_episode_shows_no_figure_and_says_how_many():
-    from trainer.evaluate import Episode, summarize
+    from trainer.after.evaluate import Episode, summarize
 
     row = summarize("base", "echo", [Episode(0, 0.0, 0, 1, 5, "no reply"), Episode(0, 0.0, 0, 1, 5, "no reply")],
                     2, 0.5)

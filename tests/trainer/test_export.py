@@ -16,8 +16,11 @@ from safetensors.torch import load_file
 
 from tests.helpers import ROOT
 from tests.trainer.conftest import free_port
-from trainer import eval_report, export, run_info, train
-from trainer.metrics import read_metrics
+from contract import eval_report
+from trainer import train
+from trainer.after import export
+from trainer.run import run_info
+from trainer.run.metrics import read_metrics
 
 RUN = "exp"
 TRAINER_FILES = {"optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", "training_args.bin"}

@@ -10,10 +10,12 @@ import shutil
 
 import pytest
 
-from trainer import preflight, stages
-from trainer.config import RunConfig
+from trainer.run import preflight
+from contract import stages
+from contract.config import RunConfig
 from trainer.download_model import check_downloaded
 from tests.helpers import commit_download_cache
+from trainer.run import grpo_args
 
 THINK_OFF_SUFFIX = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 
@@ -26,14 +28,16 @@ def cfg_for(model_dir, url, *extra: str) -> RunConfig:
 def rendered_generation_prompt(cfg: RunConfig, echo_server) -> str:
     """The first prompt exactly as GRPOTrainer tokenizes it for generation (its own _tokenize_prompts)."""
     from envs import registry
-    from trainer import train
-    from trainer.envs_binding import build_factories
-    from trainer.metrics import STATS
+    from trainer.run.dataset import build_dataset
+    from trainer.run.model import load_model_and_tokenizer
+    from trainer.run.grpo_trainer import make_trainer_class
+    from trainer.rollouts.envs_binding import build_factories
+    from trainer.run.metrics import STATS
 
-    model, tokenizer = train.load_model_and_tokenizer(cfg, "cpu")
+    model, tokenizer = load_model_and_tokenizer(cfg, "cpu")
     specs = {"echo": registry.get("echo")}
-    trainer_cls = train.make_trainer_class()
-    trainer = trainer_cls(model=model, args=cfg.to_grpo_config("cpu"), train_dataset=train.build_dataset(cfg, specs),
+    trainer_cls = make_trainer_class()
+    trainer = trainer_cls(model=model, args=grpo_args.grpo_config(cfg, "cpu"), train_dataset=build_dataset(cfg, specs),
                           processing_class=tokenizer, environment_factory=build_factories(cfg, specs, STATS))
     trainer._batch_environments = list(trainer._env_tools)[:1]  # what TRL sets per batch (one env here)
     prompt = trainer.train_dataset[0]["prompt"]
@@ -43,7 +47,7 @@ def rendered_generation_prompt(cfg: RunConfig, echo_server) -> str:
 
 def test_thinking_is_off_by_default_in_the_prompt_trl_generates_from(tmp_path, tiny_model_dir, echo_server):
     cfg = cfg_for(tiny_model_dir, echo_server.url, "--output-dir", str(tmp_path))
-    assert cfg.enable_thinking is False and cfg.to_grpo_config("cpu").chat_template_kwargs == {"enable_thinking": False}
+    assert cfg.enable_thinking is False and grpo_args.grpo_config(cfg, "cpu").chat_template_kwargs == {"enable_thinking": False}
     text = rendered_generation_prompt(cfg, echo_server)
     assert text.endswith(THINK_OFF_SUFFIX)  # the model starts after an empty think block: straight to the tool call
     assert "<tools>" in text and '"type": "function"' in text  # rendered with the env's tools
@@ -129,7 +133,7 @@ def test_a_pinned_revision_loads_offline_from_a_commit_download(tiny_model_dir, 
     from huggingface_hub import try_to_load_from_cache
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from trainer import config
+    from contract import config
 
     commit = "c1899de289a04d12100db370d81485cdf75e47ca"
     snapshot = commit_download_cache(tmp_path / "hub", tiny_model_dir, "Qwen/Qwen3-0.6B", commit)

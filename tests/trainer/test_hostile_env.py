@@ -26,10 +26,12 @@ from envs.core.client import SessionClient
 from envs.core.replicas import ReplicaSet
 from envs.generic import GenericSpec, interface
 from tests.helpers import FIXTURE_ENVS, free_port
-from trainer import envs_binding, preflight, rollouts
-from trainer.config import RunConfig
-from trainer.metrics import RolloutStats
-from trainer.preflight import PreflightReport
+from trainer.rollouts import envs_binding
+from trainer.run import preflight
+from trainer.rollouts import traces
+from contract.config import RunConfig
+from trainer.run.metrics import RolloutStats
+from trainer.run.preflight import PreflightReport
 
 GUARD_S = 120  # failure guard for "ends in bounded time": the slowest deadline below is 15 s
 
@@ -198,7 +200,7 @@ def bound_env(url: str, text_chars: int = 2000):
 
 
 def trace_rows(env) -> list[dict]:
-    return rollouts.rows(1, [[{"role": "user", "content": "play"}]], [[{"role": "assistant", "content": "done"}]],
+    return traces.rows(1, [[{"role": "user", "content": "play"}]], [[{"role": "assistant", "content": "done"}]],
                          [env], [{"env": env.get_reward()}], [env.get_reward()])
 
 
@@ -240,7 +242,7 @@ def test_terminal_escapes_from_an_env_reach_neither_the_model_nor_a_terminal(tmp
             env.move_action(column=0)  # the fixture answers an error frame with escapes
         seen += [str(caught.value), env.move_action(column=1)]
         rows = trace_rows(env)
-    seen.append(rollouts.render(rows[0]))
+    seen.append(traces.render(rows[0]))
     for text in seen:
         assert not any(c in text for c in TERMINAL_CONTROLS), repr(text)
     assert "\\x1b]52;c;" in seen[0] and "moved" in seen[0]  # shown, as text
@@ -248,8 +250,8 @@ def test_terminal_escapes_from_an_env_reach_neither_the_model_nor_a_terminal(tmp
     run = tmp_path / "run-1"
     run.mkdir()
     rows[0]["tool_calls"][0]["result"] = "\x1b]52;c;cm0gLXJmIH4K\x07\rreward +1.000"
-    rollouts.append(run, rows)
-    assert rollouts.main(["--outputs", str(tmp_path)]) == 0
+    traces.append(run, rows)
+    assert traces.main(["--outputs", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     assert "reward +1.000" in printed and not any(c in printed for c in TERMINAL_CONTROLS)
 
@@ -265,8 +267,8 @@ def test_a_non_finite_or_huge_reward_fails_the_episode_with_one_log_line(variant
             assert env.get_reward() == envs_binding.FAILED_EPISODE_REWARD
         lines = [r.getMessage() for r in caplog.records if r.name == "trainer.envs"]
         assert len(lines) == 1 and lines[0].startswith("env hostile: reward") and "failed" in lines[0], lines
-        rollouts.append(tmp_path, trace_rows(env))
-    for line in (tmp_path / rollouts.ROLLOUTS_FILE).read_text().splitlines():
+        traces.append(tmp_path, trace_rows(env))
+    for line in (tmp_path / traces.ROLLOUTS_FILE).read_text().splitlines():
         json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} in the trace: not strict JSON"))
 
 

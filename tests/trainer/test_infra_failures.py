@@ -15,10 +15,11 @@ from websockets.exceptions import ConnectionClosedError
 
 from envs.core.client import EnvServerError, RedirectRefused
 from envs.core.untrusted import UntrustedReply
-from trainer import infra_failures
-from trainer.envs_binding import ENV_UNAVAILABLE, bind
-from trainer.infra_failures import EnvDown, FailureWindow, reason
-from trainer.metrics import RolloutStats
+from trainer.rollouts import infra_failures
+from trainer.rollouts.envs_binding import ENV_UNAVAILABLE, bind
+from trainer.rollouts.infra_failures import EnvDown, FailureWindow, reason
+from trainer.run.metrics import RolloutStats
+from trainer.run import grpo_args
 
 
 @pytest.mark.parametrize("exc", [
@@ -130,14 +131,14 @@ def test_a_call_the_loop_gave_up_on_is_an_infra_episode(flaky):
     cls, _ = flaky
     env = cls()
     env.reset()
-    env._abandon_session()  # what trainer.rollout_loop does past TOOL_TIMEOUT_S
+    env._abandon_session()  # what trainer.rollouts.rollout_loop does past TOOL_TIMEOUT_S
     assert env._infra_failure.startswith("no reply within TOOL_TIMEOUT_S")
     assert env._trace.infra_failure == env._infra_failure
     assert env.get_reward() is None
 
 
 def test_a_late_failure_of_an_earlier_episode_does_not_mark_the_next(flaky):
-    from trainer.envs_binding import _mark_infra
+    from trainer.rollouts.envs_binding import _mark_infra
 
     cls, _ = flaky
     env = cls()
@@ -197,9 +198,10 @@ def scripted_trainer(tmp_path, tiny_model_dir, echo_server, monkeypatch):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from envs import registry
-    from trainer.config import RunConfig
-    from trainer.envs_binding import build_factories
-    from trainer.train import build_dataset, make_trainer_class
+    from contract.config import RunConfig
+    from trainer.rollouts.envs_binding import build_factories
+    from trainer.run.dataset import build_dataset
+    from trainer.run.grpo_trainer import make_trainer_class
 
     monkeypatch.setattr(infra_failures, "WINDOWS", FailureWindow())
     cfg = RunConfig.load(["--train-mode", "cpu", "--model-name", str(tiny_model_dir), "--output-dir", str(tmp_path),
@@ -210,7 +212,7 @@ def scripted_trainer(tmp_path, tiny_model_dir, echo_server, monkeypatch):
     specs = {"echo": registry.get("echo")}
     dataset = build_dataset(cfg, specs)
     trainer = make_trainer_class()(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir),
-                                   args=cfg.to_grpo_config("cpu"), train_dataset=dataset, processing_class=tokenizer,
+                                   args=grpo_args.grpo_config(cfg, "cpu"), train_dataset=dataset, processing_class=tokenizer,
                                    environment_factory=build_factories(cfg, specs))
     trainer.configure_rollouts(cfg.tool_timeout_s, cfg.tool_concurrency)
     row = dict(dataset[0])

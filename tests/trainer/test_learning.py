@@ -7,8 +7,9 @@ every row after) are far from the threshold, so a slower or differently rounding
 
 from __future__ import annotations
 
-from trainer import first_turn, train
-from trainer.metrics import read_metrics
+from trainer.after import first_turn
+from trainer import train
+from trainer.run.metrics import read_metrics
 
 STEPS = 20
 

@@ -35,7 +35,7 @@ def test_fact__torch_tcpstore_given_loopback_still_listens_on_every_interface():
 def test_the_loopback_backend_store_listens_on_127_0_0_1_only():
     from torch.distributed.elastic.rendezvous import RendezvousParameters
 
-    from trainer.loopback_launch import BACKEND, create_handler
+    from trainer.run.loopback_launch import BACKEND, create_handler
 
     port = free_port()
     params = RendezvousParameters(BACKEND, "", "run", 1, 1, port=str(port), timeout="10")

@@ -11,8 +11,12 @@ import subprocess
 import sys
 
 from tests.trainer.conftest import ROOT
-from trainer import eval_report, evaluate, export, first_turn, lora, train
-from trainer.metrics import read_metrics
+from contract import eval_report
+from trainer import train
+from trainer.after import evaluate, export
+from trainer.after import first_turn
+from trainer.run import lora
+from trainer.run.metrics import read_metrics
 
 STEPS = 20
 
@@ -88,7 +92,7 @@ def test_lora_with_two_trainer_processes(tmp_path, tiny_model_dir, echo_server):
 
 
 def test_qloras_push_without_merging_yields_exactly_what_trls_merge_then_read_yields(tiny_model_dir):
-    """Differential, on a plain LoRA model (no 4-bit kernels on CPU): trainer.lora.merged_weights, which QLoRA's
+    """Differential, on a plain LoRA model (no 4-bit kernels on CPU): trainer.run.lora.merged_weights, which QLoRA's
     pushes read, gives TRL 1.16's VLLMGeneration._iter_named_params tensors (merge, read, unmerge) name for name,
     under the base model's names, and leaves the model as it was."""
     from contextlib import contextmanager
@@ -125,5 +129,5 @@ def test_qloras_push_without_merging_yields_exactly_what_trls_merge_then_read_yi
     print(f"TRL's merge + unmerge moved the fp32 base by up to {drift:.1e} (rounding); merged_weights by 0")
 
 
-# The TRL privates trainer/lora.py relies on (VLLMGeneration._iter_named_params, _fix_param_name_to_vllm) are pinned in
-# trainer/trl_privates.py (tests/trainer/test_trl_privates.py).
+# The TRL privates trainer/run/lora.py relies on (VLLMGeneration._iter_named_params, _fix_param_name_to_vllm) are pinned in
+# trainer/run/trl_privates.py (tests/trainer/test_trl_privates.py).

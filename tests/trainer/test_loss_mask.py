@@ -9,6 +9,7 @@ Trained = completion_mask * tool_mask (what `_compute_loss` multiplies the per-t
 from __future__ import annotations
 
 import pytest
+from trainer.run import grpo_args
 
 CALL = '<tool_call>\n{"name": "echo_message", "arguments": {"message": "apple"}}\n</tool_call>'
 ANSWER = "Done."
@@ -20,9 +21,9 @@ def scripted_trainer(tmp_path, tiny_model_dir, echo_server):
     from trl import GRPOTrainer
 
     from envs import registry
-    from trainer.config import RunConfig
-    from trainer.envs_binding import bind
-    from trainer.train import build_dataset
+    from contract.config import RunConfig
+    from trainer.rollouts.envs_binding import bind
+    from trainer.run.dataset import build_dataset
 
     cfg = RunConfig.load(["--train-mode", "cpu", "--model-name", str(tiny_model_dir), "--output-dir", str(tmp_path),
                           "--env-name", "echo", "--env-urls", f"echo={echo_server.url}", "--num-generations", "2",
@@ -33,7 +34,7 @@ def scripted_trainer(tmp_path, tiny_model_dir, echo_server):
     specs = {"echo": registry.get("echo")}
     dataset = build_dataset(cfg, specs)
     factory = bind("echo", specs["echo"].tool_class, echo_server.url)
-    trainer = GRPOTrainer(model=model, args=cfg.to_grpo_config("cpu"), train_dataset=dataset,
+    trainer = GRPOTrainer(model=model, args=grpo_args.grpo_config(cfg, "cpu"), train_dataset=dataset,
                           processing_class=tokenizer, environment_factory=factory)
 
     turns = [tokenizer.encode(CALL, add_special_tokens=False) + [tokenizer.eos_token_id],

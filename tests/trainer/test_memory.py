@@ -1,11 +1,12 @@
-"""trainer.memory: the trainer's GPU memory for a model and layout, and the preflight's verdict on it."""
+"""contract.memory: the trainer's GPU memory for a model and layout, and the preflight's verdict on it."""
 
 from __future__ import annotations
 
 import pytest
 
-from trainer import memory
-from trainer.config import RunConfig
+from contract import memory
+from contract.config import RunConfig
+from trainer.run import grpo_args
 
 GIB = memory.GIB
 # Qwen3-0.6B's config.json (the shape numbers; the hub model has ~0.596B parameters with its tied embeddings)
@@ -74,11 +75,11 @@ def test_verdicts_fit_on_a_24_gib_gpu_and_say_what_to_change_on_smaller_ones():
 
 def test_gradient_checkpointing_assumed_is_what_the_project_hands_trl():
     cfg = RunConfig.load([], train_mode="cpu")
-    assert cfg.to_grpo_config("cpu").gradient_checkpointing is memory.GRADIENT_CHECKPOINTING
+    assert grpo_args.grpo_config(cfg, "cpu").gradient_checkpointing is memory.GRADIENT_CHECKPOINTING
 
 
 def test_preflight_prints_the_breakdown_and_fails_with_one_line_when_it_cannot_fit(capsys):
-    from trainer import preflight
+    from trainer.run import preflight
 
     cfg = RunConfig.load([], train_mode="colocate", max_completion_length=256)
     errors, line = preflight.check_memory(cfg, "colocate", 1, 300, gpu_bytes=80 * GIB, config=QWEN3_06B)
@@ -141,4 +142,4 @@ def test_what_fits_names_the_cheaper_method_and_the_readme_table_is_the_modules(
                           completion_tokens=256, vllm_share=0.9)
     assert "full" in line and "does not fit" in line and "LoRA r=16" in line and "QLoRA r=16" in line
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert memory.fits_table() in readme, "README's 'What fits' table is stale: paste trainer.memory.fits_table()"
+    assert memory.fits_table() in readme, "README's 'What fits' table is stale: paste contract.memory.fits_table()"

@@ -1,4 +1,4 @@
-"""trainer.preflight: every failure is provoked for real and its message checked (numbers + fix)."""
+"""trainer.run.preflight: every failure is provoked for real and its message checked (numbers + fix)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from trainer import preflight
-from trainer.config import RunConfig
-from trainer.preflight import PreflightError, PreflightReport, check_chat_template, sessions_needed
+from trainer.run import preflight
+from contract.config import RunConfig
+from trainer.run.preflight import PreflightError, PreflightReport, check_chat_template, sessions_needed
 
 from .conftest import free_port
 
@@ -202,7 +202,7 @@ def test_cli_exit_code_on_failure(tmp_path):
 
     env = {"PATH": "/usr/bin:/bin", "TRAIN_MODE": "cpu", "MODEL_NAME": str(tmp_path / "nope"),
            "ENV_URLS": "echo=http://env-echo.invalid:8000"}
-    res = subprocess.run([sys.executable, "-m", "trainer.preflight"], env=env, capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", "trainer.run.preflight"], env=env, capture_output=True, text=True,
                          cwd=preflight.__file__.rsplit("/trainer/", 1)[0])
     assert res.returncode == 3
     assert "[preflight] FAILED:" in res.stderr and "cannot resolve 'env-echo.invalid'" in res.stderr

@@ -1,4 +1,4 @@
-"""Several trainer processes stay in step through the tool loop (trainer.rollout_loop), on 2 CPU processes (gloo).
+"""Several trainer processes stay in step through the tool loop (trainer.rollouts.rollout_loop), on 2 CPU processes (gloo).
 
 Test double for the GPU-only step: generation goes through TRL's own server-mode collective with the vLLM
 server replaced by a script (tests/trainer/server_mode_ranks.py), because that collective is what breaks when
@@ -21,7 +21,7 @@ MAX_STEPS = 4
 
 def test_two_ranks_server_mode_double_stay_in_step_and_keep_their_own_samples(echo_server, tiny_model_dir, tmp_path):
     from trainer.launch import launch_argv
-    from trainer.metrics import read_metrics
+    from trainer.run.metrics import read_metrics
 
     args = ["--train-mode", "cpu", "--model-name", str(tiny_model_dir), "--output-dir", str(tmp_path / "out"),
             "--run-name", "ranks", "--resume", "fresh", "--env-name", "echo", "--env-urls", f"echo={echo_server.url}",

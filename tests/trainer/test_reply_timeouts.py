@@ -2,7 +2,7 @@
 RESET_TIMEOUT_S for a reset, from RunConfig through the binding to the client, with no cap of the client's own.
 
 The slow env is the hostile fixture's `slow_reply` variant (a real WebSocket server that answers late); the tool class
-is the real EchoTool bound by trainer.envs_binding. The client's old hidden cap was 120 s: here its default is lowered
+is the real EchoTool bound by trainer.rollouts.envs_binding. The client's old hidden cap was 120 s: here its default is lowered
 to 0.5 s, so a call that outlives it without failing proves the configured bound is the only one.
 """
 
@@ -17,9 +17,9 @@ import pytest
 from envs.core import client as client_module
 from envs.echo.tool import EchoTool
 from tests.trainer.test_hostile_env import hostile, wait_all_closed
-from trainer.config import RunConfig
-from trainer.envs_binding import REPLY_GRACE_S, build_factories
-from trainer.metrics import RolloutStats
+from contract.config import RunConfig
+from trainer.rollouts.envs_binding import REPLY_GRACE_S, build_factories
+from trainer.run.metrics import RolloutStats
 
 GUARD_S = 60  # failure guard only: every bound below is at most 10 s
 

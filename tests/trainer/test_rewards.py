@@ -6,14 +6,14 @@ from types import SimpleNamespace
 
 from trl.trainer.utils import get_callable_name
 
-from trainer.rewards import stop_token_ids, unfinished_penalty
+from trainer.rollouts.rewards import stop_token_ids, unfinished_penalty
 
 
 def test_only_a_completion_that_does_not_end_in_a_stop_token_is_charged():
     unfinished = unfinished_penalty(0.5, frozenset({7, 0}))
     assert unfinished(completion_ids=[[3, 4, 7], [3, 4, 5], [3, 0], []]) == [0.0, -0.5, 0.0, 0.0]
     assert get_callable_name(unfinished) == "unfinished"  # TRL logs it as rewards/unfinished/mean
-    # an episode the env side ended is not scored (None): TRL leaves it out of the baseline (trainer.infra_failures)
+    # an episode the env side ended is not scored (None): TRL leaves it out of the baseline (trainer.rollouts.infra_failures)
     from types import SimpleNamespace
 
     envs = [SimpleNamespace(_infra_failure=None), SimpleNamespace(_infra_failure="reset failed: no reply")]

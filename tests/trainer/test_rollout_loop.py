@@ -1,4 +1,4 @@
-"""trainer.rollout_loop: the same episodes as TRL's own tool loop, and the TRL source it copies, pinned.
+"""trainer.rollouts.rollout_loop: the same episodes as TRL's own tool loop, and the TRL source it copies, pinned.
 
 Differential test: one batch of scripted episodes (every model turn is fixed by the prompt's case number and
 the turn index, so both loops see the same generations) runs through TRL 1.16's `_tool_call_loop` and through
@@ -143,7 +143,7 @@ def run_loop(trainer_cls, tiny_model_dir, tmp_path):
 def both_loops(tiny_model_dir, tmp_path_factory):
     from trl import GRPOTrainer
 
-    from trainer.rollout_loop import make_rollout_loop_class
+    from trainer.rollouts.rollout_loop import make_rollout_loop_class
 
     stock = run_loop(GRPOTrainer, tiny_model_dir, tmp_path_factory.mktemp("stock"))
     ours = run_loop(make_rollout_loop_class(GRPOTrainer), tiny_model_dir, tmp_path_factory.mktemp("ours"))
@@ -182,7 +182,7 @@ def test_the_batch_covers_every_decision_of_the_loop(both_loops):
 
 
 # ---------------------------------------------------------------------------------------------- the pin
-# The sources this loop copies or relies on are pinned in trainer/trl_privates.py (tests/trainer/test_trl_privates.py).
+# The sources this loop copies or relies on are pinned in trainer/run/trl_privates.py (tests/trainer/test_trl_privates.py).
 
 
 def test_trl_calls_the_loop_with_the_pinned_signature():
@@ -201,7 +201,7 @@ def test_in_server_mode_an_episode_ends_where_vllm_would_refuse_its_next_turn():
 
     from trl import GRPOTrainer
 
-    from trainer.rollout_loop import make_rollout_loop_class
+    from trainer.rollouts.rollout_loop import make_rollout_loop_class
 
     fits = make_rollout_loop_class(GRPOTrainer)._input_fits
     server = SimpleNamespace(use_vllm=True, vllm_mode="server", server_max_model_len=4096, max_completion_length=256,

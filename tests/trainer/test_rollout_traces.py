@@ -1,4 +1,4 @@
-"""Rollout traces (trainer.rollouts) on a real CPU run against a real echo server: every traced row fits the
+"""Rollout traces (trainer.rollouts.traces) on a real CPU run against a real echo server: every traced row fits the
 schema, holds the episode's tool calls and results, and its rewards are the ones the run logged."""
 
 from __future__ import annotations
@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from trainer import rollouts, train
+from trainer.rollouts import traces
+from trainer import train
 
 
 @pytest.fixture(scope="module")
@@ -22,10 +23,10 @@ def traced_run(tmp_path_factory, tiny_model_dir, echo_server):
 
 
 def test_every_traced_row_fits_the_schema_and_holds_its_episode(traced_run):
-    rows = rollouts.read(traced_run / "traced" / rollouts.ROLLOUTS_FILE)
+    rows = traces.read(traced_run / "traced" / traces.ROLLOUTS_FILE)
     assert [r["step"] for r in rows] == [1] * 4 + [2] * 4  # every step (TRACE_EVERY=1), the whole batch of 4
     for row in rows:
-        assert rollouts.problems(row) == [], row
+        assert traces.problems(row) == [], row
         assert row["env"] == "echo" and row["prompt"][-1]["role"] == "user"
         assert row["rewards"]["EchoTool"] == row["env_reward"]  # the env's own reward, as TRL scored it
         for call in row["tool_calls"]:
@@ -35,7 +36,7 @@ def test_every_traced_row_fits_the_schema_and_holds_its_episode(traced_run):
 
 
 def test_traced_rewards_are_the_logged_ones(traced_run):
-    rows = rollouts.read(traced_run / "traced" / rollouts.ROLLOUTS_FILE)
+    rows = traces.read(traced_run / "traced" / traces.ROLLOUTS_FILE)
     logged = {r["step"]: r for r in map(json.loads, (traced_run / "traced" / "metrics.jsonl").read_text().splitlines())
               if r.get("kind") == "step"}
     for step in (1, 2):
@@ -44,8 +45,8 @@ def test_traced_rewards_are_the_logged_ones(traced_run):
 
 
 def test_make_rollouts_prints_them_readably(traced_run, capsys):
-    assert rollouts.main(["--outputs", str(traced_run), "--run", "traced"]) == 0
+    assert traces.main(["--outputs", str(traced_run), "--run", "traced"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("run traced, step 2: 4 rollout(s) (traced steps: 1, 2)")
     assert out.count("── step 2 · env echo · reward") == 4
-    assert rollouts.main(["--outputs", str(traced_run), "--run", "traced", "--step", "7"]) == 1
+    assert traces.main(["--outputs", str(traced_run), "--run", "traced", "--step", "7"]) == 1

@@ -11,9 +11,9 @@ import subprocess
 import sys
 
 from tests.helpers import ROOT
-from trainer import run_lock
+from trainer.run import run_lock
 
-HOLD = ("import sys; from trainer import run_lock; run_lock.acquire(sys.argv[1], sys.argv[2]); print('held', "
+HOLD = ("import sys; from trainer.run import run_lock; run_lock.acquire(sys.argv[1], sys.argv[2]); print('held', "
         "flush=True); sys.stdin.read()")
 
 

@@ -1,4 +1,4 @@
-"""trainer/sampling_health.py: is vLLM's sampling still the trainer's policy? Pure functions over metric rows, the
+"""contract/sampling_health.py: is vLLM's sampling still the trainer's policy? Pure functions over metric rows, the
 watch that marks `make gpu-smoke`'s stage and warns once, and the masked share the trainer logs."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from collections import defaultdict
 import pytest
 
 from tools.commands import smoke
-from trainer import sampling_health as sh
-from trainer import stages
+from contract import sampling_health as sh
+from contract import stages
 
 
 def row(step, mean=None, masked=None, **extra):
@@ -83,7 +83,7 @@ def test_masked_share_logged_by_the_trainer__stand_in_trainer_and_batch():
     """TRL's batch output and accelerator are stood in (no vLLM here): the trainer's own method computes the share."""
     import torch
 
-    from trainer.train import make_trainer_class
+    from trainer.run.grpo_trainer import make_trainer_class
 
     log_masked = make_trainer_class()._log_masked_fraction
 
@@ -109,7 +109,7 @@ def test_masked_share_logged_by_the_trainer__stand_in_trainer_and_batch():
 
 
 def test_the_step_line_shows_the_ratio_only_where_vllm_generates():
-    from trainer.metrics import MetricsCallback
+    from trainer.run.metrics import MetricsCallback
 
     args = types.SimpleNamespace(max_steps=3)
     line = MetricsCallback._progress_line(row(2, 0.981, 0.05, reward=0.5), args)

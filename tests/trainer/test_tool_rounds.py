@@ -3,7 +3,7 @@
 The fixture env (tests/fixtures/envs/rendezvous) counts the sessions inside its tool at once, and its tool
 waits until ROUND_SIZE of them are there together: a loop that calls rollouts one after another would meet
 nobody. Everything between the trainer and the server is the stack's own path (the env learned from /schema,
-bound by trainer.envs_binding, driven by train.py's trainer class); only the model's turns are scripted: each
+bound by trainer.rollouts.envs_binding, driven by train.py's trainer class); only the model's turns are scripted: each
 rollout calls `meet` once, then answers.
 """
 
@@ -62,8 +62,8 @@ def test_tool_concurrency_bounds_the_calls_in_flight(rendezvous, tiny_model_dir,
 
 
 def test_a_call_past_the_timeout_fails_and_its_session_is_replaced(rendezvous, tiny_model_dir, tmp_path):
-    from trainer.metrics import STATS
-    from trainer.rollout_loop import TIMEOUT_ERROR
+    from trainer.run.metrics import STATS
+    from trainer.rollouts.rollout_loop import TIMEOUT_ERROR
 
     url = rendezvous(HOLD_S="600")  # "hang" holds its call for 10 minutes
     trainer, tokenizer = make_trainer(url, tiny_model_dir, tmp_path, BATCH, "--tool-timeout-s", "10")
@@ -79,7 +79,7 @@ def test_a_call_past_the_timeout_fails_and_its_session_is_replaced(rendezvous, t
     assert not hung_env._client.connected, "the hung call's session must be closed"
     _, episodes = STATS.drain()
     assert sorted(e["tool_failures"] for e in episodes["rendezvous"]) == [0] * (BATCH - 1)
-    # the hung episode: a reply that never came is the env side's failure, counted apart (trainer.infra_failures)
+    # the hung episode: a reply that never came is the env side's failure, counted apart (trainer.rollouts.infra_failures)
     assert STATS.drain_infra_failures() == {"rendezvous": 1}
     assert hung_env._infra_failure.startswith("no reply within TOOL_TIMEOUT_S (10 s)")
 

@@ -1,10 +1,10 @@
-"""trainer.rollout_loop.ToolRunner on in-process tools: order, timeouts, and which failures are whose."""
+"""trainer.rollouts.rollout_loop.ToolRunner on in-process tools: order, timeouts, and which failures are whose."""
 
 from __future__ import annotations
 
 import threading
 
-from trainer.rollout_loop import NOT_RUN_ERROR, TIMEOUT_ERROR, RolloutCalls, ToolRunner, tool_messages
+from trainer.rollouts.rollout_loop import NOT_RUN_ERROR, TIMEOUT_ERROR, RolloutCalls, ToolRunner, tool_messages
 
 
 def call(name: str, **arguments) -> dict:

@@ -1,4 +1,4 @@
-"""Experiment trackers (trainer.trackers, REPORT_TO) on a real 2-step CPU run against a real echo server, all four on
+"""Experiment trackers (trainer.run.trackers, REPORT_TO) on a real 2-step CPU run against a real echo server, all four on
 at once: trackio holds the run's reward series and rollout tables, W&B's offline run (no network) and MLflow's file
 store hold the same rewards, TensorBoard's cards start with the reward and show trackio's keys; a tracker name that
 does not exist, or one not installed, stops the run with the fix."""
@@ -13,9 +13,12 @@ import sys
 
 import pytest
 
+from contract import tracker_names
+from contract.config import ENV_VARS
 from tests.trainer.conftest import ROOT
-from trainer import rollouts, train, trackers
-from trainer.config import ENV_VARS
+from trainer.rollouts import traces
+from trainer import train
+from trainer.run import trackers
 
 RUN = "tracked"
 
@@ -48,10 +51,10 @@ def logged(out) -> dict[int, dict]:
 @pytest.fixture(scope="module")
 def trackio_logs(tracked_run) -> list[dict]:
     """What trackio's own storage API reads back from the run's store (in a process of its own, for TRACKIO_DIR)."""
-    store = tracked_run / trackers.TRACKIO_DIR
-    assert (store / f"{trackers.PROJECT}.db").is_file()  # on the outputs volume, beside the runs
+    store = tracked_run / tracker_names.TRACKIO_DIR
+    assert (store / f"{tracker_names.PROJECT}.db").is_file()  # on the outputs volume, beside the runs
     code = ("import json; from trackio.sqlite_storage import SQLiteStorage; "
-            f"print(json.dumps(SQLiteStorage.get_logs({trackers.PROJECT!r}, {RUN!r}), default=str))")
+            f"print(json.dumps(SQLiteStorage.get_logs({tracker_names.PROJECT!r}, {RUN!r}), default=str))")
     r = subprocess.run([sys.executable, "-c", code], env={**os.environ, "TRACKIO_DIR": str(store)},
                        capture_output=True, text=True, timeout=120, check=True)
     return json.loads(r.stdout.splitlines()[-1])
@@ -60,7 +63,7 @@ def trackio_logs(tracked_run) -> list[dict]:
 def tensorboard_tags(out) -> list[str]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    acc = EventAccumulator(str(out / RUN / trackers.TB_DIR))
+    acc = EventAccumulator(str(out / RUN / tracker_names.TB_DIR))
     acc.Reload()
     return acc.Tags()["scalars"]
 
@@ -119,7 +122,7 @@ def test_wandb_offline_and_mlflow_file_store_hold_the_same_rewards(tracked_run, 
     assert history[2]["reward/echo"] == pytest.approx(logged(tracked_run)[2]["env/echo/reward_mean"], abs=1e-9)
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3 reads its (frozen) file store behind this switch
     client = mlflow.MlflowClient(tracking_uri=f"file:{tracked_run / 'mlruns'}")
-    experiment = client.get_experiment_by_name(trackers.PROJECT)
+    experiment = client.get_experiment_by_name(tracker_names.PROJECT)
     [run] = client.search_runs([experiment.experiment_id])
     assert run.info.run_name == RUN and run.info.status == "FINISHED"
     series = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "reward")}
@@ -128,7 +131,7 @@ def test_wandb_offline_and_mlflow_file_store_hold_the_same_rewards(tracked_run, 
 
 
 def test_rollout_traces_reach_trackio_as_tables(tracked_run, trackio_logs):
-    traced = rollouts.read(tracked_run / RUN / rollouts.ROLLOUTS_FILE)
+    traced = traces.read(tracked_run / RUN / traces.ROLLOUTS_FILE)
     tables = {p["step"]: p["rollouts"] for p in trackio_logs if "rollouts" in p}
     assert sorted(tables) == [1, 2]
     for step, table in tables.items():
@@ -144,7 +147,7 @@ def test_a_tracker_name_that_does_not_exist_is_refused(tmp_path, capsys):
 
 
 def test_a_tracker_not_installed_stops_the_run_at_preflight(tmp_path, tiny_model_dir, echo_server, monkeypatch, capsys):
-    monkeypatch.setitem(trackers.MODULES, "mlflow", "mlflow_not_installed_here")
+    monkeypatch.setitem(tracker_names.MODULES, "mlflow", "mlflow_not_installed_here")
     args = [a.replace("{model}", str(tiny_model_dir)) for a in argv(tmp_path, echo_server.url)]
     assert train.main([*args, "--report-to", "tensorboard,mlflow"]) == 3
     err = capsys.readouterr().err

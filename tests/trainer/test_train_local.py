@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from trainer import train
-from trainer.config import RunConfig
-from trainer.metrics import read_metrics
+from trainer.run.dataset import build_dataset
+from trainer.run.resume import prepare_run_dir
+from contract.config import RunConfig
+from trainer.run.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +35,7 @@ def test_multi_env_routes_rows_and_logs_reward_per_env(tmp_path, tiny_model_dir,
     cfg = RunConfig.load(argv)
     from envs import registry
 
-    ds = train.build_dataset(cfg, {n: registry.get(n) for n in cfg.env_names})
+    ds = build_dataset(cfg, {n: registry.get(n) for n in cfg.env_names})
     assert sorted(set(ds["environment"])) == ["catch", "echo"] and len(ds) == 32
     assert set(ds.column_names) == {"prompt", "env_row", "environment"}
 
@@ -113,7 +115,7 @@ def test_killed_mid_save_checkpoint_is_ignored_and_metrics_deduped(tmp_path, cap
     (run / "checkpoint-6" / "model.safetensors").write_bytes(b"x")
     (run / "metrics.jsonl").write_text("".join(json.dumps({"kind": "step", "step": s}) + "\n" for s in range(1, 8)))
     cfg = RunConfig.load(["--output-dir", str(tmp_path), "--run-name", "r", "--max-steps", "10"])
-    ckpt, step = train.prepare_run_dir(cfg)
+    ckpt, step = prepare_run_dir(cfg)
     assert (ckpt, step) == (str(good), 4)
     assert not (run / "checkpoint-6").exists()
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3, 4]
@@ -121,7 +123,7 @@ def test_killed_mid_save_checkpoint_is_ignored_and_metrics_deduped(tmp_path, cap
     assert "removing incomplete checkpoint-6" in out and "dropped 3 metric records" in out
 
     fresh = RunConfig.load(["--output-dir", str(tmp_path), "--run-name", "r", "--resume", "fresh"])
-    assert train.prepare_run_dir(fresh) == (None, 0)
+    assert prepare_run_dir(fresh) == (None, 0)
     assert list(run.iterdir()) == []
     assert "RESUME=fresh: deleting" in capsys.readouterr().out
 

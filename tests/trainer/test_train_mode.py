@@ -1,11 +1,11 @@
-"""The one TRAIN_MODE rule (trainer/train_mode.py), used by the host (tools/derive.py, gpu_doctor) and the
-trainer (trainer.config): same inputs, same mode, wherever it is resolved."""
+"""The one TRAIN_MODE rule (contract/train_mode.py), used by the host (tools/derive.py, gpu_doctor) and the
+trainer (contract.config): same inputs, same mode, wherever it is resolved."""
 
 from __future__ import annotations
 
 import pytest
 
-from trainer.train_mode import TrainModeError, resolve_train_mode
+from contract.train_mode import TrainModeError, resolve_train_mode
 
 
 @pytest.mark.parametrize("requested,gpus,vllm_service,mode", [

@@ -1,4 +1,4 @@
-"""trainer/trl_privates.py: every TRL internal the stack relies on is pinned there, and holds on the installed TRL.
+"""trainer/run/trl_privates.py: every TRL internal the stack relies on is pinned there, and holds on the installed TRL.
 
 A TRL upgrade fails here with the list of what to re-check (each pin's `where` and `why`); the trainer's preflight
 runs the same check (without the source digests) and stops the run with one line.
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer import trl_privates
-from trainer.trl_privates import PINS, Pin
+from trainer.run import trl_privates
+from trainer.run.trl_privates import PINS, Pin
 
 ROOT = Path(__file__).resolve().parents[2]
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -71,20 +71,20 @@ def test_every_trl_private_the_stack_names_is_pinned():
             for name in set(re.findall(r"\b(_[a-z][a-z0-9_]*)\b", line)):
                 if name in defined and name not in pinned:
                     unpinned.setdefault(name, []).append(f"{path.relative_to(ROOT)}:{number}")
-    assert not unpinned, f"TRL privates used but not pinned in trainer/trl_privates.py: {unpinned}"
+    assert not unpinned, f"TRL privates used but not pinned in trainer/run/trl_privates.py: {unpinned}"
 
 
 def test_a_moved_private_stops_the_run_with_one_line_naming_what_to_recheck(monkeypatch):
-    from trainer import preflight
-    from trainer.config import RunConfig
+    from trainer.run import preflight
+    from contract.config import RunConfig
 
-    gone = Pin(trl_privates.GRPO, "_tool_call_loop_v2", "method", "trainer/rollout_loop.py", "the tool loop we copy")
+    gone = Pin(trl_privates.GRPO, "_tool_call_loop_v2", "method", "trainer/rollouts/rollout_loop.py", "the tool loop we copy")
     other_kind = Pin(trl_privates.GRPO, "_generate", "coroutine", "trainer/evaluate.py", "overridden")
-    async_only = Pin(trl_privates.ASYNC_LOOP, "_nowhere", "attribute", "trainer/async_run.py", "not this run's")
+    async_only = Pin(trl_privates.ASYNC_LOOP, "_nowhere", "attribute", "trainer/run/async_run.py", "not this run's")
     monkeypatch.setattr(trl_privates, "PINS", PINS + (gone, other_kind, async_only))
     line = trl_privates.startup_problem("sync")
     assert line is not None and "\n" not in line
-    assert "GRPOTrainer._tool_call_loop_v2: gone (re-check trainer/rollout_loop.py: the tool loop we copy)" in line
+    assert "GRPOTrainer._tool_call_loop_v2: gone (re-check trainer/rollouts/rollout_loop.py: the tool loop we copy)" in line
     assert "GRPOTrainer._generate: a method now, not a coroutine (re-check trainer/evaluate.py: overridden)" in line
     assert "_nowhere" not in line  # an async pin does not stop a sync run
     assert line.endswith(f"Install trl=={trl_privates.TRL_VERSION}, or re-check those and update the pins")
@@ -100,13 +100,13 @@ def test_a_changed_parameter_list_is_named():
 
 
 def test_preflight_says_the_pins_hold():
-    from trainer import preflight
-    from trainer.config import RunConfig
+    from trainer.run import preflight
+    from contract.config import RunConfig
 
     report = preflight.PreflightReport()
     assert preflight.check_trl(RunConfig.load([]), report) == []
     assert report.ok == [f"trl {trl_privates.TRL_VERSION}: every TRL internal the trainer relies on is in place "
-                         "(trainer/trl_privates.py)"]
+                         "(trainer/run/trl_privates.py)"]
 
 
 def test_environment_pool_is_trls_own_dict_or_empty():

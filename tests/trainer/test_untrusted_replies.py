@@ -16,9 +16,10 @@ from envs.core.untrusted import (MAX_REPLY_DEPTH, BadReward, UntrustedReply, che
                                  strip_credentials)
 from envs.generic.tool import render_observation
 from tests.helpers import free_port
-from trainer import envs_binding, rollouts
-from trainer.metrics import RolloutStats
-from trainer.trackers import RunInfo
+from trainer.rollouts import envs_binding
+from trainer.rollouts import traces
+from trainer.run.metrics import RolloutStats
+from trainer.run.trackers import RunInfo
 
 
 # ---------------------------------------------------------------------------------------------- text
@@ -145,6 +146,6 @@ def test_bad_rewards_are_logged_one_line_each_then_rate_limited(caplog):
 def test_traces_are_strict_json(tmp_path):
     row = {"step": 1, "env": "x", "reset": {}, "prompt": [], "turns": [], "tool_calls": [], "env_reward": 0.0,
            "reward": 0.0, "rewards": {}, "step_rewards": [float("nan"), float("inf"), 1.0]}
-    rollouts.append(tmp_path, [rollouts._jsonable(row)])
-    line = (tmp_path / rollouts.ROLLOUTS_FILE).read_text()
+    traces.append(tmp_path, [traces._jsonable(row)])
+    line = (tmp_path / traces.ROLLOUTS_FILE).read_text()
     assert json.loads(line, parse_constant=lambda c: pytest.fail(f"{c} written"))["step_rewards"] == [None, None, 1.0]

@@ -3,10 +3,10 @@ trackio's UI when REPORT_TO names trackio."""
 
 from __future__ import annotations
 
+from contract import tracker_names
 from tools import docker_host
 from tools.errors import StackError, say
 from tools.prepare import Prepared, prepare
-from trainer import trackers  # standard library at import time
 
 
 def start(prepared: Prepared) -> None:
@@ -19,8 +19,8 @@ def start(prepared: Prepared) -> None:
     if prepared.compose("up", "-d", "dashboard", extra_profiles=("dashboard",)) != 0:
         raise StackError("the dashboard did not start: `make logs` shows why")
     url = f"http://127.0.0.1:{prepared.plan.settings.DASHBOARD_PORT}"
-    if "trackio" in trackers.parse(values.get("REPORT_TO") or "tensorboard"):
-        url += f"/?project={trackers.PROJECT}"
+    if "trackio" in tracker_names.parse(values.get("REPORT_TO") or "tensorboard"):
+        url += f"/?project={tracker_names.PROJECT}"
     say(f"dashboard: {url}")
 
 

@@ -60,7 +60,7 @@ def run(rest: list[str]) -> int:
 
 
 def trainer_memory(gpus: gpu_doctor.DockerGpus, dotenv: dict[str, str], mode: str) -> bool:
-    """The trainer's memory for the model and layout next to each trainer GPU's (trainer.memory); False: cannot fit."""
+    """The trainer's memory for the model and layout next to each trainer GPU's (contract.memory); False: cannot fit."""
     try:
         cfg = derive.run_config(dotenv, mode)
     except Exception:  # noqa: BLE001 - a bad .env is reported by the `.env values` row

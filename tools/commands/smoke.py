@@ -8,8 +8,8 @@ import time
 
 from tools import docker_host, settings
 from tools.errors import StackError, say
-from trainer.train_mode import spec as mode_spec
-from trainer import sampling_health
+from contract.train_mode import spec as mode_spec
+from contract import sampling_health
 from tools.commands.up import bring_up
 from tools.prepare import Prepared, prepare
 
@@ -44,7 +44,7 @@ SMOKE_STAGES = {
 
 def smoke_stages(mode: str, rollouts: str = "sync") -> tuple[str, ...]:
     """The mode's stages; ROLLOUTS=async adds `staleness` after the first weight sync (the importance-sampling stage
-    then judges TRL's async `ratio`: trainer.sampling_health.ASYNC_RATIO)."""
+    then judges TRL's async `ratio`: contract.sampling_health.ASYNC_RATIO)."""
     found = mode_spec(mode).smoke_stages
     if rollouts != "async" or "first_weight_sync" not in found:
         return found
@@ -90,7 +90,7 @@ def run_logged(cmd: list[str], dotenv: dict[str, str]) -> tuple[int, str]:
 def smoke(prepared: Prepared, require_gpu: bool) -> int:
     """`make gpu-smoke`: 3 training steps, then pass/FAIL with timings for every stage a first run goes
     through. `--gpu` refuses to stand in the CPU profile for the GPU path."""
-    from trainer import stages
+    from contract import stages
 
     mode, compose_vars = prepared.mode, prepared.compose_vars
     rollouts = (prepared.plan.settings.values.get("ROLLOUTS") or "sync").strip().lower()

@@ -7,7 +7,7 @@ from typing import Callable
 
 from tools import docker_host, env_keys
 from tools.errors import say
-from trainer.defaults import EXIT_VLLM_RESTART
+from contract.defaults import EXIT_VLLM_RESTART
 from tools.commands.up import bring_up
 from tools.prepare import Prepared, prepare
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from trainer.run import grpo_args
+
 if TYPE_CHECKING:
-    from trainer.config import RunConfig
+    from contract.config import RunConfig
 
 
 # vLLM's OpenAI server fills every sampling field a request leaves out from the model's generation config
@@ -23,7 +25,7 @@ NEUTRAL_SAMPLING = {"presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 def resolve_mode(cfg: "RunConfig") -> str:
     """TRAIN_MODE with `auto` resolved from what this process sees."""
-    return cfg.resolved_train_mode()
+    return grpo_args.resolved_train_mode(cfg)
 
 
 def _gpu_memory_share(cfg: "RunConfig", mode: str) -> float:

@@ -20,7 +20,7 @@ import os
 import time
 from pathlib import Path
 
-from trainer.defaults import EXIT_VLLM_RESTART  # shared with the host, which acts on it
+from contract.defaults import EXIT_VLLM_RESTART  # shared with the host, which acts on it
 
 __all__ = ["EXIT_VLLM_RESTART", "configure", "restart_reason", "restart_line"]
 MARKER_NAME = ".vllm-weight-push.json"

@@ -5,7 +5,7 @@ openenv; README "GPU self-check"), one line each, `PASS` / `FAIL` / `SKIP (why)`
 
   master_weights   a model of Qwen3-0.6B's shape, random init, 3 AdamW steps at lr 1e-5, with bf16 and with fp32
                    master weights: the fraction of elements each step changed, per parameter group
-  trainer_loop     the project's trainer class and rollout loop (trainer.train.make_trainer_class), 2 GRPO steps
+  trainer_loop     the project's trainer class and rollout loop (trainer.run.grpo_trainer.make_trainer_class), 2 GRPO steps
                    against the echo env server on 127.0.0.1, generation by transformers: memory peak, step time
   colocate_budget  Qwen3-0.6B's shape at the default batch and lengths: memory peak after forward, backward and
                    the optimizer step, and what is left for vLLM on 24, 48, 80 and 141 GB cards
@@ -29,13 +29,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
+from trainer.run import grpo_args
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here downloads
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 GB = 1e9
 CARDS_GB = (24, 48, 80, 141)
-LR = 1e-5  # the GPU default learning rate (trainer.config.GPU_DEFAULT_LR)
+LR = 1e-5  # the GPU default learning rate (contract.config.GPU_DEFAULT_LR)
 ADAM_STEPS = 3
 # What the echo prompt takes with its tool schema rendered is about 200 tokens; 512 leaves room for longer envs.
 PROMPT_TOKENS = 512
@@ -178,11 +179,13 @@ def check_trainer_loop(device, tiny: bool) -> Result:
 
     from envs import registry
     from trainer import tiny_model
-    from trainer.config import RunConfig, default
-    from trainer.envs_binding import build_factories
-    from trainer.metrics import STATS, MetricsCallback, read_metrics
-    from trainer.trackers import RunInfo, Trackers
-    from trainer.train import build_dataset, load_model_and_tokenizer, make_trainer_class
+    from contract.config import RunConfig, default
+    from trainer.rollouts.envs_binding import build_factories
+    from trainer.run.metrics import STATS, MetricsCallback, read_metrics
+    from trainer.run.trackers import RunInfo, Trackers
+    from trainer.run.dataset import build_dataset
+    from trainer.run.model import load_model_and_tokenizer
+    from trainer.run.grpo_trainer import make_trainer_class
 
     with tempfile.TemporaryDirectory(prefix="selfcheck-") as tmp:
         model_dir = Path(tmp) / "tiny-qwen3"
@@ -199,14 +202,14 @@ def check_trainer_loop(device, tiny: bool) -> Result:
             cfg = RunConfig.load(argv)
             # cpu: the CPU profile; cuda: the GPU settings (bf16 autocast where supported), transformers generation.
             mode = "cpu" if device.type == "cpu" else "colocate"
-            grpo_args = cfg.to_grpo_config(mode, use_vllm=False)
+            training_args = grpo_args.grpo_config(cfg, mode, use_vllm=False)
             model, tokenizer = load_model_and_tokenizer(cfg, mode)
             load_dtype = str(model.dtype).removeprefix("torch.")
             specs = {"echo": registry.get("echo")}
             trainer_cls = make_trainer_class()
             metrics = MetricsCallback(cfg.run_dir, STATS, mode=mode, print_fn=lambda line: print(line, file=sys.stderr),
                                       trackers=Trackers([], RunInfo(cfg.run_dir, "selfcheck", cfg.output_dir)))
-            trainer = trainer_cls(model=model, args=grpo_args, train_dataset=build_dataset(cfg, specs),
+            trainer = trainer_cls(model=model, args=training_args, train_dataset=build_dataset(cfg, specs),
                                   processing_class=tokenizer, environment_factory=build_factories(cfg, specs, STATS),
                                   callbacks=[metrics])
             trainer.configure_rollouts(cfg.tool_timeout_s, cfg.tool_concurrency)
@@ -256,7 +259,7 @@ def check_colocate_budget(device, tiny: bool) -> Result:
     from transformers import Qwen3ForCausalLM
     from trl.trainer.utils import selective_log_softmax
 
-    from trainer.config import default
+    from contract.config import default
 
     batch = default("per_device_train_batch_size")
     completion = default("max_completion_length")
@@ -324,7 +327,7 @@ def check_colocate_budget(device, tiny: bool) -> Result:
 def _gpu_memory_share_default() -> float:
     """Colocate's vLLM share as training would use it (trainer.gpu.grpo_kwargs: VLLM_GPU_MEMORY_UTILIZATION, else
     its colocate default)."""
-    from trainer.config import RunConfig
+    from contract.config import RunConfig
     from trainer.gpu.grpo_kwargs import _gpu_memory_share
 
     return _gpu_memory_share(RunConfig.load([]), "colocate")

@@ -1,4 +1,4 @@
-"""Server mode's share of the preflight (trainer/preflight.py runs it): everything vLLM server mode needs before
+"""Server mode's share of the preflight (trainer/run/preflight.py runs it): everything vLLM server mode needs before
 GRPOTrainer is built, checked in one pass."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
-from trainer import stages
+from contract import stages
 from trainer.gpu.grpo_kwargs import resolve_mode
 from trainer.gpu.nccl import NCCL_BRIDGE_DEFAULTS, check_group_port, pin_async_rendezvous_port, prepare_rendezvous
 from trainer.gpu.server import (
@@ -22,7 +22,7 @@ from trainer.gpu import push_state
 from trainer.gpu.trl_hooks import guard_generation, guard_weight_transfer_init, use_weight_reload
 
 if TYPE_CHECKING:
-    from trainer.config import RunConfig
+    from contract.config import RunConfig
 
 logger = logging.getLogger("trainer.gpu")
 

@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Callable
 
-from trainer.config import ConfigError, RunConfig
+from contract.config import ConfigError, RunConfig
 from trainer.gpu import weight_check
 from trainer.gpu.nccl import prepare_rendezvous
 from trainer.gpu.server import VLLMPreflightError, check_vllm_server, explain_init_failure, version_skew

@@ -10,7 +10,7 @@ import os
 import time
 from typing import Any, Callable, Iterable
 
-from trainer import stages
+from contract import stages
 from trainer.gpu import push_state
 from trainer.gpu.server import ServerReport, explain_init_failure
 from trainer.gpu.watchdog import WeightSyncTimeout, rendezvous_diagnosis, watchdog
@@ -203,7 +203,7 @@ def use_weight_reload(folder: str, timeout_s: float) -> None:
 def reload_weights(base_url: str, folder: str | os.PathLike, named_params: Iterable[tuple[str, Any]],
                    timeout_s: float) -> int:
     """The weight push of WEIGHT_TRANSFER=reload, shared by the sync trainer (use_weight_reload) and the async one
-    (trainer.async_trainer.ReloadWeightTransfer): write `named_params` to `folder`/model.safetensors (a folder the
+    (trainer.run.async_trainer.ReloadWeightTransfer): write `named_params` to `folder`/model.safetensors (a folder the
     vLLM server mounts at the same path), then have vLLM reload them (its dev route /collective_rpc ->
     worker.reload_weights(weights_path=folder)). Returns how many tensors it wrote."""
     from pathlib import Path

@@ -5,8 +5,8 @@ every instance (one env-server session each) for the whole run. We:
   * give each instance the env service's URL: its session client spreads the sessions over the
     service's replicas or fleet tasks, least-loaded first, and re-resolves them as they change
     (envs.core.replicas; `replica_set` is that process-wide set, for the run's log);
-  * count tool calls / failures per episode and the seconds spent in reset/reward calls (trainer.metrics;
-    tool calls run concurrently, so trainer.rollout_loop times each round's wall clock instead);
+  * count tool calls / failures per episode and the seconds spent in reset/reward calls (trainer.run.metrics;
+    tool calls run concurrently, so trainer.rollouts.rollout_loop times each round's wall clock instead);
   * close the session when the rollout loop gives up on a call (TOOL_TIMEOUT_S): the rest of that
     episode's calls fail at once, and a late reply cannot reach the next episode;
   * decode the dataset's `env_row` column (the env's own row fields, JSON, so rows of different envs
@@ -15,7 +15,7 @@ every instance (one env-server session each) for the whole run. We:
     error message, reaches the model with control characters escaped and trimmed to ENV_OBSERVATION_CHARS (plus
     room for the tool class's own words), and a reward that is not finite or out of range makes a failed episode
     (FAILED_EPISODE_REWARD, as an episode whose env never scored it) with one log line;
-  * mark an episode the env side ended (a failed reset, a lost session, a reply that never came: trainer.infra_failures)
+  * mark an episode the env side ended (a failed reset, a lost session, a reply that never came: trainer.rollouts.infra_failures)
     with its reason: its later calls fail at once, its trace says why, `get_reward` gives None (TRL: not scored) and
     the trainer leaves it out of the loss; a failed reset is such an episode, not the end of the run, unless the env
     looks dead (infra_failures.WINDOWS).
@@ -34,9 +34,9 @@ from typing import Any
 from envs.core.replicas import ReplicaSet, ResolveError, resolve
 from envs.core.tool import close_session, infra_failure_of, session_of, trace_of
 from envs.core.untrusted import BadReward, check_reward, safe_text, strip_credentials
-from trainer import infra_failures
-from trainer.metrics import STATS, RolloutStats
-from trainer.rollouts import Trace
+from trainer.rollouts import infra_failures
+from trainer.run.metrics import STATS, RolloutStats
+from trainer.rollouts.traces import Trace
 
 ENV_ROW_COLUMN = "env_row"
 FAILED_EPISODE_REWARD = 0.0  # what every tool class scores an episode that failed before its env rewarded it
@@ -87,7 +87,7 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS,
     `text_chars`: ENV_OBSERVATION_CHARS, the most of an env's text the model sees per tool result.
     `step_timeout_s` / `reset_timeout_s`: TOOL_TIMEOUT_S and RESET_TIMEOUT_S (None: no bound), the session client's
     bound on one reply: the only ones, so a tool allowed 3 minutes gets 3 minutes. A step's reply gets
-    REPLY_GRACE_S more than TOOL_TIMEOUT_S: the rollout loop's bound (trainer.rollout_loop) is the one that acts and
+    REPLY_GRACE_S more than TOOL_TIMEOUT_S: the rollout loop's bound (trainer.rollouts.rollout_loop) is the one that acts and
     speaks to the model; the client's stops the socket waiting for ever outside the loop."""
     limit = text_chars + TEXT_ALLOWANCE
 
@@ -96,7 +96,7 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS,
         self._episode_failures = 0
         self._episode = 0  # which episode a (possibly late) tool call belongs to
         self._abandoned = False
-        self._infra_failure: str | None = None  # why the env side ended this episode (trainer.infra_failures)
+        self._infra_failure: str | None = None  # why the env side ended this episode (trainer.rollouts.infra_failures)
         self._call_failure_counted = False  # the current call's failure: counted once, by it or by the loop's timeout
         self._count_lock = threading.Lock()  # the call runs in a worker thread, the loop's timeout in another
         with stats.timer("env"):
@@ -115,7 +115,7 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS,
         self._episode += 1
         self._abandoned = False
         self._infra_failure = None
-        self._trace = Trace(env_name, {k: v for k, v in row.items() if k != "prompt"})  # trainer.rollouts
+        self._trace = Trace(env_name, {k: v for k, v in row.items() if k != "prompt"})  # trainer.rollouts.traces
         guard = _safe_errors(limit)
         try:
             with stats.timer("env"), guard:
@@ -130,7 +130,7 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS,
         return safe_text(text, limit) if isinstance(text, str) else text
 
     def _abandon_session(self) -> None:
-        """A call outran TOOL_TIMEOUT_S (trainer.rollout_loop): it failed, and the session closes."""
+        """A call outran TOOL_TIMEOUT_S (trainer.rollouts.rollout_loop): it failed, and the session closes."""
         with self._count_lock:
             self._abandoned = True
             if self._infra_failure is None:
@@ -197,7 +197,7 @@ def _log_infra(env_name: str, why: str) -> None:
 class _safe_errors:
     """An exception whose message the model (TRL shows `str(e)`), a trace or a log would see, escaped and trimmed
     (raised again as RuntimeError only when that changes it: an honest env's errors pass untouched). `infra`: why the
-    original exception says the env side failed (trainer.infra_failures), else None."""
+    original exception says the env side failed (trainer.rollouts.infra_failures), else None."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
@@ -257,7 +257,7 @@ def _instrumented(method, limit: int):
 
 
 def _traced(env, episode: int, tool: str, arguments: dict, result: Any, failed: bool) -> None:
-    """Into the episode's trace (trainer.rollouts), unless the call outlived its episode (a late timed-out one)."""
+    """Into the episode's trace (trainer.rollouts.traces), unless the call outlived its episode (a late timed-out one)."""
     trace = trace_of(env)
     if trace is not None and episode == env._episode and not env._abandoned:
         trace.call(tool, arguments, result, failed)

@@ -24,7 +24,7 @@ def stop_token_ids(model, tokenizer) -> frozenset[int]:
 
 def unfinished_penalty(penalty: float, stop_ids: frozenset[int]) -> Callable[..., list[float | None]]:
     """A TRL reward function: -penalty for a completion that does not end in a stop token, else 0; None (not scored)
-    for an episode the env side ended (trainer.infra_failures), so that, with the env's own None, every reward
+    for an episode the env side ended (trainer.rollouts.infra_failures), so that, with the env's own None, every reward
     function leaves it unscored: TRL's sync and async trainers then keep it out of the group's baseline. A partial
     of a module-level function, not a closure: ROLLOUTS=async pickles reward functions into its spawned rollout
     worker (TRL names it by the function: `rewards/unfinished/mean` in both modes)."""

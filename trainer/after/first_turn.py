@@ -1,7 +1,7 @@
 """Score a model's first turn against the expert's first tool call, on prompts rendered exactly as GRPO renders them.
 
-    python -m trainer.first_turn --model /outputs/echo/checkpoint-30 [--env echo] [--rows 60] [--seed 1000003]
-    python -m trainer.first_turn --model /models/tiny-qwen3 --server http://vllm:8000   # what vLLM serves now
+    python -m trainer.after.first_turn --model /outputs/echo/checkpoint-30 [--env echo] [--rows 60] [--seed 1000003]
+    python -m trainer.after.first_turn --model /models/tiny-qwen3 --server http://vllm:8000   # what vLLM serves now
 
 The learning check of the CPU profile: greedy decoding is deterministic, and the first call is what the echo
 reward is decided by, so "exact first calls" before and after training says whether the RL loop learned,
@@ -24,7 +24,7 @@ HELD_OUT_SEED = 1_000_003
 
 
 def tool_functions(tool_class: type) -> list:
-    from trainer.envs_binding import tool_method_names
+    from trainer.rollouts.envs_binding import tool_method_names
 
     return [getattr(tool_class, name) for name in tool_method_names(tool_class)]
 
@@ -122,7 +122,7 @@ def evaluate(model_dir: str, env: str = "echo", rows: int = 60, seed: int = HELD
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m trainer.first_turn", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m trainer.after.first_turn", description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True, help="model folder (the tiny model, or a run's checkpoint-N)")
     p.add_argument("--env", default="echo", help="built-in env whose held-out prompts to use (default echo)")
     p.add_argument("--rows", type=int, default=60)

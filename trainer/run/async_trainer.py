@@ -11,12 +11,12 @@ trains) and protocols do the work; this module plugs the stack in where TRL leav
   TOOL_CONCURRENCY and the neutral sampling penalties meaning what they mean in sync mode.
 - `make_async_trainer_class`: a thin `AsyncGRPOTrainer` subclass that runs on CPU (no CUDA peak-FLOPs lookup)
   and hands the rollout worker `StackRolloutLoop`.
-- LORA_R: TRL's own adapter-only sync (trainer/lora.py says how); no weight-transfer backend is passed then
+- LORA_R: TRL's own adapter-only sync (trainer/run/lora.py says how); no weight-transfer backend is passed then
   (TRL probes vLLM's /server_info only without one), whatever WEIGHT_TRANSFER says: the adapter goes by a shared
   folder and HTTP on a GPU host and in the rehearsal alike.
 
-Everything the child gets is pickled: env factories (trainer.envs_binding.EnvFactory), reward functions
-(functools.partial, trainer.rewards) and this module's classes, all module-level.
+Everything the child gets is pickled: env factories (trainer.rollouts.envs_binding.EnvFactory), reward functions
+(functools.partial, trainer.rollouts.rewards) and this module's classes, all module-level.
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from envs.core.tool import abandon_session
-from trainer.async_run import AfterRun, TracedRollouts, stop_on_env_down
-from trainer.config import RunConfig
+from trainer.run.async_run import AfterRun, TracedRollouts, stop_on_env_down
+from contract.config import RunConfig
 
 logger = logging.getLogger("trainer.async")
 
@@ -41,11 +41,11 @@ logger = logging.getLogger("trainer.async")
 # the worker's `_loop_cls` and `_loop_kwargs`; `check_health` wrapped: `_failed_event`,
 # `_exception_info_queue`, `_process`; get_peak_flops_per_device;
 # LORA_R: `_lora_sync` read, `_lora_dir` and `_lora_name` logged, `_sync_weight_lora` does the push) are pinned in
-# trainer/trl_privates.py.
+# trainer/run/trl_privates.py.
 
 
 def build_async_config(cfg: RunConfig, mode: str):
-    """AsyncGRPOConfig with the sync trainer's settings (RunConfig.to_grpo_config) where both have them."""
+    """AsyncGRPOConfig with the sync trainer's settings (trainer.run.grpo_args.grpo_config) where both have them."""
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     kwargs: dict[str, Any] = dict(
@@ -58,7 +58,7 @@ def build_async_config(cfg: RunConfig, mode: str):
         request_timeout=int(cfg.generation_timeout_s),
         weight_sync_timeout=int(cfg.weight_sync_timeout_s),
         max_staleness=cfg.max_staleness,
-        # fp32 master weights, as the sync trainer keeps (trainer.train.load_model_and_tokenizer says why)
+        # fp32 master weights, as the sync trainer keeps (trainer.run.model.load_model_and_tokenizer says why)
         dtype="float32",
         model_init_kwargs=cfg.model_load_kwargs(mode) or None,  # the pinned revision while MODEL_NAME is a hub id
     )
@@ -87,7 +87,7 @@ class ReloadWeightTransfer:
         self._paused_at: float | None = None
 
     def init_weight_transfer(self) -> None:
-        from trainer import stages
+        from contract import stages
         from trainer.gpu import push_state
 
         print(f"[weight-sync] WEIGHT_TRANSFER=reload (async): no NCCL group; each sync pauses vLLM, writes "
@@ -136,11 +136,11 @@ def _rollout_loop_base():
     return _AsyncRolloutLoop
 
 
-class StackRolloutLoop(TracedRollouts, _rollout_loop_base()):  # traces + env counts first (trainer.async_run)
+class StackRolloutLoop(TracedRollouts, _rollout_loop_base()):  # traces + env counts first (trainer.run.async_run)
     """TRL's rollout loop (it runs in the spawned child) with the sync trainer's meanings:
 
     - TOOL_TIMEOUT_S: a tool call that runs longer fails; the model reads the rollout loop's message
-      (trainer.rollout_loop.TIMEOUT_ERROR) and the rollout's env session is closed (envs.core.tool.abandon_session).
+      (trainer.rollouts.rollout_loop.TIMEOUT_ERROR) and the rollout's env session is closed (envs.core.tool.abandon_session).
     - TOOL_CONCURRENCY: the most env calls (tools, resets, rewards) in flight at once, the size of TRL's thread
       pool for them (TRL's default: one per in-flight rollout).
     - vLLM's presence/frequency penalties sent as 0 (trainer.gpu.grpo_kwargs.NEUTRAL_SAMPLING), as the sync
@@ -166,7 +166,7 @@ class StackRolloutLoop(TracedRollouts, _rollout_loop_base()):  # traces + env co
         return await super()._execute_tool_calls(tool_calls, bounded)
 
     def _bounded(self, tool):
-        from trainer.rollout_loop import TIMEOUT_ERROR
+        from trainer.rollouts.rollout_loop import TIMEOUT_ERROR
 
         seconds, pool = self.tool_timeout_s, self._tool_pool
 
@@ -211,7 +211,7 @@ def make_async_trainer_class():
     from trl.experimental.async_grpo import AsyncGRPOTrainer
     from trl.experimental.async_grpo import async_grpo_trainer as trl_async
 
-    class StackAsyncGRPOTrainer(AfterRun, AsyncGRPOTrainer):  # after-run hooks first (trainer.async_run)
+    class StackAsyncGRPOTrainer(AfterRun, AsyncGRPOTrainer):  # after-run hooks first (trainer.run.async_run)
         """TRL's AsyncGRPOTrainer; differs only where the stack needs it (module docstring)."""
 
         def __init__(self, *args, tool_timeout_s: float | None = None, tool_concurrency: int | None = None,
@@ -239,13 +239,13 @@ def make_async_trainer_class():
 def _check_adapter_sync(trainer) -> None:
     """LORA_R: TRL chose the adapter-only sync (every rank got rank 0's probe of vLLM), or the run stops here, before
     any step: its fallback would push merged weights over NCCL, which the vllm service was not started for."""
-    from trainer import stages
+    from contract import stages
 
     if not getattr(trainer, "_lora_sync", False):
         raise RuntimeError(
             f"vLLM at {trainer.args.vllm_server_base_url} does not take LoRA adapters (started without --enable-lora, "
             "or a layout TRL's adapter sync refuses: see TRL's warning above); `make train` and `make rehearse` start "
-            "it with the flags LORA_R needs (trainer/lora.py vllm_lora_flags): restart the vllm service")
+            "it with the flags LORA_R needs (contract/lora_rules.py vllm_lora_flags): restart the vllm service")
     where = os.path.join(trainer._lora_dir, f"{trainer._lora_name}-v<N>")
     print(f"[weight-sync] LoRA adapter-only (async): no NCCL group, no base weight pushed; each sync pauses vLLM, "
           f"saves the adapter to {where}, loads it by /v1/load_lora_adapter and resumes; requests name "
@@ -274,12 +274,12 @@ def build_trainer(cfg: RunConfig, mode: str, *, tokenizer, dataset, factories, r
                   served_dtype: str | None, served_model: str | None):
     """The async trainer for this run: tree attention installed first (TRL loads the model with it), the weight
     push by reload where WEIGHT_TRANSFER=reload (else TRL's own NCCL client)."""
-    from trainer import tree_attention
+    from trainer.run import tree_attention
 
     backend = tree_attention.install()
     print(f"[train] ROLLOUTS=async: TRL's AsyncGRPOTrainer, max staleness {cfg.max_staleness}; tree attention "
           f"backend {backend}", flush=True)
-    from trainer import lora
+    from trainer.run import lora
 
     peft = lora.peft_config(cfg)
     weight_transfer = None

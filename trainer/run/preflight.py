@@ -3,7 +3,7 @@
 Each failure is one line naming the numbers and the fix; `run_all` collects them all and raises one
 PreflightError. Warnings (e.g. a completion budget shorter than an episode) are printed, not fatal.
 
-    python -m trainer.preflight          # same checks as `trainer.train` runs, then exit
+    python -m trainer.run.preflight          # same checks as `trainer.train` runs, then exit
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from typing import Any
 from envs import naming
 from envs.core import probe
 from envs.core.untrusted import log_text
-from trainer.config import ConfigError, RunConfig
-from trainer.envs_binding import BindingError, resolve_replicas
+from contract.config import ConfigError, RunConfig
+from trainer.rollouts.envs_binding import BindingError, resolve_replicas
+from trainer.run import grpo_args
 
 # Keys an env server may use to report its capacity in /health (ours does; upstream OpenEnv does not).
 CAPACITY_KEYS = ("max_concurrent_envs", "max_sessions", "capacity")
@@ -272,7 +273,7 @@ def check_lengths(cfg: RunConfig, mode: str, tokenizer, specs: dict,
     """The first turn: longest prompt + MAX_COMPLETION_LENGTH must fit where generation happens. vLLM refuses a
     request whose prompt + max_tokens exceeds its max_model_len, and TRL asks for max_tokens=MAX_COMPLETION_LENGTH
     every turn; TRL itself only checks the model's own limit. The server's limit is the one it reports (server
-    mode), else VLLM_MAX_MODEL_LEN, else the model's on CPU. Turns after a tool call: trainer.rollout_loop ends an
+    mode), else VLLM_MAX_MODEL_LEN, else the model's on CPU. Turns after a tool call: trainer.rollouts.rollout_loop ends an
     episode whose next input would not fit (server mode: prompt so far + MAX_COMPLETION_LENGTH > max_model_len)."""
     if not specs:
         return [], ""
@@ -302,10 +303,10 @@ def check_lengths(cfg: RunConfig, mode: str, tokenizer, specs: dict,
 
 def check_memory(cfg: RunConfig, mode: str, num_processes: int, prompt_tokens: int | None,
                  gpu_bytes: int | None = None, config: dict | None = None) -> tuple[list[str], str]:
-    """The trainer's GPU memory for this model, layout and lengths (trainer.memory: weights, gradients, AdamW,
+    """The trainer's GPU memory for this model, layout and lengths (contract.memory: weights, gradients, AdamW,
     activations) against its smallest GPU: (errors, the breakdown line). Nothing to check on CPU, or before the
     model's config.json is here (the tokenizer check names that)."""
-    from trainer import memory
+    from contract import memory
 
     if mode not in ("gpu", "colocate") or cfg.trainer_on_cpu(mode):
         return [], ""
@@ -355,9 +356,10 @@ def load_tokenizer(cfg: RunConfig, mode: str):
 # ---------------------------------------------------------------------------- all
 def check_trackers(cfg: RunConfig, report: PreflightReport) -> list[str]:
     """REPORT_TO's trackers are installed (the images install them at build time), and W&B online has its key."""
-    from trainer import trackers
+    from contract import tracker_names
+    from trainer.run import trackers
 
-    problem = trackers.check_installed(cfg.trackers)
+    problem = tracker_names.check_installed(cfg.trackers)
     if problem:
         return [problem]
     if "wandb" in cfg.trackers and cfg.wandb_mode == "online" and not trackers.wandb_key():
@@ -368,9 +370,9 @@ def check_trackers(cfg: RunConfig, report: PreflightReport) -> list[str]:
 
 
 def check_trl(cfg: RunConfig, report: PreflightReport) -> list[str]:
-    """The TRL internals this run's trainer relies on (trainer.trl_privates), on the installed TRL: one line naming
+    """The TRL internals this run's trainer relies on (trainer.run.trl_privates), on the installed TRL: one line naming
     each that moved and what to re-check."""
-    from trainer import trl_privates
+    from trainer.run import trl_privates
 
     problem = trl_privates.startup_problem(cfg.rollouts)
     if problem:
@@ -381,7 +383,7 @@ def check_trl(cfg: RunConfig, report: PreflightReport) -> list[str]:
                                f"{trl_privates.TRL_VERSION}: the TRL internals it relies on are there, but their code "
                                "may differ (tests/trainer/test_trl_privates.py names what changed)")
     else:
-        report.ok.append(f"trl {version}: every TRL internal the trainer relies on is in place (trainer/trl_privates.py)")
+        report.ok.append(f"trl {version}: every TRL internal the trainer relies on is in place (trainer/run/trl_privates.py)")
     return []
 
 
@@ -442,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[preflight] config error:\n{exc}", file=sys.stderr)
         return 2
     try:
-        run_all(cfg, cfg.resolved_train_mode())
+        run_all(cfg, grpo_args.resolved_train_mode(cfg))
     except PreflightError as exc:
         print(f"[preflight] FAILED:\n{exc}", file=sys.stderr)
         return 3

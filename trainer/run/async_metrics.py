@@ -3,7 +3,7 @@
 TRL's `AsyncGRPOTrainer` (trl 1.16) logs its own key set. Most keys mean what the sync `GRPOTrainer`'s keys of the
 same name mean (reward, reward_std, tools/*, completions/*, kl, entropy, clip_ratio/*, loss); a few say the same
 thing under another name, and the step-time split is measured by other clocks. `record(logs)` turns one async `logs`
-dict into the metrics.jsonl record a sync run writes, so metrics.jsonl, every tracker (trainer.trackers) and
+dict into the metrics.jsonl record a sync run writes, so metrics.jsonl, every tracker (trainer.run.trackers) and
 `make report` read both modes the same way, plus what only an async run has:
 
     async/staleness_p50, _p90, _max     lag of the samples the trainer took from the queue to train in the logging
@@ -14,7 +14,7 @@ dict into the metrics.jsonl record a sync run writes, so metrics.jsonl, every tr
     async/queue_depth                   scored samples waiting in the rollout queue when the trainer took one
     async/vllm_paused_s                 seconds vLLM stood paused per weight sync (pause returned -> resume returned)
     async/rollout_wait_s                seconds the trainer waited on the rollout queue in the step
-    rollout/infra_failures              episodes the env side ended (trainer.infra_failures) among those the
+    rollout/infra_failures              episodes the env side ended (trainer.rollouts.infra_failures) among those the
                                         worker scored in the logging window; their samples are never trained
 
 Time split (sync: generation / env / scoring / training / weight_sync, one after another): in an async run
@@ -24,7 +24,7 @@ forward + backward + optimizer, time/weight_sync_s = the push to vLLM, time/step
 There is no time/env_s or time/scoring_s: the worker's env seconds are `trl/env/reset_s`, `trl/tools/latency_s`.
 
 Per env (env/<env>/episodes, reward_mean, episode_length, tool_failure_frequency): the env binding counts episodes
-in the rollout worker's process; trainer.async_run sends them to the trainer as TRL metric rates (`episode_rates`).
+in the rollout worker's process; trainer.run.async_run sends them to the trainer as TRL metric rates (`episode_rates`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ STALENESS_RAW = "sample/staleness_mean"  # TRL appends one value per trained sam
 STALENESS_KEYS = ("async/staleness_p50", "async/staleness_p90", "async/staleness_max")
 LAG_PREFIX = "async/samples_at_lag/"
 EPISODES_SUFFIX = "/episodes_total"  # TRL sums a key whose last word is `total` (trl _reduce_metric)
-INFRA_TOTAL = "rollout/infra_failures_total"  # episodes the env side ended (trainer.infra_failures), summed
+INFRA_TOTAL = "rollout/infra_failures_total"  # episodes the env side ended (trainer.rollouts.infra_failures), summed
 INFRA_SUFFIX = "/infra_failures_total"  # env/<env>/infra_failures_total: the same, per env
 
 
@@ -72,9 +72,9 @@ def staleness_figures(lags: Iterable[float], max_staleness: int) -> dict[str, fl
 
 
 def episode_rates(episodes: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
-    """The env binding's episodes (trainer.metrics.RolloutStats.drain) as TRL metric values: rates as (sum, count)
+    """The env binding's episodes (trainer.run.metrics.RolloutStats.drain) as TRL metric values: rates as (sum, count)
     pairs, counts as `*_total`, so TRL's reduction over a logging window gives exactly the sync trainer's figures
-    (trainer.metrics.summarize_episodes)."""
+    (trainer.run.metrics.summarize_episodes)."""
     out: dict[str, Any] = {}
     for env, eps in sorted(episodes.items()):
         if not eps:

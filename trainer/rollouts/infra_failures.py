@@ -8,7 +8,7 @@ or the reset failed for any of these reasons. Such an episode:
   * gets no reward (every reward function's value is NaN): TRL 1.16's nan-aware aggregation leaves it out of its
     group's baseline and gives it advantage 0 (`unscorable_mask` in `_generate_and_score_completions`), and its
     tokens are taken out of the loss mask, so it neither moves the policy nor dilutes the loss's token count.
-    Every reward function of the stack already says None for it (the binding's `get_reward`, trainer.rewards'
+    Every reward function of the stack already says None for it (the binding's `get_reward`, trainer.rollouts.rewards'
     penalty), which is all TRL's async worker needs for the same baseline rule (`_score_group`); the NaN rows here
     make the sync trainer hold to it whatever reward functions a run adds.
 A tool error the env reports for a bad call (an error frame with VALIDATION_ERROR / EXECUTION_ERROR, an observation
@@ -89,14 +89,12 @@ class FailureWindow:
                           f"servers (make ps, make logs) and ENV_URLS / ENV_{env.upper()}_REPLICAS, then resume")
 
 
-# One per process: every bound tool class of the run records here (trainer.envs_binding).
+# One per process: every bound tool class of the run records here (trainer.rollouts.envs_binding).
 WINDOWS = FailureWindow()
 
 
 def row_mask(environments) -> list[bool]:
     """For each rollout of a batch: whether its episode ended by the env side (the binding's mark)."""
-    from envs.core.tool import infra_failure_of
-
     return [infra_failure_of(env) is not None for env in environments or []]
 
 
@@ -147,11 +145,11 @@ def leave_out_of_loss(trainer, output: dict) -> dict:
 # ---------------------------------------------------------------------------- the async trainer's side (ROLLOUTS=async)
 # TRL's rollout worker (a spawned process) scores each group (`_score_group`: NaN-aware, a row every reward function
 # left None gets advantage 0 and stays out of the group's mean and std) and queues one sample per training row.
-# trainer.async_run.TracedRollouts hands the reward functions the episodes (`environments`, as the sync trainer does:
+# trainer.run.async_run.TracedRollouts hands the reward functions the episodes (`environments`, as the sync trainer does:
 # the stack's say None for an env-ended one) and then drops those episodes' samples before the queue: never trained,
 # so no advantage and no tokens in the loss's normaliser (TRL's `global_n_tokens` counts the trained tokens of the
 # batch). The count goes to the trainer as `rollout/infra_failures_total` (summed per logging window, one push per
-# group, 0 included), which trainer.async_metrics.record writes as METRIC, per step as in sync mode.
+# group, 0 included), which trainer.run.async_metrics.record writes as METRIC, per step as in sync mode.
 def ended_by_env(episodes) -> list[bool]:
     """For each rollout of a group (its episode stand-in, or None without an env): whether the env side ended it."""
     return [infra_failure_of(episode) is not None for episode in episodes]

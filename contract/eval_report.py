@@ -6,7 +6,7 @@
            "pass_at_k": {"1": float, ...}, "tool_calls_per_episode": float, "tool_failures_per_episode": float,
            "tokens_per_episode": float, "infra_failures": int}, ...]}
 
-An episode the env side ended (trainer.infra_failures) is not scored: `episodes` and every figure count the scored
+An episode the env side ended (trainer.rollouts.infra_failures) is not scored: `episodes` and every figure count the scored
 ones, `infra_failures` the others; a figure with no scored episode is null (printed n/a).
 """
 

@@ -7,6 +7,7 @@ person reading `docker logs`) can tell how far a first run got and how long each
 from __future__ import annotations
 
 import json
+import os
 import threading
 
 PREFIX = "[stage] "
@@ -15,11 +16,9 @@ _lock = threading.Lock()
 
 
 def mark(stage: str, seconds: float | None = None, detail: str = "", **values) -> bool:
-    """Print the stage's line the first time it is reached (on the main trainer process); False (and
-    silent) afterwards."""
-    from trainer import dist
-
-    if not dist.is_main():
+    """Print the stage's line the first time it is reached (on the main trainer process: RANK 0, as accelerate sets it,
+    the variable trainer.run.dist reads too); False (and silent) afterwards."""
+    if int(os.environ.get("RANK", "0") or 0) != 0:
         return False
     with _lock:
         if stage in _seen:

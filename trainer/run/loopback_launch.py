@@ -6,7 +6,7 @@ Torch 2.13 binds that store to every interface whatever host it is given (TCPSto
 image can connect, overwrite keys and hang or abort the run. There is no host option; what does work is the store's
 `master_listen_fd`: we bind the socket ourselves to 127.0.0.1 and hand it over. All trainer processes live in one
 container, so loopback reaches them all. The `loopback` rendezvous backend below is torchrun's static one with that
-socket; trainer/launch.py runs `python -m trainer.loopback_launch <accelerate launch args> --rdzv_backend loopback`.
+socket; trainer/launch.py runs `python -m trainer.run.loopback_launch <accelerate launch args> --rdzv_backend loopback`.
 
 Gloo's and NCCL's own sockets are pinned by trainer/launch.py (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, every rank).
 """

@@ -207,7 +207,7 @@ def verdict(est: Estimate, gpu_bytes: int, *, colocate: bool = False, vllm_share
         fixes.append("lower VLLM_GPU_MEMORY_UTILIZATION or give vLLM its own GPU (TRAIN_MODE=gpu)")
     if not colocate and rest < room:  # the model states can be sharded down to what is left (colocate: one GPU)
         need = math.ceil(states * est.shards / (room - rest))
-        if need > est.shards and est.method != "qlora":  # QLoRA cannot shard (trainer.lora.adapter_problem)
+        if need > est.shards and est.method != "qlora":  # QLoRA cannot shard (RunConfig.lora_problem)
             fixes.append(f"{need} trainer GPUs with TRAINER_SHARDING=fsdp (TRAINER_GPU)")
     if est.activations > room / 4:
         fixes.append("shorter lengths (MAX_COMPLETION_LENGTH) or a smaller PER_DEVICE_TRAIN_BATCH_SIZE "

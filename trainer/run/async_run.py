@@ -3,18 +3,18 @@
 Two pieces, one per process of TRL's async design:
   * `AfterRun`, a mixin for the trainer subclass (`class X(AfterRun, AsyncGRPOTrainer)`), in the trainer process:
     the lag percentiles and histogram of the samples a step trained (from TRL's per-sample values before it
-    averages them: trainer.async_metrics), the traces the rollout worker wrote handed to the trackers' tables, and
+    averages them: trainer.run.async_metrics), the traces the rollout worker wrote handed to the trackers' tables, and
     the smoke's stages (rendezvous, first weight sync). `configure_traces(run_dir, every, samples, trackers)` has the
     sync trainer's signature, so trainer.train calls it the same way for both.
   * `TracedRollouts`, a mixin for TRL's rollout loop class in the spawned worker process (where the env sessions
     live; `TracedRolloutLoop` is TRL's loop with it, `use_traced_loop` puts it in the worker): every
-    scored group sends the env binding's episode counts (trainer.metrics.STATS of that process) to the trainer as TRL
+    scored group sends the env binding's episode counts (trainer.run.metrics.STATS of that process) to the trainer as TRL
     metric rates (env/<env>/...), an episode the env side ended is counted (rollout/infra_failures) and its samples
-    are dropped before the queue (trainer.infra_failures), and every TRACE_EVERY policy versions one group goes to
-    rollouts.jsonl (trainer.rollouts' schema, plus `policy_version`; `step` is policy_version + 1, the step a sync
+    are dropped before the queue (trainer.rollouts.infra_failures), and every TRACE_EVERY policy versions one group goes to
+    rollouts.jsonl (trainer.rollouts.traces' schema, plus `policy_version`; `step` is policy_version + 1, the step a sync
     run would have traced these rollouts at).
 
-PINNED to trl 1.16.0 (trl/experimental/async_grpo; trainer/trl_privates.py lists each); re-check on a TRL upgrade:
+PINNED to trl 1.16.0 (trl/experimental/async_grpo; trainer/run/trl_privates.py lists each); re-check on a TRL upgrade:
   * async_grpo_trainer.py: `AsyncGRPOTrainer.log` reduces `self._metrics["train"]`, where `RolloutQueueDataset`
     appends one `sample/staleness_mean` value per trained sample; `_sync_weight` is the method the weight-sync
     callback calls (through `self`); `_TrainBeginCallback` calls `self.weight_transfer.init_weight_transfer()`.
@@ -33,11 +33,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # as trainer.async_trainer: ROLLOUTS=async is chosen on purpose
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # as trainer.run.async_trainer: ROLLOUTS=async is chosen on purpose
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, _AsyncRolloutLoop  # noqa: E402
 
+from contract import stages
 from envs.core.tool import detached
-from trainer import async_metrics, infra_failures, rollouts, stages
+from trainer.rollouts import infra_failures, traces
+from trainer.run import async_metrics
 
 
 class AfterRun:
@@ -50,7 +52,7 @@ class AfterRun:
     def configure_traces(self, run_dir, every: int, samples: int, trackers=None) -> None:
         """Traces by the rollout worker (rank 0 owns it), read back here for the trackers' tables."""
         self._trace_dir, self._trace_trackers = Path(run_dir), trackers
-        trace_file = self._trace_dir / rollouts.ROLLOUTS_FILE
+        trace_file = self._trace_dir / traces.ROLLOUTS_FILE
         self._trace_offset = trace_file.stat().st_size if trace_file.exists() else 0  # earlier sessions' rows
         worker = getattr(self, "rollout_worker", None)
         if isinstance(worker, AsyncRolloutWorker):  # TRL's worker (a custom one traces itself, or not at all)
@@ -80,7 +82,7 @@ class AfterRun:
         """The complete rows the rollout worker appended since the last call, to the trackers' tables."""
         if self._trace_trackers is None or self._trace_dir is None:
             return
-        path = self._trace_dir / rollouts.ROLLOUTS_FILE
+        path = self._trace_dir / traces.ROLLOUTS_FILE
         if not path.exists():
             return
         with path.open("rb") as fh:
@@ -88,7 +90,7 @@ class AfterRun:
             chunk = fh.read()
         complete = chunk[: chunk.rfind(b"\n") + 1]  # the worker may be half-way through a row
         self._trace_offset += len(complete)
-        rows = [r for r in rollouts.read_lines(complete.decode("utf-8", "replace"))]
+        rows = [r for r in traces.read_lines(complete.decode("utf-8", "replace"))]
         for step in sorted({r["step"] for r in rows}):
             self._trace_trackers.log_rollouts(step, [r for r in rows if r["step"] == step])
 
@@ -140,7 +142,7 @@ class TracedRollouts:
         return infra_failures.leave_out_samples(group.completions, samples, ended)
 
     def _push_episode_counts(self, infra: int = 0) -> None:
-        from trainer.metrics import STATS  # this process's: the env binding records into it here
+        from trainer.run.metrics import STATS  # this process's: the env binding records into it here
 
         _, episodes = STATS.drain()
         rates = async_metrics.episode_rates(episodes)
@@ -163,10 +165,10 @@ class TracedRollouts:
             metrics = getattr(first.get(id(completion)), "metrics", {})
             per_func.append({k[len("rewards/"):]: v for k, v in metrics.items() if k.startswith("rewards/")})
             total.append(metrics.get("reward", math.nan))
-        rows = rollouts.rows(step, group.prompts, group.completions, episodes, per_func, total)
+        rows = traces.rows(step, group.prompts, group.completions, episodes, per_func, total)
         for row in rows:
             row["policy_version"] = group.model_version
-        rollouts.append(self._trace_dir, rows[: self._trace_samples or len(rows)])
+        traces.append(self._trace_dir, rows[: self._trace_samples or len(rows)])
 
 
 class TracedRolloutLoop(TracedRollouts, _AsyncRolloutLoop):
@@ -179,7 +181,7 @@ def use_traced_loop(worker: AsyncRolloutWorker, **trace_kwargs: Any) -> None:
     if not issubclass(loop_cls, TracedRollouts):
         if loop_cls is not _AsyncRolloutLoop:
             raise TypeError(f"the rollout worker runs {loop_cls.__qualname__}, which does not inherit "
-                            "trainer.async_run.TracedRollouts: declare it as `class "
+                            "trainer.run.async_run.TracedRollouts: declare it as `class "
                             f"{loop_cls.__name__}(TracedRollouts, ...)` (the worker pickles the class by name, so it "
                             "cannot be composed at run time)")
         worker._loop_cls = TracedRolloutLoop
@@ -188,7 +190,7 @@ def use_traced_loop(worker: AsyncRolloutWorker, **trace_kwargs: Any) -> None:
 
 def stop_on_env_down(worker: AsyncRolloutWorker) -> None:
     """TRL's health check of its rollout worker (called by the trainer each time its sample queue is empty), made to
-    say what stopped the worker in one line: a dead env (trainer.infra_failures.EnvDown, raised by the env binding in
+    say what stopped the worker in one line: a dead env (trainer.rollouts.infra_failures.EnvDown, raised by the env binding in
     the worker) stops the run as in sync mode (trainer.train: exit 6), and a worker process that died without a word
     (killed, out of memory) is noticed at once, not after `heartbeat_stale_after_s` (300 s)."""
     import queue

@@ -1,7 +1,7 @@
 """One typed config for a training run: environment variables, then CLI overrides.
 
 Light on purpose: only pydantic / pydantic-settings / stdlib and `envs.registry`, so the host-side
-`make doctor` can validate `.env` without torch (`python -m trainer.config --check`).
+`make doctor` can validate `.env` without torch (`python -m contract.config --check`).
 
     RunConfig.load()                      # env vars + sys.argv[1:]
     RunConfig.load(["--max-steps", "3"])  # CLI overrides win over env vars
@@ -20,9 +20,10 @@ from urllib.parse import urlparse
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
 
+from contract import defaults, tracker_names
+from contract.lora_rules import VLLM_MAX_LORA_RANKS, parse_target_modules
 from envs import naming
 from envs.core.settings import DEFAULT_MAX_CONCURRENT_ENVS
-from trainer import defaults
 
 CPU_DEFAULT_MODEL = "/models/tiny-qwen3"
 GPU_DEFAULT_MODEL = defaults.GPU_MODEL
@@ -153,7 +154,7 @@ class RunConfig(BaseSettings):
     report_to: str = Field(
         "tensorboard", description="Experiment trackers, a comma list: tensorboard (OUTPUT_DIR/<run>/tensorboard), "
         "trackio (local, OUTPUT_DIR/trackio; `make dashboard` serves its UI), wandb, mlflow; or none. Each shows the "
-        "same keys (reward first; trainer/trackers.py). trackio, wandb and mlflow are installed in the trainer "
+        "same keys (reward first; trainer/run/trackers.py). trackio, wandb and mlflow are installed in the trainer "
         "images only when named here (`make build`)."
     )
     wandb_mode: Literal["offline", "online"] = Field(
@@ -235,7 +236,7 @@ class RunConfig(BaseSettings):
 
     lora_r: int = Field(
         0, ge=0, description="LoRA rank: 0 trains every weight (full fine-tuning); N trains rank-N adapters on a frozen "
-        "base (trainer/lora.py). vLLM serves ranks up to 512 (its --max-lora-rank choices)."
+        "base (trainer/run/lora.py). vLLM serves ranks up to 512 (its --max-lora-rank choices)."
     )
     lora_alpha: float | None = Field(
         None, gt=0, description="LoRA scaling numerator (the update is alpha/r x B·A). Empty: 2 x LORA_R."
@@ -271,9 +272,7 @@ class RunConfig(BaseSettings):
     @field_validator("report_to")
     @classmethod
     def _check_report_to(cls, value: str) -> str:
-        from trainer import trackers  # light: stdlib only at import
-
-        return ",".join(trackers.parse(value)) or "none"
+        return ",".join(tracker_names.parse(value)) or "none"
 
     @field_validator("run_name")
     @classmethod
@@ -293,8 +292,6 @@ class RunConfig(BaseSettings):
     @field_validator("lora_target_modules")
     @classmethod
     def _check_lora_target_modules(cls, value: str) -> str:
-        from trainer.lora import parse_target_modules  # standard library only
-
         return ",".join(parse_target_modules(value))
 
     @model_validator(mode="after")
@@ -305,10 +302,8 @@ class RunConfig(BaseSettings):
                 f"ENV_URLS names {', '.join(sorted(unknown))}, which ENV_NAME={self.env_name} does not train on; "
                 "drop it from ENV_URLS or add it to ENV_NAME (edit .env)"
             )
-        from trainer.lora import adapter_problem
-
         mode = None if self.train_mode == "auto" else self.train_mode
-        problem = self.rollouts_problem(mode, self.trainer_processes) or adapter_problem(self, mode)
+        problem = self.rollouts_problem(mode, self.trainer_processes) or self.lora_problem(mode)
         if problem:
             raise ValueError(problem)
         gen_batch = self.per_device_train_batch_size * self.effective_steps_per_generation
@@ -344,10 +339,38 @@ class RunConfig(BaseSettings):
             return (f"ROLLOUTS=async shards 2 trainer processes with FSDP2 only (TRL's AsyncGRPOTrainer), not "
                     f"{self.trainer_sharding}: set TRAINER_SHARDING=fsdp (edit .env)")
         if processes == 2 and self.lora_r:
-            # TRL's adapter save gathers FSDP2-sharded adapters on every rank; not rehearsed here yet (trainer/lora.py)
+            # TRL's adapter save gathers FSDP2-sharded adapters on every rank; not rehearsed here yet (trainer/run/lora.py)
             return ("LORA_R with ROLLOUTS=async runs 1 trainer process: the adapter-only sync under 2 FSDP2 processes "
                     "is not rehearsed yet; set TRAINER_GPU to one GPU (or TRAINER_PROCESSES=1), or ROLLOUTS=sync "
                     "(LoRA with 2 processes works there) (edit .env)")
+        return None
+
+    def lora_problem(self, mode: str | None) -> str | None:
+        """One line naming what to change when the LoRA settings cannot work together (None: they can). `mode`: the
+        resolved TRAIN_MODE, or None while it is still `auto` (train.py asks again once it is resolved)."""
+        if self.lora_r > VLLM_MAX_LORA_RANKS[-1]:
+            return (f"LORA_R={self.lora_r}: vLLM serves adapters up to rank {VLLM_MAX_LORA_RANKS[-1]} "
+                    f"(--max-lora-rank); set LORA_R to {VLLM_MAX_LORA_RANKS[-1]} or less (edit .env)")
+        if not self.qlora:
+            return None
+        if not self.lora_r:
+            return "QLORA=true trains adapters on a 4-bit base, but LORA_R=0 asks for full fine-tuning: set LORA_R (e.g. 16) (edit .env)"
+        if self.rollouts == "async":
+            return ("QLORA=true with ROLLOUTS=async: the adapter-only sync has vLLM serve the adapter on its "
+                    "full-precision base while the trainer scores it on the 4-bit one (every importance ratio off), and "
+                    "TRL's async trainer loads no 4-bit base; set ROLLOUTS=sync (merged weights pushed) or QLORA=false "
+                    "(edit .env)")
+        if mode == "cpu" or (mode == "gpu" and self.weight_transfer == "reload"):
+            return ("QLORA=true needs a GPU (bitsandbytes' 4-bit kernels); the trainer runs on CPU here: set QLORA=false "
+                    "(LORA_R alone trains adapters on the full-precision base) (edit .env)")
+        if mode == "colocate":
+            return ("QLORA=true with TRAIN_MODE=colocate: TRL then runs the colocated vLLM in 4 bits too (bitsandbytes in "
+                    "flight), whose layers a weight push cannot refresh (their 4-bit scales stay the old ones); use "
+                    "TRAIN_MODE=gpu (vLLM serves the merged weights on its own GPU) or QLORA=false (edit .env)")
+        if self.trainer_sharding == "fsdp":
+            return ("QLORA=true with TRAINER_SHARDING=fsdp: each weight push merges the adapter into the whole base "
+                    "weight, which a 4-bit base sharded by FSDP2 cannot give; use TRAINER_SHARDING=ddp (a 4-bit copy per "
+                    "GPU) or QLORA=false (edit .env)")
         return None
 
     # ------------------------------------------------------------------ derived values
@@ -416,34 +439,24 @@ class RunConfig(BaseSettings):
     def run_dir(self) -> str:
         return f"{self.output_dir.rstrip('/')}/{self.resolved_run_name}"
 
-    def resolved_train_mode(self) -> str:
-        """TRAIN_MODE with `auto` resolved by trainer.train_mode's rule from what this process sees: the
-        GPUs torch counts, and whether the vLLM server's name resolves. Imports torch only for auto."""
-        if self.train_mode != "auto":
-            return self.train_mode
-        import socket
-
-        import torch
-
-        from trainer.train_mode import resolve_train_mode
-
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        try:
-            socket.getaddrinfo(urlparse(self.vllm_server_url).hostname, None)
-            vllm_service = True
-        except OSError:
-            vllm_service = False
-        return resolve_train_mode("auto", gpus, vllm_service=vllm_service)[0]
+    def known_train_mode(self, mode: str | None = None) -> str:
+        """`mode` when given, else TRAIN_MODE. `auto` is resolved by whoever can count the GPUs (the host's plan; the
+        trainer's trainer.run.grpo_args.resolved_train_mode), never here: this module imports no ML library."""
+        mode = mode or self.train_mode
+        if mode == "auto":
+            raise ConfigError("TRAIN_MODE=auto is not resolved yet: resolve it first "
+                              "(trainer.run.grpo_args.resolved_train_mode) and pass the mode")
+        return mode
 
     def trainer_on_cpu(self, mode: str | None = None) -> bool:
         """The trainer's processes run on CPU (gloo between them): the CPU profile, and server mode's rehearsal."""
-        mode = mode or self.resolved_train_mode()
+        mode = self.known_train_mode(mode)
         return mode == "cpu" or (mode == "gpu" and self.weight_transfer == "reload")
 
     def resolved_model_name(self, mode: str | None = None) -> str:
         if self.model_name:
             return self.model_name
-        return CPU_DEFAULT_MODEL if (mode or self.resolved_train_mode()) == "cpu" else GPU_DEFAULT_MODEL
+        return CPU_DEFAULT_MODEL if self.known_train_mode(mode) == "cpu" else GPU_DEFAULT_MODEL
 
     def model_path(self, mode: str | None = None) -> str:
         """What every trainer-side load reads: a hub model pinned to MODEL_REVISION as its snapshot folder in the
@@ -478,8 +491,16 @@ class RunConfig(BaseSettings):
 
     @property
     def training_method(self) -> str:
-        """full, lora or qlora: what trainer.memory sizes and the model card names."""
+        """full, lora or qlora: what contract.memory sizes and the model card names."""
         return "qlora" if self.qlora else "lora" if self.lora_r else "full"
+
+    def training_description(self) -> str:
+        """One line for the log and the model card."""
+        if not self.lora_r:
+            return "full fine-tuning (every weight trained)"
+        base = "4-bit NF4 base (QLoRA)" if self.qlora else "frozen base"
+        return (f"LoRA r={self.lora_r}, alpha={self.resolved_lora_alpha:g}, dropout={self.lora_dropout:g}, "
+                f"target modules {self.lora_target_modules}, on a {base}")
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -508,8 +529,8 @@ class RunConfig(BaseSettings):
             raise
 
     def shared_trainer_kwargs(self, mode: str) -> dict[str, Any]:
-        """What GRPOConfig (ROLLOUTS=sync) and AsyncGRPOConfig (async) both take from the run's settings, so the two
-        trainers read one list."""
+        """What GRPOConfig (ROLLOUTS=sync; trainer.run.grpo_args) and AsyncGRPOConfig (async) both take from the run's
+        settings, so the two trainers read one list."""
         return dict(
             output_dir=self.run_dir,
             run_name=self.resolved_run_name,
@@ -527,30 +548,10 @@ class RunConfig(BaseSettings):
             logging_steps=self.logging_steps,
             seed=self.seed,
             data_seed=self.seed,
-            report_to="none",  # trainer.metrics writes JSONL + TensorBoard itself
+            report_to="none",  # trainer.run.metrics writes JSONL + TensorBoard itself
             disable_tqdm=True,  # one log line per step instead of progress bars in `docker logs`
             chat_template_kwargs=self.chat_template_kwargs(),
         )
-
-    def to_grpo_config(self, mode: str | None = None, **extra: Any):
-        """Map onto trl.GRPOConfig (imports trl lazily). gpu/colocate: the caller adds trainer.gpu's vLLM kwargs in
-        `extra` (this module sits below trainer.gpu and never imports it)."""
-        from trl import GRPOConfig
-
-        mode = mode or self.resolved_train_mode()
-        kwargs: dict[str, Any] = dict(self.shared_trainer_kwargs(mode),
-                                      steps_per_generation=self.effective_steps_per_generation)
-        if mode == "cpu":
-            kwargs.update(use_cpu=True, bf16=False, use_vllm=False)
-        elif self.trainer_on_cpu(mode):  # server mode rehearsed on CPU: vLLM generates, weights go by reload
-            kwargs.update(use_cpu=True, bf16=False)
-        else:
-            import torch
-
-            # bf16 where the GPU has it (Ampere+); older cards train in fp32 rather than risk fp16 overflow.
-            kwargs.update(bf16=bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported()))
-        kwargs.update(extra)  # gpu/colocate: trainer.gpu.grpo_vllm_kwargs(cfg), passed by the caller (train.py)
-        return GRPOConfig(**kwargs)
 
 
 def default(field: str) -> Any:
@@ -588,7 +589,7 @@ def describe() -> list[dict[str, str]]:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m trainer.config", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m contract.config", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="validate the environment; exit 1 with the problems")
     parser.add_argument("--names", action="store_true", help="print every variable name, one per line")
     parser.add_argument("--table", action="store_true", help="print the README's Markdown table")

@@ -1,13 +1,13 @@
 """Experiment trackers (REPORT_TO): one mapping from our per-step record to every tracker, so all show the same keys.
 
-metrics.jsonl (trainer.metrics) stays the source of truth; each tracker gets `view(record)`, whose keys sort into
+metrics.jsonl (trainer.run.metrics) stays the source of truth; each tracker gets `view(record)`, whose keys sort into
 the order a reader wants them (TensorBoard orders its cards alphabetically by tag, the others by name too):
 
     reward, reward/<env>                                   the reward GRPO used, overall and per env
     rollout/tool_calls_per_episode[/<env>], rollout/tool_failures_per_episode[/<env>], rollout/tool_failure_rate,
     rollout/episodes/<env>                                 what the agent did per episode
     time/generation_s, time/env_s, time/training_s, ...    the step time split
-    async/staleness_p50, async/samples_at_lag/<k>, ...     ROLLOUTS=async only (trainer.async_metrics)
+    async/staleness_p50, async/samples_at_lag/<k>, ...     ROLLOUTS=async only (trainer.run.async_metrics)
     trl/<key>                                              everything else TRL logs (loss, kl, clip_ratio/..., ...)
 
 Trackers: tensorboard (OUTPUT_DIR/<run>/tensorboard), trackio (OUTPUT_DIR/trackio, `make dashboard`), wandb
@@ -18,49 +18,18 @@ the trainer images install those REPORT_TO names at build time (pyproject extras
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
+from contract.tracker_names import PROJECT, TB_DIR, TRACKIO_DIR
 from envs.core.untrusted import strip_credentials
 
-KNOWN = ("tensorboard", "trackio", "wandb", "mlflow")
-MODULES = {"trackio": "trackio", "wandb": "wandb", "mlflow": "mlflow"}  # import names of the optional ones
-PROJECT = "grpo-stack"  # trackio / W&B project, MLflow experiment
-TB_DIR = "tensorboard"  # under the run folder
-TRACKIO_DIR = "trackio"  # under OUTPUT_DIR: one store for every run (the dashboard serves it)
 WANDB_KEY_SECRET = "/run/secrets/wandb_api_key"
 IDS_FILE = "trackers.json"  # in the run folder: the W&B / MLflow run ids a resumed run continues
 RECORD_FIELDS = ("kind", "step", "time", "mode", "rollouts")  # bookkeeping of a metrics.jsonl row, not metrics
-
-
-def parse(value: str | None) -> list[str]:
-    """REPORT_TO's names, in order, or ValueError with the fix. `none`: metrics.jsonl only."""
-    names = [n.strip().lower() for n in (value or "").split(",") if n.strip()]
-    if names == ["none"]:
-        return []
-    unknown = [n for n in names if n not in KNOWN]
-    if unknown or not names:
-        raise ValueError(f"unknown tracker {', '.join(map(repr, unknown)) or repr(value)}; write a comma list of "
-                         f"{', '.join(KNOWN)} (or none) (edit .env)")
-    return list(dict.fromkeys(names))
-
-
-def missing_packages(names: list[str]) -> list[str]:
-    return [n for n in names if n in MODULES and importlib.util.find_spec(MODULES[n]) is None]
-
-
-def check_installed(names: list[str]) -> str | None:
-    """One line when a tracker REPORT_TO names is not installed here (preflight), else None."""
-    missing = missing_packages(names)
-    if not missing:
-        return None
-    return (f"REPORT_TO names {', '.join(missing)}, not installed in this trainer image: the images install "
-            f"REPORT_TO's trackers when they are built, so run `make build` (or `make train`, which builds) after "
-            f"editing .env; outside Docker: pip install '.[{','.join(missing)}]'")
 
 
 # ---------------------------------------------------------------------------- the one mapping
@@ -110,7 +79,7 @@ def view(record: dict[str, Any]) -> dict[str, float]:
 
 
 def rollout_table(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[Any]]]:
-    """rollouts.jsonl rows (trainer.rollouts) as (columns, rows) for a tracker's table: one line per rollout."""
+    """rollouts.jsonl rows (trainer.rollouts.traces) as (columns, rows) for a tracker's table: one line per rollout."""
     columns = ["step", "env", "reward", "env_reward", "tool_calls", "failed_calls", "reset", "prompt", "completion",
                "calls"]
     table = []
@@ -270,7 +239,7 @@ def public_config(value: Any) -> Any:
 
 
 class RunInfo:
-    """What the trackers need to know about a run (from trainer.config.RunConfig, or given in tests)."""
+    """What the trackers need to know about a run (from contract.config.RunConfig, or given in tests)."""
 
     def __init__(self, run_dir: str, name: str, output_dir: str, config: dict[str, Any] | None = None,
                  resume_step: int = 0, wandb_mode: str = "offline", mlflow_tracking_uri: str | None = None) -> None:

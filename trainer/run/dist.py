@@ -20,6 +20,12 @@ def is_main() -> bool:
     return rank() == 0
 
 
+def log(msg: str) -> None:
+    """A line of the run's log, once per run: on the main process when several train."""
+    if is_main():
+        print(f"[train] {msg}", flush=True)
+
+
 def init(on_cpu: bool) -> None:
     """Start the process group the way HF's Trainer will use it (accelerate's shared state: gloo when the trainer
     runs on CPU, NCCL on GPUs), early, so rank 0 can hand its decisions to the others."""

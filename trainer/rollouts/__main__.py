@@ -1,0 +1,3 @@
+from trainer.rollouts.traces import main
+
+raise SystemExit(main())

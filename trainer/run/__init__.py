@@ -1,0 +1,2 @@
+"""The training run: its settings turned into TRL's, its processes, folder, checkpoints, metrics and trackers, and the
+trainers themselves (sync GRPOTrainer, async AsyncGRPOTrainer)."""

@@ -1,0 +1,134 @@
+"""LoRA and QLoRA (LORA_R > 0, QLORA): the adapter TRL trains, and adapter folders (checkpoints, exports) turned into
+standalone models. The rules the settings must meet are the contract's (contract.lora_rules).
+
+Standard library at import; peft, torch and transformers load inside the functions that need them.
+
+TRL 1.16 does the training side: `GRPOTrainer(peft_config=...)` wraps the model, its checkpoints hold the adapter only
+(transformers saves a PeftModel's adapter), resume loads it back, and every weight push merges the adapter into the
+base, streams the merged weights under the base's names and unmerges (`VLLMGeneration._iter_named_params`), so vLLM
+serves merged weights and needs no LoRA support in sync mode.
+
+ROLLOUTS=async pushes the adapter alone (TRL 1.16's AsyncGRPOTrainer, `_sync_weight_lora`): each sync pauses vLLM,
+saves the adapter to `<run dir>/.vllm_lora/trl-policy-v<N>`, has vLLM load it through `/v1/load_lora_adapter`,
+resumes, and the rollout worker names `trl-policy-v<N>` in its requests; no base weight moves, no NCCL group forms.
+vLLM must serve LoRA for it: contract.lora_rules' `vllm_lora_flags` and `VLLM_LORA_ENV` are the vllm service's extra flags and
+environment (tools/compose_file.add_lora_serving adds them, with the outputs volume read-only, on a GPU host and in `make rehearse` alike).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from contract.lora_rules import ALL_LINEAR, parse_target_modules
+
+if TYPE_CHECKING:
+    from contract.config import RunConfig
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+ADAPTER_SYNC_DIR = ".vllm_lora"  # TRL's AsyncGRPOTrainer._lora_dir: <run dir>/.vllm_lora/trl-policy-v<N>
+
+
+def peft_config(cfg: "RunConfig"):
+    """The LoraConfig TRL wraps the model with, or None for full fine-tuning."""
+    if not cfg.lora_r:
+        return None
+    from peft import LoraConfig
+
+    modules = parse_target_modules(cfg.lora_target_modules)
+    return LoraConfig(r=cfg.lora_r, lora_alpha=cfg.resolved_lora_alpha, lora_dropout=cfg.lora_dropout,
+                      target_modules=ALL_LINEAR if modules == [ALL_LINEAR] else modules, bias="none",
+                      task_type="CAUSAL_LM")
+
+
+def quantization_kwargs(cfg: "RunConfig") -> dict[str, Any]:
+    """from_pretrained kwargs for QLoRA's 4-bit base (NF4, double quantization, bf16 compute); {} otherwise."""
+    if not cfg.qlora:
+        return {}
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    return {"quantization_config": BitsAndBytesConfig(
+        load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16)}
+
+
+# ---------------------------------------------------------------------------- adapter folders
+def is_adapter(folder: str | Path) -> bool:
+    """Whether a checkpoint or export folder holds a LoRA adapter rather than full weights."""
+    folder = Path(folder)
+    return (folder / ADAPTER_CONFIG).is_file() and any((folder / n).is_file() for n in ADAPTER_WEIGHTS)
+
+
+def adapter_info(folder: str | Path) -> dict[str, Any]:
+    """adapter_config.json: base_model_name_or_path, r, lora_alpha, target_modules, ..."""
+    return json.loads((Path(folder) / ADAPTER_CONFIG).read_text())
+
+
+def merged_model(adapter_dir: str | Path, base: str | None = None, load_kwargs: dict[str, Any] | None = None):
+    """The base model (fp32) with the adapter of `adapter_dir` merged in: a plain transformers model, as a full
+    fine-tune's checkpoint would load. `base`: the base model's folder or hub id (default: the one the adapter
+    records)."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    base = base or adapter_info(adapter_dir)["base_model_name_or_path"]
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, **(load_kwargs or {}))
+    return PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
+
+
+def write_merged(adapter_dir: str | Path, out: str | Path, base: str | None = None,
+                 load_kwargs: dict[str, Any] | None = None) -> Path:
+    """A standalone model folder (weights, config, generation config, tokenizer from the adapter folder) of base +
+    adapter: what `make eval` scores on GPU and `make export` writes by default."""
+    from transformers import AutoTokenizer
+
+    out = Path(out)
+    merged_model(adapter_dir, base, load_kwargs).save_pretrained(out)
+    AutoTokenizer.from_pretrained(adapter_dir).save_pretrained(out)
+    return out
+
+
+# ---------------------------------------------------------------------------- QLoRA's weight push
+def merged_weights(model, fix_name=lambda name: name):
+    """(name, tensor) of base + adapter under the base model's names, computed per layer without touching the model:
+    an adapted linear layer's weight is its base weight (dequantized when 4-bit) + scale x B·A; the adapters' own
+    tensors are skipped. The same tensors TRL's merge-then-read yields for a plain LoRA model (tests check it), but
+    a 4-bit base is never re-quantized: TRL 1.16's push merges into the base and unmerges after
+    (VLLMGeneration._iter_named_params), which peft does for a 4-bit layer by dequantize, add, re-quantize, so every
+    push would move the frozen base by a rounding (peft warns so), and it would read the packed 4-bit tensors."""
+    import torch
+    from peft.tuners.lora import LoraLayer
+    from peft.utils.integrations import dequantize_module_weight
+
+    adapted = {name: module for name, module in model.named_modules() if isinstance(module, LoraLayer)}
+    for name, param in model.named_parameters():
+        if ".lora_" in name:
+            continue
+        owner, _, leaf = name.rpartition(".")
+        layer = adapted.get(owner.removesuffix(".base_layer")) if owner.endswith(".base_layer") else None
+        clean = fix_name(name.removeprefix("base_model.model.").replace(".base_layer", ""))
+        if layer is None or leaf != "weight":
+            yield clean, param.data
+            continue
+        with torch.no_grad():
+            weight = dequantize_module_weight(layer.get_base_layer()).to(torch.float32)
+            for adapter in layer.active_adapters:
+                if adapter in layer.lora_A:
+                    weight = weight + layer.get_delta_weight(adapter).to(torch.float32)
+        yield clean, weight
+
+
+def push_without_merging(trainer) -> bool:
+    """QLoRA: every weight push (server mode's NCCL stream and metadata, colocate's load) reads merged_weights instead
+    of TRL's merge-then-read. Install before trainer.gpu.push_in_served_dtype (which casts what this yields). Returns
+    False when the trainer has no vLLM. PINNED to trl 1.16's `VLLMGeneration._iter_named_params` (the one iterator
+    every push reads) and its `_fix_param_name_to_vllm`."""
+    gen = getattr(trainer, "vllm_generation", None)
+    if gen is None or not hasattr(gen, "_iter_named_params"):
+        return False
+    gen._iter_named_params = lambda: merged_weights(gen.model, gen._fix_param_name_to_vllm)
+    return True

@@ -1,0 +1,59 @@
+"""The model and tokenizer a run trains (fp32 master weights; QLoRA's 4-bit base), and what is read off the model
+without loading its weights (its published dtype, its generation config)."""
+
+from __future__ import annotations
+
+from contract.config import RunConfig
+
+
+def published_dtype(cfg: RunConfig, mode: str) -> str | None:
+    """The dtype the base model is published in (its config.json), for run.json: checkpoints hold the fp32 master
+    weights, `make export` writes them back in this dtype."""
+    from transformers import AutoConfig
+
+    try:
+        dtype = AutoConfig.from_pretrained(cfg.model_path(mode), **cfg.model_load_kwargs(mode)).dtype
+    except (OSError, ValueError):  # no readable config: the export then keeps the checkpoint's dtype
+        return None
+    return str(dtype).removeprefix("torch.") if dtype is not None else None
+
+
+def load_model_and_tokenizer(cfg: RunConfig, mode: str):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    name = cfg.model_path(mode)
+    tokenizer = load_tokenizer(cfg, mode)
+    # fp32 master weights in every layout; GRPOConfig(bf16=True) runs the forward and backward under bf16 autocast.
+    # bf16 weights would not train: at lr 1e-5 an AdamW step rounds back to the same bf16 value for any |w| above
+    # ~0.004 (norm weights, most matrix entries). Pushes to vLLM are cast to its dtype (gpu.push_in_served_dtype).
+    # QLoRA: the frozen base in 4 bits (bf16 for what stays unquantized); TRL keeps the adapters trainable.
+    from trainer.run import lora
+
+    dtype = torch.bfloat16 if cfg.qlora else torch.float32
+    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **cfg.model_load_kwargs(mode),
+                                                 **lora.quantization_kwargs(cfg))
+    return model, tokenizer
+
+
+def load_tokenizer(cfg: RunConfig, mode: str):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model_path(mode), **cfg.model_load_kwargs(mode))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def generation_config_of(cfg: RunConfig, mode: str):
+    """What stop_token_ids reads off a model (its generation config), without loading the weights (async: TRL
+    loads the model itself)."""
+    from types import SimpleNamespace
+
+    from transformers import GenerationConfig
+
+    try:
+        config = GenerationConfig.from_pretrained(cfg.model_path(mode), **cfg.model_load_kwargs(mode))
+    except OSError:  # no generation_config.json: the tokenizer's eos and pad only
+        config = None
+    return SimpleNamespace(generation_config=config)

@@ -1,0 +1,163 @@
+"""A training run, start to end (`python -m trainer.train`, trainer/train.py).
+
+config -> resume decision -> preflight -> model + dataset + env factories -> GRPOTrainer.train().
+Writes OUTPUT_DIR/RUN_NAME/{checkpoint-N/, metrics.jsonl, rollouts.jsonl, tensorboard/} (+ REPORT_TO's trackers).
+Exit codes: 0 done, 2 bad config, 3 preflight failed, 4 another trainer holds the run folder (trainer.run.run_lock),
+5 too little disk for a checkpoint (stopped before saving), 6 an env is down (trainer.rollouts.infra_failures),
+143 stopped by SIGTERM/Ctrl-C (checkpoint saved).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from contract.config import ConfigError, RunConfig
+from trainer.run import grpo_args
+from trainer.run.control import make_control_callback, stop_on_signals
+from trainer.run.dataset import build_dataset
+from trainer.run.dist import log
+from trainer.run.grpo_trainer import build_sync_trainer
+from trainer.run.model import generation_config_of, load_model_and_tokenizer, load_tokenizer, published_dtype
+from trainer.run.resume import prepare_run_dir
+from trainer.run.summary import print_env_sessions, print_summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    try:
+        cfg = RunConfig.load(argv)
+    except ConfigError as exc:
+        print(f"[train] config error:\n{exc}", file=sys.stderr, flush=True)
+        return 2
+    from trainer.run import trackers
+
+    trackers.prepare_env(cfg.trackers, cfg.output_dir)
+    mode = grpo_args.resolved_train_mode(cfg)
+    model_name = cfg.resolved_model_name(mode)
+    if mode == "cpu":
+        log(f"TRAIN_MODE=cpu: CPU profile with the tiny local model {model_name} (transformers generation, "
+            "no vLLM); this proves the loop, not a useful policy. Use a GPU host for real training.")
+    else:
+        from trainer import gpu  # light at import; vllm itself loads later
+
+        log(f"{gpu.describe_mode(cfg)}; model {model_name}")
+    log(f"envs {', '.join(cfg.env_names)}; run dir {cfg.run_dir}")
+    problem = cfg.lora_problem(mode)  # the rules that need TRAIN_MODE=auto resolved
+    if problem:
+        print(f"[train] config error:\n{problem}", file=sys.stderr, flush=True)
+        return 2
+    log(f"training: {cfg.training_description()}, learning rate {cfg.resolved_learning_rate(mode):g}")
+
+    from trainer.run import dist, preflight
+
+    dist.init(cfg.trainer_on_cpu(mode))
+    problem = cfg.rollouts_problem(mode, dist.world_size())
+    if problem:
+        print(f"[train] config error:\n{problem}", file=sys.stderr, flush=True)
+        return 2
+    verdict = None  # (exit code to stop with, or None to train; checkpoint; step): decided once, by rank 0
+    if dist.is_main():
+        from trainer.run import run_lock
+
+        try:  # before RESUME=fresh deletes anything; held until this process exits
+            run_lock.acquire(cfg.output_dir, cfg.resolved_run_name)
+        except run_lock.RunLocked as exc:
+            print(f"[train] {exc}", file=sys.stderr, flush=True)
+            verdict = (4, None, 0)
+    if dist.is_main() and verdict is None:
+        resume_ckpt, resume_step = prepare_run_dir(cfg)
+        verdict = (None, resume_ckpt, resume_step)
+        if resume_step >= cfg.max_steps:
+            log(f"already finished: step {resume_step} >= MAX_STEPS={cfg.max_steps}; nothing to do "
+                "(raise MAX_STEPS to train further, or RESUME=fresh to start over)")
+            verdict = (0, resume_ckpt, resume_step)
+        else:
+            try:
+                report = preflight.run_all(cfg, mode, num_processes=dist.world_size())
+            except preflight.PreflightError as exc:
+                print(f"[preflight] FAILED:\n{exc}", file=sys.stderr, flush=True)
+                verdict = (3, resume_ckpt, resume_step)
+            else:
+                from trainer.run import run_info
+
+                # base model, envs, settings: for the model card of `make export`
+                run_info.write(cfg, mode, published_dtype(cfg, mode))
+    stop, resume_ckpt, resume_step = dist.from_main(verdict)
+    if stop is not None:
+        return stop
+    if not dist.is_main():  # rank 0 checked servers, capacity for every process and the template
+        report = preflight.resolve_envs(cfg)
+    server_max_model_len = dist.from_main(report.server_max_model_len if dist.is_main() else None)
+    served_dtype = dist.from_main(report.served_dtype if dist.is_main() else None)
+    served_model = dist.from_main(report.served_model if dist.is_main() else None)
+
+    import torch  # noqa: F401  (heavy imports only after the cheap checks passed)
+
+    from trainer.rollouts.envs_binding import build_factories
+    from trainer.run.metrics import STATS, MetricsCallback
+    from trainer.run.trackers import RunInfo, Trackers
+
+    if cfg.rollouts == "async":
+        model, tokenizer = None, load_tokenizer(cfg, mode)  # TRL's async trainer loads the model itself
+    else:
+        vllm_kwargs: dict = {}
+        if mode != "cpu":
+            from trainer import gpu
+
+            vllm_kwargs = gpu.grpo_vllm_kwargs(cfg)
+        training_args = grpo_args.grpo_config(cfg, mode, **vllm_kwargs)
+        model, tokenizer = load_model_and_tokenizer(cfg, mode)
+    dataset = build_dataset(cfg, report.specs)
+    factories = build_factories(cfg, report.specs, STATS)
+    trackers = Trackers(cfg.trackers, RunInfo(cfg.run_dir, cfg.resolved_run_name, cfg.output_dir,
+                                              config=cfg.model_dump(mode="json"), resume_step=resume_step,
+                                              wandb_mode=cfg.wandb_mode, mlflow_tracking_uri=cfg.mlflow_tracking_uri))
+    control = make_control_callback()
+    stop_on_signals(control)
+
+    import transformers
+    from transformers.trainer_callback import PrinterCallback
+
+    transformers.utils.logging.disable_progress_bar()  # no "Writing model shards" bars in docker logs
+    from trainer.rollouts.rewards import stop_token_ids, unfinished_penalty
+
+    stop_ids = stop_token_ids(model if model is not None else generation_config_of(cfg, mode), tokenizer)
+    reward_funcs = ([unfinished_penalty(cfg.unfinished_penalty, stop_ids)]
+                    if cfg.unfinished_penalty else None)  # the env's own reward comes from its tool class
+    callbacks = [MetricsCallback(cfg.run_dir, STATS, resume_step=resume_step, mode=mode, trackers=trackers,
+                                 rollouts=cfg.rollouts), control]
+    if cfg.rollouts == "async":
+        from trainer.run import async_trainer
+
+        trainer = async_trainer.build_trainer(cfg, mode, tokenizer=tokenizer, dataset=dataset, factories=factories,
+                                              reward_funcs=reward_funcs, callbacks=callbacks,
+                                              served_dtype=served_dtype, served_model=served_model)
+        trainer.configure_traces(cfg.run_dir, cfg.trace_every, cfg.trace_samples or cfg.num_generations, trackers)
+    else:
+        trainer = build_sync_trainer(cfg, mode, model, tokenizer, dataset, factories, reward_funcs, callbacks,
+                                     training_args, server_max_model_len, served_dtype, trackers)
+    trainer.remove_callback(PrinterCallback)  # MetricsCallback prints one readable line per step instead
+
+    from trainer.rollouts.infra_failures import EnvDown
+
+    try:
+        trainer.train(resume_from_checkpoint=resume_ckpt)
+    except EnvDown as exc:  # a dead env, not a blip (trainer.rollouts.infra_failures): one line, resume once it is back
+        print(f"[train] stopped: {exc}", file=sys.stderr, flush=True)
+        return 6
+    if mode == "gpu":  # no push in flight: the next run needs no vLLM restart (trainer.gpu.push_state)
+        from trainer.gpu import push_state
+
+        push_state.clean_finish()
+    step = trainer.state.global_step
+    if control.disk_short:
+        log(f"stopped at step {step} without saving it: {control.disk_short}")
+        return 5
+    print_env_sessions(cfg, factories)
+    if control.stop_requested:
+        log(f"stopped at step {step}; checkpoint saved in {cfg.run_dir}; run again to resume")
+        return 143
+    if dist.is_main():
+        print_summary(cfg, step)
+    return 0
