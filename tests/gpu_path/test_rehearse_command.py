@@ -11,7 +11,6 @@ session by the same code), so model-init finds it complete, as on a user's secon
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -203,9 +202,8 @@ def test_make_rehearse_rides_out_the_twin_dying_mid_run_and_resumes_once_it_is_b
     needs vLLM for its next steps (each a generation through it), so the trainer meets the dead twin whenever the
     kill lands."""
     run, steps = "rehearsal-vllm-gone", 3
-    run_env = {k: v for k, v in os.environ.items() if k not in ("TRAIN_MODE", "ENV_NAME", "COMPOSE_PROFILES")}
-    run_env.update(STACK_ENV_FILE=str(rehearsal.env_file), TRAINER_PROCESSES="1", RUN_NAME=run,
-                   MAX_STEPS=str(steps), SAVE_STEPS="1")
+    run_env = rehearsal.environment({"TRAINER_PROCESSES": "1", "RUN_NAME": run, "MAX_STEPS": str(steps),
+                                     "SAVE_STEPS": "1"})
     log_path = rehearsal.env_file.with_name(f"{run}.log")
     with open(log_path, "w") as out:
         proc = subprocess.Popen([sys.executable, "-m", "tools", "rehearse"], cwd=ROOT, env=run_env, stdout=out,
