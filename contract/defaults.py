@@ -7,3 +7,6 @@ VLLM_IMAGE = "vllm/vllm-openai:v0.31.0"  # trl's vllm extra pins vllm<=0.31.0: b
 # trainer.launch exits with this when the vllm service must restart before training (a weight push left unfinished,
 # or no one-token answer: trainer.gpu.push_state); `make train` restarts it and trains again (tools/commands/train.py).
 EXIT_VLLM_RESTART = 76
+# the trainer exits with this when vLLM went away mid-run (died, stopped or restarted: the weights pushed to it went
+# with it: trainer.gpu.server.went_away); `make train` restarts it and trains again resuming from the last checkpoint.
+EXIT_VLLM_WENT_AWAY = 77

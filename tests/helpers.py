@@ -126,10 +126,14 @@ class EnvFileStack:
         self.env_file = write_env_file(tmp_path / f"{self.project}.env", self.project, [], overrides)
 
     def stack(self, *args: str, env: dict[str, str] | None = None, timeout: float = 1200) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "tools", *args], cwd=ROOT, env=self.environment(env),
+                              capture_output=True, text=True, timeout=timeout)
+
+    def environment(self, env: dict[str, str] | None = None) -> dict[str, str]:
+        """`python -m tools`' environment: this stack's env file, `env` over it, none of the test run's own picks."""
         run_env = {k: v for k, v in os.environ.items() if k not in ("TRAIN_MODE", "ENV_NAME", "COMPOSE_PROFILES")}
         run_env.update(STACK_ENV_FILE=str(self.env_file), **(env or {}))
-        return subprocess.run([sys.executable, "-m", "tools", *args], cwd=ROOT, env=run_env, capture_output=True,
-                              text=True, timeout=timeout)
+        return run_env
 
     def read(self, path: str) -> str:
         res = self.stack("compose", "run", "--rm", "--no-deps", "--entrypoint", "cat", "trainer-cpu", path)

@@ -13,12 +13,15 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
+import time
 
 import pytest
 
 from tests.gpu_path.conftest import TRAINER_STANDIN_IMAGE, ensure_trainer_standin_image
-from tests.helpers import EnvFileStack
+from tests.helpers import ROOT, EnvFileStack
 from trainer.after import first_turn
+from trainer.run import checkpoints
 from contract import sampling_health, stages
 from contract.config import CPU_DEFAULT_MODEL
 
@@ -108,8 +111,13 @@ def outputs_run(stack: EnvFileStack, *cmd: str) -> str:
 
 
 def step_rows(stack: EnvFileStack, run: str) -> list[dict]:
-    text = outputs_run(stack, "cat", f"/outputs/{run}/metrics.jsonl")
+    text = outputs_run(stack, "sh", "-c", f"cat /outputs/{run}/metrics.jsonl 2>/dev/null || true")
     return [json.loads(line) for line in text.splitlines() if '"kind": "step"' in line]
+
+
+def checkpoint_written(stack: EnvFileStack, run: str, step: int) -> bool:
+    """The run's checkpoint of `step` is complete (trainer.run.checkpoints marks it last)."""
+    return "yes" in outputs_run(stack, "sh", "-c", f"test -e /outputs/{run}/checkpoint-{step}/{checkpoints.MARKER} && echo yes || true")
 
 
 def rehearse(stack: EnvFileStack, **settings: str) -> str:
@@ -184,6 +192,43 @@ def test_make_rehearse_two_processes_pushes_into_the_twin_and_judges_importance_
     assert ok is True, detail
     assert stages.parse(log)["importance_sampling"]["ok"] is True
 
+
+
+def test_make_rehearse_rides_out_the_twin_dying_mid_run_and_resumes_once_it_is_back(rehearsal):
+    """#33 item 5: the twin SIGKILLed mid-run (a crash; Docker does not restart a killed container). The trainer's
+    next request to it is refused (after TRL's own retries), the trainer stops with one line and EXIT_VLLM_WENT_AWAY,
+    `make rehearse` (as `make train`) recreates the vllm service, health-gated, and trains again from the run's last
+    checkpoint: every step logged once. The kill comes once a step and its checkpoint are written; the run still
+    needs vLLM for its next steps (each a generation through it), so the trainer meets the dead twin whenever the
+    kill lands."""
+    run, steps = "rehearsal-vllm-gone", 3
+    run_env = rehearsal.environment({"TRAINER_PROCESSES": "1", "RUN_NAME": run, "MAX_STEPS": str(steps),
+                                     "SAVE_STEPS": "1"})
+    log_path = rehearsal.env_file.with_name(f"{run}.log")
+    with open(log_path, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "tools", "rehearse"], cwd=ROOT, env=run_env, stdout=out,
+                                stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 1800  # a hang guard only
+        while not (done := step_rows(rehearsal, run)) or not checkpoint_written(rehearsal, run, done[-1]["step"]):
+            assert proc.poll() is None, log_path.read_text()[-6000:]
+            assert time.monotonic() < deadline, "no step and checkpoint in 30 minutes"
+            time.sleep(1)
+        killed_after = done[-1]["step"]
+        docker("kill", container(rehearsal, "vllm"))
+        rc = proc.wait(timeout=3000)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = log_path.read_text()
+    assert rc == 0, log[-6000:]
+    assert killed_after < steps, f"the run ended (step {killed_after}) before the twin was killed"
+    assert re.search(r"\[train\] stopped: vLLM at http://vllm:8000 went away mid-run: .*\(exit 77\)", log), log[-6000:]
+    assert "restarting the vllm service" in log
+    assert re.search(r"resum\w+ from .*checkpoint-\d", log, re.IGNORECASE), log[-6000:]
+    assert [r["step"] for r in step_rows(rehearsal, run)] == list(range(1, steps + 1)), "a step was lost or repeated"
+    print(f"[rehearsal vllm gone] twin killed after step {killed_after}; restarted and resumed; "
+          f"{steps} steps logged once")
 
 
 SERVED = """

@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from tests.gpu_path.test_gpu_side import fake_trainer
-from contract.defaults import EXIT_VLLM_RESTART
+from contract.defaults import EXIT_VLLM_RESTART, EXIT_VLLM_WENT_AWAY
 from trainer.gpu import push_state, trl_hooks, watchdog
 
 
@@ -170,8 +170,8 @@ def test_make_train_restarts_vllm_once_on_the_restart_code_stand_in_commands():
     def scripted(codes):
         calls = []
 
-        def run_trainer():
-            calls.append("trainer")
+        def run_trainer(extra=()):
+            calls.append(" ".join(["trainer", *extra]))
             return codes.pop(0)
 
         def restart_vllm():
@@ -188,3 +188,37 @@ def test_make_train_restarts_vllm_once_on_the_restart_code_stand_in_commands():
     assert recovering(trainer, restart) == 3 and calls == ["trainer"]
     calls, trainer, _ = scripted([EXIT_VLLM_RESTART])
     assert recovering(trainer, lambda: 1) == 1 and calls == ["trainer"]  # a failed restart: stop, say so
+    # vLLM went away mid-run (#33 item 5): restarted, and the run resumes from its last checkpoint, once
+    calls, trainer, restart = scripted([EXIT_VLLM_WENT_AWAY, 0])
+    assert recovering(trainer, restart) == 0 and calls == ["trainer", "restart", "trainer --resume auto"]
+    calls, trainer, restart = scripted([EXIT_VLLM_WENT_AWAY, EXIT_VLLM_WENT_AWAY])
+    assert recovering(trainer, restart) == EXIT_VLLM_WENT_AWAY and len(calls) == 3
+
+
+def test_a_vllm_that_went_away_mid_run_is_named_and_any_other_failure_is_not_stub_servers(trl_client_cls):
+    """#33 item 5: TRL's own client generating against a server that then stops (its port closed: what a vLLM
+    restart or crash leaves) fails with a connection error the trainer reads as 'vLLM went away' (exit
+    EXIT_VLLM_WENT_AWAY, so `make train` restarts it and resumes); a failure while vLLM answers /health is not."""
+    from trainer.gpu.server import gone_line, went_away
+
+    with stub_vllm() as (url, _):
+        client = trl_client_cls(base_url=url, connection_timeout=5)
+        assert went_away(RuntimeError("a bug in the trainer"), url) is None  # vLLM healthy: not its failure
+    with stub_vllm(health=503) as (sick, _):
+        assert "/health answers HTTP 503" in went_away(RuntimeError("x"), sick)
+    # the stub is gone now: the next generation is refused. TRL's session retries a refused connection 5 times with
+    # backoff (about 30 s: a shorter restart is ridden out there); turned off here, where it only adds time
+    import requests
+
+    client.session.mount("http://", requests.adapters.HTTPAdapter(max_retries=0))
+    with pytest.raises(Exception) as failed:
+        client.generate([[11, 12, 13]], max_tokens=1)
+    why = went_away(failed.value, url)
+    assert why and why.startswith("a request to it failed (ConnectionError"), why
+    try:  # the chain: a failure raised while handling the refused request is read through its cause
+        raise RuntimeError("rollout loop: generation failed") from failed.value
+    except RuntimeError as wrapped:
+        assert went_away(wrapped, url).startswith("a request to it failed")
+    assert "does not answer" in went_away(ValueError("no chain"), url)  # nothing listens: /health is refused too
+    line = gone_line(url, why, EXIT_VLLM_WENT_AWAY)
+    assert "\n" not in line and "make train" in line and f"exit {EXIT_VLLM_WENT_AWAY}" in line

@@ -7,7 +7,7 @@ from typing import Callable
 
 from tools import docker_host, env_keys
 from tools.errors import say
-from contract.defaults import EXIT_VLLM_RESTART
+from contract.defaults import EXIT_VLLM_RESTART, EXIT_VLLM_WENT_AWAY
 from tools.commands.up import bring_up
 from tools.prepare import Prepared, prepare
 
@@ -26,9 +26,10 @@ def train(prepared: Prepared, args: list[str]) -> int:
         deps = ["--no-deps"]  # env servers are up and healthy (above), the model is made
     say(f"training with `{spec.trainer_service}` (mode {mode}); outputs go to the `outputs` volume")
 
-    def run_trainer() -> int:
+    def run_trainer(extra: tuple[str, ...] = ()) -> int:
+        argv = [*args, *extra]  # the image's command is trainer.launch; arguments are given to it only when there are some
         return prepared.compose("run", "--rm", *deps, spec.trainer_service,
-                                *([*docker_host.TRAINER_PYTHON, "-m", "trainer.launch", *args] if args else []))
+                                *([*docker_host.TRAINER_PYTHON, "-m", "trainer.launch", *argv] if argv else []))
 
     def restart_vllm() -> int:  # a fresh container, not the wedged one restarted; `--wait`: until healthy
         return prepared.compose("up", "-d", "--no-deps", "--force-recreate", "--wait", "vllm")
@@ -45,19 +46,21 @@ def train(prepared: Prepared, args: list[str]) -> int:
     return rc
 
 
-def recovering(run_trainer: Callable[[], int], restart_vllm: Callable[[], int]) -> int:
+def recovering(run_trainer: Callable[..., int], restart_vllm: Callable[[], int]) -> int:
     """Run the trainer; when it exits with EXIT_VLLM_RESTART (the last run left a weight push unfinished, or vLLM
-    gives no one-token answer: trainer.gpu.push_state), restart the vllm service, health-gated, and run it once
-    more. Once: a vLLM that a fresh start does not cure is a failure to read, not to loop on."""
+    gives no one-token answer: trainer.gpu.push_state) or EXIT_VLLM_WENT_AWAY (vLLM died or restarted mid-run:
+    trainer.gpu.server.went_away), restart the vllm service, health-gated, and run it once more, resuming from the
+    run's last checkpoint after a mid-run loss (`--resume auto`, the last argument, wins over RESUME=fresh). Once: a
+    vLLM that a fresh start does not cure is a failure to read, not to loop on."""
     rc = run_trainer()
-    if rc != EXIT_VLLM_RESTART:
+    if rc not in (EXIT_VLLM_RESTART, EXIT_VLLM_WENT_AWAY):
         return rc
     say("restarting the vllm service (the trainer's line above says why), health-gated, then training again")
     restarted = restart_vllm()
     if restarted != 0:
         say(f"restarting the vllm service failed (exit {restarted}); `docker compose logs vllm` says why")
         return restarted
-    return run_trainer()
+    return run_trainer(("--resume", "auto")) if rc == EXIT_VLLM_WENT_AWAY else run_trainer()
 
 
 def run(rest: list[str]) -> int:

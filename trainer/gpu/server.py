@@ -56,6 +56,40 @@ def wait_healthy(url: str, timeout_s: float, session=None, poll_s: float = 2.0) 
         time.sleep(poll_s)
 
 
+def went_away(exc: BaseException, url: str, session=None) -> str | None:
+    """Why a run that failed with `exc` failed because the vLLM server at `url` went away (it died, was stopped or
+    restarted: the weights pushed to it went with it), or None when the failure is something else. Gone means a
+    connection to it refused or cut somewhere in the exception's chain, or any failure while it answers no /health."""
+    import requests
+
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)  # requests names it both ways: "host:port" in a URL, host='h', port=p in its pool
+    where = (parts.netloc, f"host='{parts.hostname}', port={parts.port or 80}")
+    seen: set[int] = set()
+    err: BaseException | None = exc
+    while err is not None and id(err) not in seen:
+        seen.add(id(err))
+        if isinstance(err, (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError)) \
+                and any(name in str(err) for name in where):
+            return f"a request to it failed ({type(err).__name__}: {str(err)[:160]})"
+        err = err.__cause__ or err.__context__
+    session = session or _session()
+    try:
+        status = session.get(f"{url}/health", timeout=5).status_code
+    except Exception as probe:  # noqa: BLE001 - refused, DNS, timeout: it is not there
+        return f"the run failed ({type(exc).__name__}) and /health does not answer ({type(probe).__name__})"
+    if status != 200:
+        return f"the run failed ({type(exc).__name__}) and /health answers HTTP {status}"
+    return None
+
+
+def gone_line(url: str, why: str, exit_code: int) -> str:
+    return (f"[train] stopped: vLLM at {url} went away mid-run: {why}; the weights pushed to it went with it. "
+            "`make train` restarts the vllm service, health-gated, and resumes from the last checkpoint; by hand: "
+            f"`docker compose up -d --no-deps --force-recreate --wait vllm`, then train again (exit {exit_code})")
+
+
 # Token ids every vocabulary has. Five, not one: on the CPU twin a one-token prompt as the very first request of a
 # fresh engine killed its worker (twice of two tries here); five ids as the first request never did in the tests.
 PROBE_PROMPT = [11, 12, 13, 14, 15]

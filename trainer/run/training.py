@@ -146,6 +146,21 @@ def main(argv: list[str] | None = None) -> int:
     except EnvDown as exc:  # a dead env, not a blip (trainer.rollouts.infra_failures): one line, resume once it is back
         print(f"[train] stopped: {exc}", file=sys.stderr, flush=True)
         return 6
+    except Exception as exc:
+        if mode != "gpu":
+            raise
+        from trainer.gpu import push_state
+        from contract.defaults import EXIT_VLLM_WENT_AWAY
+        from trainer.gpu.server import gone_line, went_away
+
+        why = went_away(exc, cfg.vllm_server_url)
+        if why is None:
+            raise
+        # vLLM restarted or died mid-run: it serves base weights (or nothing) now. The host restarts it and the
+        # trainer resumes from its last checkpoint, whose first generation pushes the resumed weights.
+        push_state.clean_finish()  # the host restarts it anyway: no marker asking for a second restart
+        print(gone_line(cfg.vllm_server_url, why, EXIT_VLLM_WENT_AWAY), file=sys.stderr, flush=True)
+        return EXIT_VLLM_WENT_AWAY
     if mode == "gpu":  # no push in flight: the next run needs no vLLM restart (trainer.gpu.push_state)
         from trainer.gpu import push_state
 
