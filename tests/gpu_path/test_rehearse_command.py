@@ -127,12 +127,14 @@ def rehearse(stack: EnvFileStack, **settings: str) -> str:
     return log
 
 
-def check_server_mode_log(log: str, rollouts: str = "sync") -> None:
+def check_server_mode_log(log: str, rollouts: str = "sync", steps: int = 0) -> None:
     assert "make rehearse: TRAIN_MODE=gpu's services on CPU" in log  # the plan said what it runs
     if rollouts == "async":  # TRL's AsyncGRPOTrainer, its WeightTransferProtocol by reload (trainer.run.async_trainer)
         assert "[train] ROLLOUTS=async: TRL's AsyncGRPOTrainer" in log
+        assert "tree attention backend sdpa" in log  # the portable tree attention, no Hub kernel fetch
         assert "[weight-sync] WEIGHT_TRANSFER=reload (async): no NCCL group" in log  # the one stand-in, said so
-        assert "[weight-sync] vLLM reloaded" in log
+        if steps:  # TRL's cold sync at train begin, then one after each optimizer step
+            assert log.count("[weight-sync] vLLM reloaded") == steps + 1, log[-6000:]
         return
     assert "generating through the vLLM server at http://vllm:8000" in log  # TRAIN_MODE=gpu's path
     assert "[weight-sync] WEIGHT_TRANSFER=reload: no NCCL group" in log  # the one stand-in, said so
@@ -150,7 +152,7 @@ def test_make_rehearse_one_process_trains_through_the_twin_and_learns(rehearsal,
     run = f"rehearsal-1-{rollouts}"
     log = rehearse(rehearsal, TRAINER_PROCESSES="1", RUN_NAME=run, MAX_STEPS=str(LEARN_STEPS),
                    ROLLOUTS=rollouts)
-    check_server_mode_log(log, rollouts)
+    check_server_mode_log(log, rollouts, LEARN_STEPS)
     init = docker("ps", "-aq", "--filter", f"label=com.docker.compose.project={rehearsal.project}",
                   "--filter", "label=com.docker.compose.service=model-init").stdout.split()
     assert init and "already complete; nothing to do" in docker("logs", init[0]).stdout  # it ran, found the seed

@@ -69,7 +69,7 @@ PROMPT = [11, 12, 13, 14, 15]
 
 
 def served_logprobs(twin) -> list[float]:
-    """What the twin serves, as greedy log-probs of a fixed prompt (test_async_rehearsal.py compares before/after)."""
+    """What the twin serves, as greedy log-probs of a fixed prompt (the tests compare before/after)."""
     r = requests.post(f"{twin.url}/v1/completions", timeout=120, json={
         "model": twin.model, "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "logprobs": 1})
     r.raise_for_status()
@@ -271,3 +271,45 @@ def test_rollouts_async_after_the_run__sigterm_resume_traces_report_export_eval(
     evaluated = tool("trainer.evaluate", "--outputs", "/outputs", "--run", run, "--tasks", "1")
     assert evaluated.returncode == 0, (evaluated.stdout + evaluated.stderr)[-3000:]
     assert json.loads((outputs / run / "eval.json").read_text())
+
+
+def test_async_grpo_with_two_processes_trains_through_the_twin__weights_by_reload_not_nccl(rehearsal_stack, tmp_path):
+    """ROLLOUTS=async with 2 trainer processes (FSDP2, gloo): TRL's AsyncGRPOTrainer in the GPU trainer image, its
+    spawned rollout worker generating through the twin against the echo server, optimizer steps, and weight pushes
+    by reload (trainer.run.async_trainer.ReloadWeightTransfer, TRL's WeightTransferProtocol: pause, write, reload,
+    resume; the one stand-in, for TRL's NCCL client) that change the served model. One process is `make rehearse`'s
+    (test_rehearse_command.py), on this image and the same twin flags."""
+    network, twin, model_dir, weights = rehearsal_stack
+    before = served_logprobs(twin)
+    outputs = tmp_path / "outputs"
+    outputs.mkdir()
+    outputs.chmod(0o777)
+    run_name = "async-2"
+    settings = {"ROLLOUTS": "async", "TRAIN_MODE": "gpu", "WEIGHT_TRANSFER": "reload", "WEIGHT_RELOAD_DIR": "/weights",
+                "MODEL_NAME": "/models/tiny-qwen3", "ENV_NAME": "echo", "ENV_URLS": "echo=http://env-echo:8000",
+                "VLLM_SERVER_URL": "http://vllm:8000", "VLLM_SERVER_TIMEOUT_S": "120", "MAX_STEPS": "3",
+                "TRAINER_PROCESSES": "2", "TRAINER_SHARDING": "fsdp",
+                "RUN_NAME": run_name, "OUTPUT_DIR": "/outputs", "DATASET_SIZE": "16", "SAVE_STEPS": "100",
+                "LEARNING_RATE": "1e-3", "MAX_STALENESS": "2",
+                # groups of 8: a group whose rewards all tie moves no weight, and 3 such steps in a row are rare
+                "NUM_GENERATIONS": "8", "PER_DEVICE_TRAIN_BATCH_SIZE": "8"}
+    env_flags = [flag for key, value in settings.items() for flag in ("-e", f"{key}={value}")]
+    run = docker("run", "--rm", "--network", network, "--label", "grpo-test=1", "-v",
+                 f"{model_dir}:/models/tiny-qwen3:ro", "-v", f"{weights}:/weights", "-v", f"{outputs}:/outputs",
+                 *env_flags, TRAINER_STANDIN_IMAGE, "python3", "-m", "trainer.launch", check=False)
+    log = run.stdout + run.stderr
+    assert run.returncode == 0, log[-6000:]
+    assert "ROLLOUTS=async: TRL's AsyncGRPOTrainer, max staleness 2" in log
+    assert "tree attention backend sdpa" in log  # the portable tree attention, no Hub kernel fetch
+    assert "[weight-sync] WEIGHT_TRANSFER=reload (async): no NCCL group" in log  # the one stand-in, said so
+    assert "[launch] 2 trainer processes (fsdp, gloo)" in log
+    # TRL's cold sync at train begin, then one after each of the 3 optimizer steps
+    assert log.count("[weight-sync] vLLM reloaded") == 4, log[-6000:]
+    rows = [json.loads(line) for line in (outputs / run_name / "metrics.jsonl").read_text().splitlines()
+            if '"kind": "step"' in line]
+    assert [r["step"] for r in rows] == [1, 2, 3]  # optimizer steps, each logged once
+    assert all(r["mode"] == "gpu" and "reward" in r for r in rows), rows[-1]
+    assert sum(r.get("tools/call_frequency", 0) for r in rows) > 0  # the echo server answered the worker's calls
+    assert any(r["grad_norm"] > 0 for r in rows), [(r.get("reward_std"), r["grad_norm"]) for r in rows]
+    after = served_logprobs(twin)
+    assert after != before, "the served model did not change after the trainer's weight pushes"

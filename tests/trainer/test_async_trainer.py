@@ -1,7 +1,7 @@
 """ROLLOUTS=async without Docker: the layouts it refuses (one line each), everything it hands TRL's spawned rollout
 worker pickles and rebuilds in a fresh process (every env kind's factory, the reward functions, the stack's rollout
 loop), and the TRL privates trainer/run/async_trainer.py relies on still exist. The run itself:
-tests/gpu_path/test_async_rehearsal.py."""
+tests/gpu_path/test_server_mode_rehearsal.py and test_rehearse_command.py."""
 
 from __future__ import annotations
 
