@@ -265,8 +265,10 @@ def test_adapter_bench_script_runs():
 
 
 def test_a_server_that_dies_mid_episode_gives_the_model_an_error_and_the_next_episode_reconnects():
-    """The episode's session dies with its server: the next tool call raises (TRL shows the model the
-    error, the run goes on); after a restart on the same port, the next reset opens a new session."""
+    """The episode's session dies with its server after a step was answered: the next tool call raises (TRL shows
+    the model the error, the run goes on); after a restart on the same port, the next reset opens a new session.
+    (Before any answered step the client replays the reset on a fresh session instead, waiting up to its
+    reconnect bound for the server: tests/reliability/test_client_reconnect.py.)"""
     from websockets.exceptions import ConnectionClosed
 
     from envs.core.client import EnvServerError
@@ -278,6 +280,7 @@ def test_a_server_that_dies_mid_episode_gives_the_model_an_error_and_the_next_ep
         url = f"http://127.0.0.1:{port}"
         tool = GenericSpec.discover("guess", url).tool_class(url)
         tool.reset(reset_kwargs={"seed": 1})
+        assert "guesses_left" in tool.guess_action(number=1)  # a step answered: the session holds state now
         server.kill()  # mid-episode
         server.wait()
         # the client notices the dead socket (SESSION_LOST), or the send/receive fails: either way it raises
