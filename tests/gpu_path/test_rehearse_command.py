@@ -111,7 +111,7 @@ def outputs_run(stack: EnvFileStack, *cmd: str) -> str:
 
 
 def step_rows(stack: EnvFileStack, run: str) -> list[dict]:
-    text = outputs_run(stack, "sh", "-c", f"cat /outputs/{run}/metrics.jsonl 2>/dev/null || true")
+    text = outputs_run(stack, "cat", f"/outputs/{run}/metrics.jsonl")
     return [json.loads(line) for line in text.splitlines() if '"kind": "step"' in line]
 
 
@@ -191,17 +191,16 @@ def test_make_rehearse_two_processes_pushes_into_the_twin_and_judges_importance_
 
 
 
-def trainer_progress(stack: EnvFileStack, run: str) -> tuple[list[dict], set[int]]:
-    """(step rows, steps whose checkpoint is complete) of a run, read inside its running trainer container (fast:
-    `docker exec`, no new container); nothing while there is none."""
+def complete_checkpoints(stack: EnvFileStack, run: str) -> set[int]:
+    """The steps of a run whose checkpoint is complete, read inside its running trainer container (fast: `docker
+    exec`, no new container); none while there is no such container."""
     ids = docker("ps", "-q", "--filter", f"label=com.docker.compose.project={stack.project}",
                  "--filter", "label=com.docker.compose.service=trainer").stdout.split()
     if len(ids) != 1:
-        return [], set()
-    out = docker("exec", ids[0], "sh", "-c", f"cat /outputs/{run}/metrics.jsonl; "
-                 f"ls -d /outputs/{run}/checkpoint-*/{checkpoints.MARKER}", check=False).stdout
-    rows = [json.loads(line) for line in out.splitlines() if '"kind": "step"' in line]
-    return rows, {int(m) for m in re.findall(rf"checkpoint-(\d+)/{re.escape(checkpoints.MARKER)}", out)}
+        return set()
+    out = docker("exec", ids[0], "sh", "-c", f"ls -d /outputs/{run}/checkpoint-*/{checkpoints.MARKER}",
+                 check=False).stdout
+    return {int(m) for m in re.findall(rf"checkpoint-(\d+)/{re.escape(checkpoints.MARKER)}", out)}
 
 
 def test_make_rehearse_rides_out_the_twin_dying_mid_run_and_resumes_once_it_is_back(rehearsal):
@@ -219,12 +218,12 @@ def test_make_rehearse_rides_out_the_twin_dying_mid_run_and_resumes_once_it_is_b
                                 stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 1800  # a hang guard only
-        while not (progress := trainer_progress(rehearsal, run))[1]:
+        while not (complete := complete_checkpoints(rehearsal, run)):
             assert proc.poll() is None, log_path.read_text()[-6000:]
             assert time.monotonic() < deadline, "no checkpoint in 30 minutes"
             time.sleep(0.2)
         docker("kill", container(rehearsal, "vllm"))
-        killed_after = max(progress[1])
+        killed_after = max(complete)
         rc = proc.wait(timeout=3000)
     finally:
         if proc.poll() is None:
