@@ -66,6 +66,32 @@ def test_two_processes_from_trainer_launch_listen_on_loopback_only(tmp_path):
     assert "GLOO_SOCKET_IFNAME lo" in res.stdout
 
 
+def test_two_processes_exit_with_the_code_rank_0_chose_not_the_launchers_1(tmp_path):
+    """#33: with several trainer processes the host still sees the trainer's own exit code (77: vLLM went away, which
+    `make train` acts on by restarting vLLM and resuming), not the 1 of torchrun's ChildFailedError."""
+    from trainer.launch import launch_argv, pin_interfaces
+
+    argv = launch_argv(2, "cpu", "ddp", [], port=free_port())
+    at = argv.index("trainer.train") - 1
+    argv[at:at + 2] = [str(ROOT / "tests" / "trainer" / "rank_exits.py")]
+    env = {k: v for k, v in os.environ.items() if k != "GLOO_SOCKET_IFNAME"}
+    pin_interfaces("cpu", "http://vllm:8000", env)
+    env.update(PYTHONPATH=str(ROOT), RANK0_EXIT="77", TORCH_ELASTIC_SHUTDOWN_TIMEOUT="10")
+    res = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 77, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "[launch] trainer processes failed (rank 0 exited 77" in res.stderr, res.stderr[-3000:]
+
+
+def test_the_launchers_exit_code_is_the_lowest_failed_ranks_own_one():
+    from trainer.run.loopback_launch import exit_code_of
+
+    assert exit_code_of({0: 77, 1: 1}) == 77      # rank 1 crashed on rank 0's closed socket
+    assert exit_code_of({0: 1, 1: 77}) == 77      # rank 0 crashed because rank 1 left with a reason
+    assert exit_code_of({0: 6, 1: 77}) == 6       # two reasons: the lowest rank's
+    assert exit_code_of({0: -15, 1: 1}) == 1      # a signal and a crash: a failure, no reason to act on
+    assert exit_code_of({1: -9}) == 1
+
+
 def test_pin_interfaces_sets_gloo_on_loopback_and_nccl_on_every_rank():
     from trainer.launch import pin_interfaces
 

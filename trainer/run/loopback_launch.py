@@ -9,6 +9,10 @@ container, so loopback reaches them all. The `loopback` rendezvous backend below
 socket; trainer/launch.py runs `python -m trainer.run.loopback_launch <accelerate launch args> --rdzv_backend loopback`.
 
 Gloo's and NCCL's own sockets are pinned by trainer/launch.py (GLOO_SOCKET_IFNAME, NCCL_SOCKET_IFNAME, every rank).
+
+The launcher exits with the failing rank's own exit code. torchrun reports a failed worker by raising
+ChildFailedError, which would end this process with 1 whatever the worker said; the host acts on the trainer's codes
+(`make train` restarts vLLM on 76 and 77, contract/defaults.py), so with several processes they must come through too.
 """
 
 from __future__ import annotations
@@ -51,13 +55,30 @@ def register() -> None:
     rendezvous_handler_registry.register(BACKEND, create_handler)
 
 
-def main(argv: list[str] | None = None) -> None:
+def exit_code_of(failures: dict[int, int]) -> int:
+    """The launcher's exit code for workers that failed ({rank: exit code}; a signal is negative): the lowest rank's
+    own code (2 and up: one the trainer chose, e.g. 77 when vLLM went away), else 1. A rank that only crashed (1)
+    or was killed (a signal) because another one left first does not hide that one's reason."""
+    chosen = [code for _, code in sorted(failures.items()) if code >= 2]
+    return chosen[0] if chosen else 1
+
+
+def main(argv: list[str] | None = None) -> int:
     from accelerate.commands.launch import launch_command, launch_command_parser
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
     register()  # accelerate runs torchrun's agent in this process: the backend is found by name
     args = launch_command_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    launch_command(args)
+    try:
+        launch_command(args)
+    except ChildFailedError as exc:  # uncaught, it would print torchrun's failure table and exit 1
+        failures = {rank: failure.exitcode for rank, failure in exc.failures.items()}
+        code = exit_code_of(failures)
+        ranks = ", ".join(f"rank {rank} exited {c}" for rank, c in sorted(failures.items()))
+        print(f"[launch] trainer processes failed ({ranks}); exit {code}", file=sys.stderr, flush=True)
+        return code
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())
