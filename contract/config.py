@@ -338,11 +338,6 @@ class RunConfig(BaseSettings):
         if processes == 2 and self.trainer_sharding != "fsdp":
             return (f"ROLLOUTS=async shards 2 trainer processes with FSDP2 only (TRL's AsyncGRPOTrainer), not "
                     f"{self.trainer_sharding}: set TRAINER_SHARDING=fsdp (edit .env)")
-        if processes == 2 and self.lora_r:
-            # TRL's adapter save gathers FSDP2-sharded adapters on every rank; not rehearsed here yet (trainer/run/lora.py)
-            return ("LORA_R with ROLLOUTS=async runs 1 trainer process: the adapter-only sync under 2 FSDP2 processes "
-                    "is not rehearsed yet; set TRAINER_GPU to one GPU (or TRAINER_PROCESSES=1), or ROLLOUTS=sync "
-                    "(LoRA with 2 processes works there) (edit .env)")
         return None
 
     def lora_problem(self, mode: str | None) -> str | None:

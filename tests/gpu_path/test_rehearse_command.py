@@ -264,16 +264,25 @@ print(len(pushed), 'adapter tensors, pushed == checkpoint')
 """
 
 
-def test_make_rehearse_async_lora_pushes_the_adapter_alone_and_the_twin_serves_what_the_trainer_wrote(rehearsal):
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_make_rehearse_async_lora_pushes_the_adapter_alone_and_the_twin_serves_what_the_trainer_wrote(rehearsal,
+                                                                                                       processes):
     """#32: ROLLOUTS=async with LORA_R=8 through `make rehearse`: the plan restarts the twin with the vllm service's
     LoRA flags (trainer/run/lora.py), TRL's adapter-only sync writes <run>/.vllm_lora/trl-policy-v<N> and has the twin
     load it by /v1/load_lora_adapter (no weight reload, no NCCL), the worker's requests name it, and after the run
     the newest served adapter is the run's last checkpoint, byte for byte, and serves other log-probs than the base.
+    With 2 trainer processes (TRAINER_SHARDING=fsdp, as ROLLOUTS=async asks; on CPU accelerate runs them as DDP over
+    gloo, keeping FSDP for GPU backends: the sharded gather is test_master_weights.py's FSDP2 test) both ranks take
+    part in every sync and rank 0 writes it; the second run also unloads the adapters the first left in the twin.
     Last in this module: the twin keeps the LoRA flags after it."""
-    run = "rehearsal-lora-async"
+    run = f"rehearsal-lora-async-{processes}"
+    sharding = {"TRAINER_SHARDING": "fsdp"} if processes == "2" else {}
     # MAX_STALENESS=2: versions v2..v4 stay loaded (--max-loras=4); groups of 8 so a step moves the adapter
-    log = rehearse(rehearsal, TRAINER_PROCESSES="1", RUN_NAME=run, MAX_STEPS="3", ROLLOUTS="async", LORA_R="8",
-                   MAX_STALENESS="2", LEARNING_RATE="2e-3", NUM_GENERATIONS="8", PER_DEVICE_TRAIN_BATCH_SIZE="8")
+    log = rehearse(rehearsal, TRAINER_PROCESSES=processes, **sharding, RUN_NAME=run, MAX_STEPS="3", ROLLOUTS="async",
+                   LORA_R="8", MAX_STALENESS="2", LEARNING_RATE="2e-3", NUM_GENERATIONS="8",
+                   PER_DEVICE_TRAIN_BATCH_SIZE="8")
+    if processes == "2":
+        assert "[launch] 2 trainer processes (fsdp, gloo)" in log, log[-6000:]
     assert "[train] ROLLOUTS=async: TRL's AsyncGRPOTrainer" in log
     assert "training: LoRA r=8" in log
     assert "[weight-sync] LoRA adapter-only (async): no NCCL group, no base weight pushed" in log, log[-6000:]

@@ -274,7 +274,8 @@ def test_rollouts_async_after_the_run__sigterm_resume_traces_report_export_eval(
 
 
 def test_async_grpo_with_two_processes_trains_through_the_twin__weights_by_reload_not_nccl(rehearsal_stack, tmp_path):
-    """ROLLOUTS=async with 2 trainer processes (FSDP2, gloo): TRL's AsyncGRPOTrainer in the GPU trainer image, its
+    """ROLLOUTS=async with 2 trainer processes (TRAINER_SHARDING=fsdp; on CPU accelerate runs them as DDP over gloo,
+    keeping FSDP for GPU backends: FSDP2 itself is test_master_weights.py's): TRL's AsyncGRPOTrainer in the GPU trainer image, its
     spawned rollout worker generating through the twin against the echo server, optimizer steps, and weight pushes
     by reload (trainer.run.async_trainer.ReloadWeightTransfer, TRL's WeightTransferProtocol: pause, write, reload,
     resume; the one stand-in, for TRL's NCCL client) that change the served model. One process is `make rehearse`'s

@@ -184,8 +184,6 @@ def test_accepts_none_tells_a_nullable_setting_from_one_with_a_bounded_default()
     ({"QLORA": "true", "LORA_R": "16", "TRAIN_MODE": "gpu", "TRAINER_SHARDING": "fsdp"},
      "QLORA=true with TRAINER_SHARDING=fsdp"),
     ({"QLORA": "true", "LORA_R": "16", "TRAIN_MODE": "gpu", "ROLLOUTS": "async"}, "QLORA=true with ROLLOUTS=async"),
-    ({"LORA_R": "16", "TRAIN_MODE": "gpu", "ROLLOUTS": "async", "TRAINER_PROCESSES": "2", "TRAINER_SHARDING": "fsdp"},
-     "LORA_R with ROLLOUTS=async runs 1 trainer process"),
 ])
 def test_lora_settings_that_cannot_work_stop_with_one_line(monkeypatch, env, expected):
     with pytest.raises(ConfigError) as info:
