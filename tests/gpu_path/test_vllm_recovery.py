@@ -62,8 +62,10 @@ def test_a_sync_marks_its_push_and_one_past_its_deadline_stays_marked_test_doubl
 
 # ------------------------------------------------------------------ vLLM stand-ins over HTTP
 @contextmanager
-def stub_vllm(completion: tuple[int, dict] | None = (200, {"choices": [{"text": "x"}]}), health: int = 200):
-    """GET /health, /v1/models and POST /v1/completions; completion None: the request hangs until the stub closes."""
+def stub_vllm(completion: tuple[int, dict] | None = (200, {"choices": [{"text": "x"}]}), health: int = 200,
+              started: list[float] | None = None):
+    """GET /health, /v1/models and POST /v1/completions; completion None: the request hangs until the stub closes.
+    `started`: GET /metrics says process_start_time_seconds started[0] (as vLLM's does), read at each request."""
     release = threading.Event()
 
     class Handler(BaseHTTPRequestHandler):
@@ -81,6 +83,12 @@ def stub_vllm(completion: tuple[int, dict] | None = (200, {"choices": [{"text": 
                 self._send(health, {})
             elif path == "/v1/models":
                 self._send(200, {"data": [{"id": "org/tiny", "max_model_len": 512}]})
+            elif path == "/metrics" and started is not None:
+                text = f"# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {started[0]}\n".encode()
+                self.send_response(200)
+                self.send_header("content-length", str(len(text)))
+                self.end_headers()
+                self.wfile.write(text)
             else:
                 self._send(404, {"detail": "Not Found"})
 
@@ -222,3 +230,39 @@ def test_a_vllm_that_went_away_mid_run_is_named_and_any_other_failure_is_not_stu
     assert "does not answer" in went_away(ValueError("no chain"), url)  # nothing listens: /health is refused too
     line = gone_line(url, why, EXIT_VLLM_WENT_AWAY)
     assert "\n" not in line and "make train" in line and f"exit {EXIT_VLLM_WENT_AWAY}" in line
+
+
+def test_a_vllm_restarted_between_a_push_and_a_generation_stops_the_step_stub_servers(marker_dir, monkeypatch):
+    """#33 item 5: a vLLM that restarts inside TRL's client retries fails no request, and the new process serves the
+    weights it loaded at start. After a step's generations the trainer compares the process that answered (its
+    /metrics' process_start_time_seconds) with the one the last push went into: another one stops the run before
+    its optimizer step, read as 'vLLM went away' (exit 77: `make train` restarts vLLM and resumes). A push into the
+    new process makes it the run's again; a vLLM whose /metrics does not say is not checked."""
+    from types import SimpleNamespace
+
+    from trainer.gpu.server import VLLMRestarted, gone_line, started_at, went_away
+
+    monkeypatch.setattr(trl_hooks, "_GUARD", {})
+    started = [1796294967.7]
+    with stub_vllm(started=started) as (url, _):
+        trainer = fake_trainer()
+        trainer.vllm_generation.vllm_client = SimpleNamespace(base_url=url)  # rank 0's: the one that pushes
+        trainer.vllm_generation.accelerator = SimpleNamespace(is_main_process=True)
+        trl_hooks.instrument_weight_sync(trainer, lambda s: None, timeout_s=10)
+        trl_hooks.check_served_weights()  # no push yet: nothing to compare
+        trainer.vllm_generation.sync_weights()
+        trl_hooks.check_served_weights()  # the process the push went into answered
+        started[0] += 42.0  # restarted: a new process, no failed request
+        with pytest.raises(VLLMRestarted, match="started 42 s after the one the push went into") as restarted:
+            trl_hooks.check_served_weights()
+        why = went_away(restarted.value, url)
+        assert why == str(restarted.value)
+        line = gone_line(url, why, EXIT_VLLM_WENT_AWAY)
+        assert "\n" not in line and "went away mid-run: it restarted after the last weight push" in line
+        trainer.vllm_generation.sync_weights()  # pushed into the new process: the run's weights again
+        trl_hooks.check_served_weights()
+    with stub_vllm() as (quiet, _):
+        assert started_at(quiet) is None  # /metrics says nothing: no check, no false stop
+        monkeypatch.setattr(trl_hooks, "_GUARD", {"served_url": quiet, "pushed_into": None})
+        trl_hooks.check_served_weights()
+

@@ -10,6 +10,11 @@ class VLLMPreflightError(RuntimeError):
     """The vLLM side is not ready for training; the message says what is wrong and how to fix it."""
 
 
+class VLLMRestarted(RuntimeError):
+    """vLLM restarted between a weight push and a generation (inside the retries of TRL's client, so no request
+    failed): it answered with the weights it loaded at start, not the pushed ones. The message says when."""
+
+
 @dataclass
 class ServerReport:
     url: str
@@ -56,10 +61,30 @@ def wait_healthy(url: str, timeout_s: float, session=None, poll_s: float = 2.0) 
         time.sleep(poll_s)
 
 
+START_METRIC = "process_start_time_seconds"  # Prometheus' process collector, on vLLM's /metrics
+
+
+def started_at(url: str, session=None) -> float | None:
+    """When the vLLM API server's process started (its /metrics' process_start_time_seconds): another value is another
+    process, a restart. None when /metrics does not answer or does not say (a vLLM whose metrics run multi-process)."""
+    session = session or _session()
+    try:
+        r = session.get(f"{url}/metrics", timeout=10)
+        if r.status_code != 200:
+            return None
+        for line in r.text.splitlines():
+            if line.startswith(START_METRIC + " "):
+                return float(line.split()[1])
+    except Exception:  # noqa: BLE001 - a vLLM gone is the next request's to report (went_away)
+        return None
+    return None
+
+
 def went_away(exc: BaseException, url: str, session=None) -> str | None:
     """Why a run that failed with `exc` failed because the vLLM server at `url` went away (it died, was stopped or
     restarted: the weights pushed to it went with it), or None when the failure is something else. Gone means a
-    connection to it refused or cut somewhere in the exception's chain, or any failure while it answers no /health."""
+    connection to it refused or cut somewhere in the exception's chain, a restart seen between a push and a
+    generation (VLLMRestarted), or any failure while it answers no /health."""
     import requests
 
     from urllib.parse import urlsplit
@@ -70,6 +95,8 @@ def went_away(exc: BaseException, url: str, session=None) -> str | None:
     err: BaseException | None = exc
     while err is not None and id(err) not in seen:
         seen.add(id(err))
+        if isinstance(err, VLLMRestarted):
+            return str(err)
         if isinstance(err, (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError)) \
                 and any(name in str(err) for name in where):
             return f"a request to it failed ({type(err).__name__}: {str(err)[:160]})"

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable
 
 from contract import stages
 from trainer.gpu import push_state
-from trainer.gpu.server import ServerReport, explain_init_failure
+from trainer.gpu.server import ServerReport, VLLMRestarted, explain_init_failure, started_at
 from trainer.gpu.watchdog import WeightSyncTimeout, rendezvous_diagnosis, watchdog
 
 DEFAULT_WEIGHT_SYNC_TIMEOUT_S = 300.0  # only for a trainer instrumented without a run config (tests)
@@ -95,6 +95,9 @@ def instrument_weight_sync(trainer: Any, log_fn: Callable[[float], None],
             with watchdog(timeout_s, lambda s: rendezvous_diagnosis(None, port, s, what="weight sync")):
                 result = original(*a, **kw)
             push_state.push_done(step)
+            client = getattr(gen, "vllm_client", None)  # rank 0's: the one that pushes
+            if client is not None and getattr(gen.accelerator, "is_main_process", True):
+                _GUARD.update(served_url=client.base_url, pushed_into=started_at(client.base_url))
         else:
             result = original(*a, **kw)
         seconds = time.perf_counter() - start
@@ -116,6 +119,22 @@ def instrument_weight_sync(trainer: Any, log_fn: Callable[[float], None],
     sync_weights._grpo_timed = True  # type: ignore[attr-defined]
     gen.sync_weights = sync_weights
     return True
+
+
+def check_served_weights() -> None:
+    """Server mode, after a step's generations: raise VLLMRestarted when the vLLM that answered them is not the one the
+    last push went into (a restart inside TRL's client retries fails no request, and the new process serves the
+    weights it loaded at start: the step would train on the base policy's samples). Before the optimizer step, so
+    the run stops (exit 77) and `make train` resumes it from its last checkpoint. A no-op on other ranks, in other
+    modes, and where /metrics does not give the process' start time."""
+    pushed_into = _GUARD.get("pushed_into")
+    if pushed_into is None:
+        return
+    now = started_at(_GUARD["served_url"])
+    if now is not None and now != pushed_into:
+        raise VLLMRestarted(f"it restarted after the last weight push (the process that answered this step's "
+                            f"generations started {now - pushed_into:.0f} s after the one the push went into) and "
+                            "served the weights it loaded at start")
 
 
 def colocated_dtype(gen: Any) -> str | None:

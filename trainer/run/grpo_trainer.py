@@ -14,6 +14,7 @@ def make_trainer_class():
 
     from trainer.rollouts import infra_failures
     from contract import stages
+    from trainer.gpu.trl_hooks import check_served_weights
     from trainer.run.metrics import STATS
     from trainer.rollouts.rollout_loop import make_rollout_loop_class
 
@@ -83,6 +84,7 @@ def make_trainer_class():
         def _generate_and_score_completions(self, *args, **kwargs):
             with STATS.timer("generate_and_score"):
                 output = super()._generate_and_score_completions(*args, **kwargs)
+            check_served_weights()  # server mode: these came from the weights pushed last, not a restarted vLLM's
             output = infra_failures.leave_out_of_loss(self, output)  # and out of the loss
             self._log_masked_fraction(output)
             return output
