@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script by torch.distributed.run
     sys.path.insert(0, str(ROOT))
 
-from tests.gpu_path.master_weights import batch, run_config  # noqa: E402
+from tests.gpu_path.master_weights import batch, fsdp2_accelerator, run_config  # noqa: E402
 
 LORA_R, LORA_ALPHA = 8, 16
 
@@ -47,33 +47,20 @@ class KeepingClient:
 def main(model_dir: Path, out: Path) -> None:
     import torch
     import torch.distributed as dist
-    from accelerate import Accelerator
-    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
     from peft import get_peft_model
     from safetensors.torch import load_file
     from torch.distributed.fsdp import FSDPModule
     from trl.experimental.async_grpo.async_grpo_trainer import save_lora_adapter
     from trl.generation.vllm_generation import VLLMGeneration
 
-    from trainer.launch import SHARDING_FLAGS
     from trainer.run import lora
     from trainer.run.model import load_model_and_tokenizer
 
-    flags = SHARDING_FLAGS["fsdp"]  # what TRAINER_SHARDING=fsdp hands `accelerate launch`
-    plugin = FullyShardedDataParallelPlugin(
-        fsdp_version=int(flags[flags.index("--fsdp_version") + 1]),
-        auto_wrap_policy=flags[flags.index("--fsdp_auto_wrap_policy") + 1].lower(),
-        reshard_after_forward=flags[flags.index("--fsdp_reshard_after_forward") + 1] == "true",
-        state_dict_type=flags[flags.index("--fsdp_state_dict_type") + 1])
     cfg = run_config(model_dir).model_copy(update={"lora_r": LORA_R, "lora_alpha": LORA_ALPHA})
     base, _ = load_model_and_tokenizer(cfg, "gpu")
     model = get_peft_model(base, lora.peft_config(cfg))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
-    accelerator = Accelerator(cpu=True, fsdp_plugin=plugin)
-    state = accelerator.state
-    if state.distributed_type != DistributedType.FSDP:  # MULTI_CPU: accelerate keeps FSDP for GPU-type backends
-        state.distributed_type = DistributedType.FSDP
-        state.fsdp_plugin = plugin
+    accelerator, _, _ = fsdp2_accelerator()
     model, opt = accelerator.prepare(model, opt)
     ids = batch(model.config.vocab_size, seed=accelerator.process_index)
     loss = model(input_ids=ids, labels=ids).loss

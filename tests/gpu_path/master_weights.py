@@ -126,15 +126,12 @@ class RecordingClient:
         pass
 
 
-def fsdp2(model_dir: Path, dtype: str) -> None:
-    import torch
-    import torch.distributed as dist
+def fsdp2_accelerator(mixed_precision: str = "no"):
+    """accelerate's Accelerator with the FSDP2 plugin TRAINER_SHARDING=fsdp asks for, FSDP forced on CPU; returns it,
+    its plugin and the distributed type accelerate chose by itself (it keeps FSDP for GPU-type backends)."""
     from accelerate import Accelerator
     from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
-    from torch.distributed.fsdp import FSDPModule
-    from trl.generation.vllm_generation import VLLMGeneration
 
-    from trainer.gpu.trl_hooks import push_in_served_dtype
     from trainer.launch import SHARDING_FLAGS
 
     flags = SHARDING_FLAGS["fsdp"]  # what TRAINER_SHARDING=fsdp hands `accelerate launch`
@@ -143,16 +140,29 @@ def fsdp2(model_dir: Path, dtype: str) -> None:
         auto_wrap_policy=flags[flags.index("--fsdp_auto_wrap_policy") + 1].lower(),
         reshard_after_forward=flags[flags.index("--fsdp_reshard_after_forward") + 1] == "true",
         state_dict_type=flags[flags.index("--fsdp_state_dict_type") + 1])
+    accelerator = Accelerator(cpu=True, mixed_precision=mixed_precision, fsdp_plugin=plugin)
+    state = accelerator.state
+    chosen = str(state.distributed_type)
+    if state.distributed_type != DistributedType.FSDP:  # MULTI_CPU: accelerate keeps FSDP for GPU-type backends
+        state.distributed_type = DistributedType.FSDP
+        if mixed_precision != "no":
+            plugin.set_mixed_precision(mixed_precision)
+        state.fsdp_plugin = plugin
+    return accelerator, plugin, chosen
+
+
+def fsdp2(model_dir: Path, dtype: str) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import FSDPModule
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    from trainer.gpu.trl_hooks import push_in_served_dtype
+
     model, cfg = load(model_dir, dtype)
     loaded = sorted({str(p.dtype) for p in model.parameters()})
     opt, kwargs = optimizer(model, cfg)  # builds GRPOConfig, which resets accelerate's state: before the Accelerator
-    accelerator = Accelerator(cpu=True, mixed_precision="bf16", fsdp_plugin=plugin)
-    state = accelerator.state
-    chosen = str(state.distributed_type)  # what accelerate picked on CPU
-    if state.distributed_type != DistributedType.FSDP:  # MULTI_CPU: accelerate keeps FSDP for GPU-type backends
-        state.distributed_type = DistributedType.FSDP
-        plugin.set_mixed_precision("bf16")
-        state.fsdp_plugin = plugin
+    accelerator, plugin, chosen = fsdp2_accelerator("bf16")
     at_prepare = bool(accelerator.is_fsdp2)
     model, opt = accelerator.prepare(model, opt)  # FSDP2: together, as HF's Trainer does (the optimizer is re-pointed)
     prepared = sorted({str(p.dtype) for p in model.parameters()})
