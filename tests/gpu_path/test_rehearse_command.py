@@ -274,13 +274,13 @@ def test_make_rehearse_async_lora_pushes_the_adapter_alone_and_the_twin_serves_w
     With 2 trainer processes (TRAINER_SHARDING=fsdp, as ROLLOUTS=async asks; on CPU accelerate runs them as DDP over
     gloo, keeping FSDP for GPU backends: the sharded gather is test_master_weights.py's FSDP2 test) both ranks take
     part in every sync and rank 0 writes it; the second run also unloads the adapters the first left in the twin.
-    Last in this module: the twin keeps the LoRA flags after it."""
+    With 1 process the run then resumes for a 4th step. Last in this module: the twin keeps the LoRA flags after it."""
     run = f"rehearsal-lora-async-{processes}"
     sharding = {"TRAINER_SHARDING": "fsdp"} if processes == "2" else {}
     # MAX_STALENESS=2: versions v2..v4 stay loaded (--max-loras=4); groups of 8 so a step moves the adapter
-    log = rehearse(rehearsal, TRAINER_PROCESSES=processes, **sharding, RUN_NAME=run, MAX_STEPS="3", ROLLOUTS="async",
-                   LORA_R="8", MAX_STALENESS="2", LEARNING_RATE="2e-3", NUM_GENERATIONS="8",
-                   PER_DEVICE_TRAIN_BATCH_SIZE="8")
+    settings = dict(TRAINER_PROCESSES=processes, **sharding, RUN_NAME=run, ROLLOUTS="async", LORA_R="8",
+                    MAX_STALENESS="2", LEARNING_RATE="2e-3", NUM_GENERATIONS="8", PER_DEVICE_TRAIN_BATCH_SIZE="8")
+    log = rehearse(rehearsal, **settings, MAX_STEPS="3")
     if processes == "2":
         assert "[launch] 2 trainer processes (fsdp, gloo)" in log, log[-6000:]
     assert "[train] ROLLOUTS=async: TRL's AsyncGRPOTrainer" in log
@@ -306,3 +306,16 @@ def test_make_rehearse_async_lora_pushes_the_adapter_alone_and_the_twin_serves_w
     print(f"[rehearsal lora async] base {base}\n{newest} {served[newest]}")
     assert served[newest] != base, "the pushed adapter did not change what the twin serves"
     print(outputs_run(rehearsal, "python3", "-c", SAME_ADAPTER, adapters[newest], f"/outputs/{run}/checkpoint-3"))
+    if processes == "2":
+        return
+    # resume (#32 item 5): one step more from the adapter-only checkpoint and TRL's rollout state; the twin then
+    # serves the resumed run's newest adapter, which is its new last checkpoint
+    log = rehearse(rehearsal, **settings, MAX_STEPS="4", RESUME="auto")
+    assert f"resuming from /outputs/{run}/checkpoint-3" in log, log[-6000:]
+    assert [r["step"] for r in step_rows(rehearsal, run)] == [1, 2, 3, 4]
+    served = json.loads(on_agentnet(rehearsal, "python3", "-c", SERVED).strip().splitlines()[-1])
+    resumed = max((name for name in served["models"] if name.startswith("trl-policy-v")),
+                  key=lambda name: int(name.rsplit("v", 1)[1]))
+    assert int(resumed.rsplit("v", 1)[1]) > int(newest.rsplit("v", 1)[1]), (newest, served["models"])
+    print(outputs_run(rehearsal, "python3", "-c", SAME_ADAPTER, f"/outputs/{run}/.vllm_lora/{resumed}",
+                      f"/outputs/{run}/checkpoint-4"))
