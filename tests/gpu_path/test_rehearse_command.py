@@ -29,8 +29,11 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 PROMPT = [11, 12, 13, 14, 15]
 LEARN_STEPS = 20   # as tests/trainer/test_learning.py
+# VLLM_MAX_MODEL_LEN: the longest echo episode is ~410 tokens (preflight prints it); ROLLOUTS=async packs each step
+# up to the server's max_model_len in tokens (TRL's token_budget), ~500 samples a step at the default 4096, ~4x
+# fewer at 1024 (the async learning run took 348 s at 4096 on a 2-core machine)
 SETTINGS = {"ENV_NAME": "echo", "DATASET_SIZE": "16", "SAVE_STEPS": "1000", "SEED": "42", "RESUME": "fresh",
-            "LOGGING_STEPS": "1", "VLLM_SERVER_TIMEOUT_S": "600"}
+            "LOGGING_STEPS": "1", "VLLM_SERVER_TIMEOUT_S": "600", "VLLM_MAX_MODEL_LEN": "1024"}
 
 
 def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:

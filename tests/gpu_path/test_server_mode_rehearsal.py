@@ -31,7 +31,7 @@ from tests.gpu_path.conftest import (
     stop_twin,
     wait_until_healthy,
 )
-from tests.helpers import build_images
+from tests.helpers import ROOT, build_images, compose_config
 from tools.images import local_env_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -42,7 +42,19 @@ def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def rehearsal_stack(gpu_config, tiny_model_dir, twin_hf_cache, tmp_path_factory):
+def served_config(tmp_path_factory) -> dict:
+    """The GPU compose config for .env.example with VLLM_MAX_MODEL_LEN=1024: the longest echo episode is ~410 tokens,
+    and ROLLOUTS=async packs each step up to the server's max_model_len in tokens (TRL's token_budget), ~500 samples
+    a step at the default 4096 on a 2-core machine, ~4x fewer at 1024. The twin runs this config's exact command."""
+    env_file = tmp_path_factory.mktemp("served-config") / "stack.env"
+    env_file.write_text((ROOT / ".env.example").read_text() + "\nVLLM_MAX_MODEL_LEN=1024\n")
+    config = compose_config("gpu", "echo", env_file=str(env_file))
+    assert "--max-model-len=1024" in config["services"]["vllm"]["command"]
+    return config
+
+
+@pytest.fixture(scope="module")
+def rehearsal_stack(served_config, tiny_model_dir, twin_hf_cache, tmp_path_factory):
     """A network with an echo env server and the twin, and a weights folder both the twin and the trainer mount."""
     build = ensure_trainer_standin_image()
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
@@ -55,7 +67,7 @@ def rehearsal_stack(gpu_config, tiny_model_dir, twin_hf_cache, tmp_path_factory)
     docker("run", "-d", "--name", env_name, "--label", "grpo-test=1", "--network", network,
            "--network-alias", "env-echo", "-e", "ENV_NAME=echo", "-e", "MAX_CONCURRENT_ENVS=64",
            local_env_image())
-    twin = start_twin(gpu_config, twin_hf_cache, docker_args=("--network", network, "--network-alias", "vllm",
+    twin = start_twin(served_config, twin_hf_cache, docker_args=("--network", network, "--network-alias", "vllm",
                                                                "-v", f"{weights}:/weights:ro"))
     try:
         yield network, twin, tiny_model_dir, weights
@@ -90,12 +102,12 @@ def trainer_run(network: str, model_dir, weights, outputs, run: str, max_steps: 
 
 
 def test_the_twin_serves_the_vllm_services_model_at_its_revision_offline_from_a_read_only_hf_cache(
-        rehearsal_stack, gpu_config, twin_hf_cache):
+        rehearsal_stack, served_config, twin_hf_cache):
     """#29 item 6a: what the real service runs (`vllm serve MODEL_NAME --revision ...`, HF_HUB_OFFLINE=1, the
     hf-cache volume read-only at HF_HOME) is what the twin runs; only the cached files are a tiny stand-in."""
     _, twin, _, _ = rehearsal_stack
-    vllm = gpu_config["services"]["vllm"]
-    model, revision = served_model(gpu_config)
+    vllm = served_config["services"]["vllm"]
+    model, revision = served_model(served_config)
     inspect = json.loads(docker("inspect", twin.name).stdout)[0]
     assert inspect["Args"] == [*vllm["entrypoint"][2:], *vllm["command"]]  # MODEL_NAME, then every flag
     assert f"--revision={revision}" in inspect["Args"] and f"--tokenizer-revision={revision}" in inspect["Args"]
