@@ -462,6 +462,8 @@ class Rehearsal:
            f"cp -r /outputs/chaos /dst/ && chown -R {os.getuid()}:{os.getgid()} /dst/chaos")
 
     def down(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:  # a run ended early (a guard): its trainer too
+            self.kill()
         self.project.down()
         sh("docker", "network", "rm", self.envnet, check=False)
 
@@ -682,8 +684,13 @@ def run(args) -> dict:
         while trainer.proc.poll() is None:
             done = trainer.steps_logged()
             if rehearsal and not vllm_killed and done and done[-1]["step"] >= args.vllm_restart_after:
-                vllm_killed = True
+                vllm_killed = time.monotonic()
                 injector.fault_vllm_restart(trainer, done[-1]["step"])
+            if rehearsal and vllm_killed and time.monotonic() - vllm_killed > args.vllm_bound_s and not any(
+                    "restarting the vllm service" in text for _, text in trainer.lines):
+                trainer.kill()  # a stall past its bound: one line, not a wait for ever
+                raise SystemExit(f"the trainer did not stop for the killed vLLM twin within {args.vllm_bound_s:.0f} s "
+                                 f"(no exit 77, no restart): see {work}")
             # async: the trainer kill once the vLLM restart was recovered from (a step logged after the resume)
             recovered = not rehearsal or (vllm_killed and any("resuming from" in text for _, text in trainer.lines))
             if not killed_at and recovered and done and done[-1]["step"] >= args.kill_after:
@@ -743,6 +750,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "ROLLOUTS=async (the vLLM CPU twin), and the twin killed once mid-run (vllm_restart)")
     p.add_argument("--vllm-restart-after", type=int, default=None, help="async: kill the twin after this step "
                    "(default: steps/4); the trainer kill comes once the run resumed from it")
+    p.add_argument("--vllm-bound-s", type=float, default=300.0, help="async: the trainer must stop for the killed "
+                   "twin (exit 77, make rehearse restarts it) within this (else the run ends with one line)")
     p.add_argument("--project", default="grpo-test-chaos")
     p.add_argument("--out", default=None, help="work folder (default: a new temporary one)")
     p.add_argument("--model-cache", default=str(Path(tempfile.gettempdir()) / "grpo-chaos-model"))

