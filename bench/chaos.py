@@ -344,7 +344,7 @@ class Injector:
         self.record("delay", seconds=1.5, for_s=10.0)
 
     def fault_vllm_restart(self, trainer: "Rehearsal", after_step: int) -> None:
-        """SIGKILL the twin (a crash): make rehearse's recovery must recreate it and resume (tools/commands/train.py)."""
+        """SIGKILL the twin (a crash): make rehearse's recovery must recreate it and resume (tools/commands/train)."""
         container = trainer.container("vllm")
         sh("docker", "kill", container)
         self.record("vllm_restart", container=container[:12], after_step=after_step)
@@ -420,7 +420,8 @@ class Rehearsal:
         run_env = {k: v for k, v in os.environ.items() if k not in ("TRAIN_MODE", "ENV_NAME", "COMPOSE_PROFILES")}
         run_env.update(STACK_ENV_FILE=str(self.project.env_file), RESUME=resume)
         self.proc = subprocess.Popen([sys.executable, "-m", "tools", "rehearse"], cwd=ROOT, env=run_env,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
         threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
 
     def _read(self, proc: subprocess.Popen) -> None:
@@ -614,7 +615,8 @@ def print_figures(f: dict) -> None:
     def line(name, value, goal, ok):
         print(f"  {name:<44} {value:<28} goal {goal:<8} {'ok' if ok else 'MISSED'}")
 
-    print(f"== chaos figures ({f.get('rollouts', 'sync')} rollouts): {f['steps']} steps, {f['replicas']} replicas, seed {f['seed']}, rate {f['rate']}, "
+    mode = " (async rollouts)" if f.get("rollouts") == "async" else ""  # sync: the line as before
+    print(f"== chaos figures{mode}: {f['steps']} steps, {f['replicas']} replicas, seed {f['seed']}, rate {f['rate']}, "
           f"{f['wall_s']} s; faults {f['faults']}; trainer killed {f['trainer_kill']}")
     line("replies paired with the wrong request", f"{f['replies_paired_wrong']} of {f['calls_checked']} checked",
          "0", f["replies_paired_wrong"] == 0)
