@@ -1,6 +1,7 @@
 """`make chaos`, short (#33 items 1, 2), sync (and async, the second test): a real CPU training run against 2 env-echo
 replicas of the real compose.yaml while bench/chaos.py's seeded injector kills and stops their servers, drops,
-half-opens and delays the trainer's connections through its proxy, and kills the trainer once mid-step, which is then resumed.
+half-opens and delays the trainer's connections through its proxy, and kills the trainer once mid-step, which is then
+resumed.
 
 What must hold whatever the faults' timing: no reply reaches the wrong request, every step is trained once (none
 lost or repeated across the kill; the last checkpoint is at MAX_STEPS), episodes lost to infrastructure are counted,
