@@ -43,12 +43,6 @@ def test_short_chaos_run_keeps_its_figures(docker, tmp_path):
            f"waited on with a diagnosis line); {f['replayed']} episodes saved by a replayed reset")
 
 
-# Found by this test's first run (2026-12-03): in an async run the dead twin does not stop the trainer. TRL's rollout
-# worker retries /v1/completions 30 times per request with backoff (minutes), the trainer sits at its step, and
-# trainer.run.training's went_away (exit 77) never fires, so make rehearse never restarts vLLM. Strict: once the
-# trainer stops for it, this passes and the mark must go.
-@pytest.mark.xfail(strict=True, raises=SystemExit, reason="async: a killed vLLM twin does not stop the trainer "
-                   "(no exit 77); bench/chaos.py ends the run after --vllm-bound-s")
 def test_short_async_chaos_run_rides_out_a_vllm_restart(docker, tmp_path):
     """The same injector and figures on `make rehearse` with ROLLOUTS=async (TRL's AsyncGRPOTrainer on the vLLM CPU
     twin, the proxy in a container on the trainer's envnet), plus the twin killed once mid-run: make rehearse stops the
