@@ -97,7 +97,10 @@ class Project:
                         f"cp -r /src {CPU_DEFAULT_MODEL} && chown -R 10001:10001 /models"], check=True, capture_output=True)
 
     def down(self) -> None:
-        self.tools("compose", "--profile", "*", "down", "--volumes", "--remove-orphans", quiet=True)
+        # by project name alone: `python -m tools compose` validates the .env first, and this one's TRAIN_MODE=cpu with
+        # ROLLOUTS=async is refused there (the containers, the twin among them, were left running)
+        subprocess.run(["docker", "compose", "-p", self.name, "down", "--volumes", "--remove-orphans"],
+                       capture_output=True)
 
 
 class MetricsPoller:

@@ -196,7 +196,8 @@ def proxy_container(name: str, network: str, backends: str, seed: int, image: st
     sh("docker", "rm", "-f", name, check=False)
     sh("docker", "run", "-d", "--name", name, "--network", network, "-p", "127.0.0.1::9000",
        "-p", "127.0.0.1::9001", "-v", f"{ROOT}:/src:ro", "-w", "/src", "--read-only", "--cap-drop", "ALL",
-       "-e", "PYTHONDONTWRITEBYTECODE=1", "--entrypoint", "python", image or local_env_image(), "bench/chaos_proxy.py",
+       "-e", "PYTHONDONTWRITEBYTECODE=1", "--no-healthcheck", "--entrypoint", "python", image or local_env_image(),
+       "bench/chaos_proxy.py",
        "--backends", backends, "--seed", str(seed))
     for other in also:
         sh("docker", "network", "connect", other, name)
@@ -402,7 +403,9 @@ class Rehearsal:
             "ENV_NAME": "echo", "ENV_URLS": f"echo={proxy_url}", "ROLLOUTS": "async", "RUN_NAME": "chaos",
             "TRAINER_PROCESSES": "1", "MAX_STEPS": str(steps), "SAVE_STEPS": "2", "LOGGING_STEPS": "1",
             "TOOL_TIMEOUT_S": str(TOOL_TIMEOUT_S), "RESET_TIMEOUT_S": str(RESET_TIMEOUT_S), "TRACE_EVERY": "1",
-            "TRACE_SAMPLES": "64", "SEED": str(seed), "REPORT_TO": "none", "VLLM_SERVER_TIMEOUT_S": "600"},
+            "TRACE_SAMPLES": "64", "SEED": str(seed), "REPORT_TO": "none", "VLLM_SERVER_TIMEOUT_S": "600",
+            # TRL's async trainer fills a step up to max_model_len tokens: ~500 samples a step at 4096 on the CPU twin
+            "VLLM_MAX_MODEL_LEN": "1024"},
             name=f"{project}-rehearse")
         # the trainer reaches the proxy on its envnet: made here, labelled as Compose makes it, so the proxy can join
         # it before the run starts (Compose then takes it as its own)

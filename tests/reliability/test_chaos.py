@@ -11,6 +11,8 @@ the full bench's goal at the default rate, not asserted here (a short run at a h
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 from tests.helpers import build_images
@@ -27,6 +29,9 @@ def test_short_chaos_run_keeps_its_figures(docker, tmp_path):
                              "--out", str(tmp_path / "chaos"), "--project", "grpo-test-chaos-ci",
                              "--guard-s", "1800"])
     f = chaos.run(args)
+    left = subprocess.run(["docker", "ps", "-aq", "--filter", "label=com.docker.compose.project="
+                           "grpo-test-chaos-async-ci-rehearse"], capture_output=True, text=True, check=True).stdout
+    assert left.split() == [], "the rehearsal's containers (the restarted twin among them) were left behind"
     assert f["calls_checked"] > 0, "no tool call was checked: the run called no tool"
     assert f["replies_paired_wrong"] == 0
     assert f["steps_lost"] == [] and f["steps_repeated"] == [], (f["steps_lost"], f["steps_repeated"])
@@ -59,6 +64,9 @@ def test_short_async_chaos_run_rides_out_a_vllm_restart(docker, tmp_path):
                              "--out", str(tmp_path / "chaos"), "--project", "grpo-test-chaos-async-ci",
                              "--guard-s", "1800"])
     f = chaos.run(args)
+    left = subprocess.run(["docker", "ps", "-aq", "--filter", "label=com.docker.compose.project="
+                           "grpo-test-chaos-async-ci-rehearse"], capture_output=True, text=True, check=True).stdout
+    assert left.split() == [], "the rehearsal's containers (the restarted twin among them) were left behind"
     assert f["calls_checked"] > 0, "no tool call was checked: the run called no tool"
     assert f["replies_paired_wrong"] == 0
     assert f["steps_lost"] == [] and f["steps_repeated"] == [], (f["steps_lost"], f["steps_repeated"])
