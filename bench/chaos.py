@@ -32,7 +32,8 @@ runs a short version and asserts what must hold):
   optimizer steps lost or repeated        0     across the trainer kill: steps 1..N logged once each, the resumed
                                                   run continues from its checkpoint, trainer_state ends at N
   stalls ended within bound, diagnosed    all   each stop/half_open: the next step came within its bound and a
-                                                  one-line diagnosis is in the trainer's log after it
+                                                  one-line diagnosis is in the trainer's log after it (a stop inside
+                                                  a trainer or vLLM restart is listed apart: no step to time it by)
 """
 
 from __future__ import annotations
@@ -528,11 +529,18 @@ def figures(args, trainer: Trainer, injector: Injector, killed_at: dict, slots: 
     # a line of the trainer's saying what failed, from the stall's start to its end (+5 s).
     bounds = {"stop": TOOL_TIMEOUT_S + 5 + 2 * RESET_TIMEOUT_S + args.step_allowance_s,
               "half_open": max(TOOL_TIMEOUT_S + 5, 2 * RESET_TIMEOUT_S, PING_S) + 5}
-    stalls = []
+    # A restart (the trainer killed, the vLLM twin killed) logs no step until the run is back: a stop inside one is
+    # not timed by the next step (that times the restart), it is listed apart.
+    restarts = [(e["time"], next((r["time"] for r in rows if r["time"] > e["time"]), time.time()))
+                for e in injector.events if e["kind"] in ("trainer_kill", "vllm_restart") and not e.get("error")]
+    stalls, during_restart = [], []
     for event in injector.events:
         if event["kind"] not in bounds or event.get("error") or event.get("link", 1) is None:
             continue
         start = event["time"]
+        if event["kind"] == "stop" and any(a <= event.get("continued", start) and start <= b for a, b in restarts):
+            during_restart.append({"kind": "stop", "at": start})
+            continue
         link = None
         if event["kind"] == "stop":
             after = [r["time"] for r in rows if r["time"] > start]
@@ -560,7 +568,7 @@ def figures(args, trainer: Trainer, injector: Injector, killed_at: dict, slots: 
         "episodes": episodes, "infra_failures": infra, "infra_share": infra / episodes if episodes else None,
         "slots_held_at_end": slots,
         "steps_lost": lost, "steps_repeated": repeated, "final_global_step": state.get("global_step"),
-        "stalls": stalls,
+        "stalls": stalls, "stalls_during_restart": during_restart,
         "lost_by_cause": lost_by_cause(traces, rows, injector.events),
         # saved only when the replay finished inside the rollout loop's bound (else the loop had given up on it)
         "replayed": sum(replay_in_time(text) for _, text in trainer.lines),
@@ -640,6 +648,9 @@ def print_figures(f: dict) -> None:
     diagnosed = [s for s in felt if s["diagnosis"]]
     line("stalls diagnosed (one line each)", f"{len(diagnosed)} of {len(felt)} (+{len(f['stalls']) - len(felt)} "
          "nothing waited on)", "all", len(diagnosed) == len(felt))
+    if f.get("stalls_during_restart"):
+        print(f"    + {len(f['stalls_during_restart'])} stop(s) during a restart (trainer or vLLM killed, no step until "
+              "the run is back): not timed")
     for s in f["stalls"]:
         took = "never" if s["ended_after_s"] is None else f"{s['ended_after_s']:.1f} s"
         print(f"    {s['kind']}: ended after {took} (bound {s['bound_s']:.0f} s); "
