@@ -709,7 +709,7 @@ def run(args) -> dict:
                                  f"(no exit 77, no restart): see {work}")
             # async: the trainer kill once the vLLM restart was recovered from (a step logged after the resume)
             recovered = not rehearsal or (vllm_killed and any("resuming from" in text for _, text in trainer.lines))
-            if not killed_at and recovered and done and done[-1]["step"] >= args.kill_after:
+            if args.kill_after and not killed_at and recovered and done and done[-1]["step"] >= args.kill_after:
                 time.sleep(rng.uniform(0.5, 2.0))  # somewhere inside the next step (the fault's timing, drawn)
                 if trainer.proc.poll() is None:
                     last = trainer.steps_logged()[-1]["step"]
@@ -760,7 +760,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--replicas", type=int, default=3)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--rate", type=float, default=1.0, help="faults per 30 s (default 1: the default injection rate)")
-    p.add_argument("--kill-after", type=int, default=None, help="kill the trainer after this step (default: steps/2)")
+    p.add_argument("--kill-after", type=int, default=None, help="kill the trainer after this step (default: steps/2; 0: no trainer kill)")
     p.add_argument("--fleet", choices=["compose", "swarm"], default="compose")
     p.add_argument("--rollouts", choices=["sync", "async"], default="sync", help="async: a `make rehearse` run with "
                    "ROLLOUTS=async (the vLLM CPU twin), and the twin killed once mid-run (vllm_restart)")
