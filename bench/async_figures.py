@@ -58,10 +58,10 @@ def async_available() -> bool:
 class Project:
     """One Compose project driven by `python -m tools` with its own env file (never your .env or stack)."""
 
-    def __init__(self, folder: Path, settings: dict[str, str]):
+    def __init__(self, folder: Path, settings: dict[str, str], name: str | None = None):
         from tools.errors import parse_env_file
 
-        self.name = f"grpo-bench-async-{uuid.uuid4().hex[:6]}"
+        self.name = name or f"grpo-bench-async-{uuid.uuid4().hex[:6]}"
         values = {**parse_env_file(ROOT / ".env.example"), **settings, "COMPOSE_PROJECT_NAME": self.name,
                   "TRAIN_MODE": "cpu"}  # rehearse ignores TRAIN_MODE; `down` then probes no GPU
         self.env_file = folder / f"{self.name}.env"
@@ -97,7 +97,10 @@ class Project:
                         f"cp -r /src {CPU_DEFAULT_MODEL} && chown -R 10001:10001 /models"], check=True, capture_output=True)
 
     def down(self) -> None:
-        self.tools("compose", "--profile", "*", "down", "--volumes", "--remove-orphans", quiet=True)
+        # by project name alone: `python -m tools compose` validates the .env first, and this one's TRAIN_MODE=cpu with
+        # ROLLOUTS=async is refused there (the containers, the twin among them, were left running)
+        subprocess.run(["docker", "compose", "-p", self.name, "down", "--volumes", "--remove-orphans"],
+                       capture_output=True)
 
 
 class MetricsPoller:

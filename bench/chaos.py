@@ -14,6 +14,16 @@ every event logged to <out>/chaos-log.jsonl with its time) draws one fault every
   delay     every reply 1.5 s late for 10 s (a tail of slow steps, under TOOL_TIMEOUT_S);
 and, once, kills the trainer (SIGKILL) mid-step after step --kill-after, then starts it again (RESUME=auto).
 
+    .venv/bin/python bench/chaos.py --rollouts async [--steps 20] [--vllm-restart-after N]   (make chaos ARGS=...)
+
+runs the same injector and figures against `python -m tools rehearse` with ROLLOUTS=async (TRL's AsyncGRPOTrainer in
+the trainer container on the vLLM CPU twin) on a Compose project of its own: the replicas as above, the proxy in a
+container on their network and on the rehearsal's envnet (the trainer's ENV_URLS points at it by name); the trainer
+kill is a `docker kill` of the trainer container, and one more fault, vllm_restart, SIGKILLs the twin after step
+--vllm-restart-after: make rehearse's recovery (tools/commands/train.py `recovering`) must recreate it and resume
+from the last checkpoint. Episodes in async are the worker's (env/echo/episodes of each step record), infra failures
+its rollout/infra_failures, both per step as in sync. Extra figure: the twin's restart, recovered, resumed from.
+
 Figures, each beside its goal (a benchmark: it prints, it never fails on a figure; tests/reliability/test_chaos.py
 runs a short version and asserts what must hold):
   replies paired with the wrong request   0     every traced call's result checked against its own request
@@ -22,7 +32,8 @@ runs a short version and asserts what must hold):
   optimizer steps lost or repeated        0     across the trainer kill: steps 1..N logged once each, the resumed
                                                   run continues from its checkpoint, trainer_state ends at N
   stalls ended within bound, diagnosed    all   each stop/half_open: the next step came within its bound and a
-                                                  one-line diagnosis is in the trainer's log after it
+                                                  one-line diagnosis is in the trainer's log after it (a stop inside
+                                                  a trainer or vLLM restart is listed apart: no step to time it by)
 """
 
 from __future__ import annotations
@@ -164,14 +175,7 @@ class SwarmEnvs:
         return sh("docker", "ps", "-q", "--filter", f"label=com.docker.swarm.service.name={self.stack}_env-echo").split()
 
     def proxy(self, backends, seed: int) -> tuple["RemoteProxy", str]:
-        sh("docker", "rm", "-f", self.proxy_name, check=False)
-        sh("docker", "run", "-d", "--name", self.proxy_name, "--network", self.stack, "-p", "127.0.0.1::9000",
-           "-p", "127.0.0.1::9001", "-v", f"{ROOT}:/src:ro", "-w", "/src", "--read-only", "--cap-drop", "ALL",
-           "-e", "PYTHONDONTWRITEBYTECODE=1", "--entrypoint", "python", self.IMAGE, "bench/chaos_proxy.py",
-           "--backends", "tasks.env-echo:8000", "--seed", str(seed))
-        listen = sh("docker", "port", self.proxy_name, "9000").splitlines()[0]
-        control = sh("docker", "port", self.proxy_name, "9001").splitlines()[0]
-        return RemoteProxy(control), f"http://{listen}"
+        return proxy_container(self.proxy_name, self.stack, "tasks.env-echo:8000", seed)
 
     def held(self, backends, proxy) -> dict[str, int]:
         return proxy.held()
@@ -183,6 +187,24 @@ class SwarmEnvs:
         sh("docker", "rm", "-f", self.proxy_name, check=False)
         self._fleet("down")
         self.exits.close()
+
+
+def proxy_container(name: str, network: str, backends: str, seed: int, image: str | None = None,
+                    also: tuple[str, ...] = ()) -> tuple["RemoteProxy", str]:
+    """bench/chaos_proxy.py in a container `name` on `network` (and the networks `also`), resolving `backends`
+    (NAME:PORT) per connection; its port and control port published on 127.0.0.1. Returns the proxy's driver and
+    its address from the host."""
+    sh("docker", "rm", "-f", name, check=False)
+    sh("docker", "run", "-d", "--name", name, "--network", network, "-p", "127.0.0.1::9000",
+       "-p", "127.0.0.1::9001", "-v", f"{ROOT}:/src:ro", "-w", "/src", "--read-only", "--cap-drop", "ALL",
+       "-e", "PYTHONDONTWRITEBYTECODE=1", "--no-healthcheck", "--entrypoint", "python", image or local_env_image(),
+       "bench/chaos_proxy.py",
+       "--backends", backends, "--seed", str(seed))
+    for other in also:
+        sh("docker", "network", "connect", other, name)
+    listen = sh("docker", "port", name, "9000").splitlines()[0]
+    control = sh("docker", "port", name, "9001").splitlines()[0]
+    return RemoteProxy(control), f"http://{listen}"
 
 
 class RemoteProxy:
@@ -323,6 +345,12 @@ class Injector:
         self.proxy.delay(1.5, 10.0)
         self.record("delay", seconds=1.5, for_s=10.0)
 
+    def fault_vllm_restart(self, trainer: "Rehearsal", after_step: int) -> None:
+        """SIGKILL the twin (a crash): make rehearse's recovery must recreate it and resume (tools/commands/train)."""
+        container = trainer.container("vllm")
+        sh("docker", "kill", container)
+        self.record("vllm_restart", container=container[:12], after_step=after_step)
+
 
 
 # ---------------------------------------------------------------------------- the trainer
@@ -359,6 +387,90 @@ class Trainer:
     def kill(self) -> None:
         os.killpg(self.proc.pid, signal.SIGKILL)
         self.proc.wait()
+
+
+class Rehearsal:
+    """`python -m tools rehearse` with ROLLOUTS=async (TRL's AsyncGRPOTrainer in the trainer container, on the vLLM
+    CPU twin) on a Compose project of its own, its ENV_URLS at the chaos proxy's container; Trainer's interface: the
+    command's output lines with their time, the steps logged (read inside the running trainer container), a kill (of
+    the trainer container) and a start again (RESUME=auto). `out` gets the run's folder copied from the outputs
+    volume at the end (`collect`), so the figures read it as the sync run's."""
+
+    def __init__(self, model: Path, proxy_url: str, work: Path, steps: int, seed: int, project: str) -> None:
+        from bench.async_figures import Project
+
+        self.out, self.steps = work / "outputs", steps
+        self.project = Project(work, {
+            "ENV_NAME": "echo", "ENV_URLS": f"echo={proxy_url}", "ROLLOUTS": "async", "RUN_NAME": "chaos",
+            "TRAINER_PROCESSES": "1", "MAX_STEPS": str(steps), "SAVE_STEPS": "2", "LOGGING_STEPS": "1",
+            "TOOL_TIMEOUT_S": str(TOOL_TIMEOUT_S), "RESET_TIMEOUT_S": str(RESET_TIMEOUT_S), "TRACE_EVERY": "1",
+            "TRACE_SAMPLES": "64", "SEED": str(seed), "REPORT_TO": "none", "VLLM_SERVER_TIMEOUT_S": "600",
+            # TRL's async trainer fills a step up to max_model_len tokens: ~500 samples a step at 4096 on the CPU twin
+            "VLLM_MAX_MODEL_LEN": "1024"},
+            name=f"{project}-rehearse")
+        # the trainer reaches the proxy on its envnet: made here, labelled as Compose makes it, so the proxy can join
+        # it before the run starts (Compose then takes it as its own)
+        self.envnet = f"{self.project.name}_envnet"
+        sh("docker", "network", "create", "--label", f"com.docker.compose.project={self.project.name}",
+           "--label", "com.docker.compose.network=envnet", self.envnet)
+        self.project.seed_model(model)  # model-init finds it complete
+        self.lines: list[tuple[float, str]] = []
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+        self._rows: list[dict] = []
+
+    def start(self, resume: str) -> None:
+        self.starts += 1
+        run_env = {k: v for k, v in os.environ.items() if k not in ("TRAIN_MODE", "ENV_NAME", "COMPOSE_PROFILES")}
+        run_env.update(STACK_ENV_FILE=str(self.project.env_file), RESUME=resume)
+        self.proc = subprocess.Popen([sys.executable, "-m", "tools", "rehearse"], cwd=ROOT, env=run_env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     start_new_session=True)
+        threading.Thread(target=self._read, args=(self.proc,), daemon=True).start()
+
+    def _read(self, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            self.lines.append((time.time(), line.rstrip()))
+
+    def container(self, service: str) -> str:
+        ids = sh("docker", "ps", "-q", "--filter", f"label=com.docker.compose.project={self.project.name}",
+                 "--filter", f"label=com.docker.compose.service={service}").split()
+        return ids[0] if ids else ""
+
+    def steps_logged(self) -> list[dict]:
+        """The run's step records, read in its trainer container; the last read while there is none (a restart)."""
+        container = self.container("trainer")
+        if container:
+            text = sh("docker", "exec", container, "cat", "/outputs/chaos/metrics.jsonl", check=False)
+            rows = []
+            for line in text.splitlines():
+                try:
+                    rows.append(json.loads(line))
+                except ValueError:  # a line cut mid-write
+                    continue
+            self._rows = [r for r in rows if r.get("kind") == "step"]
+        return self._rows
+
+    def kill(self) -> None:
+        """SIGKILL the trainer container mid-step; the command, its trainer gone, exits."""
+        container = self.container("trainer")
+        if container:
+            sh("docker", "kill", container, check=False)
+        self.proc.wait()
+
+    def collect(self) -> None:
+        from bench.async_figures import READER_IMAGE  # make rehearse's trainer image
+
+        self.out.mkdir(parents=True, exist_ok=True)
+        sh("docker", "run", "--rm", "--user", "0", "--network", "none", "--entrypoint", "sh", "-v",
+           f"{self.project.name}_outputs:/outputs:ro", "-v", f"{self.out}:/dst", READER_IMAGE, "-c",
+           f"cp -r /outputs/chaos /dst/ && chown -R {os.getuid()}:{os.getgid()} /dst/chaos")
+
+    def down(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:  # a run ended early (a guard): its trainer too
+            self.kill()
+        self.project.down()
+        sh("docker", "network", "rm", self.envnet, check=False)
 
 
 def make_model(cache: Path) -> Path:
@@ -404,7 +516,10 @@ def figures(args, trainer: Trainer, injector: Injector, killed_at: dict, slots: 
         if (trainer.out / "chaos" / rollouts.ROLLOUTS_FILE).exists() else []
     checked, wrong = paired_wrong(traces)
     infra = sum(int(r.get("rollout/infra_failures") or 0) for r in rows)
-    episodes = len(rows) * generation_batch
+    # sync: every step trains one generation batch; async: the worker's episodes scored in each step's logging window
+    # (env/echo/episodes), infra-ended ones included (their samples are dropped before the queue)
+    episodes = len(rows) * generation_batch if generation_batch else \
+        sum(int(r.get("env/echo/episodes") or 0) for r in rows)
     state = json.loads((trainer.out / "chaos" / f"checkpoint-{args.steps}" / "trainer_state.json").read_text()) \
         if (trainer.out / "chaos" / f"checkpoint-{args.steps}" / "trainer_state.json").exists() else {}
     lost = sorted(set(range(1, args.steps + 1)) - set(steps))
@@ -414,11 +529,18 @@ def figures(args, trainer: Trainer, injector: Injector, killed_at: dict, slots: 
     # a line of the trainer's saying what failed, from the stall's start to its end (+5 s).
     bounds = {"stop": TOOL_TIMEOUT_S + 5 + 2 * RESET_TIMEOUT_S + args.step_allowance_s,
               "half_open": max(TOOL_TIMEOUT_S + 5, 2 * RESET_TIMEOUT_S, PING_S) + 5}
-    stalls = []
+    # A restart (the trainer killed, the vLLM twin killed) logs no step until the run is back: a stop inside one is
+    # not timed by the next step (that times the restart), it is listed apart.
+    restarts = [(e["time"], next((r["time"] for r in rows if r["time"] > e["time"]), time.time()))
+                for e in injector.events if e["kind"] in ("trainer_kill", "vllm_restart") and not e.get("error")]
+    stalls, during_restart = [], []
     for event in injector.events:
         if event["kind"] not in bounds or event.get("error") or event.get("link", 1) is None:
             continue
         start = event["time"]
+        if event["kind"] == "stop" and any(a <= event.get("continued", start) and start <= b for a, b in restarts):
+            during_restart.append({"kind": "stop", "at": start})
+            continue
         link = None
         if event["kind"] == "stop":
             after = [r["time"] for r in rows if r["time"] > start]
@@ -446,12 +568,27 @@ def figures(args, trainer: Trainer, injector: Injector, killed_at: dict, slots: 
         "episodes": episodes, "infra_failures": infra, "infra_share": infra / episodes if episodes else None,
         "slots_held_at_end": slots,
         "steps_lost": lost, "steps_repeated": repeated, "final_global_step": state.get("global_step"),
-        "stalls": stalls,
+        "stalls": stalls, "stalls_during_restart": during_restart,
         "lost_by_cause": lost_by_cause(traces, rows, injector.events),
         # saved only when the replay finished inside the rollout loop's bound (else the loop had given up on it)
         "replayed": sum(replay_in_time(text) for _, text in trainer.lines),
         "replay_failed": sum(REPLAY_FAILED in text for _, text in trainer.lines),
+        "rollouts": args.rollouts, "vllm_restart": vllm_restart_figure(injector.events, trainer.lines),
     }
+
+
+def vllm_restart_figure(events: list[dict], lines: list[tuple[float, str]]) -> dict | None:
+    """The twin killed once (async): whether make rehearse stopped the trainer for it (exit 77), restarted vLLM, and
+    which checkpoint the run resumed from after it (None: no restart was injected)."""
+    kill = next((e for e in events if e["kind"] == "vllm_restart" and not e.get("error")), None)
+    if kill is None:
+        return None
+    after = [text for t, text in lines if t >= kill["time"]]
+    resumed = next((m for text in after if (m := re.search(r"resuming from \S+/checkpoint-(\d+)", text))), None)
+    return {"after_step": kill["after_step"],
+            "trainer_stopped": any("went away mid-run" in text for text in after),
+            "restarted": any("restarting the vllm service" in text for text in after),
+            "resumed_from": int(resumed.group(1)) if resumed else None}
 
 
 def replay_in_time(line: str) -> bool:
@@ -489,7 +626,8 @@ def print_figures(f: dict) -> None:
     def line(name, value, goal, ok):
         print(f"  {name:<44} {value:<28} goal {goal:<8} {'ok' if ok else 'MISSED'}")
 
-    print(f"== chaos figures: {f['steps']} steps, {f['replicas']} replicas, seed {f['seed']}, rate {f['rate']}, "
+    mode = " (async rollouts)" if f.get("rollouts") == "async" else ""  # sync: the line as before
+    print(f"== chaos figures{mode}: {f['steps']} steps, {f['replicas']} replicas, seed {f['seed']}, rate {f['rate']}, "
           f"{f['wall_s']} s; faults {f['faults']}; trainer killed {f['trainer_kill']}")
     line("replies paired with the wrong request", f"{f['replies_paired_wrong']} of {f['calls_checked']} checked",
          "0", f["replies_paired_wrong"] == 0)
@@ -510,6 +648,9 @@ def print_figures(f: dict) -> None:
     diagnosed = [s for s in felt if s["diagnosis"]]
     line("stalls diagnosed (one line each)", f"{len(diagnosed)} of {len(felt)} (+{len(f['stalls']) - len(felt)} "
          "nothing waited on)", "all", len(diagnosed) == len(felt))
+    if f.get("stalls_during_restart"):
+        print(f"    + {len(f['stalls_during_restart'])} stop(s) during a restart (trainer or vLLM killed, no step until "
+              "the run is back): not timed")
     for s in f["stalls"]:
         took = "never" if s["ended_after_s"] is None else f"{s['ended_after_s']:.1f} s"
         print(f"    {s['kind']}: ended after {took} (bound {s['bound_s']:.0f} s); "
@@ -517,6 +658,11 @@ def print_figures(f: dict) -> None:
     print(f"  episodes lost, by what ended them and the faults of their step: {json.dumps(f['lost_by_cause'])}")
     print(f"  episodes saved by replaying their reset on a fresh session (lost before this fix): {f['replayed']}"
           f" (a replay that failed: {f['replay_failed']})")
+    if f.get("rollouts") == "async":
+        v = f["vllm_restart"] or {}
+        line("vLLM twin killed mid-run, recovered", f"after step {v.get('after_step')}: resumed from checkpoint-"
+             f"{v.get('resumed_from')}" if v else "not injected", "yes",
+             bool(v) and v["restarted"] and v["resumed_from"] is not None and f["final_global_step"] == f["steps"])
 
 
 # ---------------------------------------------------------------------------- the run
@@ -527,24 +673,43 @@ def run(args) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     model = make_model(Path(args.model_cache))
     envs = (SwarmEnvs if args.fleet == "swarm" else ComposeEnvs)(args.replicas, args.project, work)
-    proxy = None
+    proxy = trainer = None
+    rehearsal = args.rollouts == "async"
     t0 = time.monotonic()
     try:
         backends = envs.up()
         log(f"{args.replicas} env-echo replicas ({args.fleet})"
             + (f" on {', '.join(f'{h}:{p}' for h, p in backends)}" if backends else ""))
-        proxy, url = envs.proxy(backends, args.seed)
-        trainer = Trainer(model, url, work / "outputs", args.steps, args.seed)
-        generation_batch = RunConfig.load([], **{"env_name": "echo"}).generation_batch_size
+        if rehearsal:  # the trainer container reaches the proxy's container by name on its envnet
+            proxy_name = f"{args.project}-proxy"
+            trainer = Rehearsal(model, f"http://{proxy_name}:9000", work, args.steps, args.seed, args.project)
+            proxy, _ = proxy_container(proxy_name, f"{args.project}_envnet", "env-echo:8000", args.seed,
+                                       also=(trainer.envnet,))
+            generation_batch = None  # async: episodes read from the step records (figures)
+        else:
+            proxy, url = envs.proxy(backends, args.seed)
+            trainer = Trainer(model, url, work / "outputs", args.steps, args.seed)
+            generation_batch = RunConfig.load([], **{"env_name": "echo"}).generation_batch_size
         injector = Injector(envs, proxy, args.seed, args.rate, work / "chaos-log.jsonl")
         trainer.start("fresh")
         injector.start()
         killed_at: dict = {}
+        vllm_killed = False
         rng = random.Random(args.seed + 1)
         deadline = time.monotonic() + args.guard_s  # a hang guard only
         while trainer.proc.poll() is None:
             done = trainer.steps_logged()
-            if not killed_at and done and done[-1]["step"] >= args.kill_after:
+            if rehearsal and not vllm_killed and done and done[-1]["step"] >= args.vllm_restart_after:
+                vllm_killed = time.monotonic()
+                injector.fault_vllm_restart(trainer, done[-1]["step"])
+            if rehearsal and vllm_killed and time.monotonic() - vllm_killed > args.vllm_bound_s and not any(
+                    "restarting the vllm service" in text for _, text in trainer.lines):
+                trainer.kill()  # a stall past its bound: one line, not a wait for ever
+                raise SystemExit(f"the trainer did not stop for the killed vLLM twin within {args.vllm_bound_s:.0f} s "
+                                 f"(no exit 77, no restart): see {work}")
+            # async: the trainer kill once the vLLM restart was recovered from (a step logged after the resume)
+            recovered = not rehearsal or (vllm_killed and any("resuming from" in text for _, text in trainer.lines))
+            if args.kill_after and not killed_at and recovered and done and done[-1]["step"] >= args.kill_after:
                 time.sleep(rng.uniform(0.5, 2.0))  # somewhere inside the next step (the fault's timing, drawn)
                 if trainer.proc.poll() is None:
                     last = trainer.steps_logged()[-1]["step"]
@@ -558,6 +723,8 @@ def run(args) -> dict:
             time.sleep(0.5)
         injector.end()
         exit_code = trainer.proc.returncode
+        if rehearsal:
+            trainer.collect()
         if exit_code != 0:
             tail = "\n".join(text for _, text in trainer.lines[-30:])
             raise SystemExit(f"the trainer exited {exit_code}:\n{tail}")
@@ -580,6 +747,10 @@ def run(args) -> dict:
             for link in proxy.frozen:
                 link.server.transport.abort()
         if not args.keep:
+            if isinstance(proxy, RemoteProxy) and rehearsal:
+                sh("docker", "rm", "-f", f"{args.project}-proxy", check=False)
+            if isinstance(trainer, Rehearsal):
+                trainer.down()
             envs.down()
 
 
@@ -589,8 +760,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--replicas", type=int, default=3)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--rate", type=float, default=1.0, help="faults per 30 s (default 1: the default injection rate)")
-    p.add_argument("--kill-after", type=int, default=None, help="kill the trainer after this step (default: steps/2)")
+    p.add_argument("--kill-after", type=int, default=None, help="kill the trainer after this step (default: steps/2; 0: no trainer kill)")
     p.add_argument("--fleet", choices=["compose", "swarm"], default="compose")
+    p.add_argument("--rollouts", choices=["sync", "async"], default="sync", help="async: a `make rehearse` run with "
+                   "ROLLOUTS=async (the vLLM CPU twin), and the twin killed once mid-run (vllm_restart)")
+    p.add_argument("--vllm-restart-after", type=int, default=None, help="async: kill the twin after this step "
+                   "(default: steps/4); the trainer kill comes once the run resumed from it")
+    p.add_argument("--vllm-bound-s", type=float, default=300.0, help="async: the trainer must stop for the killed "
+                   "twin (exit 77, make rehearse restarts it) within this (else the run ends with one line)")
     p.add_argument("--project", default="grpo-test-chaos")
     p.add_argument("--out", default=None, help="work folder (default: a new temporary one)")
     p.add_argument("--model-cache", default=str(Path(tempfile.gettempdir()) / "grpo-chaos-model"))
@@ -601,6 +778,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.kill_after is None:
         args.kill_after = max(1, args.steps // 2)
+    if args.vllm_restart_after is None:
+        args.vllm_restart_after = max(1, args.steps // 4)
+    if args.rollouts == "async" and args.fleet != "compose":
+        p.error("--rollouts async runs on the compose fleet (make rehearse's own project)")
     return args
 
 

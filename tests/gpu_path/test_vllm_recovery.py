@@ -110,6 +110,7 @@ def stub_vllm(completion: tuple[int, dict] | None = (200, {"choices": [{"text": 
     finally:
         release.set()
         server.shutdown()
+        server.server_close()  # the port refuses from here on, as a stopped vLLM's does
 
 
 def test_a_marker_left_behind_asks_for_a_restart_once_without_asking_vllm(tmp_path, monkeypatch):
@@ -266,3 +267,80 @@ def test_a_vllm_restarted_between_a_push_and_a_generation_stops_the_step_stub_se
         monkeypatch.setattr(trl_hooks, "_GUARD", {"served_url": quiet, "pushed_into": None})
         trl_hooks.check_served_weights()
 
+
+
+def test_an_async_trainer_waiting_for_samples_stops_for_a_vllm_gone_or_restarted_stub_servers(monkeypatch):
+    """#33: with ROLLOUTS=async a vLLM that dies failed nothing the trainer saw: TRL's rollout worker retries each
+    refused generation (30 tries, backoff to 16 s) while the trainer waits for samples, and the run hung silently.
+    The health check TRL calls every 5 s on an empty queue (async_run.stop_on_env_or_vllm_down) now asks the vLLM the
+    last push went into: refused is VLLMGone, another process is VLLMRestarted; both read as 'went away' (exit 77:
+    `make train` restarts vLLM and resumes). A vLLM that answers, slowly or not, is left to TRL's worker."""
+    from types import SimpleNamespace
+
+    from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
+
+    from trainer.gpu.server import VLLMGone, VLLMRestarted, gone_line, went_away
+    from trainer.run.async_run import stop_on_env_or_vllm_down
+
+    monkeypatch.setattr(trl_hooks, "_GUARD", {})
+    worker = object.__new__(AsyncRolloutWorker)  # TRL's class (its __init__ wants vLLM installed)
+    worker._failed_event, worker._exception_info_queue = threading.Event(), None
+    worker._heartbeat_value = SimpleNamespace(value=__import__("time").time())
+    worker._process = SimpleNamespace(pid=4242, exitcode=None, is_alive=lambda: True)
+    stop_on_env_or_vllm_down(worker)
+    started = [1796294967.7]
+    with stub_vllm(started=started) as (url, _):
+        worker.check_health(300.0)  # no push yet: nothing to ask
+        trl_hooks.record_push(url)
+        worker.check_health(300.0)  # the process the push went into answers
+        started[0] += 42.0
+        with pytest.raises(VLLMRestarted, match="started 42 s after"):
+            worker.check_health(300.0)
+        trl_hooks.record_push(url)  # pushed into the new process: the run's weights again
+        worker.check_health(300.0)
+    with pytest.raises(VLLMGone, match="/health is refused") as gone:
+        worker.check_health(300.0)  # the stub's port is closed now: a killed vLLM
+    why = went_away(gone.value, url)
+    assert why == str(gone.value)
+    line = gone_line(url, why, EXIT_VLLM_WENT_AWAY)
+    assert "\n" not in line and f"exit {EXIT_VLLM_WENT_AWAY}" in line
+
+
+def test_an_async_push_into_a_restarted_vllm_stops_before_it_and_a_batch_from_one_before_it_trains_stub_servers(
+        monkeypatch):
+    """The async trainer's samples come from whichever process answered since the last push: a vLLM that restarted
+    (and came back inside TRL's worker retries) served base weights under the run's policy version. The push after it
+    and the next micro-batch both check first (async_run.AfterRun), so those samples never train: exit 77."""
+    from types import SimpleNamespace
+
+    from trainer.gpu.server import VLLMRestarted
+    from trainer.run.async_run import AfterRun
+
+    monkeypatch.setattr(trl_hooks, "_GUARD", {})
+    started, pushes, steps = [1796294967.7], [], []
+
+    class TRLStandIn:  # the two AsyncGRPOTrainer methods AfterRun wraps
+        def _sync_weight(self):
+            pushes.append(started[0])
+
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            steps.append(inputs)
+            return 0.0
+
+    class Trainer(AfterRun, TRLStandIn):
+        pass
+
+    with stub_vllm(started=started) as (url, _):
+        trainer = Trainer()
+        trainer.accelerator = SimpleNamespace(is_main_process=True)
+        trainer.args = SimpleNamespace(vllm_server_base_url=url)
+        trainer.state = SimpleNamespace(global_step=0)
+        trainer._sync_weight()  # TRL's push before the first step
+        trainer.training_step(None, "batch 1")
+        trainer._sync_weight()
+        started[0] += 30.0  # restarted, and back
+        with pytest.raises(VLLMRestarted):
+            trainer.training_step(None, "batch 2")
+        with pytest.raises(VLLMRestarted):
+            trainer._sync_weight()
+    assert steps == ["batch 1"] and len(pushes) == 2

@@ -212,12 +212,12 @@ class AlwaysDown(registry.get("echo").tool_class):
 
 def test_a_dead_env_in_the_rollout_worker_stops_the_trainer_with_the_sync_line(tmp_path, tiny_model_dir, monkeypatch):
     """TRL's worker loop (`run`, as in the spawned child) ends on EnvDown and reports it; the trainer's health check
-    (async_run.stop_on_env_down over TRL's own) raises that EnvDown, one line, on its next empty queue: train.py then
+    (async_run.stop_on_env_or_vllm_down over TRL's own) raises that EnvDown, one line, on its next empty queue: train.py then
     exits 6, as in sync mode, instead of a chained traceback or a wait for the 300 s heartbeat."""
     from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 
     from trainer.rollouts import infra_failures
-    from trainer.run.async_run import stop_on_env_down
+    from trainer.run.async_run import stop_on_env_or_vllm_down
 
     monkeypatch.setattr(infra_failures, "WINDOWS", infra_failures.FailureWindow(window=8, min_episodes=4))
     loop = infra_loop(tmp_path, tiny_model_dir, "http://127.0.0.1:9", AlwaysDown, [])
@@ -231,7 +231,7 @@ def test_a_dead_env_in_the_rollout_worker_stops_the_trainer_with_the_sync_line(t
     worker = object.__new__(AsyncRolloutWorker)  # TRL's class (its __init__ wants vLLM installed)
     worker._failed_event, worker._exception_info_queue = loop._failed_event, loop._exception_info_queue
     worker._heartbeat_value, worker._process = SimpleNamespace(value=0.0), None
-    stop_on_env_down(worker)
+    stop_on_env_or_vllm_down(worker)
     with pytest.raises(infra_failures.EnvDown) as stopped:
         worker.check_health(300.0)
     line = str(stopped.value)
@@ -241,13 +241,13 @@ def test_a_dead_env_in_the_rollout_worker_stops_the_trainer_with_the_sync_line(t
 def test_the_health_check_keeps_trls_report_for_other_failures_and_sees_a_silent_death_at_once():
     from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 
-    from trainer.run.async_run import stop_on_env_down
+    from trainer.run.async_run import stop_on_env_or_vllm_down
 
     worker = object.__new__(AsyncRolloutWorker)
     worker._failed_event, worker._exception_info_queue = threading.Event(), queue.Queue(maxsize=1)
     worker._heartbeat_value = SimpleNamespace(value=__import__("time").time())
     worker._process = SimpleNamespace(pid=4242, exitcode=-9, is_alive=lambda: False)
-    stop_on_env_down(worker)
+    stop_on_env_or_vllm_down(worker)
     with pytest.raises(RuntimeError, match=r"pid 4242\) exited with code -9") as died:
         worker.check_health(300.0)  # the heartbeat is fresh: TRL's check alone would wait for it to go stale
     assert "\n" not in str(died.value)

@@ -15,6 +15,11 @@ class VLLMRestarted(RuntimeError):
     failed): it answered with the weights it loaded at start, not the pushed ones. The message says when."""
 
 
+class VLLMGone(RuntimeError):
+    """vLLM stopped being there while nothing failed yet (TRL's async rollout worker retries a refused generation for
+    minutes): its connection is refused or its name no longer resolves. The message says which."""
+
+
 @dataclass
 class ServerReport:
     url: str
@@ -80,11 +85,28 @@ def started_at(url: str, session=None) -> float | None:
     return None
 
 
+def unreachable(url: str, session=None) -> str | None:
+    """Why the vLLM server at `url` is not there (its /health refused, its host name gone with its container), or None
+    when /health answers anything or only times out: a busy server is slow, not gone, and the next request says."""
+    import requests
+
+    session = session or _session()
+    try:
+        session.get(f"{url}/health", timeout=10)
+    except requests.exceptions.ConnectTimeout:
+        return None
+    except requests.exceptions.ConnectionError as exc:  # refused, reset, or the name does not resolve
+        return f"its /health is refused ({str(exc)[:160]})"
+    except requests.exceptions.RequestException:  # a read timeout: it is there
+        return None
+    return None
+
+
 def went_away(exc: BaseException, url: str, session=None) -> str | None:
     """Why a run that failed with `exc` failed because the vLLM server at `url` went away (it died, was stopped or
     restarted: the weights pushed to it went with it), or None when the failure is something else. Gone means a
     connection to it refused or cut somewhere in the exception's chain, a restart seen between a push and a
-    generation (VLLMRestarted), or any failure while it answers no /health."""
+    generation (VLLMRestarted) or while the async rollout worker retried (VLLMGone), or any failure while it answers no /health."""
     import requests
 
     from urllib.parse import urlsplit
@@ -95,7 +117,7 @@ def went_away(exc: BaseException, url: str, session=None) -> str | None:
     err: BaseException | None = exc
     while err is not None and id(err) not in seen:
         seen.add(id(err))
-        if isinstance(err, VLLMRestarted):
+        if isinstance(err, (VLLMRestarted, VLLMGone)):
             return str(err)
         if isinstance(err, (requests.exceptions.ConnectionError, requests.exceptions.ChunkedEncodingError)) \
                 and any(name in str(err) for name in where):

@@ -12,7 +12,8 @@ from typing import Any, Callable, Iterable
 
 from contract import stages
 from trainer.gpu import push_state
-from trainer.gpu.server import ServerReport, VLLMRestarted, explain_init_failure, started_at
+from trainer.gpu.server import (ServerReport, VLLMGone, VLLMRestarted, explain_init_failure, started_at,
+                                unreachable)
 from trainer.gpu.watchdog import WeightSyncTimeout, rendezvous_diagnosis, watchdog
 
 DEFAULT_WEIGHT_SYNC_TIMEOUT_S = 300.0  # only for a trainer instrumented without a run config (tests)
@@ -97,7 +98,7 @@ def instrument_weight_sync(trainer: Any, log_fn: Callable[[float], None],
             push_state.push_done(step)
             client = getattr(gen, "vllm_client", None)  # rank 0's: the one that pushes
             if client is not None and getattr(gen.accelerator, "is_main_process", True):
-                _GUARD.update(served_url=client.base_url, pushed_into=started_at(client.base_url))
+                record_push(client.base_url)
         else:
             result = original(*a, **kw)
         seconds = time.perf_counter() - start
@@ -121,6 +122,11 @@ def instrument_weight_sync(trainer: Any, log_fn: Callable[[float], None],
     return True
 
 
+def record_push(url: str) -> None:
+    """Rank 0, after each push into the vLLM server at `url`: which process the pushed weights went into."""
+    _GUARD.update(served_url=url, pushed_into=started_at(url))
+
+
 def check_served_weights() -> None:
     """Server mode, after a step's generations: raise VLLMRestarted when the vLLM that answered them is not the one the
     last push went into (a restart inside TRL's client retries fails no request, and the new process serves the
@@ -135,6 +141,19 @@ def check_served_weights() -> None:
         raise VLLMRestarted(f"it restarted after the last weight push (the process that answered this step's "
                             f"generations started {now - pushed_into:.0f} s after the one the push went into) and "
                             "served the weights it loaded at start")
+
+
+def check_vllm_there() -> None:
+    """ROLLOUTS=async, while the trainer waits for samples: raise VLLMGone when the vLLM the last push went into
+    refuses connections (TRL's rollout worker would retry a refused generation for minutes, the run silent), and
+    VLLMRestarted when another process answers. Either stops the run (exit 77). A no-op before the first push."""
+    url = _GUARD.get("served_url")
+    if url is None:
+        return
+    why = unreachable(url)
+    if why:
+        raise VLLMGone(why)
+    check_served_weights()
 
 
 def colocated_dtype(gen: Any) -> str | None:

@@ -38,6 +38,7 @@ from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker,
 
 from contract import stages
 from envs.core.tool import detached
+from trainer.gpu import trl_hooks
 from trainer.rollouts import infra_failures, traces
 from trainer.run import async_metrics
 
@@ -69,9 +70,19 @@ class AfterRun:
             self._forward_traces()
         super().log(logs, start_time)
 
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if self.accelerator.is_main_process:  # this batch came from the vLLM the last push went into (a restarted one
+            trl_hooks.check_served_weights()  # serves the weights it loaded at start): else exit 77 before it trains
+        return super().training_step(model, inputs, num_items_in_batch)
+
     def _sync_weight(self) -> None:
         start = time.perf_counter()
+        main = self.accelerator.is_main_process
+        if main:  # samples since the last push came from the process it went into, or the run stops (exit 77)
+            trl_hooks.check_served_weights()
         super()._sync_weight()
+        if main:
+            trl_hooks.record_push(self.args.vllm_server_base_url)
         # TRL also syncs once before the first step (unchanged weights); the smoke's stage is the first trained push.
         if self.state.global_step >= 1:
             stages.mark("first_weight_sync", time.perf_counter() - start,
@@ -188,11 +199,13 @@ def use_traced_loop(worker: AsyncRolloutWorker, **trace_kwargs: Any) -> None:
     worker._loop_kwargs.update(trace_kwargs)
 
 
-def stop_on_env_down(worker: AsyncRolloutWorker) -> None:
-    """TRL's health check of its rollout worker (called by the trainer each time its sample queue is empty), made to
-    say what stopped the worker in one line: a dead env (trainer.rollouts.infra_failures.EnvDown, raised by the env binding in
-    the worker) stops the run as in sync mode (trainer.train: exit 6), and a worker process that died without a word
-    (killed, out of memory) is noticed at once, not after `heartbeat_stale_after_s` (300 s)."""
+def stop_on_env_or_vllm_down(worker: AsyncRolloutWorker) -> None:
+    """TRL's health check of its rollout worker (called by the trainer every 5 s while its sample queue is empty), made
+    to say what stopped the worker in one line: a dead env (trainer.rollouts.infra_failures.EnvDown, raised by the env
+    binding in the worker) stops the run as in sync mode (trainer.train: exit 6), a worker process that died without a
+    word (killed, out of memory) is noticed at once, not after `heartbeat_stale_after_s` (300 s), and a vLLM that is
+    gone or restarted stops it at once (trainer.gpu.trl_hooks.check_vllm_there: exit 77, `make train` restarts vLLM
+    and resumes), where TRL's worker would retry its generations for minutes and the run print nothing."""
     import queue
 
     original = worker.check_health
@@ -213,6 +226,7 @@ def stop_on_env_down(worker: AsyncRolloutWorker) -> None:
                 raise RuntimeError(f"the rollout worker process (pid {process.pid}) exited with code "
                                    f"{process.exitcode} without a reason (killed? out of memory?); its env sessions "
                                    "and queued samples are gone: check memory, then resume")
+        trl_hooks.check_vllm_there()
         original(stale_after_s)
 
     worker.check_health = check_health

@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from envs.core.tool import abandon_session
-from trainer.run.async_run import AfterRun, TracedRollouts, stop_on_env_down
+from trainer.run.async_run import AfterRun, TracedRollouts, stop_on_env_or_vllm_down
 from contract.config import RunConfig
 
 logger = logging.getLogger("trainer.async")
@@ -227,7 +227,7 @@ def make_async_trainer_class():
             worker = self.rollout_worker
             if isinstance(worker, trl_async.AsyncRolloutWorker):  # rank 0: the worker is spawned at train begin
                 worker._loop_cls = StackRolloutLoop
-                stop_on_env_down(worker)  # a dead env seen by the worker stops the run in one line (exit 6)
+                stop_on_env_or_vllm_down(worker)  # a dead env (exit 6) or vLLM (77): one line
                 worker._loop_kwargs.update(tool_timeout_s=tool_timeout_s, tool_concurrency=tool_concurrency,
                                            request_seeds=request_seeds)
                 if served_model:  # TRL names the trainer's model path; vLLM answers 404 to any id it does not serve

@@ -160,7 +160,7 @@ PINS: tuple[Pin, ...] = (
         "(infra_failures.leave_out_samples)", "self, group",
         "41085b660a42b4854930aae7aa0e8e5330d006b50567a11915c781f1fa12ef63"),
     Pin(ASYNC_LOOP, "run", "method", "trainer/run/async_run.py",
-        "the child puts (type name, str(e), traceback) before setting `_failed_event` (stop_on_env_down reads it)",
+        "the child puts (type name, str(e), traceback) before setting `_failed_event` (stop_on_env_or_vllm_down reads it)",
         digest="7680ad1113f78ef0a0e0ba608542be0c3f883677c467873cf0a71d67239e0d4b"),
     Pin(ASYNC_LOOP, "_push_metrics", "method", "trainer/run/async_run.py",
         "called: floats and (numerator, denominator) rates to the trainer's log()", "self, values"),
@@ -170,10 +170,10 @@ PINS: tuple[Pin, ...] = (
         "spawns `self._loop_cls(**self._loop_kwargs)`: the per-instance loop class and kwargs the stack sets", "self",
         "e18c56d86e4e0bf4ed77c7a551a731b5a70406421be38991c1ab203a9e414f10"),
     Pin(ASYNC_WORKER, "check_health", "method", "trainer/run/async_run.py",
-        "wrapped (stop_on_env_down): an EnvDown in the worker stops the trainer with exit 6; a worker that died "
+        "wrapped (stop_on_env_or_vllm_down): an EnvDown in the worker stops the trainer with exit 6; a worker that died "
         "silently is noticed at once", digest="0161c9f376e7bbf8fb976c65d1fe66908a0c2faecbbff97c2b0d534bcad3cdae"),
     Pin(ASYNC_WORKER, "_failed_event", "attribute", "trainer/run/async_run.py",
-        "read: set by the child when its loop raised (stop_on_env_down)"),
+        "read: set by the child when its loop raised (stop_on_env_or_vllm_down)"),
     Pin(ASYNC_WORKER, "_exception_info_queue", "attribute", "trainer/run/async_run.py",
         "read and put back: (type name, message, traceback) of the child's failure, which TRL's check chains"),
     Pin(ASYNC_WORKER, "_process", "attribute", "trainer/run/async_run.py",
