@@ -418,6 +418,7 @@ class Rehearsal:
         self.proc: subprocess.Popen | None = None
         self.starts = 0
         self._rows: list[dict] = []
+        self.collected = False  # the run's folder copied out of its volume (collect): the figures read it there
 
     def start(self, resume: str) -> None:
         self.starts += 1
@@ -438,17 +439,25 @@ class Rehearsal:
         return ids[0] if ids else ""
 
     def steps_logged(self) -> list[dict]:
-        """The run's step records, read in its trainer container; the last read while there is none (a restart)."""
+        """The run's step records: once collected, from the run's folder (as the sync Trainer reads them); while it
+        runs, read in its trainer container, the last good read while there is none (a restart) or the read failed
+        (a container on its way out: its empty answer is not "no step")."""
+        from trainer.run.metrics import read_metrics
+
+        if self.collected:
+            return read_metrics(self.out / "chaos")
         container = self.container("trainer")
         if container:
-            text = sh("docker", "exec", container, "cat", "/outputs/chaos/metrics.jsonl", check=False)
-            rows = []
-            for line in text.splitlines():
-                try:
-                    rows.append(json.loads(line))
-                except ValueError:  # a line cut mid-write
-                    continue
-            self._rows = [r for r in rows if r.get("kind") == "step"]
+            res = subprocess.run(["docker", "exec", container, "cat", "/outputs/chaos/metrics.jsonl"],
+                                 capture_output=True, text=True, timeout=120)
+            if res.returncode == 0:
+                rows = []
+                for line in res.stdout.splitlines():
+                    try:
+                        rows.append(json.loads(line))
+                    except ValueError:  # a line cut mid-write
+                        continue
+                self._rows = [r for r in rows if r.get("kind") == "step"]
         return self._rows
 
     def kill(self) -> None:
@@ -465,6 +474,7 @@ class Rehearsal:
         sh("docker", "run", "--rm", "--user", "0", "--network", "none", "--entrypoint", "sh", "-v",
            f"{self.project.name}_outputs:/outputs:ro", "-v", f"{self.out}:/dst", READER_IMAGE, "-c",
            f"cp -r /outputs/chaos /dst/ && chown -R {os.getuid()}:{os.getgid()} /dst/chaos")
+        self.collected = True
 
     def down(self) -> None:
         if self.proc is not None and self.proc.poll() is None:  # a run ended early (a guard): its trainer too
