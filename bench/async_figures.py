@@ -99,8 +99,23 @@ class Project:
     def down(self) -> None:
         # by project name alone: `python -m tools compose` validates the .env first, and this one's TRAIN_MODE=cpu with
         # ROLLOUTS=async is refused there (the containers, the twin among them, were left running)
-        subprocess.run(["docker", "compose", "-p", self.name, "down", "--volumes", "--remove-orphans"],
-                       capture_output=True)
+        down = ["docker", "compose", "-p", self.name, "down", "--volumes", "--remove-orphans"]
+        subprocess.run(down, capture_output=True)
+        # `compose run --rm` containers (the trainer's, model-init's) are removed by the engine after they exit, which
+        # may be after the command returned: remove what is listed, wait (bounded) until the engine is done, then down
+        # again for the volumes and network such a late container still held
+        listed = ["docker", "ps", "-aq", "--filter", f"label=com.docker.compose.project={self.name}"]
+        ids = subprocess.run(listed, capture_output=True, text=True).stdout.split()
+        if not ids:
+            return
+        deadline = time.monotonic() + 120
+        while ids and time.monotonic() < deadline:
+            subprocess.run(["docker", "rm", "-f", *ids], capture_output=True)  # one being removed already: an error
+            time.sleep(0.5)
+            ids = subprocess.run(listed, capture_output=True, text=True).stdout.split()
+        if ids:
+            print(f"[bench] containers of {self.name} still there after 120 s: {' '.join(ids)}", flush=True)
+        subprocess.run(down, capture_output=True)
 
 
 class MetricsPoller:

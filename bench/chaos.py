@@ -33,13 +33,15 @@ runs a short version and asserts what must hold):
                                                   run continues from its checkpoint, trainer_state ends at N
   stalls ended within bound, diagnosed    all   each stop/half_open: the next step came within its bound and a
                                                   one-line diagnosis is in the trainer's log after it (a stop inside
-                                                  a trainer or vLLM restart is listed apart: no step to time it by)
+                                                  a trainer or vLLM restart, or after the last step, is listed
+                                                  apart: no step to time it by)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import re
@@ -418,6 +420,7 @@ class Rehearsal:
         self.proc: subprocess.Popen | None = None
         self.starts = 0
         self._rows: list[dict] = []
+        self.collected = False  # the run's folder copied out of its volume (collect): the figures read it there
 
     def start(self, resume: str) -> None:
         self.starts += 1
@@ -438,17 +441,25 @@ class Rehearsal:
         return ids[0] if ids else ""
 
     def steps_logged(self) -> list[dict]:
-        """The run's step records, read in its trainer container; the last read while there is none (a restart)."""
+        """The run's step records: once collected, from the run's folder (as the sync Trainer reads them); while it
+        runs, read in its trainer container, the last good read while there is none (a restart) or the read failed
+        (a container on its way out: its empty answer is not "no step")."""
+        from trainer.run.metrics import read_metrics
+
+        if self.collected:
+            return read_metrics(self.out / "chaos")
         container = self.container("trainer")
         if container:
-            text = sh("docker", "exec", container, "cat", "/outputs/chaos/metrics.jsonl", check=False)
-            rows = []
-            for line in text.splitlines():
-                try:
-                    rows.append(json.loads(line))
-                except ValueError:  # a line cut mid-write
-                    continue
-            self._rows = [r for r in rows if r.get("kind") == "step"]
+            res = subprocess.run(["docker", "exec", container, "cat", "/outputs/chaos/metrics.jsonl"],
+                                 capture_output=True, text=True, timeout=120)
+            if res.returncode == 0:
+                rows = []
+                for line in res.stdout.splitlines():
+                    try:
+                        rows.append(json.loads(line))
+                    except ValueError:  # a line cut mid-write
+                        continue
+                self._rows = [r for r in rows if r.get("kind") == "step"]
         return self._rows
 
     def kill(self) -> None:
@@ -465,6 +476,7 @@ class Rehearsal:
         sh("docker", "run", "--rm", "--user", "0", "--network", "none", "--entrypoint", "sh", "-v",
            f"{self.project.name}_outputs:/outputs:ro", "-v", f"{self.out}:/dst", READER_IMAGE, "-c",
            f"cp -r /outputs/chaos /dst/ && chown -R {os.getuid()}:{os.getgid()} /dst/chaos")
+        self.collected = True
 
     def down(self) -> None:
         if self.proc is not None and self.proc.poll() is None:  # a run ended early (a guard): its trainer too
@@ -529,10 +541,13 @@ def figures(args, trainer: Trainer, injector: Injector, killed_at: dict, slots: 
     # a line of the trainer's saying what failed, from the stall's start to its end (+5 s).
     bounds = {"stop": TOOL_TIMEOUT_S + 5 + 2 * RESET_TIMEOUT_S + args.step_allowance_s,
               "half_open": max(TOOL_TIMEOUT_S + 5, 2 * RESET_TIMEOUT_S, PING_S) + 5}
-    # A restart (the trainer killed, the vLLM twin killed) logs no step until the run is back: a stop inside one is
-    # not timed by the next step (that times the restart), it is listed apart.
+    # A restart (the trainer killed, the vLLM twin killed) logs no step until the run is back, and none comes after
+    # the last: a stop inside a restart or after the last step is not timed by a next step (that would time the
+    # restart, or never end), it is listed apart.
     restarts = [(e["time"], next((r["time"] for r in rows if r["time"] > e["time"]), time.time()))
                 for e in injector.events if e["kind"] in ("trainer_kill", "vllm_restart") and not e.get("error")]
+    if rows:
+        restarts.append((rows[-1]["time"], math.inf))
     stalls, during_restart = [], []
     for event in injector.events:
         if event["kind"] not in bounds or event.get("error") or event.get("link", 1) is None:
@@ -650,7 +665,7 @@ def print_figures(f: dict) -> None:
          "nothing waited on)", "all", len(diagnosed) == len(felt))
     if f.get("stalls_during_restart"):
         print(f"    + {len(f['stalls_during_restart'])} stop(s) during a restart (trainer or vLLM killed, no step until "
-              "the run is back): not timed")
+              "the run is back) or after the last step: not timed")
     for s in f["stalls"]:
         took = "never" if s["ended_after_s"] is None else f"{s['ended_after_s']:.1f} s"
         print(f"    {s['kind']}: ended after {took} (bound {s['bound_s']:.0f} s); "

@@ -106,7 +106,8 @@ def went_away(exc: BaseException, url: str, session=None) -> str | None:
     """Why a run that failed with `exc` failed because the vLLM server at `url` went away (it died, was stopped or
     restarted: the weights pushed to it went with it), or None when the failure is something else. Gone means a
     connection to it refused or cut somewhere in the exception's chain, a restart seen between a push and a
-    generation (VLLMRestarted) or while the async rollout worker retried (VLLMGone), or any failure while it answers no /health."""
+    generation (VLLMRestarted), a vLLM refused while the async rollout worker retried (VLLMGone), or any failure while
+    it answers no /health."""
     import requests
 
     from urllib.parse import urlsplit
