@@ -93,12 +93,11 @@ def unreachable(url: str, session=None) -> str | None:
     session = session or _session()
     try:
         session.get(f"{url}/health", timeout=10)
-    except requests.exceptions.ConnectTimeout:
-        return None
     except requests.exceptions.ConnectionError as exc:  # refused, reset, or the name does not resolve
-        return f"its /health is refused ({str(exc)[:160]})"
+        if not isinstance(exc, requests.exceptions.ConnectTimeout):  # a full backlog: it is there, busy
+            return f"its /health is refused ({str(exc)[:160]})"
     except requests.exceptions.RequestException:  # a read timeout: it is there
-        return None
+        pass
     return None
 
 
