@@ -59,14 +59,6 @@ def ensure_trainer_standin_image() -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    from tests.helpers import make_tiny_model
-
-    out = tmp_path_factory.mktemp("vllm-cpu-model") / "tiny-qwen3"
-    return make_tiny_model(out)
-
-
-@pytest.fixture(scope="session")
 def twin_hf_cache(gpu_config, tiny_model_dir, tmp_path_factory) -> Path:
     """An HF_HOME whose hub/ holds the tiny model as the vllm service's MODEL_NAME at its MODEL_REVISION, exactly as
     trainer.download_model's snapshot_download at a commit leaves it (blobs/, snapshots/<commit>/, no refs/)."""

@@ -1,7 +1,9 @@
 """LoRA on the vLLM 0.31 CPU twin (#32 items 4 and 5): the twin serves LoRA adapters. A real LoRA CPU run's adapter,
 exported by `make export EXPORT_ADAPTER=1`, is served by `vllm serve BASE --enable-lora --lora-modules`, loads again
 at run time through `/v1/load_lora_adapter` (the route TRL's async trainer syncs adapters by), and changes the served
-output; the default export (base + adapter merged) served on its own gives the same log-probs as base + adapter."""
+output; the default export (base + adapter merged, a `make export` folder) served on its own, mounted read-only and
+read as uid 10001 (not the folder's owner), gives the same log-probs as base + adapter, and chats through the OpenAI
+route with the chat template the folder carries."""
 
 from __future__ import annotations
 
@@ -91,7 +93,28 @@ def test_the_twin_serves_the_adapter_at_start_and_by_load_lora_adapter_and_the_m
     merged = serve("/models/merged", {str(exports / "merged"): "/models/merged"})
     try:
         served_merged = logprobs(merged, "/models/merged")
+        chat = chat_through_the_folders_template(merged, "/models/merged")
     finally:
         stop_twin(merged)
     print(f"merged export {served_merged}")
     assert served_merged == pytest.approx(adapted, abs=1e-3)  # base + adapter == the merged standalone folder
+    assert 1 <= chat["usage"]["completion_tokens"] <= 4
+    assert chat["choices"][0]["finish_reason"] in ("length", "stop")
+    # the prompt vLLM built is the one transformers builds from the folder's chat template, token for token
+    from transformers import AutoTokenizer
+
+    prompt = AutoTokenizer.from_pretrained(exports / "merged").apply_chat_template(
+        CHAT, add_generation_prompt=True, return_dict=True)["input_ids"]
+    assert chat["usage"]["prompt_tokens"] == len(prompt)
+
+
+CHAT = [{"role": "user", "content": "Echo the word: hello"}]
+
+
+def chat_through_the_folders_template(twin: Twin, model: str) -> dict:
+    """A chat completion through the OpenAI route: vLLM renders CHAT with the chat template the served folder holds."""
+    assert requests.get(f"{twin.url}/v1/models", timeout=30).json()["data"][0]["id"] == model
+    r = requests.post(f"{twin.url}/v1/chat/completions", timeout=300, json={
+        "model": model, "messages": CHAT, "max_tokens": 4, "temperature": 0})
+    assert r.status_code == 200, r.text[:500]
+    return r.json()

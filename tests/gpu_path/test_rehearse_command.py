@@ -1,5 +1,7 @@
 """`make rehearse` end to end: TRAIN_MODE=gpu's layout on CPU, run by the command itself (`python -m tools rehearse`,
-what the Makefile runs) with 1 and with 2 trainer processes, on one Compose project.
+what the Makefile runs) with 1 and with 2 trainer processes, on one Compose project. The twin dying mid-run and the
+run resuming once make rehearse has restarted it: tests/reliability/test_chaos.py (async, the twin SIGKILLed); the
+sync trainer's stop for a vLLM gone (exit 77) and make train's one restart: tests/gpu_path/test_vllm_recovery.py.
 
 Real: the generated compose file, the images built by the command, the vLLM CPU twin as the `vllm` service, the
 env server health-gated, model-init, the GPU trainer's Dockerfile built on the twin training on CPU through TRL's
@@ -13,15 +15,12 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
-import time
 
 import pytest
 
 from tests.gpu_path.conftest import TRAINER_STANDIN_IMAGE, ensure_trainer_standin_image
-from tests.helpers import ROOT, EnvFileStack
+from tests.helpers import EnvFileStack
 from trainer.after import first_turn
-from trainer.run import checkpoints
 from contract import sampling_health, stages
 from contract.config import CPU_DEFAULT_MODEL
 
@@ -192,55 +191,6 @@ def test_make_rehearse_two_processes_pushes_into_the_twin_and_judges_importance_
     assert ok is True, detail
     assert stages.parse(log)["importance_sampling"]["ok"] is True
 
-
-
-def complete_checkpoints(stack: EnvFileStack, run: str) -> set[int]:
-    """The steps of a run whose checkpoint is complete, read inside its running trainer container (fast: `docker
-    exec`, no new container); none while there is no such container."""
-    ids = docker("ps", "-q", "--filter", f"label=com.docker.compose.project={stack.project}",
-                 "--filter", "label=com.docker.compose.service=trainer").stdout.split()
-    if len(ids) != 1:
-        return set()
-    out = docker("exec", ids[0], "sh", "-c", f"ls -d /outputs/{run}/checkpoint-*/{checkpoints.MARKER}",
-                 check=False).stdout
-    return {int(m) for m in re.findall(rf"checkpoint-(\d+)/{re.escape(checkpoints.MARKER)}", out)}
-
-
-def test_make_rehearse_rides_out_the_twin_dying_mid_run_and_resumes_once_it_is_back(rehearsal):
-    """#33 item 5: the twin SIGKILLed mid-run (a crash; Docker does not restart a killed container). The trainer's
-    next request to it is refused (after TRL's own retries), the trainer stops with one line and EXIT_VLLM_WENT_AWAY,
-    `make rehearse` (as `make train`) recreates the vllm service, health-gated, and trains again from the run's last
-    checkpoint: every step logged once. The kill comes as soon as a step's checkpoint is complete (read inside the
-    trainer, a `docker exec` each), with 11 of the run's 12 steps still to come, each of which needs the twin."""
-    run, steps = "rehearsal-vllm-gone", 12
-    run_env = rehearsal.environment({"TRAINER_PROCESSES": "1", "RUN_NAME": run, "MAX_STEPS": str(steps),
-                                     "SAVE_STEPS": "1"})
-    log_path = rehearsal.env_file.with_name(f"{run}.log")
-    with open(log_path, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "tools", "rehearse"], cwd=ROOT, env=run_env, stdout=out,
-                                stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 1800  # a hang guard only
-        while not (complete := complete_checkpoints(rehearsal, run)):
-            assert proc.poll() is None, log_path.read_text()[-6000:]
-            assert time.monotonic() < deadline, "no checkpoint in 30 minutes"
-            time.sleep(0.2)
-        docker("kill", container(rehearsal, "vllm"))
-        killed_after = max(complete)
-        rc = proc.wait(timeout=3000)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    log = log_path.read_text()
-    assert rc == 0, log[-6000:]
-    assert re.search(r"\[train\] stopped: vLLM at http://vllm:8000 went away mid-run: .*\(exit 77\)", log), \
-        f"no stop for the killed twin (killed after checkpoint-{killed_after} of {steps} steps):\n" + log[-6000:]
-    assert "restarting the vllm service" in log
-    resumed = re.search(r"resuming from /outputs/\S+/checkpoint-(\d+)", log)
-    assert resumed and int(resumed.group(1)) >= killed_after, log[-6000:]
-    assert [r["step"] for r in step_rows(rehearsal, run)] == list(range(1, steps + 1)), "a step was lost or repeated"
-    print(f"[rehearsal vllm gone] twin killed after checkpoint-{killed_after}; the trainer stopped (exit 77), the "
-          f"twin was recreated and the run resumed from checkpoint-{resumed.group(1)}; {steps} steps logged once")
 
 
 SERVED = """

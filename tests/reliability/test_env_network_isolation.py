@@ -141,15 +141,13 @@ def probe(container: str, *targets: str) -> dict[str, dict]:
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    from tests.helpers import make_tiny_model
-
+def stack(tmp_path_factory, tiny_model_dir):
     build = ensure_trainer_standin_image()
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
     ensure_vllm_cpu_image()
     build_images("env-server")
     tmp = tmp_path_factory.mktemp("netiso")
-    model = make_tiny_model(tmp / "tiny-qwen3")
+    model = tiny_model_dir
     project = f"grpo-test-{uuid.uuid4().hex[:8]}"
     env_file = write_env_file(tmp / "net.env", project, ["echo"], {"VLLM_CPU_MODEL": "/tiny-model"})
     override = tmp / "standin.yaml"

@@ -14,7 +14,7 @@
   Note: `docker kill` / `docker stop` count as a *manual* stop, and Docker does not restart a
   container after one (checked here on engine 20.10): a crash, not an operator's kill, is the fault.
 - trainer killed mid-run and resumed: covered by tests/trainer/test_cpu_training_docker.py
-  (test_kill_and_resume_loses_and_repeats_no_step), not repeated here to keep CI short.
+  (test_two_trainer_processes_train_once_per_step_and_resume_after_a_kill), not repeated here to keep CI short.
 - vLLM (CPU twin) restart: not covered; the CPU trainer cannot use vLLM server mode (see report).
 """
 

@@ -1,4 +1,4 @@
-"""Fixtures for trainer tests: a real env server process on loopback, a tiny model built once."""
+"""Fixtures for trainer tests: a real env server process on loopback (the tiny model: tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -78,15 +78,3 @@ def clean_run_env(monkeypatch):
     """Tests build configs from explicit values, never from the caller's shell."""
     for name in ENV_VARS:
         monkeypatch.delenv(name, raising=False)
-
-
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory) -> Path:
-    """A tiny model made by trainer.tiny_model with the init job's defaults (~15-30 s).
-    TINY_MODEL_DIR reuses one built earlier (saves that time when iterating)."""
-    reuse = os.environ.get("TINY_MODEL_DIR")
-    if reuse:
-        return Path(reuse)
-    out = tmp_path_factory.mktemp("models") / "tiny-qwen3"
-    subprocess.run([sys.executable, "-m", "trainer.tiny_model", "--out", str(out)], cwd=ROOT, check=True)
-    return out

@@ -2,7 +2,7 @@
 tensor for tensor and nothing of the trainer's, loads and chats in transformers with the run's chat template, and
 its card tells base model, envs, steps, reward start/end (as metrics.jsonl logged them), settings and eval table.
 The Hub push: the no-token error, a refused connection, and the calls made (a test double for the network only).
-Serving the folder with `vllm serve`: tests/gpu_path/test_export_vllm_twin.py."""
+Serving an export folder with `vllm serve`: tests/gpu_path/test_lora_twin.py (the merged export)."""
 
 from __future__ import annotations
 
