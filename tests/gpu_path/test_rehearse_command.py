@@ -19,7 +19,7 @@ import subprocess
 import pytest
 
 from tests.gpu_path.conftest import TRAINER_STANDIN_IMAGE, ensure_trainer_standin_image
-from tests.helpers import EnvFileStack
+from tests.helpers import LEARN_SEEDS, EnvFileStack
 from trainer.after import first_turn
 from contract import sampling_health, stages
 from contract.config import CPU_DEFAULT_MODEL
@@ -140,15 +140,16 @@ def check_server_mode_log(log: str, rollouts: str = "sync", steps: int = 0) -> N
         "the push's dtype was not read from the twin's /server_info"
 
 
+@pytest.mark.parametrize("seed", LEARN_SEEDS)
 @pytest.mark.parametrize("rollouts", ["sync", "async"])
-def test_make_rehearse_one_process_trains_through_the_twin_and_learns(rehearsal, tiny_model_dir, rollouts):
+def test_make_rehearse_one_process_trains_through_the_twin_and_learns(rehearsal, tiny_model_dir, rollouts, seed):
     """Item 7 on the rehearsal, the bar of tests/trainer/test_learning.py, sync and async by ROLLOUTS: greedy exact
     first calls on held-out rows, of the tiny model and of the run's last checkpoint (fp32, transformers: the twin
     serves bf16, where the tiny model's near-tie between answering and calling the tool already tips to the call
     before any training; its figure is printed beside)."""
-    run = f"rehearsal-1-{rollouts}"
+    run = f"rehearsal-1-{rollouts}-{seed}"
     log = rehearse(rehearsal, TRAINER_PROCESSES="1", RUN_NAME=run, MAX_STEPS=str(LEARN_STEPS),
-                   ROLLOUTS=rollouts)
+                   ROLLOUTS=rollouts, SEED=str(seed))
     check_server_mode_log(log, rollouts, LEARN_STEPS)
     init = docker("ps", "-aq", "--filter", f"label=com.docker.compose.project={rehearsal.project}",
                   "--filter", "label=com.docker.compose.service=model-init").stdout.split()

@@ -7,6 +7,9 @@ every row after) are far from the threshold, so a slower or differently rounding
 
 from __future__ import annotations
 
+import pytest
+
+from tests.helpers import LEARN_SEEDS
 from trainer.after import first_turn
 from trainer import train
 from trainer.run.metrics import read_metrics
@@ -14,21 +17,22 @@ from trainer.run.metrics import read_metrics
 STEPS = 20
 
 
-def test_grpo_run_turns_no_tool_call_into_exact_echoes(tmp_path, tiny_model_dir, echo_server):
+@pytest.mark.parametrize("seed", LEARN_SEEDS)
+def test_grpo_run_turns_no_tool_call_into_exact_echoes(tmp_path, tiny_model_dir, echo_server, seed):
     before = first_turn.evaluate(str(tiny_model_dir))
     # The warm-start leaves the tool call the less likely first token: greedily, the model answers at once.
     assert before["exact_rate"] <= 0.2, before
 
     argv = ["--train-mode", "cpu", "--model-name", str(tiny_model_dir), "--output-dir", str(tmp_path),
             "--env-name", "echo", "--env-urls", f"echo={echo_server.url}", "--run-name", "learn",
-            "--max-steps", str(STEPS), "--save-steps", "1000", "--seed", "42", "--resume", "fresh"]
+            "--max-steps", str(STEPS), "--save-steps", "1000", "--seed", str(seed), "--resume", "fresh"]
     assert train.main(argv) == 0
     rows = read_metrics(tmp_path / "learn")
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     assert all("rewards/unfinished/mean" in r for r in rows)  # the unfinished-episode penalty is a reward term
     after = first_turn.evaluate(str(tmp_path / "learn" / f"checkpoint-{STEPS}"))
-    print(f"greedy exact first calls on {after['prompts']} held-out rows: {before['exact_rate']:.2f} before, "
-          f"{after['exact_rate']:.2f} after {STEPS} steps")
+    print(f"[learn seed {seed}] greedy exact first calls on {after['prompts']} held-out rows: "
+          f"{before['exact_rate']:.2f} before, {after['exact_rate']:.2f} after {STEPS} steps")
     assert after["exact_rate"] >= 0.8, (before, after)
     assert after["exact_rate"] >= before["exact_rate"] + 0.6
 
