@@ -99,8 +99,10 @@ PINS: tuple[Pin, ...] = (
         "read: a dict environment_factory (rows routed by their `environment` column)"),
     Pin(GRPO, "_sync_tool_dicts", "attribute", "trainer/rollouts/rollout_loop.py", "read: each rollout's sync tools by name"),
     Pin(GRPO, "_async_tool_dicts", "attribute", "trainer/rollouts/rollout_loop.py", "read: each rollout's async tools by name"),
-    Pin(GRPO, "_metrics", "attribute", "trainer/run/grpo_trainer.py, trainer/rollouts/infra_failures.py, trainer/gpu/trl_hooks.py",
-        "appended to: {'train'|'eval': {key: [values]}}, which TRL's log() averages"),
+    Pin(GRPO, "_metrics", "attribute", "trainer/run/grpo_trainer.py, trainer/rollouts/infra_failures.py, trainer/gpu/trl_hooks.py, "
+        "trainer/rollouts/zero_variance.py",
+        "appended to: {'train'|'eval': {key: [values]}}, which TRL's log() averages; the last frac_reward_zero_std "
+        "value _generate_and_score_completions appended is replaced (zero_variance.log_share)"),
     # ------------------------------------------------------------------ vLLM generation and client (GPU paths)
     Pin(VLLM_GENERATION, "generate", "method", "trainer/rollouts/rollout_loop.py",
         "the generation collective the loop keeps in step (server: gather_object + slice by process_index * "
