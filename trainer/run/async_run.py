@@ -134,6 +134,14 @@ class TracedRollouts:
         self._traced_steps: set[int] = set()
         self._episode_of: dict[int, SimpleNamespace] = {}  # id(completion list) -> its env episode, until scored
 
+    def run(self) -> None:
+        """TRL's worker loop, then every env session this process opened closed, however the loop ended (a stop, an
+        error; in-flight rollouts' envs included, which TRL's pool never gets back)."""
+        from trainer.rollouts.envs_binding import sessions_closed
+
+        with sessions_closed("rollout worker"):
+            super().run()
+
     async def _generate_one(self, prompt, tool_dict, tools, group_id: int = 0):
         result = await super()._generate_one(prompt, tool_dict=tool_dict, tools=tools, group_id=group_id)
         env = next((m.__self__ for m in tool_dict.values() if hasattr(m, "__self__")), None)

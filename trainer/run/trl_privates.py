@@ -162,7 +162,8 @@ PINS: tuple[Pin, ...] = (
         "(infra_failures.leave_out_samples)", "self, group",
         "41085b660a42b4854930aae7aa0e8e5330d006b50567a11915c781f1fa12ef63"),
     Pin(ASYNC_LOOP, "run", "method", "trainer/run/async_run.py",
-        "the child puts (type name, str(e), traceback) before setting `_failed_event` (stop_on_env_or_vllm_down reads it)",
+        "overridden (TracedRollouts.run closes the process's env sessions after it); the child puts (type name, "
+        "str(e), traceback) before setting `_failed_event` (stop_on_env_or_vllm_down reads it)",
         digest="7680ad1113f78ef0a0e0ba608542be0c3f883677c467873cf0a71d67239e0d4b"),
     Pin(ASYNC_LOOP, "_generate_loop", "coroutine", "trainer/run/async_run.py, trainer/rollouts/envs_binding.py",
         "the rollout lifecycle the stack's async side assumes: an env drawn from `_environment_pool[name]` (factory "
