@@ -41,7 +41,7 @@ def test_flat_groups_are_the_ones_trl_counts_in_frac_reward_zero_std():
     from trl.trainer.utils import nanstd
 
     rng = random.Random(7)
-    for _ in range(200):
+    for _ in range(100):
         group = rng.choice([2, 4, 8])
         rewards = []
         for _ in range(4):
@@ -66,7 +66,7 @@ def test_sync_logs_the_share_as_the_async_worker_counts_it():
     trainer._metrics["train"][zero_variance.METRIC].append(0.0)  # what TRL appends for this batch
     zero_variance.log_share(trainer)
     assert trainer._metrics["train"][zero_variance.METRIC] == [0.5]
-    assert not hasattr(trainer, "_infra_rows")  # keep: nothing leaves the loss
+    assert not trainer._infra_any and not trainer._infra_rows.any()  # keep: nothing leaves the loss
 
 
 # ---------------------------------------------------------------------------- sync: the normaliser
