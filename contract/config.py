@@ -145,6 +145,12 @@ class RunConfig(BaseSettings):
         "ended it (logged as rewards/unfinished/mean; 0 turns it off). Without it, turns after the env has decided "
         "the reward can ramble to the cap unpunished."
     )
+    zero_std_groups: Literal["keep", "drop"] = Field(
+        "keep", description="Groups whose completions all scored the same (advantage 0; their share is logged as "
+        "frac_reward_zero_std). keep: TRL's behaviour, their tokens count in the loss's normaliser. drop: out of it "
+        "(as episodes the env side ended), so they do not shrink the other tokens' weight; a larger step when many "
+        "groups are flat (trainer/rollouts/zero_variance.py)."
+    )
     save_steps: int = Field(10, ge=1, description="Write `checkpoint-N` every this many steps.")
     logging_steps: int = Field(1, ge=1, description="Log metrics every this many steps.")
     trace_every: int = Field(10, ge=0, description="Write a sample of rollouts to rollouts.jsonl every this many "

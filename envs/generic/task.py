@@ -5,12 +5,17 @@ Prompts, two ways (README "Bring your own environment"):
     reset observation is appended to the prompt by TRL;
   * ENV_PROMPTS_FILE: a JSONL file, one row per line: {"prompt": "text" or [chat messages],
     "reset": {kwargs for the env's reset}, "environment": "<name>" (multi-env runs, optional)}.
+    A row whose "reset" has no "seed" gets one derived from the row itself (`line_seed`): every member of a GRPO
+    group then plays the same episode of a stochastic env (else the group baseline compares different tasks), and
+    the seed stays the same across resumes and edits elsewhere in the file. `"seed": null` sends none.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +37,17 @@ def instruction_rows(n: int, seed: int, instruction: str) -> list[dict]:
             for i in range(n)]
 
 
+def canonical(item: dict) -> str:
+    """A row's content, key order and spacing aside."""
+    return json.dumps(item, sort_keys=True, separators=(",", ":"))
+
+
+def line_seed(row: str, occurrence: int) -> int:
+    """A reset seed for a prompts-file row that names none: from the row's content (`canonical`) and how many
+    identical rows came before it, so duplicated rows still play different episodes."""
+    return int.from_bytes(hashlib.sha256(f"{occurrence}:{row}".encode()).digest()[:4], "big") % 2**31
+
+
 def prompts_file_rows(path: str, env_name: str) -> list[dict]:
     """Rows of a JSONL prompts file meant for `env_name` (rows naming another env are skipped)."""
     file = Path(path)
@@ -39,6 +55,7 @@ def prompts_file_rows(path: str, env_name: str) -> list[dict]:
         raise PromptsFileError(f"ENV_PROMPTS_FILE={path}: no such file in the trainer container; mount it "
                                "(README \"Bring your own environment\") or leave ENV_PROMPTS_FILE empty")
     rows = []
+    seen: Counter[str] = Counter()
     for n, line in enumerate(file.read_text().splitlines(), 1):
         if not line.strip():
             continue
@@ -58,6 +75,10 @@ def prompts_file_rows(path: str, env_name: str) -> list[dict]:
         target = item.get("environment")
         if target is not None and target != env_name:
             continue  # a row without "environment" serves every env of the run
+        if "seed" not in reset:
+            key = canonical(item)
+            reset = {**reset, "seed": line_seed(key, seen[key])}
+            seen[key] += 1
         rows.append({"prompt": prompt, "reset_kwargs": reset})
     if not rows:
         raise PromptsFileError(f"ENV_PROMPTS_FILE={path}: no row for env {env_name!r}")

@@ -175,9 +175,10 @@ def test_prompts_file_rows_and_bad_files(tmp_path):
         {"prompt": "For another env.", "environment": "other"},
     ]) + "\n")
     rows = make_dataset(99, 0, "guess", prompts_file=str(f))
+    derived = rows[1]["reset_kwargs"]["seed"]  # no seed in the file: one from the row (tests/envs/test_group_seeds.py)
     assert rows == [{"prompt": [{"role": "user", "content": "Guess my number."}], "reset_kwargs": {"seed": 3}},
                     {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Go."}],
-                     "reset_kwargs": {}}]
+                     "reset_kwargs": {"seed": derived}}]
     assert make_dataset(2, 7, "guess", instruction="Play.") == [
         {"prompt": [{"role": "user", "content": "Play."}], "reset_kwargs": {"seed": 7}},
         {"prompt": [{"role": "user", "content": "Play."}], "reset_kwargs": {"seed": 8}}]

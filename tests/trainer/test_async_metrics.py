@@ -59,6 +59,7 @@ ASYNC_LOGS = {  # the keys TRL 1.16's AsyncGRPOTrainer logs for one step of a to
     "env/echo/episodes_total": 3.0, "env/echo/reward_mean": 0.4, "env/echo/episode_length": 1.0,
     "async/staleness_p50": 0.0, "async/staleness_p90": 1.0, "async/staleness_max": 1.0,
     "async/samples_at_lag/0": 5.0, "async/samples_at_lag/1": 3.0,
+    "frac_reward_zero_std": 0.25,  # pushed by the stack's worker mixin (trainer.rollouts.zero_variance), as sync logs it
 }
 SYNC_LOGS = {  # what the sync GRPOTrainer logs for the same run (trl 1.16 grpo_trainer.py)
     "loss": 0.01, "grad_norm": 0.3, "learning_rate": 1e-5, "reward": 0.5, "reward_std": 0.2,
@@ -95,10 +96,9 @@ def test_an_async_step_has_every_tracker_key_of_a_sync_step_plus_staleness(tmp_p
     sync_row, _ = log_one(tmp_path / "sync", SYNC_LOGS, "sync", {"echo": EPISODES["echo"]})
     async_row, lines = log_one(tmp_path / "async", ASYNC_LOGS, "async")
     sync_keys, async_keys = set(trackers.view(sync_row)), set(trackers.view(async_row))
-    # TRL's sync-only bookkeeping (token count, zero-std share, a per-function std) and the sync-only step parts
-    # (env and scoring run inside the async worker, off the trainer's clock) are the only differences.
-    sync_only = {"trl/num_tokens", "trl/frac_reward_zero_std", "trl/rewards/EchoTool/std", "time/env_s",
-                 "time/scoring_s"}
+    # TRL's sync-only bookkeeping (token count, a per-function std) and the sync-only step parts (env and scoring run
+    # inside the async worker, off the trainer's clock) are the only differences; the zero-std share is in both (#43).
+    sync_only = {"trl/num_tokens", "trl/rewards/EchoTool/std", "time/env_s", "time/scoring_s"}
     assert sync_keys - async_keys == sync_only
     assert {"reward/echo", "rollout/tool_calls_per_episode/echo", "rollout/episodes/echo", "time/generation_s",
             "time/training_s", "time/weight_sync_s", "time/step_s", "trl/rewards/EchoTool/mean"} <= async_keys

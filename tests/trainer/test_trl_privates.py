@@ -115,3 +115,26 @@ def test_environment_pool_is_trls_own_dict_or_empty():
     pool = {None: [object()]}
     assert trl_privates.environment_pool(SimpleNamespace(_environment_pool=pool)) is pool
     assert trl_privates.environment_pool(SimpleNamespace()) == {}
+
+
+def test_the_async_rollout_lifecycle_is_pinned_and_a_change_stops_an_async_run(monkeypatch):
+    """#43 item 5: the async path relies on TRL's `_generate_loop` (env drawn from the pool, reset(**row), reward
+    before the env goes back) and `_repeat_iterator` (a group is one row repeated: it shares its seed). Before, neither
+    was pinned, so a TRL that reshaped them started an async run as if nothing had changed."""
+    from trl.experimental.async_grpo.async_rollout_worker import _AsyncRolloutLoop
+
+    pinned = {pin.name: pin for pin in PINS if pin.owner == trl_privates.ASYNC_LOOP}
+    for name, params in (("_generate_loop", "self, stop_event"), ("_repeat_iterator", "self")):
+        assert name in pinned and pinned[name].group == "async" and pinned[name].digest, name
+        assert pinned[name].params == params
+    assert trl_privates.startup_problem("async") is None
+
+    async def _generate_loop(self, stop_event, episode_budget):  # another parameter list
+        return None
+
+    monkeypatch.setattr(_AsyncRolloutLoop, "_generate_loop", _generate_loop)
+    monkeypatch.setattr(_AsyncRolloutLoop, "_repeat_iterator", None)
+    line = trl_privates.startup_problem("async")
+    assert "_AsyncRolloutLoop._generate_loop: parameters (self, stop_event, episode_budget), not (self, stop_event)" in line
+    assert "_AsyncRolloutLoop._repeat_iterator: a NoneType now, not a method" in line
+    assert trl_privates.startup_problem("sync") is None  # a sync run does not use them

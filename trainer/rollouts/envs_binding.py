@@ -15,6 +15,10 @@ every instance (one env-server session each) for the whole run. We:
     error message, reaches the model with control characters escaped and trimmed to ENV_OBSERVATION_CHARS (plus
     room for the tool class's own words), and a reward that is not finite or out of range makes a failed episode
     (FAILED_EPISODE_REWARD, as an episode whose env never scored it) with one log line;
+  * close every session an instance of this process opened when the run ends, whatever ends it (`sessions_closed`:
+    an error, EnvDown, a stop signal's graceful stop, the last step; async: the rollout worker's loop): upstream
+    servers free a slot when its socket closes, and openenv 0.10 reaps no idle session when `max_concurrent_envs` is
+    set, so a session left open would hold its slot for as long as the process lives;
   * mark an episode the env side ended (a failed reset, a lost session, a reply that never came: trainer.rollouts.infra_failures)
     with its reason: its later calls fail at once, its trace says why, `get_reward` gives None (TRL: not scored) and
     the trainer leaves it out of the loss; a failed reset is such an episode, not the end of the run, unless the env
@@ -23,6 +27,7 @@ every instance (one env-server session each) for the whole run. We:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import json
@@ -49,10 +54,32 @@ log = logging.getLogger("trainer.envs")
 _bad_rewards: Counter[str] = Counter()
 _bad_rewards_lock = threading.Lock()
 _infra_logged: Counter[str] = Counter()
+_live: list[Any] = []  # every bound instance this process made (TRL keeps them all for the run): closed at its end
+_live_lock = threading.Lock()
 
 
 class BindingError(RuntimeError):
     pass
+
+
+def close_all_sessions() -> int:
+    """Close the env session of every bound instance this process made (a closed one is a no-op); how many."""
+    with _live_lock:
+        instances, _live[:] = list(_live), []
+    for instance in instances:
+        close_session(instance)  # SessionClient.close: bounded, never raises
+    return len(instances)
+
+
+@contextlib.contextmanager
+def sessions_closed(where: str):
+    """Run the block, then close every session this process opened, on any way out (an exception included)."""
+    try:
+        yield
+    finally:
+        closed = close_all_sessions()
+        if closed:
+            log.info("%s: closed %d env session(s)", where, closed)
 
 
 def resolve_replicas(url: str) -> list[str]:
@@ -105,6 +132,8 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS,
         if client is not None:
             client.message_timeout_s = None if step_timeout_s is None else step_timeout_s + REPLY_GRACE_S
             client.reset_timeout_s = reset_timeout_s
+        with _live_lock:
+            _live.append(self)
 
     def reset(self, **row: Any):
         encoded = row.pop(ENV_ROW_COLUMN, None)

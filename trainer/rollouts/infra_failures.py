@@ -126,6 +126,18 @@ def leave_out_rewards(trainer, rewards_per_func):
     return out
 
 
+def also_leave_out(trainer, local_rows: list[bool]) -> None:
+    """More of this process's rows for leave_out_of_loss, by the same means (trainer.rollouts.zero_variance's flat
+    groups). Call after leave_out_rewards, on every process, whenever any process has such a row (leave_out_of_loss
+    gathers a count then)."""
+    import torch
+
+    current = getattr(trainer, "_infra_rows", None)
+    rows = torch.tensor(local_rows, dtype=torch.bool)
+    trainer._infra_rows = rows if current is None else current | rows.to(current.device)
+    trainer._infra_any = True
+
+
 def leave_out_of_loss(trainer, output: dict) -> dict:
     """`_generate_and_score_completions`' output with the tokens of those episodes out of the loss mask, and TRL's
     token count (`num_items_in_batch`, the loss's normaliser) counted again without them. Advantage 0 alone would

@@ -3,12 +3,12 @@
 Every TRACE_EVERY steps the trainer writes TRACE_SAMPLES rollouts of the batch it trains on (default: one GRPO
 group, so the rollouts compared with each other are seen together), one JSON object per line:
 
-    step, env, reset (the row's reset kwargs or seed), prompt (chat messages), turns (the assistant turns and tool
-    results, as TRL's completion messages), tool_calls ([{tool, arguments, result, failed}] in order), step_rewards
-    (the env's per-step rewards where it reports them, else null), env_reward (the episode's reward from the env),
-    reward (what GRPO used: the sum of every reward function; null for an episode left out), rewards ({function:
-    value}), infra_failure (why the env side ended the episode, which training then left out: trainer.rollouts.infra_failures;
-    else null)
+    step, env, reset (the row's reset kwargs: the `seed` its whole group shares, envs.generic.task), prompt (chat
+    messages), turns (the assistant turns and tool results, as TRL's completion messages), tool_calls ([{tool,
+    arguments, result, failed}] in order), step_rewards (the env's per-step rewards where it reports them, else null),
+    env_reward (the episode's reward from the env), reward (what GRPO used: the sum of every reward function; null for
+    an episode left out), rewards ({function: value}), infra_failure (why the env side ended the episode, which
+    training then left out: trainer.rollouts.infra_failures; else null)
 
 ROLLOUTS=async: the rollout worker writes them (trainer.run.async_run), one group of each TRACE_EVERY-th policy version,
 with `policy_version` (how many weight updates the generating policy had) and `step` = policy_version + 1 (the step
@@ -108,11 +108,31 @@ def read_lines(text: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
+def seed_of(reset: Any) -> Any:
+    """The seed an episode reset with (a built-in env's `seed`, a generic env's `reset_kwargs.seed`), else None."""
+    if not isinstance(reset, dict):
+        return None
+    inner = reset.get("reset_kwargs")
+    return reset.get("seed", inner.get("seed") if isinstance(inner, dict) else None)
+
+
+def seed_groups(rows: list[dict[str, Any]]) -> str:
+    """"seed 7 ×4, seed 9 ×4": the seed each traced group played, first seen first (a GRPO group shares its row's seed)."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        seed = seed_of(row.get("reset"))
+        key = f"seed {json.dumps(seed)}" if seed is not None else "no seed"
+        counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"{key} ×{n}" for key, n in counts.items())
+
+
 def render(row: dict[str, Any]) -> str:
     """One rollout as a terminal reader wants it: the prompt's last user turn, each turn, each call and result."""
     reward = f"{row['reward']:+.3f}" if row["reward"] is not None else "none"
+    seed = seed_of(row["reset"])
     lines = [f"── step {row['step']} · env {row['env']} · reward {reward} "
-             f"(env {row['env_reward'] if row['env_reward'] is not None else '-'}) · reset {json.dumps(row['reset'])}"]
+             f"(env {row['env_reward'] if row['env_reward'] is not None else '-'}) · "
+             f"seed {json.dumps(seed) if seed is not None else '-'} · reset {json.dumps(row['reset'])}"]
     if row.get("infra_failure"):
         lines.append(f"  LEFT OUT (the env side ended it): {_one_line(row['infra_failure'])}")
     user = [m for m in row["prompt"] if isinstance(m, dict) and m.get("role") == "user"]
@@ -163,7 +183,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run {run.name}: no rollouts traced at step {step}; traced steps: {', '.join(map(str, steps))}",
               file=sys.stderr)
         return 1
-    print(f"run {run.name}, step {step}: {len(chosen)} rollout(s) (traced steps: {', '.join(map(str, steps))})\n")
+    print(f"run {run.name}, step {step}: {len(chosen)} rollout(s) (traced steps: {', '.join(map(str, steps))})")
+    print(escape_controls(f"played: {seed_groups(chosen)}\n"))
     print(escape_controls("\n\n".join(render(r) for r in chosen)))  # whatever a hand-edited file carries
     return 0
 

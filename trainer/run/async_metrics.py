@@ -14,6 +14,8 @@ dict into the metrics.jsonl record a sync run writes, so metrics.jsonl, every tr
     async/queue_depth                   scored samples waiting in the rollout queue when the trainer took one
     async/vllm_paused_s                 seconds vLLM stood paused per weight sync (pause returned -> resume returned)
     async/rollout_wait_s                seconds the trainer waited on the rollout queue in the step
+    frac_reward_zero_std                as in a sync run (TRL's key there): the share of groups whose completions all
+                                        scored alike, here of those the worker scored in the logging window
     rollout/infra_failures              episodes the env side ended (trainer.rollouts.infra_failures) among those the
                                         worker scored in the logging window; their samples are never trained
 

@@ -10,9 +10,10 @@ Two pieces, one per process of TRL's async design:
     live; `TracedRolloutLoop` is TRL's loop with it, `use_traced_loop` puts it in the worker): every
     scored group sends the env binding's episode counts (trainer.run.metrics.STATS of that process) to the trainer as TRL
     metric rates (env/<env>/...), an episode the env side ended is counted (rollout/infra_failures) and its samples
-    are dropped before the queue (trainer.rollouts.infra_failures), and every TRACE_EVERY policy versions one group goes to
-    rollouts.jsonl (trainer.rollouts.traces' schema, plus `policy_version`; `step` is policy_version + 1, the step a sync
-    run would have traced these rollouts at).
+    are dropped before the queue (trainer.rollouts.infra_failures), a group whose completions all scored alike is
+    counted (frac_reward_zero_std) and, with ZERO_STD_GROUPS=drop, dropped the same way (trainer.rollouts.zero_variance),
+    and every TRACE_EVERY policy versions one group goes to rollouts.jsonl (trainer.rollouts.traces' schema, plus
+    `policy_version`; `step` is policy_version + 1, the step a sync run would have traced these rollouts at).
 
 PINNED to trl 1.16.0 (trl/experimental/async_grpo; trainer/run/trl_privates.py lists each); re-check on a TRL upgrade:
   * async_grpo_trainer.py: `AsyncGRPOTrainer.log` reduces `self._metrics["train"]`, where `RolloutQueueDataset`
@@ -39,7 +40,7 @@ from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker,
 from contract import stages
 from envs.core.tool import detached
 from trainer.gpu import trl_hooks
-from trainer.rollouts import infra_failures, traces
+from trainer.rollouts import infra_failures, traces, zero_variance
 from trainer.run import async_metrics
 
 
@@ -125,12 +126,21 @@ class TracedRollouts:
     of TRL's loop inherits this first, at module level: `class StackRolloutLoop(TracedRollouts, _AsyncRolloutLoop)`."""
 
     def __init__(self, *, trace_dir: str | None = None, trace_every: int = 0, trace_samples: int = 0,
-                 **kwargs: Any) -> None:
+                 zero_std_groups: str = "keep", **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.zero_std_groups = zero_std_groups  # ZERO_STD_GROUPS (trainer.rollouts.zero_variance)
         self._trace_dir = Path(trace_dir) if trace_dir else None
         self._trace_every, self._trace_samples = trace_every, trace_samples
         self._traced_steps: set[int] = set()
         self._episode_of: dict[int, SimpleNamespace] = {}  # id(completion list) -> its env episode, until scored
+
+    def run(self) -> None:
+        """TRL's worker loop, then every env session this process opened closed, however the loop ended (a stop, an
+        error; in-flight rollouts' envs included, which TRL's pool never gets back)."""
+        from trainer.rollouts.envs_binding import sessions_closed
+
+        with sessions_closed("rollout worker"):
+            super().run()
 
     async def _generate_one(self, prompt, tool_dict, tools, group_id: int = 0):
         result = await super()._generate_one(prompt, tool_dict=tool_dict, tools=tools, group_id=group_id)
@@ -145,20 +155,24 @@ class TracedRollouts:
         if any(ended):  # the stack's reward functions say None for them, as in sync mode (they read `environments`)
             group.reward_kwargs["environments"] = episodes
         samples = await super()._score_group(group)
-        self._push_episode_counts(sum(ended))
+        flat = zero_variance.is_flat(zero_variance.group_rewards(group.completions, samples))
+        self._push_episode_counts(sum(ended), flat)
         try:
             self._trace(group, samples, episodes)
         except OSError as exc:  # a full disk must not stop generation; the trainer's checkpoints will say so
             print(f"[train] rollout traces not written: {exc}", flush=True)
+        if flat and self.zero_std_groups == "drop":  # never trained: out of the normaliser, as an env-ended episode
+            ended = [True] * len(group.completions)
         return infra_failures.leave_out_samples(group.completions, samples, ended)
 
-    def _push_episode_counts(self, infra: int = 0) -> None:
+    def _push_episode_counts(self, infra: int = 0, flat: bool = False) -> None:
         from trainer.run.metrics import STATS  # this process's: the env binding records into it here
 
         _, episodes = STATS.drain()
         rates = async_metrics.episode_rates(episodes)
         # every group pushes the count, 0 included: each step record has rollout/infra_failures, as a sync one does
         rates[async_metrics.INFRA_TOTAL] = float(infra)
+        rates[zero_variance.METRIC] = (float(flat), 1.0)  # a rate: the share of the groups scored in the window
         rates.update({f"env/{env}{async_metrics.INFRA_SUFFIX}": float(n)
                       for env, n in sorted(STATS.drain_infra_failures().items())})
         self._push_metrics(rates)

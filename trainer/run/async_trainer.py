@@ -215,7 +215,8 @@ def make_async_trainer_class():
         """TRL's AsyncGRPOTrainer; differs only where the stack needs it (module docstring)."""
 
         def __init__(self, *args, tool_timeout_s: float | None = None, tool_concurrency: int | None = None,
-                     served_model: str | None = None, request_seeds: bool = True, **kwargs):
+                     served_model: str | None = None, request_seeds: bool = True, zero_std_groups: str = "keep",
+                     **kwargs):
             original = trl_async.get_peak_flops_per_device
             trl_async.get_peak_flops_per_device = _peak_flops_or_none(original)
             try:
@@ -229,7 +230,7 @@ def make_async_trainer_class():
                 worker._loop_cls = StackRolloutLoop
                 stop_on_env_or_vllm_down(worker)  # a dead env (exit 6) or vLLM (77): one line
                 worker._loop_kwargs.update(tool_timeout_s=tool_timeout_s, tool_concurrency=tool_concurrency,
-                                           request_seeds=request_seeds)
+                                           request_seeds=request_seeds, zero_std_groups=zero_std_groups)
                 if served_model:  # TRL names the trainer's model path; vLLM answers 404 to any id it does not serve
                     worker._loop_kwargs["model_name"] = served_model
 
@@ -301,4 +302,5 @@ def build_trainer(cfg: RunConfig, mode: str, *, tokenizer, dataset, factories, r
         tool_concurrency=cfg.tool_concurrency,
         served_model=served_model,
         request_seeds=not cfg.trainer_on_cpu(mode),  # the rehearsal's vLLM runs on CPU (StackRolloutLoop says why)
+        zero_std_groups=cfg.zero_std_groups,
     )

@@ -12,7 +12,7 @@ from trainer.run.dist import log
 def make_trainer_class():
     from trl import GRPOTrainer
 
-    from trainer.rollouts import infra_failures
+    from trainer.rollouts import infra_failures, zero_variance
     from contract import stages
     from trainer.gpu.trl_hooks import check_served_weights
     from trainer.run.metrics import STATS
@@ -39,6 +39,7 @@ def make_trainer_class():
             rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
             # episodes the env side ended: no reward, out of the baseline (trainer.rollouts.infra_failures)
             rewards_per_func = infra_failures.leave_out_rewards(self, rewards_per_func)
+            zero_variance.leave_out_of_normaliser(self, rewards_per_func)  # ZERO_STD_GROUPS=drop: flat groups too
             every = getattr(self, "_trace_every", 0)
             step = self.state.global_step + 1  # the optimizer step this batch trains
             if self.model.training and every and step % every == 0 and step != getattr(self, "_traced_step", None):
@@ -86,6 +87,7 @@ def make_trainer_class():
                 output = super()._generate_and_score_completions(*args, **kwargs)
             check_served_weights()  # server mode: these came from the weights pushed last, not a restarted vLLM's
             output = infra_failures.leave_out_of_loss(self, output)  # and out of the loss
+            zero_variance.log_share(self)  # frac_reward_zero_std as the async worker counts it (float64)
             self._log_masked_fraction(output)
             return output
 
@@ -132,6 +134,7 @@ def build_sync_trainer(cfg: RunConfig, mode: str, model, tokenizer, dataset, fac
     )
     trainer.configure_rollouts(cfg.tool_timeout_s, cfg.tool_concurrency, server_max_model_len)
     trainer.configure_traces(cfg.run_dir, cfg.trace_every, cfg.trace_samples or cfg.num_generations, trackers)
+    trainer.zero_std_groups = cfg.zero_std_groups  # trainer.rollouts.zero_variance
     if mode != "cpu":
         from trainer import gpu
 

@@ -139,10 +139,13 @@ def main(argv: list[str] | None = None) -> int:
                                      training_args, server_max_model_len, served_dtype, trackers)
     trainer.remove_callback(PrinterCallback)  # MetricsCallback prints one readable line per step instead
 
+    from trainer.rollouts.envs_binding import sessions_closed
     from trainer.rollouts.infra_failures import EnvDown
 
     try:
-        trainer.train(resume_from_checkpoint=resume_ckpt)
+        with sessions_closed("trainer"):  # every way out frees the env slots (the async worker closes its own)
+            trainer.train(resume_from_checkpoint=resume_ckpt)
+            print_env_sessions(cfg, factories)  # how the sessions spread, while they are still open
     except EnvDown as exc:  # a dead env, not a blip (trainer.rollouts.infra_failures): one line, resume once it is back
         print(f"[train] stopped: {exc}", file=sys.stderr, flush=True)
         return 6
@@ -169,7 +172,6 @@ def main(argv: list[str] | None = None) -> int:
     if control.disk_short:
         log(f"stopped at step {step} without saving it: {control.disk_short}")
         return 5
-    print_env_sessions(cfg, factories)
     if control.stop_requested:
         log(f"stopped at step {step}; checkpoint saved in {cfg.run_dir}; run again to resume")
         return 143

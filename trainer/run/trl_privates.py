@@ -99,8 +99,10 @@ PINS: tuple[Pin, ...] = (
         "read: a dict environment_factory (rows routed by their `environment` column)"),
     Pin(GRPO, "_sync_tool_dicts", "attribute", "trainer/rollouts/rollout_loop.py", "read: each rollout's sync tools by name"),
     Pin(GRPO, "_async_tool_dicts", "attribute", "trainer/rollouts/rollout_loop.py", "read: each rollout's async tools by name"),
-    Pin(GRPO, "_metrics", "attribute", "trainer/run/grpo_trainer.py, trainer/rollouts/infra_failures.py, trainer/gpu/trl_hooks.py",
-        "appended to: {'train'|'eval': {key: [values]}}, which TRL's log() averages"),
+    Pin(GRPO, "_metrics", "attribute", "trainer/run/grpo_trainer.py, trainer/rollouts/infra_failures.py, trainer/gpu/trl_hooks.py, "
+        "trainer/rollouts/zero_variance.py",
+        "appended to: {'train'|'eval': {key: [values]}}, which TRL's log() averages; the last frac_reward_zero_std "
+        "value _generate_and_score_completions appended is replaced (zero_variance.log_share)"),
     # ------------------------------------------------------------------ vLLM generation and client (GPU paths)
     Pin(VLLM_GENERATION, "generate", "method", "trainer/rollouts/rollout_loop.py",
         "the generation collective the loop keeps in step (server: gather_object + slice by process_index * "
@@ -160,8 +162,19 @@ PINS: tuple[Pin, ...] = (
         "(infra_failures.leave_out_samples)", "self, group",
         "41085b660a42b4854930aae7aa0e8e5330d006b50567a11915c781f1fa12ef63"),
     Pin(ASYNC_LOOP, "run", "method", "trainer/run/async_run.py",
-        "the child puts (type name, str(e), traceback) before setting `_failed_event` (stop_on_env_or_vllm_down reads it)",
+        "overridden (TracedRollouts.run closes the process's env sessions after it); the child puts (type name, "
+        "str(e), traceback) before setting `_failed_event` (stop_on_env_or_vllm_down reads it)",
         digest="7680ad1113f78ef0a0e0ba608542be0c3f883677c467873cf0a71d67239e0d4b"),
+    Pin(ASYNC_LOOP, "_generate_loop", "coroutine", "trainer/run/async_run.py, trainer/rollouts/envs_binding.py",
+        "the rollout lifecycle the stack's async side assumes: an env drawn from `_environment_pool[name]` (factory "
+        "when empty), `reset(**row)` (`environment` dropped in multi-env mode) with its observation appended to the "
+        "prompt, `_generate_one(prompt, tool_dict=, tools=, group_id=)` with the env's bound methods as tools, "
+        "`get_reward` before the env goes back to the pool, a group queued for `_score_group` once num_generations "
+        "rollouts are in", "self, stop_event", "f2e8c6c7493e1a1d7512b7db87344e1f8d1ad310402b315eb3919fc3c551d482"),
+    Pin(ASYNC_LOOP, "_repeat_iterator", "method", "envs/generic/task.py, trainer/rollouts/traces.py",
+        "each dataset row yielded num_generations times in a row under one group id: a group shares its row's reset "
+        "kwargs, so its `seed` (#43 item 1)", "self",
+        "c199044c82c73dce8cdc1b7294599dcd616cf2f632042dbc1280151a0c41a7e4"),
     Pin(ASYNC_LOOP, "_push_metrics", "method", "trainer/run/async_run.py",
         "called: floats and (numerator, denominator) rates to the trainer's log()", "self, values"),
     Pin(ASYNC_LOOP, "_tool_pool", "attribute", "trainer/run/async_trainer.py",
