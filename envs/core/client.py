@@ -43,6 +43,8 @@ _DEFAULT: Any = object()
 
 _loop: Optional[asyncio.AbstractEventLoop] = None
 _loop_lock = threading.Lock()
+_parse_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+PARSE_INLINE_CHARS = 64 << 10  # a reply this small parses in well under a millisecond: on the loop
 
 log = logging.getLogger("envs.client")
 STALL_LOG_EVERY_S = 5.0  # per replica and kind: a server's crash closes all its sessions at once
@@ -73,6 +75,16 @@ def _background_loop() -> asyncio.AbstractEventLoop:
             threading.Thread(target=loop.run_forever, name="envs-ws-loop", daemon=True).start()
             _loop = loop
         return _loop
+
+
+def _parser() -> concurrent.futures.ThreadPoolExecutor:
+    """The one thread that parses big replies: json.loads of 1 MiB takes up to ~0.1 s (floats, keys) and on the shared
+    loop each one would hold every other env's sessions (#44); in a thread the loop gets the GIL back between them."""
+    global _parse_pool
+    with _loop_lock:
+        if _parse_pool is None:
+            _parse_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="envs-reply-parse")
+        return _parse_pool
 
 
 class EnvServerError(RuntimeError):
@@ -451,7 +463,8 @@ class SessionClient:
             stalled(self.shown_url, "slow", f"a {message.get('type')} reply took {took:.1f} s (bound "
                     f"{_bound(timeout_s)}); answered, the episode goes on")
         try:
-            reply = loads_reply(raw)
+            reply = loads_reply(raw) if len(raw) <= PARSE_INLINE_CHARS else \
+                await asyncio.get_running_loop().run_in_executor(_parser(), loads_reply, raw)
             data = (reply.get("data") or {}) if isinstance(reply, dict) else None
             if not isinstance(data, dict):
                 raise UntrustedReply("a reply that is not an OpenEnv frame (a JSON object with a `data` object)")

@@ -1,7 +1,9 @@
 """What the trainer accepts from an env server, which may be an image nobody here wrote (SECURITY.md's threat model).
 
 One helper per concern, used by every client, probe, tool class and printer:
-  * `loads_reply`: a reply frame or probe body parsed with a nesting cap (a deep one is one line, not a RecursionError);
+  * `loads_reply`: a reply frame or probe body parsed with caps on nesting and on lists and objects, both checked on
+    the raw text in linear time before parsing (a deep or container-bomb reply is one line and costs milliseconds of
+    the shared client loop that every env's sessions wait on);
   * `safe_text`: control characters escaped (no terminal escape, OSC 52 clipboard write or carriage return reaches a
     terminal, a log or the model) and the text trimmed to a budget, cutting before escaping so a huge text costs little;
   * `strip_credentials`: `user:password@` and token-like query values removed from every URL that leaves the process;
@@ -16,10 +18,14 @@ import json
 import math
 import numbers
 import re
+from itertools import accumulate
 from typing import Any
 
 MAX_REPLY_BYTES = 1 << 20  # a reply frame (an observation): boards and texts are kilobytes
 MAX_REPLY_DEPTH = 64  # as deep as the env servers accept actions (envs.core.server)
+# Lists and objects per reply: a 900 KB board is ~100 and a 64-field schema ~70, while 1 MiB of `[]` is 349k, ~0.8 s
+# to parse and walk (#44: 16 such replies held a benign env's step for 15.6 s).
+MAX_REPLY_CONTAINERS = 20_000
 MAX_ABS_REWARD = 1e6  # far above any env's scale; 1e15 dominates a group, 1e19 zeroes its advantages
 TRIMMED = " …[trimmed]"
 
@@ -97,18 +103,47 @@ def nested_deeper_than(value: Any, limit: int) -> bool:
     return False
 
 
-def loads_reply(raw: str | bytes, max_depth: int = MAX_REPLY_DEPTH) -> Any:
-    """Parse an env's JSON; UntrustedReply (one line) when it is not JSON or nests deeper than `max_depth`."""
+# A JSON string (escapes included): its brackets are text, not structure. Unrolled so each byte is matched one way.
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+_NESTING_STEP = [0] * 256
+_NESTING_STEP[ord("[")] = _NESTING_STEP[ord("{")] = 1
+_NESTING_STEP[ord("]")] = _NESTING_STEP[ord("}")] = -1
+
+
+def check_shape(raw: str | bytes, max_depth: int = MAX_REPLY_DEPTH,
+                max_containers: int = MAX_REPLY_CONTAINERS) -> None:
+    """UntrustedReply when the JSON text `raw` holds more than `max_containers` lists and objects or nests deeper than
+    `max_depth`. Linear in len(raw), on the text before parsing, with no Python loop per byte and no recursion:
+    strings are cut out by a regex and all but brackets by bytes.translate (both C), then at most 2 * max_containers
+    + 2 brackets are summed. Text that is not JSON may pass or fail here; json.loads says which."""
+    brackets = raw.count(b"{") + raw.count(b"[") if isinstance(raw, bytes) else raw.count("{") + raw.count("[")
+    if brackets <= min(max_depth, max_containers):  # neither cap reachable: most replies stop here
+        return
+    data = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")
+    if b'"' in data:
+        data = _JSON_STRING.sub(b"", data)
+    data = data.translate(None, _NOT_BRACKETS)
+    # The running sum over the first 2 * max_containers brackets: all of them when the container cap holds.
+    if max(accumulate(map(_NESTING_STEP.__getitem__, data[: 2 * max_containers + 2])), default=0) > max_depth:
+        raise UntrustedReply(f"a reply nested deeper than {max_depth} levels")
+    containers = data.count(b"[") + data.count(b"{")
+    if containers > max_containers:
+        raise UntrustedReply(f"a reply with {containers:,} lists and objects, more than the {max_containers:,} "
+                             "accepted")
+
+
+def loads_reply(raw: str | bytes, max_depth: int = MAX_REPLY_DEPTH,
+                max_containers: int = MAX_REPLY_CONTAINERS) -> Any:
+    """Parse an env's JSON; UntrustedReply (one line) when it is not JSON, nests deeper than `max_depth` or holds more
+    than `max_containers` lists and objects (check_shape, before parsing)."""
+    check_shape(raw, max_depth, max_containers)
     try:
-        value = json.loads(raw)
-    except RecursionError:
+        return json.loads(raw)
+    except RecursionError:  # not reached after check_shape; kept so a parse never ends in a traceback
         raise UntrustedReply(f"a reply nested deeper than {max_depth} levels") from None
     except ValueError as exc:  # also an integer over Python's 4,300-digit limit, invalid UTF-8
         raise UntrustedReply(f"a reply that is not JSON ({one_line(exc, 120)})") from None
-    brackets = raw.count(b"{") + raw.count(b"[") if isinstance(raw, bytes) else raw.count("{") + raw.count("[")
-    if brackets > max_depth and nested_deeper_than(value, max_depth):  # depth <= brackets: most replies skip the walk
-        raise UntrustedReply(f"a reply nested deeper than {max_depth} levels")
-    return value
 
 
 # ---------------------------------------------------------------------------------------------- rewards

@@ -12,7 +12,7 @@ import pytest
 
 from envs.core import probe
 from envs.core.client import SessionClient
-from envs.core.untrusted import (MAX_REPLY_DEPTH, BadReward, UntrustedReply, check_reward, loads_reply, safe_text,
+from envs.core.untrusted import (MAX_REPLY_CONTAINERS, MAX_REPLY_DEPTH, BadReward, UntrustedReply, check_reward, loads_reply, safe_text,
                                  strip_credentials)
 from envs.generic.tool import render_observation
 from tests.helpers import free_port
@@ -105,6 +105,18 @@ def test_a_deep_reply_is_one_line_not_a_recursion_error():
     assert loads_reply("[" * 64 + "]" * 64) is not None
     with pytest.raises(UntrustedReply, match="not JSON"):
         loads_reply("{nope")
+
+
+def test_a_container_bomb_is_refused_before_parsing_and_brackets_in_strings_are_text():
+    """#44: 1 MiB of `[]` (349,000 lists) was parsed, then walked in Python (~0.8 s on the loop every session shares)."""
+    bomb = '{"type": "observation", "data": {"observation": {"x": [' + ",".join(["[]"] * 349_000) + "]}}}"
+    with pytest.raises(UntrustedReply, match=f"349,004 lists and objects, more than the {MAX_REPLY_CONTAINERS:,}"):
+        loads_reply(bomb)
+    assert loads_reply('{"t": "' + "[" * 100_000 + '\\"[{"}') == {"t": "[" * 100_000 + '"[{'}
+    at_cap = "[" + ",".join(["[]"] * (MAX_REPLY_CONTAINERS - 1)) + "]"
+    assert len(loads_reply(at_cap)) == MAX_REPLY_CONTAINERS - 1
+    with pytest.raises(UntrustedReply, match="nested deeper than 64"):
+        loads_reply('[{"a": "]]]]", "b": ' + "[" * 64 + "]" * 64 + "}]")  # brackets in a string do not close
 
 
 # ---------------------------------------------------------------------------------------------- rewards
