@@ -6,7 +6,7 @@ One helper per concern, used by every client, probe, tool class and printer:
     the shared client loop that every env's sessions wait on);
   * `safe_text`: control characters escaped (no terminal escape, OSC 52 clipboard write or carriage return reaches a
     terminal, a log or the model) and the text trimmed to a budget, cutting before escaping so a huge text costs little;
-  * `strip_credentials`: `user:password@` and token-like query values removed from every URL that leaves the process;
+  * `strip_credentials`: userinfo and every query and fragment value removed from every URL that leaves the process;
   * `check_reward`: a reward is a finite number no larger than MAX_ABS_REWARD (JSON NaN/Infinity parse as floats, and a
     reward near 1e19 zeroes its group's advantages), else BadReward.
 Frames are capped at MAX_REPLY_BYTES where they are read (envs.core.client, envs.core.probe).
@@ -72,14 +72,27 @@ def one_line(text: Any, limit: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- URLs
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/?#\s@]*@")
+# The authority's userinfo ends at its LAST `@` (`wss://user:p@ss@host`: all of `user:p@ss`).
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/?#\s]*@")
+# A URL's query and fragment, to the next whitespace: every value there may be a credential (`?sid=`, `?jwt=`,
+# `?code=`, `#access_token=`). A comma does not end it: a value may hold one (a following ENV_URLS entry is masked too).
+_URL_TAIL = re.compile(r"(?i)(\b[a-z][a-z0-9+.\-]*://[^?#\s]*)([?#]\S*)")
+# Token-like values also where no scheme says it is a URL (`env-x:8000/ws?token=...` in a config value).
 _SECRET_QUERY = re.compile(
-    r"(?i)([?&;][a-z0-9_.\-]*(?:token|key|secret|passw|pwd|auth|sig|credential)[a-z0-9_.\-]*=)[^&#\s]*")
+    r"(?i)([?&;][a-z0-9_.\-]*(?:token|key|secret|passw|pwd|auth|sig|credential|sid|jwt|code)[a-z0-9_.\-]*=)[^&#;\s]*")
+_TAIL_PART = re.compile(r"([?#&;])([^?#&;=]*)(=?)[^?#&;]*")
+
+
+def _mask_tail(match: re.Match) -> str:
+    # key=value -> key=***, a bare value (`#s3cret`) -> ***; empty parts and the keys stay (they say what was sent)
+    return match.group(1) + _TAIL_PART.sub(
+        lambda p: p.group(1) + (p.group(2) + "=***" if p.group(3) else "***" if p.group(2) else ""), match.group(2))
 
 
 def strip_credentials(text: str) -> str:
-    """Every URL in `text` without its `user:password@` and token-like query values (`?token=...` -> `?token=***`)."""
-    return _SECRET_QUERY.sub(r"\1***", _USERINFO.sub(r"\1***@", text))
+    """Every URL in `text` without its userinfo (`user:password@` -> `***@`) and with every query and fragment value
+    masked (`?token=s3cret&x=1#access_token=t` -> `?token=***&x=***#access_token=***`)."""
+    return _SECRET_QUERY.sub(r"\1***", _URL_TAIL.sub(_mask_tail, _USERINFO.sub(r"\1***@", text)))
 
 
 def log_text(text: str) -> str:

@@ -69,12 +69,19 @@ def test_honest_observations_render_as_before():
 @pytest.mark.parametrize("raw, shown", [
     ("http://trainer:s3cret@env-x:8000", "http://***@env-x:8000"),
     ("echo=wss://tok@envs.example/a,wordle=http://h:9000", "echo=wss://***@envs.example/a,wordle=http://h:9000"),
-    ("Cannot reach ws://h:8000/ws?token=s3cret&x=1: refused", "Cannot reach ws://h:8000/ws?token=***&x=1: refused"),
-    ("http://h:8000/?api_key=s3cret#f", "http://h:8000/?api_key=***#f"),
+    ("Cannot reach ws://h:8000/ws?token=s3cret&x=1: refused", "Cannot reach ws://h:8000/ws?token=***&x=*** refused"),
+    ("http://h:8000/?api_key=s3cret#f", "http://h:8000/?api_key=***#***"),
     ("http://vllm:8000", "http://vllm:8000"),
+    # #44: every query and fragment value, and userinfo to its last `@` (before: these leaked)
+    ("http://h/cb#access_token=s3cret&state=x", "http://h/cb#access_token=***&state=***"),
+    ("ws://h/ws?sid=s3cret;jwt=s3cret&code=s3cret", "ws://h/ws?sid=***;jwt=***&code=***"),
+    ("wss://user:p@ss@host/ws", "wss://***@host/ws"),
+    ("ws://h/ws?s3cret", "ws://h/ws?***"),
+    ("env-x:8000/ws?token=s3cret", "env-x:8000/ws?token=***"),  # no scheme: token-like keys still masked
 ])
 def test_credentials_are_stripped_from_every_url(raw, shown):
     assert strip_credentials(raw) == shown
+    assert "s3cret" not in shown and "ss@" not in shown
 
 
 def test_client_and_probe_errors_never_quote_credentials():
