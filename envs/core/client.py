@@ -44,6 +44,10 @@ _DEFAULT: Any = object()
 _loop: Optional[asyncio.AbstractEventLoop] = None
 _loop_lock = threading.Lock()
 _parse_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+# websockets stops reading a session's socket once more frames than this wait unread: one frame at most here, ~1.2 MiB
+# per session (its default, 16, made the 1 MiB reply cap ~18 MiB per session: 256 hostile sessions ~4.6 GiB). One
+# request is answered by one frame; a frame waiting when a request is sent was not asked for: it ends the session.
+MAX_QUEUED_FRAMES = 0
 PARSE_INLINE_CHARS = 64 << 10  # a reply this small parses in well under a millisecond: on the loop
 
 log = logging.getLogger("envs.client")
@@ -106,11 +110,13 @@ class RedirectRefused(UntrustedReply):
 
 class open_session(connect):
     """`websockets.asyncio.client.connect` for env servers: never through HTTP(S)_PROXY (they sit on the private
-    network), replies up to MAX_REPLY_BYTES, and no redirects (websockets follows up to 10, across hosts: an env
-    answering `302 Location: ws://vllm:8000/...` would bounce the trainer onto agentnet)."""
+    network), replies up to MAX_REPLY_BYTES, at most MAX_QUEUED_FRAMES of them buffered, and no redirects (websockets
+    follows up to 10, across hosts: an env answering `302 Location: ws://vllm:8000/...` would bounce the trainer onto
+    agentnet)."""
 
     def __init__(self, uri: str, **kwargs: Any) -> None:
         kwargs.setdefault("max_size", MAX_REPLY_BYTES)
+        kwargs.setdefault("max_queue", MAX_QUEUED_FRAMES)
         super().__init__(uri, proxy=None, **kwargs)
 
     def process_redirect(self, exc: Exception) -> Exception | str:
@@ -119,6 +125,11 @@ class open_session(connect):
             return RedirectRefused(f"answered {exc.response.status_code} redirecting to {to}; env connections "
                                    "never follow redirects: point ENV_URLS at the server itself")
         return exc
+
+
+def _queued_frames(ws: ClientConnection) -> int:
+    """Frames received and not yet read (websockets' Assembler queue; 0 where a version lacks it)."""
+    return len(getattr(getattr(ws, "recv_messages", None), "frames", ()))
 
 
 def _deadline(reply_s: Optional[float], connect_s: float, twice: bool = False) -> Optional[float]:
@@ -412,6 +423,9 @@ class SessionClient:
         if ws is None:
             return
         self._closing.add(id(ws))
+        if _queued_frames(ws):  # unasked frames stopped its reading: a close handshake would wait out its 5 s
+            ws.transport.abort()
+            return
         try:
             if ws.state is State.OPEN:
                 await ws.send('{"type":"close"}')
@@ -438,6 +452,10 @@ class SessionClient:
     async def _request(self, message: dict, timeout_s: Optional[float], probe_after_s: Optional[float] = None) -> dict:
         ws = self._ws
         assert ws is not None
+        if _queued_frames(ws):  # it would pair with this request as its reply
+            self._drop()
+            raise UntrustedReply(f"{self.shown_url}: sent a frame nobody asked for (an OpenEnv server answers each "
+                                 "request once); the session was closed")
         try:
             await ws.send(json.dumps(message))
         except ConnectionClosed:

@@ -7,9 +7,11 @@ from __future__ import annotations
 import threading
 import time
 
-from envs.core.client import SessionClient
+import pytest
+
+from envs.core.client import MAX_QUEUED_FRAMES, SessionClient, _queued_frames
 from envs.core.untrusted import UntrustedReply
-from tests.trainer.test_hostile_env import GUARD_S, hostile
+from tests.trainer.test_hostile_env import GUARD_S, hostile, wait_all_closed
 
 HOSTILE_SESSIONS = 16
 # A benign step takes ~6 ms alone. Bound generous for a busy 2-core machine; before #44 it took 15.6 s (many_lists).
@@ -63,3 +65,36 @@ def test_a_hostile_envs_big_replies_do_not_hold_a_benign_envs_steps():
     assert max(took) <= BENIGN_STEP_BOUND_S, f"benign steps took {[round(t, 3) for t in took]} s " \
                                              f"with {HOSTILE_SESSIONS} hostile sessions sending 1 MiB replies"
     assert during >= HOSTILE_SESSIONS
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmRSS:"))
+
+
+def test_unsolicited_frames_are_buffered_boundedly_and_end_the_session():
+    """A server pushing 1 MiB frames nobody asked for: each session stops reading its socket once one frame waits
+    (before: 17, ~20 MiB per session; RSS grows ~1.2 MiB per session now), and its next call ends the session with
+    one line (before: the queued frames paired with later requests as their replies)."""
+    with hostile("unsolicited") as url:
+        clients = [SessionClient(url, ping_interval_s=None, message_timeout_s=GUARD_S) for _ in range(HOSTILE_SESSIONS)]
+        rss_before = rss_bytes()
+        for client in clients:
+            client.reset()
+        deadline = time.monotonic() + GUARD_S
+        while not all(client._ws.recv_messages.paused for client in clients):  # reading stopped: the queue is full
+            assert time.monotonic() < deadline, "sessions still reading unsolicited frames"
+            time.sleep(0.01)
+        queued = [_queued_frames(client._ws) for client in clients]
+        grown = rss_bytes() - rss_before
+        assert max(queued) <= MAX_QUEUED_FRAMES + 1, queued  # websockets pauses once the queue is over its mark
+        assert grown <= HOSTILE_SESSIONS * (2 << 20), f"RSS grew {grown / 2**20:.0f} MiB for {HOSTILE_SESSIONS} sessions"
+        with pytest.raises(UntrustedReply) as caught:
+            clients[0].step({"column": 1})
+        assert "sent a frame nobody asked for" in str(caught.value) and "\n" not in str(caught.value)
+        assert not clients[0].connected
+        t0 = time.monotonic()
+        for client in clients:
+            client.close()
+        assert time.monotonic() - t0 < 5, "closing sessions that stopped reading waited for close handshakes"
+        wait_all_closed(url)
