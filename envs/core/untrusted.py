@@ -4,8 +4,9 @@ One helper per concern, used by every client, probe, tool class and printer:
   * `loads_reply`: a reply frame or probe body parsed with caps on nesting and on lists and objects, both checked on
     the raw text in linear time before parsing (a deep or container-bomb reply is one line and costs milliseconds of
     the shared client loop that every env's sessions wait on);
-  * `safe_text`: control characters escaped (no terminal escape, OSC 52 clipboard write or carriage return reaches a
-    terminal, a log or the model) and the text trimmed to a budget, cutting before escaping so a huge text costs little;
+  * `safe_text`: control and format characters escaped (no terminal escape, OSC 52 clipboard write, carriage return or
+    invisible text reaches a terminal, a log or the model), chat-template tokens (`<|im_end|>`, `<tool_call>`)
+    neutralised, and the text trimmed to a budget, cutting before escaping so a huge text costs little;
   * `strip_credentials`: userinfo and every query and fragment value removed from every URL that leaves the process;
   * `check_reward`: a reward is a finite number no larger than MAX_ABS_REWARD (JSON NaN/Infinity parse as floats, and a
     reward near 1e19 zeroes its group's advantages), else BadReward.
@@ -44,30 +45,67 @@ class BadReward(ValueError):
 _CONTROLS = [*(c for c in range(0x20) if c not in (0x09, 0x0A)), 0x7F, *range(0x80, 0xA0)]
 _ESCAPES = {c: f"\\x{c:02x}" for c in _CONTROLS}
 _ESCAPES.update({c: f"\\u{c:04x}" for c in (*range(0x202A, 0x202F), *range(0x2066, 0x206A))})
+# #44: every other format character (Unicode category Cf, as of Unicode 14/15: invisible, it hides text from a reader
+# but not from the model; U+E0020-E007F tags spell invisible ASCII) and the line/paragraph separators.
+_FORMAT = [0xAD, *range(0x600, 0x606), 0x61C, 0x6DD, 0x70F, 0x890, 0x891, 0x8E2, 0x180E, *range(0x200B, 0x2010),
+           0x2028, 0x2029, *range(0x2060, 0x2065), *range(0x206A, 0x2070), 0xFEFF, *range(0xFFF9, 0xFFFC), 0x110BD,
+           0x110CD, *range(0x13430, 0x13440), *range(0x1BCA0, 0x1BCA4), *range(0x1D173, 0x1D17B), 0xE0001,
+           *range(0xE0020, 0xE0080)]
+_ESCAPES.update({c: f"\\u{c:04x}" if c <= 0xFFFF else f"\\U{c:08x}" for c in _FORMAT})
+# Chat-template markers an env text must not forge in the prompt (a tokenizer matches them inside any text, so
+# `<|im_end|>` in an observation would end the tool turn): ChatML/Llama 3/GPT-OSS `<|...|>`, DeepSeek's fullwidth
+# bars, tool and thinking tags, Mistral's [INST]-style markers; plus every added token of the run's tokenizer
+# (register_tokens). Neutralised by swapping the opening bracket for a lookalike: shown, never matched.
+_GENERIC_TOKENS = (r"<[|\uff5c][^<>\s]{1,64}?[|\uff5c]>|</?(?:tool_call|tool_response|tools|think|s|start_of_turn|"
+                   r"end_of_turn|function_call|function_response)>|\[/?(?:INST|TOOL_CALLS|TOOL_RESULTS|"
+                   r"AVAILABLE_TOOLS|SYSTEM_PROMPT)\]")
+_tokens = re.compile(_GENERIC_TOKENS)
+_OPENERS = {"<": "\u2039", "[": "\u2045"}  # ‹ and ⁅
+
+
+def register_tokens(tokens: Any) -> None:
+    """Also neutralise these exact strings (the model tokenizer's special and added tokens) in every env text."""
+    global _tokens
+    extra = sorted({t for t in tokens if isinstance(t, str) and len(t) > 1}, key=len, reverse=True)
+    _tokens = re.compile("|".join([*(re.escape(t) for t in extra), _GENERIC_TOKENS]))
+
+
+def _neutralise(match: re.Match) -> str:
+    token = match.group(0)
+    opener = _OPENERS.get(token[0])
+    return opener + token[1:] if opener else token[0] + "\u2060" + token[1:]  # escaped below: shown as \u2060
 
 
 def escape_controls(text: str) -> str:
+    """Control and format characters escaped (a terminal's or a log's view: a trace's own model turns keep their tags)."""
     return text.translate(_ESCAPES)
 
 
+def neutralise_tokens(text: str) -> str:
+    """Chat-template tokens made unmatchable (what the model is shown of an env's text)."""
+    return _tokens.sub(_neutralise, text)
+
+
 def safe_text(text: Any, limit: int | None = None) -> str:
-    """`text` with control characters escaped, and at most `limit` characters (cut ones end in TRIMMED).
+    """`text` with control characters escaped, chat-template tokens neutralised, and at most `limit` characters (cut
+    ones end in TRIMMED).
 
     Plain text within the limit comes back unchanged."""
     text = text if isinstance(text, str) else str(text)
     cut = limit is not None and len(text) > limit
     if cut:
         text = text[:limit]  # before escaping: escaping a 16 MiB text to show 2,000 characters is waste
-    out = escape_controls(text)
+    out = escape_controls(neutralise_tokens(text))
     if limit is not None and (cut or len(out) > limit):
         out = out[: max(0, limit - 13)] + TRIMMED
     return out
 
 
 def one_line(text: Any, limit: int) -> str:
-    """Whitespace runs (newlines too) folded to one space, controls escaped, at most `limit` characters (…)."""
+    """Whitespace runs (newlines too) folded to one space, controls escaped, chat-template tokens neutralised, at most
+    `limit` characters (…)."""
     text = text if isinstance(text, str) else str(text)
-    text = escape_controls(" ".join(text[: 4 * limit].split()))
+    text = escape_controls(neutralise_tokens(" ".join(text[: 4 * limit].split())))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
