@@ -102,10 +102,9 @@ def safe_text(text: Any, limit: int | None = None) -> str:
 
 
 def one_line(text: Any, limit: int) -> str:
-    """Whitespace runs (newlines too) folded to one space, controls escaped, chat-template tokens neutralised, at most
-    `limit` characters (…)."""
+    """Whitespace runs (newlines too) folded to one space, controls escaped, at most `limit` characters (…)."""
     text = text if isinstance(text, str) else str(text)
-    text = escape_controls(neutralise_tokens(" ".join(text[: 4 * limit].split())))
+    text = escape_controls(" ".join(text[: 4 * limit].split()))
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 

@@ -102,8 +102,9 @@ ENTRY = re.compile(r"^(\w++)\s*+(?:\([^)]*+\))?\s*+:\s*+(.*)$")
 
 
 def one_line(text: str, limit: int = MAX_DESCRIPTION_CHARS) -> str:
-    """Folded to one line, control characters escaped (a description can carry terminal escapes), cut at `limit`."""
-    return untrusted.one_line(text, limit)
+    """Folded to one line, control characters escaped (a description can carry terminal escapes), chat-template tokens
+    neutralised (it is written into every prompt), cut at `limit`."""
+    return untrusted.one_line(untrusted.neutralise_tokens(str(text)[: 4 * limit]), limit)
 
 
 # ------------------------------------------------------------------------------------ JSON schema -> hint
