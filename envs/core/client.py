@@ -449,13 +449,27 @@ class SessionClient:
                 raise
         raise AssertionError("unreachable")
 
+    async def _unasked(self, ws: ClientConnection) -> None:
+        """A frame came while no request was out; the session is dropped. A reaper's SESSION_EXPIRED/SESSION_ERROR
+        frame before its close (OpenEnv's, envs.core.server's) is what a request would have got anyway: raised as
+        that EnvServerError (a reset then opens a fresh session). Anything else: UntrustedReply, one line."""
+        try:
+            raw = await asyncio.wait_for(ws.recv(), PONG_WAIT_S)  # queued already (or its message's last fragments)
+            frame = loads_reply(raw) if len(raw) <= PARSE_INLINE_CHARS else None
+        except (asyncio.TimeoutError, ConnectionClosed, UntrustedReply):
+            frame = None
+        self._drop()
+        data = frame.get("data") if isinstance(frame, dict) and frame.get("type") == "error" else None
+        if isinstance(data, dict) and data.get("code") in ("SESSION_EXPIRED", "SESSION_ERROR"):
+            raise EnvServerError(safe_text(data.get("message", "session expired"), ERROR_CHARS), data["code"], data)
+        raise UntrustedReply(f"{self.shown_url}: sent a frame nobody asked for (an OpenEnv server answers each "
+                             "request once); the session was closed")
+
     async def _request(self, message: dict, timeout_s: Optional[float], probe_after_s: Optional[float] = None) -> dict:
         ws = self._ws
         assert ws is not None
         if _queued_frames(ws):  # it would pair with this request as its reply
-            self._drop()
-            raise UntrustedReply(f"{self.shown_url}: sent a frame nobody asked for (an OpenEnv server answers each "
-                                 "request once); the session was closed")
+            await self._unasked(ws)
         try:
             await ws.send(json.dumps(message))
         except ConnectionClosed:

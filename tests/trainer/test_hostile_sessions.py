@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from envs.core.client import MAX_QUEUED_FRAMES, SessionClient, _queued_frames
+from envs.core.client import MAX_QUEUED_FRAMES, EnvServerError, SessionClient, _queued_frames
 from envs.core.untrusted import UntrustedReply
 from tests.trainer.test_hostile_env import GUARD_S, hostile, wait_all_closed
 
@@ -97,4 +97,26 @@ def test_unsolicited_frames_are_buffered_boundedly_and_end_the_session():
         for client in clients:
             client.close()
         assert time.monotonic() - t0 < 5, "closing sessions that stopped reading waited for close handshakes"
+        wait_all_closed(url)
+
+
+def test_a_reapers_expiry_frame_still_reads_as_the_session_expired():
+    """An idle session's SESSION_EXPIRED frame arrives unasked too, and with one frame buffered its close frame stays
+    unread: the next reset still opens a fresh session and a step still gets SESSION_EXPIRED, as before."""
+    with hostile("reaped") as url:
+        client = SessionClient(url, ping_interval_s=None, message_timeout_s=GUARD_S, reconnect_wait_s=0)
+
+        def reaped() -> None:
+            deadline = time.monotonic() + GUARD_S
+            while client.connected and not _queued_frames(client._ws):  # the expiry frame has arrived (polled)
+                assert time.monotonic() < deadline, "no expiry frame"
+                time.sleep(0.01)
+
+        client.reset()
+        reaped()
+        assert client.reset()["observation"] == {"text": "ready"}
+        reaped()
+        with pytest.raises(EnvServerError) as caught:
+            client.step({"column": 1})
+        assert caught.value.code == "SESSION_EXPIRED" and not client.connected
         wait_all_closed(url)
