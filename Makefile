@@ -12,6 +12,20 @@ PYTEST_ARGS ?=
 BUILD_IMAGE := $(STACK) compose --progress quiet --profile build build
 # A make variable as ONE shell word, single-quoted: `make export PUSH='x;id'` must not run `id`.
 shq = '$(subst ','"'"',$(1))'
+# Checked before anything is expanded (#44): make runs a `$(shell ...)` in a value even under -n, a newline splits a
+# recipe into two commands, and ARGS (several shell words, quotes allowed) reaches the shell unquoted.
+define NEWLINE
+
+
+endef
+LPAREN := (
+RPAREN := )
+SHELL_OPERATORS := ; & | < > ` $(LPAREN) $(RPAREN)
+UNSAFE_VALUE = $(1) holds a newline or a '$$': make would expand or split it; pass the value without them
+UNSAFE_ARGS = ARGS holds a shell operator ($(SHELL_OPERATORS)); pass only options and values, quoted if they hold spaces
+$(foreach v,RUN CHECKPOINT PUSH STEP TASKS THRESHOLD ARGS,$(if \
+	$(findstring $$,$(value $(v)))$(findstring $(NEWLINE),$(value $(v))),$(error $(call UNSAFE_VALUE,$(v)))))
+$(if $(strip $(foreach c,$(SHELL_OPERATORS),$(findstring $(c),$(value ARGS)))),$(error $(UNSAFE_ARGS)))
 
 .PHONY: help up train down logs ps config build test clean doctor report rollouts eval export baseline dashboard nccl-check gpu-smoke gpu-selfcheck rehearse soak bench test-host \
 	fleet-up fleet-ps fleet-logs fleet-down bench-fleet bench-learning bench-async chaos

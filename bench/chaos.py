@@ -45,6 +45,7 @@ import math
 import os
 import random
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -57,7 +58,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.chaos_proxy import ChaosProxy  # noqa: E402
+from bench.chaos_proxy import CONTROL_TOKEN_ENV, ChaosProxy  # noqa: E402
 from tools.images import local_env_image  # noqa: E402
 
 TOOL_TIMEOUT_S = 6.0
@@ -74,8 +75,8 @@ def log(msg: str) -> None:
     print(f"[chaos] {msg}", flush=True)
 
 
-def sh(*args: str, check: bool = True, timeout: float = 600) -> str:
-    res = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+def sh(*args: str, check: bool = True, timeout: float = 600, env: dict | None = None) -> str:
+    res = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env)
     if check and res.returncode != 0:
         raise RuntimeError(f"{' '.join(args[:4])}... -> {res.returncode}: {res.stderr[-2000:]}")
     return res.stdout.strip()
@@ -197,22 +198,25 @@ def proxy_container(name: str, network: str, backends: str, seed: int, image: st
     (NAME:PORT) per connection; its port and control port published on 127.0.0.1. Returns the proxy's driver and
     its address from the host."""
     sh("docker", "rm", "-f", name, check=False)
+    token = secrets.token_hex(16)  # the control port is on the env network too: only the injector may drive it
+    # Only the proxy's one file is mounted (the checkout holds .env and its ENV_URLS credentials); limits as an env's.
     sh("docker", "run", "-d", "--name", name, "--network", network, "-p", "127.0.0.1::9000",
-       "-p", "127.0.0.1::9001", "-v", f"{ROOT}:/src:ro", "-w", "/src", "--read-only", "--cap-drop", "ALL",
-       "-e", "PYTHONDONTWRITEBYTECODE=1", "--no-healthcheck", "--entrypoint", "python", image or local_env_image(),
-       "bench/chaos_proxy.py",
-       "--backends", backends, "--seed", str(seed))
+       "-p", "127.0.0.1::9001", "-v", f"{ROOT / 'bench' / 'chaos_proxy.py'}:/proxy/chaos_proxy.py:ro",
+       "--read-only", "--cap-drop", "ALL", "--security-opt", "no-new-privileges:true", "--memory", "256m",
+       "--pids-limit", "64", "-e", "PYTHONDONTWRITEBYTECODE=1", "-e", CONTROL_TOKEN_ENV, "--no-healthcheck",
+       "--entrypoint", "python", image or local_env_image(), "/proxy/chaos_proxy.py",
+       "--backends", backends, "--seed", str(seed), env={**os.environ, CONTROL_TOKEN_ENV: token})
     for other in also:
         sh("docker", "network", "connect", other, name)
     listen = sh("docker", "port", name, "9000").splitlines()[0]
     control = sh("docker", "port", name, "9001").splitlines()[0]
-    return RemoteProxy(control), f"http://{listen}"
+    return RemoteProxy(control, token), f"http://{listen}"
 
 
 class RemoteProxy:
     """bench/chaos_proxy.py in a container, driven over its control port (one JSON line per command)."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, token: str) -> None:
         import socket as socket_module
 
         host, port = address.rsplit(":", 1)
@@ -221,6 +225,8 @@ class RemoteProxy:
             try:
                 self.sock = socket_module.create_connection((host, int(port)), timeout=30)
                 self.file = self.sock.makefile("rw")
+                if self._ask(f"token {token}") != {}:
+                    raise RuntimeError("the chaos proxy refused the control token")
                 self._ask("held")
                 break
             except OSError:

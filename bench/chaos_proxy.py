@@ -10,15 +10,18 @@ that refuses is skipped, as Docker's DNS drops a dead one). Faults, asked from a
 Loopback only: it listens on 127.0.0.1 and connects to the replicas' 127.0.0.1 ports. On a Swarm fleet (whose
 overlay the host cannot route to) it runs in a container on the fleet's network, `python bench/chaos_proxy.py
 --backends tasks.env-echo:8000`, resolving the tasks for each connection, with its port and a control port published
-on 127.0.0.1; the injector sends it one command per line on the control port (RemoteProxy in bench/chaos.py).
+on 127.0.0.1; the injector sends it one command per line on the control port (RemoteProxy in bench/chaos.py), after
+a token only the injector knows (the port is reachable from the env network too).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hmac
 import itertools
 import json
+import os
 import random
 import socket
 import struct
@@ -237,9 +240,15 @@ def sessions_held(backends: list[tuple[str, int]]) -> dict[str, int]:
     return out
 
 
-def serve_control(proxy: ChaosProxy, port: int) -> None:
+CONTROL_TOKEN_ENV = "CHAOS_CONTROL_TOKEN"
+
+
+def serve_control(proxy: ChaosProxy, port: int, token: str, host: str = "0.0.0.0") -> None:
     """One command per line, one JSON answer per line: drop | half_open | delay S FOR_S | frozen ID | close | held |
-    waited START END."""
+    waited START END. The first line must be `token TOKEN`: in a container the port listens on the env network too
+    (Docker publishes it to 127.0.0.1 from there), where any env image could send `delay 1e9 1e9` (#44)."""
+    if not token:
+        raise SystemExit(f"{CONTROL_TOKEN_ENV} is empty: the control port needs a token (bench/chaos.py sets one)")
 
     def answer(line: str):
         cmd, *rest = line.split()
@@ -264,6 +273,14 @@ def serve_control(proxy: ChaosProxy, port: int) -> None:
         return {"error": f"unknown command {cmd}"}
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        first = (await reader.readline()).decode(errors="replace").split()
+        if len(first) != 2 or first[0] != "token" or not hmac.compare_digest(first[1].encode(), token.encode()):
+            writer.write(b'{"error": "the first line must be: token TOKEN"}\n')
+            await writer.drain()
+            writer.close()
+            return
+        writer.write(b"{}\n")
+        await writer.drain()
         while line := (await reader.readline()).decode().strip():
             reply = await asyncio.to_thread(answer, line)
             writer.write((json.dumps(reply) + "\n").encode())
@@ -271,7 +288,7 @@ def serve_control(proxy: ChaosProxy, port: int) -> None:
         writer.close()
 
     async def main() -> None:
-        server = await asyncio.start_server(handle, "0.0.0.0", port)
+        server = await asyncio.start_server(handle, host, port)
         async with server:
             await server.serve_forever()
 
@@ -286,4 +303,5 @@ if __name__ == "__main__":
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args()
     name, _, backend_port = a.backends.rpartition(":")
-    serve_control(ChaosProxy(tasks_of(name, int(backend_port)), a.seed, "0.0.0.0", a.listen), a.control)
+    serve_control(ChaosProxy(tasks_of(name, int(backend_port)), a.seed, "0.0.0.0", a.listen), a.control,
+                  os.environ.get(CONTROL_TOKEN_ENV, ""))

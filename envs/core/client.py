@@ -43,6 +43,12 @@ _DEFAULT: Any = object()
 
 _loop: Optional[asyncio.AbstractEventLoop] = None
 _loop_lock = threading.Lock()
+_parse_pool: Optional[concurrent.futures.ThreadPoolExecutor] = None
+# websockets stops reading a session's socket once more frames than this wait unread: one frame at most here, ~1.2 MiB
+# per session (its default, 16, made the 1 MiB reply cap ~18 MiB per session: 256 hostile sessions ~4.6 GiB). One
+# request is answered by one frame; a frame waiting when a request is sent was not asked for: it ends the session.
+MAX_QUEUED_FRAMES = 0
+PARSE_INLINE_CHARS = 64 << 10  # a reply this small parses in well under a millisecond: on the loop
 
 log = logging.getLogger("envs.client")
 STALL_LOG_EVERY_S = 5.0  # per replica and kind: a server's crash closes all its sessions at once
@@ -75,6 +81,16 @@ def _background_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
+def _parser() -> concurrent.futures.ThreadPoolExecutor:
+    """The one thread that parses big replies: json.loads of 1 MiB takes up to ~0.1 s (floats, keys) and on the shared
+    loop each one would hold every other env's sessions (#44); in a thread the loop gets the GIL back between them."""
+    global _parse_pool
+    with _loop_lock:
+        if _parse_pool is None:
+            _parse_pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="envs-reply-parse")
+        return _parse_pool
+
+
 class EnvServerError(RuntimeError):
     """An error frame from the env server (`code` is openenv's WSErrorCode or ours)."""
 
@@ -94,11 +110,13 @@ class RedirectRefused(UntrustedReply):
 
 class open_session(connect):
     """`websockets.asyncio.client.connect` for env servers: never through HTTP(S)_PROXY (they sit on the private
-    network), replies up to MAX_REPLY_BYTES, and no redirects (websockets follows up to 10, across hosts: an env
-    answering `302 Location: ws://vllm:8000/...` would bounce the trainer onto agentnet)."""
+    network), replies up to MAX_REPLY_BYTES, at most MAX_QUEUED_FRAMES of them buffered, and no redirects (websockets
+    follows up to 10, across hosts: an env answering `302 Location: ws://vllm:8000/...` would bounce the trainer onto
+    agentnet)."""
 
     def __init__(self, uri: str, **kwargs: Any) -> None:
         kwargs.setdefault("max_size", MAX_REPLY_BYTES)
+        kwargs.setdefault("max_queue", MAX_QUEUED_FRAMES)
         super().__init__(uri, proxy=None, **kwargs)
 
     def process_redirect(self, exc: Exception) -> Exception | str:
@@ -107,6 +125,11 @@ class open_session(connect):
             return RedirectRefused(f"answered {exc.response.status_code} redirecting to {to}; env connections "
                                    "never follow redirects: point ENV_URLS at the server itself")
         return exc
+
+
+def _queued_frames(ws: ClientConnection) -> int:
+    """Frames received and not yet read (websockets' Assembler queue; 0 where a version lacks it)."""
+    return len(getattr(getattr(ws, "recv_messages", None), "frames", ()))
 
 
 def _deadline(reply_s: Optional[float], connect_s: float, twice: bool = False) -> Optional[float]:
@@ -400,6 +423,9 @@ class SessionClient:
         if ws is None:
             return
         self._closing.add(id(ws))
+        if _queued_frames(ws):  # unasked frames stopped its reading: a close handshake would wait out its 5 s
+            ws.transport.abort()
+            return
         try:
             if ws.state is State.OPEN:
                 await ws.send('{"type":"close"}')
@@ -423,9 +449,27 @@ class SessionClient:
                 raise
         raise AssertionError("unreachable")
 
+    async def _unasked(self, ws: ClientConnection) -> None:
+        """A frame came while no request was out; the session is dropped. A reaper's SESSION_EXPIRED/SESSION_ERROR
+        frame before its close (OpenEnv's, envs.core.server's) is what a request would have got anyway: raised as
+        that EnvServerError (a reset then opens a fresh session). Anything else: UntrustedReply, one line."""
+        try:
+            raw = await asyncio.wait_for(ws.recv(), PONG_WAIT_S)  # queued already (or its message's last fragments)
+            frame = loads_reply(raw) if len(raw) <= PARSE_INLINE_CHARS else None
+        except (asyncio.TimeoutError, ConnectionClosed, UntrustedReply):
+            frame = None
+        self._drop()
+        data = frame.get("data") if isinstance(frame, dict) and frame.get("type") == "error" else None
+        if isinstance(data, dict) and data.get("code") in ("SESSION_EXPIRED", "SESSION_ERROR"):
+            raise EnvServerError(safe_text(data.get("message", "session expired"), ERROR_CHARS), data["code"], data)
+        raise UntrustedReply(f"{self.shown_url}: sent a frame nobody asked for (an OpenEnv server answers each "
+                             "request once); the session was closed")
+
     async def _request(self, message: dict, timeout_s: Optional[float], probe_after_s: Optional[float] = None) -> dict:
         ws = self._ws
         assert ws is not None
+        if _queued_frames(ws):  # it would pair with this request as its reply
+            await self._unasked(ws)
         try:
             await ws.send(json.dumps(message))
         except ConnectionClosed:
@@ -451,7 +495,8 @@ class SessionClient:
             stalled(self.shown_url, "slow", f"a {message.get('type')} reply took {took:.1f} s (bound "
                     f"{_bound(timeout_s)}); answered, the episode goes on")
         try:
-            reply = loads_reply(raw)
+            reply = loads_reply(raw) if len(raw) <= PARSE_INLINE_CHARS else \
+                await asyncio.get_running_loop().run_in_executor(_parser(), loads_reply, raw)
             data = (reply.get("data") or {}) if isinstance(reply, dict) else None
             if not isinstance(data, dict):
                 raise UntrustedReply("a reply that is not an OpenEnv frame (a JSON object with a `data` object)")

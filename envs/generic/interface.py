@@ -31,6 +31,10 @@ RESERVED_TOOL_NAMES = ("reset", "get_reward", "env_name", "replica_set")
 MAX_SCHEMA_NODES = 20_000  # after $refs are inlined
 MAX_DESCRIPTION_CHARS = 1_000
 MAX_TOOL_PARAMS = 64  # every argument is written into every prompt; past this the model could not use the tool
+MAX_TOOLS = 64  # the same for tools: each one's schema is in every prompt (#44: 20,000 were accepted)
+MAX_NAME_CHARS = 64  # a tool or argument name (#44: a 300,000-character name was accepted)
+MAX_SCHEMA_DEPTH = 64  # levels once $refs are inlined: type_hint recurses over them
+MAX_REF_LINKS = 32  # $refs followed along one path: a 600-link chain ended in RecursionError
 ARG_SECTIONS = ("args", "arguments", "attributes", "parameters", "params")
 SECTION_HEADERS = (*ARG_SECTIONS, "returns", "return", "raises", "yields", "examples", "example", "note", "notes")
 
@@ -98,8 +102,9 @@ ENTRY = re.compile(r"^(\w++)\s*+(?:\([^)]*+\))?\s*+:\s*+(.*)$")
 
 
 def one_line(text: str, limit: int = MAX_DESCRIPTION_CHARS) -> str:
-    """Folded to one line, control characters escaped (a description can carry terminal escapes), cut at `limit`."""
-    return untrusted.one_line(text, limit)
+    """Folded to one line, control characters escaped (a description can carry terminal escapes), chat-template tokens
+    neutralised (it is written into every prompt), cut at `limit`."""
+    return untrusted.one_line(untrusted.neutralise_tokens(str(text)[: 4 * limit]), limit)
 
 
 # ------------------------------------------------------------------------------------ JSON schema -> hint
@@ -108,31 +113,40 @@ JSON_SCALARS = {"string": str, "integer": int, "number": float, "boolean": bool}
 
 def resolve_refs(schema: Any, defs: dict) -> Any:
     """Inline `$ref: #/$defs/X` (pydantic puts nested models and enums there). A type that contains itself
-    cannot become a tool argument, and inlining may multiply a schema's size: a $ref cycle, or more than
-    MAX_SCHEMA_NODES nodes once inlined, raise UnsupportedSchema (one line) instead of taking minutes and GBs."""
-    budget = [MAX_SCHEMA_NODES]
+    cannot become a tool argument, and inlining may multiply a schema's size: a $ref cycle, more than MAX_REF_LINKS
+    links on one path, nesting past MAX_SCHEMA_DEPTH, or more than MAX_SCHEMA_NODES nodes once inlined raise
+    UnsupportedSchema (one line) instead of a RecursionError or minutes and GBs. Iterative: no Python recursion."""
+    budget = MAX_SCHEMA_NODES
     defs = defs if isinstance(defs, dict) else {}
-
-    def walk(node: Any, path: tuple[str, ...]) -> Any:
-        budget[0] -= 1
-        if budget[0] < 0:
+    root: dict = {}
+    stack: list[tuple[Any, tuple[str, ...], int, Any, Any]] = [(schema, (), 0, root, "schema")]
+    while stack:
+        node, path, depth, parent, key = stack.pop()
+        budget -= 1
+        if budget < 0:
             raise UnsupportedSchema(f"schema has more than {MAX_SCHEMA_NODES} nodes once its $refs are inlined")
+        if depth > MAX_SCHEMA_DEPTH:
+            raise UnsupportedSchema(f"schema nests deeper than {MAX_SCHEMA_DEPTH} levels once its $refs are inlined")
+        while isinstance(node, dict) and "$ref" in node:
+            name = str(node["$ref"]).rsplit("/", 1)[-1]
+            if name in path:
+                raise UnsupportedSchema(f"$ref cycle {' -> '.join((*path, name))[:300]}: a type that contains itself "
+                                        "is not expressible as a TRL tool argument")
+            if len(path) >= MAX_REF_LINKS:
+                raise UnsupportedSchema(f"schema follows more than {MAX_REF_LINKS} $ref links on one path")
+            target = defs.get(name, {})
+            node = {**(target if isinstance(target, dict) else {}), **{k: v for k, v in node.items() if k != "$ref"}}
+            path = (*path, name)
         if isinstance(node, dict):
-            if "$ref" in node:
-                name = str(node["$ref"]).rsplit("/", 1)[-1]
-                if name in path:
-                    raise UnsupportedSchema(f"$ref cycle {' -> '.join((*path, name))}: a type that contains itself "
-                                            "is not expressible as a TRL tool argument")
-                target = defs.get(name, {})
-                merged = {**(target if isinstance(target, dict) else {}),
-                          **{k: v for k, v in node.items() if k != "$ref"}}
-                return walk(merged, (*path, name))
-            return {k: walk(v, path) for k, v in node.items() if k != "$defs"}
-        if isinstance(node, list):
-            return [walk(v, path) for v in node]
-        return node
-
-    return walk(schema, ())
+            out: Any = {k: None for k in node if k != "$defs"}
+            stack.extend((v, path, depth + 1, out, k) for k, v in node.items() if k != "$defs")
+        elif isinstance(node, list):
+            out = [None] * len(node)
+            stack.extend((v, path, depth + 1, out, i) for i, v in enumerate(node))
+        else:
+            out = node
+        parent[key] = out
+    return root["schema"]
 
 
 def type_hint(schema: dict, where: str) -> Any:
@@ -216,11 +230,15 @@ def params_from_schema(schema: dict, where: str, doc_fields: dict[str, str],
 
 
 def check_identifier(name: Any, what: str) -> None:
-    """A name that becomes a Python parameter or method: an identifier, not a keyword, not `self`, no `_` start."""
-    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name) or name == "self" \
-            or name.startswith("_"):
-        raise UnsupportedSchema(f"{what} {name!r}: not usable as a Python name (an identifier that is not a keyword, "
-                                "`self` or private), so TRL cannot pass it")
+    """A name that becomes a Python parameter or method: an ASCII identifier of at most MAX_NAME_CHARS, not a keyword,
+    not `self`, no `_` start. ASCII: `rеset` (Cyrillic е) or fullwidth `ｓｅｌｆ` would pass a check against the reserved
+    names, and Python folds fullwidth names (NFKC) when it compiles a signature."""
+    if not isinstance(name, str) or not name.isascii() or not name.isidentifier() or len(name) > MAX_NAME_CHARS \
+            or keyword.iskeyword(name) or name == "self" or name.startswith("_"):
+        shown = ascii(name) if len(ascii(name)) <= 80 else ascii(name)[:79] + "…"  # a homoglyph shows as \u0435
+        raise UnsupportedSchema(f"{what} {shown}: not usable as a Python name (an ASCII identifier of at most "
+                                f"{MAX_NAME_CHARS} characters that is not a keyword, `self` or private), so TRL cannot "
+                                "pass it")
 
 
 # ------------------------------------------------------------------------------------ discovery
@@ -277,6 +295,9 @@ def list_tools(base_url: str, timeout_s: float) -> list[dict]:
 def mcp_tools(payloads: list[dict]) -> list[ToolSpec]:
     if not payloads:
         raise UnsupportedSchema("the MCP env lists no tools: nothing for the model to call")
+    if len(payloads) > MAX_TOOLS:
+        raise UnsupportedSchema(f"the MCP env lists {len(payloads):,} tools, more than the {MAX_TOOLS} a prompt can "
+                                "carry (each one's schema is in every prompt); write a tool class for this env (README)")
     specs, seen = [], set()
     for payload in payloads:
         if not isinstance(payload, dict):

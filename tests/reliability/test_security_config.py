@@ -97,8 +97,9 @@ def test_env_servers_have_memory_and_pids_limits(full):
 
 
 def test_trainers_have_memory_and_pids_limits(every):
-    """An env image's replies are bounded in the client (envs.core.untrusted); the limits are the backstop."""
-    for name in ("trainer", "trainer-cpu"):
+    """An env image's replies are bounded in the client (envs.core.untrusted); the limits are the backstop. model-init
+    plays the env servers too (#44: it had none)."""
+    for name in ("trainer", "trainer-cpu", "model-init"):
         svc = every["services"][name]
         assert 0 < int(svc["mem_limit"]) <= 256 * 2**30, (name, svc.get("mem_limit"))
         assert 0 < int(svc["pids_limit"]) <= 16384, (name, svc.get("pids_limit"))

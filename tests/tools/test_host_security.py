@@ -62,13 +62,55 @@ def test_make_variables_reach_the_tool_as_one_word_and_never_run(tmp_path, targe
     venv.mkdir()
     (venv / ".host-ok").touch()  # newer than pyproject.toml: make does not rebuild the host venv
     pwned = tmp_path / "pwned"
-    payload = f"x;touch {pwned}; echo 'q'\"d\" `touch {pwned}` $$(touch {pwned})"
+    payload = f"x;touch {pwned}; echo 'q'\"d\" `touch {pwned}` (touch {pwned})"  # `$` is refused (below)
     r = subprocess.run(["make", "--no-print-directory", target, f"VENV={venv}", f"STACK={ARGV_PRINTER}",
                         f"{var}={payload}"], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert not pwned.exists(), "a make variable ran as shell code"
     argv = json.loads(r.stdout.strip().splitlines()[-1])
-    assert argv[argv.index(flag) + 1] == payload.replace("$$", "$")  # make turns $$ into $; the shell nothing
+    assert argv[argv.index(flag) + 1] == payload
+
+
+@pytest.mark.parametrize("dry_run", [False, True])
+@pytest.mark.parametrize("target, var, value, says", [
+    ("export", "PUSH", "x\ntouch PWNED #", "PUSH holds a newline or a '$'"),  # split the recipe: ran the 2nd line
+    ("export", "RUN", "$(shell touch PWNED)", "RUN holds a newline or a '$'"),  # ran even under make -n
+    ("export", "CHECKPOINT", "$$(touch PWNED)", "CHECKPOINT holds a newline or a '$'"),
+    ("rollouts", "STEP", "1\ntouch PWNED", "STEP holds a newline or a '$'"),
+    ("eval", "TASKS", "$(shell touch PWNED)", "TASKS holds a newline or a '$'"),
+    ("eval", "THRESHOLD", "0.5\ntouch PWNED", "THRESHOLD holds a newline or a '$'"),
+    ("train", "ARGS", "--max-steps 3; touch PWNED", "ARGS holds a shell operator"),
+    ("eval", "ARGS", "--x `touch PWNED`", "ARGS holds a shell operator"),
+    ("rehearse", "ARGS", "--x && touch PWNED", "ARGS holds a shell operator"),
+    ("train", "ARGS", "--x > PWNED", "ARGS holds a shell operator"),
+    ("train", "ARGS", "--x $(shell touch PWNED)", "ARGS holds a newline or a '$'"),
+])
+def test_make_refuses_values_that_would_run_as_code(tmp_path, target, var, value, says, dry_run):
+    """#44: `make -i export PUSH="$(printf 'x\nid #')"` ran `id`, `make -n export RUN='$(shell ...)'` ran the shell
+    command, `ARGS='--max-steps 3; echo INJECTED'` ran the echo. Now: one line, exit 2, nothing run."""
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / ".host-ok").touch()
+    pwned = tmp_path / "PWNED"
+    r = subprocess.run(
+        ["make", "--no-print-directory", "-C", str(ROOT), "-i", *(["-n"] if dry_run else []), target,
+         f"VENV={venv}", f"STACK={ARGV_PRINTER}", f"{var}={value.replace('PWNED', str(pwned))}"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert not pwned.exists(), f"make {target} {var}=... ran the injected command"
+    assert r.returncode == 2 and r.stdout == "", (r.stdout, r.stderr)
+    assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_make_args_still_take_several_quoted_words(tmp_path):
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    (venv / ".host-ok").touch()
+    r = subprocess.run(["make", "--no-print-directory", "train", f"VENV={venv}", f"STACK={ARGV_PRINTER}",
+                        "ARGS=--max-steps 3 --note 'a b' --only x,y"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == ["train", "--max-steps", "3", "--note", "a b", "--only",
+                                                             "x,y"]
 
 
 @pytest.mark.parametrize("value, adapter", [("1", True), ("true", True), ("0", False), ("", False)])

@@ -12,7 +12,7 @@ import pytest
 
 from envs.core import probe
 from envs.core.client import SessionClient
-from envs.core.untrusted import (MAX_REPLY_DEPTH, BadReward, UntrustedReply, check_reward, loads_reply, safe_text,
+from envs.core.untrusted import (MAX_REPLY_CONTAINERS, MAX_REPLY_DEPTH, BadReward, UntrustedReply, check_reward, loads_reply, safe_text,
                                  strip_credentials)
 from envs.generic.tool import render_observation
 from tests.helpers import free_port
@@ -69,12 +69,19 @@ def test_honest_observations_render_as_before():
 @pytest.mark.parametrize("raw, shown", [
     ("http://trainer:s3cret@env-x:8000", "http://***@env-x:8000"),
     ("echo=wss://tok@envs.example/a,wordle=http://h:9000", "echo=wss://***@envs.example/a,wordle=http://h:9000"),
-    ("Cannot reach ws://h:8000/ws?token=s3cret&x=1: refused", "Cannot reach ws://h:8000/ws?token=***&x=1: refused"),
-    ("http://h:8000/?api_key=s3cret#f", "http://h:8000/?api_key=***#f"),
+    ("Cannot reach ws://h:8000/ws?token=s3cret&x=1: refused", "Cannot reach ws://h:8000/ws?token=***&x=*** refused"),
+    ("http://h:8000/?api_key=s3cret#f", "http://h:8000/?api_key=***#***"),
     ("http://vllm:8000", "http://vllm:8000"),
+    # #44: every query and fragment value, and userinfo to its last `@` (before: these leaked)
+    ("http://h/cb#access_token=s3cret&state=x", "http://h/cb#access_token=***&state=***"),
+    ("ws://h/ws?sid=s3cret;jwt=s3cret&code=s3cret", "ws://h/ws?sid=***;jwt=***&code=***"),
+    ("wss://user:p@ss@host/ws", "wss://***@host/ws"),
+    ("ws://h/ws?s3cret", "ws://h/ws?***"),
+    ("env-x:8000/ws?token=s3cret", "env-x:8000/ws?token=***"),  # no scheme: token-like keys still masked
 ])
 def test_credentials_are_stripped_from_every_url(raw, shown):
     assert strip_credentials(raw) == shown
+    assert "s3cret" not in shown and "ss@" not in shown
 
 
 def test_client_and_probe_errors_never_quote_credentials():
@@ -105,6 +112,18 @@ def test_a_deep_reply_is_one_line_not_a_recursion_error():
     assert loads_reply("[" * 64 + "]" * 64) is not None
     with pytest.raises(UntrustedReply, match="not JSON"):
         loads_reply("{nope")
+
+
+def test_a_container_bomb_is_refused_before_parsing_and_brackets_in_strings_are_text():
+    """#44: 1 MiB of `[]` (349,000 lists) was parsed, then walked in Python (~0.8 s on the loop every session shares)."""
+    bomb = '{"type": "observation", "data": {"observation": {"x": [' + ",".join(["[]"] * 349_000) + "]}}}"
+    with pytest.raises(UntrustedReply, match=f"349,004 lists and objects, more than the {MAX_REPLY_CONTAINERS:,}"):
+        loads_reply(bomb)
+    assert loads_reply('{"t": "' + "[" * 100_000 + '\\"[{"}') == {"t": "[" * 100_000 + '"[{'}
+    at_cap = "[" + ",".join(["[]"] * (MAX_REPLY_CONTAINERS - 1)) + "]"
+    assert len(loads_reply(at_cap)) == MAX_REPLY_CONTAINERS - 1
+    with pytest.raises(UntrustedReply, match="nested deeper than 64"):
+        loads_reply('[{"a": "]]]]", "b": ' + "[" * 64 + "]" * 64 + "}]")  # brackets in a string do not close
 
 
 # ---------------------------------------------------------------------------------------------- rewards
