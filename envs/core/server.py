@@ -6,10 +6,12 @@ What stock openenv 0.10.0 does and what we add (see envs/README.md for the opera
   frame and code, make the message name the fix, and publish the live numbers at `GET /health` and
   `GET /capacity` so a trainer can compare them with the sessions it will open.
 - Idle reaping: stock's reaper (only when `session_timeout` is set) destroys idle sessions but leaves a
-  `/ws` socket open on a closed env and a freed slot (so capacity over-commits). We also close that
-  socket, after a SESSION_EXPIRED error frame, so clients reconnect instead of talking to a dead env.
-- Bad frames: stock closes the whole session on a JSON value that is not an object (`[]`, `1`), on a
-  binary frame, or on a non-string `type`; uvicorn closes the socket (1009) on big frames. A small
+  `/ws` socket open on a closed env and a freed slot (so capacity over-commits). We answer the next
+  frame on that socket with a SESSION_EXPIRED error, then close it (4408). Not closing it at once is
+  on purpose: upstream's client silently reconnects a socket it finds closed and would go on in a new,
+  un-reset session; this way its call raises, naming the expiry.
+- Bad frames: stock closes the whole session on a JSON value that is not an object (`[]`, `1`) or on a
+  binary frame; uvicorn closes the socket (1009) on big frames. A small
   ASGI layer in front of `/ws` answers those with a structured error frame and keeps the session.
 - Dropped clients: stock already frees the slot when the socket drops; uvicorn's keepalive pings
   (interval/timeout from the environment) find half-open connections.
@@ -106,7 +108,7 @@ class TrainingEnvServer(HTTPEnvServer):
                 },
             ):
                 self.reaped_sessions += 1
-                log.info("closed idle session %s (SESSION_TIMEOUT_S)", session_id)
+                log.info("expired idle session %s (SESSION_TIMEOUT_S): its next frame gets SESSION_EXPIRED", session_id)
 
 
 MAX_JSON_DEPTH = 64  # actions and reset kwargs are a few levels deep; far below any parser limit
@@ -119,7 +121,7 @@ def _error_frame(code: str, message: str, **extra: Any) -> str:
 class WSGuard:
     """ASGI layer in front of `/ws`: answers frames the stock handler would die on, tracks the socket.
 
-    Only frames that are not a JSON object with a string `type` (or are too big / binary non-UTF-8)
+    Only frames that are not a JSON object (or are too big / binary non-UTF-8)
     are answered here; everything else goes to the stock handler unchanged.
     """
 
@@ -148,18 +150,26 @@ class WSGuard:
                 raise
 
         owner = asyncio.current_task()
+        expired: Optional[tuple[int, str, dict]] = None  # set by the reaper: the next frame gets this error
 
         async def closer(code: int, reason: str, error: dict) -> bool:
             # The handler's own teardown (client close, disconnect, error) runs in `owner`; only
-            # another task (the idle reaper) closes the socket from here.
+            # another task (the idle reaper) marks the socket expired from here.
+            nonlocal expired
             if closed or asyncio.current_task() is owner:
                 return False
+            expired = (code, reason, error)
+            return True
+
+        async def expire() -> dict:
+            code, reason, error = expired  # type: ignore[misc]
             try:
                 await guarded_send({"type": "websocket.send", "text": _error_frame(**error)})
                 await guarded_send({"type": "websocket.close", "code": code, "reason": reason})
             except Exception:  # client already gone
                 pass
-            return True
+            # the stock handler sees a disconnect and ends (its env is gone already)
+            return {"type": "websocket.disconnect", "code": code}
 
         async def guarded_receive() -> dict:
             nonlocal closed, awaiting_step
@@ -170,6 +180,8 @@ class WSGuard:
                     return message
                 if message["type"] != "websocket.receive":
                     return message
+                if expired is not None:
+                    return await expire()
                 text = message.get("text")
                 if text is None:
                     raw = message.get("bytes") or b""
@@ -216,7 +228,8 @@ class WSGuard:
                         }
                     )
                     continue
-                if not isinstance(parsed, dict) or not isinstance(parsed.get("type", ""), str):
+                # Any object goes to the stock handler: a non-string "type" gets its UNKNOWN_TYPE, as upstream.
+                if not isinstance(parsed, dict):
                     await guarded_send(
                         {
                             "type": "websocket.send",
@@ -311,5 +324,5 @@ def build_app(settings: ServerSettings) -> tuple[Any, TrainingEnvServer]:
     async def capacity() -> dict:
         return server.capacity()
 
-    server.register_routes(app)
+    server.register_routes(app, mode=settings.openenv_mode)
     return WSGuard(app, settings.max_message_bytes, server), server

@@ -1,0 +1,204 @@
+"""Our env servers answer as upstream openenv 0.10.0 where a client can tell (#45 item 1).
+
+Each case is checked against upstream's own code: stock `create_fastapi_app` (openenv http_server.py) on the
+same env classes, upstream's echo env (FastMCP, tests/envs/upstream_echo.py), OpenSpiel's rl_environment,
+and upstream's clients (tests/envs/upstream_clients.py, openenv's MCPToolClient). In-process: Starlette's
+TestClient, or uvicorn in a thread on 127.0.0.1 where a client needs a URL. No Docker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from envs.core.server import build_app
+from envs.core.settings import ServerSettings
+from tests.helpers import free_port
+
+STARTUP_S = 60  # only stops a hang: the server reports when it listens
+
+
+def ours(env_name: str, **env: str):
+    return build_app(ServerSettings.load({"ENV_NAME": env_name, **env}))
+
+
+def stock(env_name: str, mode: str = "simulation"):
+    """Upstream's create_fastapi_app on our env classes: the routes upstream serves."""
+    from openenv.core.env_server.http_server import create_fastapi_app
+
+    from envs.registry import get
+
+    factory, action_cls, observation_cls, state_cls = get(env_name).server_parts()
+    return create_fastapi_app(factory, action_cls, observation_cls, max_concurrent_envs=4, state_cls=state_cls,
+                              mode=mode)
+
+
+class ThreadServer:
+    """Our server for `env_name` under uvicorn in a thread, for clients that need a URL."""
+
+    def __init__(self, env_name: str) -> None:
+        import uvicorn
+
+        app, self.server = ours(env_name, SESSION_TIMEOUT_S="600")
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.uvicorn = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_until_complete, args=(self.uvicorn.serve(),), daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + STARTUP_S
+        while not self.uvicorn.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+            time.sleep(0.02)
+
+    def reap(self) -> None:
+        """What the idle reaper does to a session past SESSION_TIMEOUT_S (its loop checks every >= 5 s)."""
+        (session_id,) = list(self.server._sessions)
+        asyncio.run_coroutine_threadsafe(self.server._destroy_session(session_id), self.loop).result(STARTUP_S)
+
+    def wait_for_no_connections(self) -> None:
+        deadline = time.monotonic() + STARTUP_S
+        while self.uvicorn.server_state.connections:
+            assert time.monotonic() < deadline, "the server kept a socket open"
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self.uvicorn.should_exit = True
+        self.thread.join(STARTUP_S)
+
+
+# ---------------------------------------------------------------------------------------------- (a) Catch
+def test_catch_step_before_any_reset_answers_a_first_observation_as_upstream():
+    """Upstream's OpenSpiel env steps rl_environment, which starts an episode on a step before any reset; stock
+    HTTP /step is always such a step (a fresh env per call). Before: 500 (ours raised "No episode yet")."""
+    from open_spiel.python import rl_environment
+
+    assert rl_environment.Environment("catch").step([1]).first()  # upstream's behaviour, at its source
+    app, _ = ours("catch")
+    with TestClient(app) as client:
+        reply = client.post("/step", json={"action": {"action_id": 1}})
+        assert reply.status_code == 200, reply.text
+        body = reply.json()
+        assert body["done"] is False and body["reward"] is None
+        assert body["observation"]["game_phase"] == "initial" and body["observation"]["legal_actions"] == [0, 1, 2]
+        with client.websocket_connect("/ws") as ws:  # the same on the WebSocket
+            ws.send_text(json.dumps({"type": "step", "data": {"action_id": 1}}))
+            frame = json.loads(ws.receive_text())
+            assert frame["type"] == "observation" and frame["data"]["observation"]["game_phase"] == "initial"
+            ws.send_text(json.dumps({"type": "step", "data": {"action_id": 1}}))  # then the episode goes on
+            assert json.loads(ws.receive_text())["data"]["observation"]["game_phase"] in ("playing", "terminal")
+
+
+# ---------------------------------------------------------------------------------------------- (b) expiry
+def test_a_reaped_session_tells_upstreams_client_before_it_goes_on():
+    """Before: the server closed a reaped socket at once; upstream's client reconnected on its next call and
+    went on in a new, un-reset session with no error. Now that call raises, naming the expiry."""
+    from tests.envs.upstream_clients import OpenSpielAction, OpenSpielEnv
+
+    server = ThreadServer("catch")
+    try:
+        with OpenSpielEnv(base_url=server.url).sync() as env:
+            env.reset()
+            server.reap()
+            assert server.server.capacity()["active_sessions"] == 0  # the slot is free at once
+            with pytest.raises(RuntimeError, match="SESSION_EXPIRED") as caught:
+                env.step(OpenSpielAction(action_id=1))
+            assert "SESSION_TIMEOUT_S" in str(caught.value)
+            assert server.server.capacity()["reaped_sessions"] == 1
+            # The server closes the socket right after the error frame; a call made before the client has seen
+            # that close fails once more (ConnectionClosed, as after any server-side close): wait for it.
+            server.wait_for_no_connections()
+            # told, the client starts over in a new session
+            assert env.reset().observation.game_phase == "initial"
+            assert env.step(OpenSpielAction(action_id=1)).observation.game_phase in ("playing", "terminal")
+    finally:
+        server.stop()
+
+
+# ---------------------------------------------------------------------------------------------- (c) mode
+PATHS = (("post", "/reset", {}), ("post", "/step", {"action": {"action_id": 1}}), ("get", "/state", None),
+         ("get", "/health", None), ("get", "/schema", None), ("get", "/metadata", None))
+
+
+@pytest.mark.parametrize("mode", ["production", "simulation"])
+def test_openenv_mode_gives_upstreams_routes(mode):
+    """OPENENV_MODE=production: no HTTP /reset, /step, /state (404), as stock; /ws still plays. Before: ignored."""
+    def statuses(client) -> dict:
+        return {path: getattr(client, verb)(path, **({"json": body} if body is not None else {})).status_code
+                for verb, path, body in PATHS}
+
+    with TestClient(stock("catch", mode)) as client:
+        upstream = statuses(client)
+    app, _ = ours("catch", OPENENV_MODE=mode.upper())
+    with TestClient(app) as client:  # one client: the app's shutdown stops its session executor
+        got = statuses(client)
+        with client.websocket_connect("/ws") as ws:
+            ws.send_text(json.dumps({"type": "reset", "data": {"seed": 1}}))
+            assert json.loads(ws.receive_text())["type"] == "observation"
+    assert got == upstream
+    assert (got["/reset"], got["/step"], got["/state"]) == ((404,) * 3 if mode == "production" else (200,) * 3)
+
+
+def test_a_bad_openenv_mode_is_one_line():
+    with pytest.raises(SystemExit, match=r"OPENENV_MODE: choose one of simulation, production \(got 'prod'\)"):
+        ServerSettings.load({"ENV_NAME": "echo", "OPENENV_MODE": "prod"})
+
+
+# ---------------------------------------------------------------------------------------------- (d) MCP
+MCP_CALLS = (
+    {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}},
+    {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "nope", "arguments": {}}},
+    {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "echo_message",
+                                                                   "arguments": {"message": "hi"}}},
+    {"jsonrpc": "2.0", "id": 4, "method": "tools/call", "params": {"name": "echo_with_length",
+                                                                   "arguments": {"message": "hey"}}},
+)
+
+
+def test_mcp_answers_and_unknown_frame_types_as_upstream_echo():
+    """Upstream's echo env (FastMCP) behind stock create_app, and ours, over HTTP /mcp and the WebSocket: the
+    same JSON. Before: unknown tool -32602 "Tool not found: nope" (upstream -32603 "Unknown tool: 'nope'"),
+    tools/list without title/outputSchema/annotations, and {"type": 1} got VALIDATION_ERROR (upstream
+    UNKNOWN_TYPE)."""
+    from openenv.core.env_server.http_server import create_fastapi_app
+    from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
+
+    from tests.envs.upstream_echo import EchoEnvironment
+
+    def answers(app) -> list:
+        out = []
+        with TestClient(app) as client:
+            out += [client.post("/mcp", json=call).json() for call in MCP_CALLS]
+            with client.websocket_connect("/ws") as ws:
+                for frame in [{"type": 1}, {"type": None}, *({"type": "mcp", "data": call} for call in MCP_CALLS)]:
+                    ws.send_text(json.dumps(frame))
+                    out.append(json.loads(ws.receive_text()))
+        return out
+
+    upstream = answers(create_fastapi_app(EchoEnvironment, CallToolAction, CallToolObservation, max_concurrent_envs=4))
+    got = answers(ours("echo")[0])
+    assert got == upstream
+    assert got[1]["error"] == {"code": -32603, "message": "Unknown tool: 'nope'", "data": None}
+    assert {"title", "outputSchema", "annotations"} <= set(got[0]["result"]["tools"][0])
+    assert got[len(MCP_CALLS)]["data"]["code"] == "UNKNOWN_TYPE"
+
+
+def test_upstreams_mcp_client_sees_the_same_tools():
+    from openenv.core.mcp_client import MCPToolClient
+
+    server = ThreadServer("echo")
+    try:
+        with MCPToolClient(base_url=server.url).sync() as env:
+            env.reset()
+            tools = env.list_tools()
+            assert [t.name for t in tools] == ["echo_message", "echo_with_length"]
+            assert env.call_tool("echo_message", message="hi") == "hi"
+            with pytest.raises(Exception, match="nope"):
+                env.call_tool("nope")
+    finally:
+        server.stop()
