@@ -48,4 +48,5 @@ class GenericSpec:
         return demo_calls(self.interface, random.Random(repr(sorted(row.get("reset_kwargs", {}).items()))))
 
     def baseline_action(self, rng: random.Random, observation_text: str) -> tuple[str, dict]:
-        return demo_calls(self.interface, rng)[0]
+        """A call the schema allows, choosing among the observation's legal actions where it lists them."""
+        return demo_calls(self.interface, rng, observation_text)[0]

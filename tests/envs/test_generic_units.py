@@ -60,3 +60,114 @@ def test_a_summary_says_what_it_could_not_shape():
     assert "[array 1,000 numbers, ragged, int; min 1, max 5, mean 3" in shown
     mixed = [1, "a"] * 1000  # not numbers: cut, not summarised
     assert "array" not in render_observation({"cells": mixed}, 200)
+
+
+# ---------------------------------------------------------------------------------------------- demo calls (item 4)
+def param(name: str, schema: dict, required: bool = True):
+    from envs.generic.interface import Param
+
+    return Param(name, None, "", required, schema)
+
+
+def values(schema: dict, n: int = 200, legal=None) -> set:
+    from envs.generic.task import synthetic_value
+
+    rng = random.Random(0)
+    return {json_key(synthetic_value(param("x", schema), rng, legal)) for _ in range(n)}
+
+
+def json_key(value):
+    import json
+
+    return json.dumps(value, sort_keys=True)
+
+
+@pytest.mark.parametrize("schema, allowed", [
+    ({"type": "integer", "minimum": 1, "maximum": 3}, {"1", "2", "3"}),
+    ({"type": "integer", "exclusiveMinimum": 0, "exclusiveMaximum": 3}, {"1", "2"}),
+    ({"type": "integer", "minimum": 5}, {str(n) for n in range(5, 15)}),
+    ({"type": "integer", "maximum": -1}, {str(n) for n in range(-10, 0)}),
+    ({"type": "integer", "default": 7}, {"7"}),  # before: 0-9
+    ({"type": "string", "enum": ["up", "down"]}, {'"up"', '"down"'}),
+    ({"type": "string", "examples": ["e4", "d4"]}, {'"e4"', '"d4"'}),  # before: "cloud"
+    ({"type": "string", "default": "catch"}, {'"catch"'}),
+    ({"anyOf": [{"type": "integer", "maximum": 2, "minimum": 0}, {"type": "null"}], "default": None}, {"0", "1", "2"}),
+    ({"type": "number", "minimum": 0.5, "maximum": 0.75}, None),
+])
+def test_synthetic_values_stay_within_what_the_schema_publishes(schema, allowed):
+    got = values(schema)
+    if allowed is None:
+        assert all(0.5 <= float(v) <= 0.75 for v in got)
+    else:
+        assert got <= allowed and len(got) >= min(2, len(allowed))
+
+
+def test_strings_and_lists_keep_their_lengths_and_objects_their_required_fields():
+    assert all(3 <= len(v) - 2 <= 4 for v in values({"type": "string", "minLength": 3, "maxLength": 4}))
+    for v in values({"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 1}, "minItems": 2,
+                     "maxItems": 2}):
+        assert v in ("[0, 0]", "[0, 1]", "[1, 0]", "[1, 1]")
+    obj = {"type": "object", "properties": {"row": {"type": "integer", "minimum": 0, "maximum": 2},
+                                            "note": {"type": "string"}}, "required": ["row"]}
+    assert values(obj) <= {'{"row": 0}', '{"row": 1}', '{"row": 2}'}
+
+
+def test_demo_and_baseline_calls_pick_the_observations_legal_actions():
+    """Before: action_id 0-9 where the schema gives no maximum (Catch: 3 of 10 legal), `game_name` sometimes
+    "cloud" and sometimes left out."""
+    from envs.generic.interface import EnvInterface, ToolSpec
+    from envs.generic.task import demo_calls, legal_choices
+    from envs.generic.tool import render_observation
+
+    tool = ToolSpec("open_spiel_action", "", (param("action_id", {"type": "integer"}),
+                                              param("game_name", {"type": "string", "default": "catch"}, False),
+                                              param("note", {"type": "string"}, False)))
+    interface = EnvInterface("action", (tool,))
+    observation = {"info_state": [0.0] * 50, "legal_actions": [3, 5], "game_phase": "initial"}
+    text = render_observation(observation, 2000)
+    assert legal_choices(text) == legal_choices(observation) == {"legal_actions": [3, 5]}
+    rng = random.Random(0)
+    for seen in (observation, text):
+        for _ in range(50):
+            (name, args), *_ = demo_calls(interface, rng, seen)
+            assert name == "open_spiel_action" and args["action_id"] in (3, 5) and args["game_name"] == "catch"
+    # no legal actions published: the schema's range
+    for _ in range(20):
+        (_, args), *_ = demo_calls(interface, rng)
+        assert 0 <= args["action_id"] <= 9
+
+
+def test_legal_actions_go_to_the_parameter_that_chooses():
+    from envs.generic.interface import ToolSpec
+    from envs.generic.task import _legal_for
+
+    tool = ToolSpec("move", "", (param("player", {"type": "integer"}), param("column", {"type": "integer"})))
+    assert _legal_for(tool, {"valid_moves": [0, 6]}) == {"column": [0, 6]}
+    words = ToolSpec("say", "", (param("word", {"type": "string"}),))
+    assert _legal_for(words, {"available_words": ["a", "b"]}) == {"word": ["a", "b"]}  # the only required one
+    assert _legal_for(words, {"legal_actions": [1, 2]}) == {}  # no integer parameter
+
+
+def test_generic_baseline_calls_on_catch_are_accepted():
+    """The measure #45 asks for, on our Catch server learned as any env: the share of baseline calls (a reset,
+    then calls from the rendered observation) the env accepts. Before: ~30 % (action_id 0-9 of 3 legal)."""
+    from envs.generic import GenericSpec
+    from tests.envs.inprocess import ThreadServer
+
+    with ThreadServer("catch") as server:
+        spec = GenericSpec.discover("catch", server.url)
+        tool = spec.tool_class(server.url)
+        (name,) = [t.name for t in spec.interface.tools]
+        assert name == "open_spiel_action"
+        rng, accepted, calls = random.Random(0), 0, 0
+        for seed in range(20):
+            text = tool.reset(reset_kwargs={"seed": seed})
+            call, args = spec.baseline_action(rng, text)
+            calls += 1
+            try:
+                text = getattr(tool, call)(**args)
+                accepted += 1
+            except Exception:
+                pass
+        tool._client.close()
+    assert accepted / calls == 1.0, f"{accepted}/{calls} accepted"
