@@ -325,4 +325,21 @@ def build_app(settings: ServerSettings) -> tuple[Any, TrainingEnvServer]:
         return server.capacity()
 
     server.register_routes(app, mode=settings.openenv_mode)
+    if settings.enable_web_interface:
+        app = with_web_interface(app, spec.upstream_env_name, factory, action_cls, observation_cls, state_cls,
+                                 settings.openenv_mode)
     return WSGuard(app, settings.max_message_bytes, server), server
+
+
+def with_web_interface(app: FastAPI, env_name: str, factory: Any, action_cls: type, observation_cls: type,
+                       state_cls: type, mode: str) -> FastAPI:
+    """ENABLE_WEB_INTERFACE, as upstream's create_app: its Gradio app (`/`, `/web`, `/web/*`, `/ws/ui`, one shared
+    env) around ours. Our routes go first, so every path we serve answers as without the UI (first match wins)."""
+    from openenv.core.env_server.web_interface import create_web_interface_app
+
+    web = create_web_interface_app(factory, action_cls, observation_cls, env_name=env_name, max_concurrent_envs=1,
+                                   state_cls=state_cls, mode=mode)
+    web.router.routes[0:0] = app.router.routes
+    web.router.on_startup.extend(app.router.on_startup)  # our idle reaper and executor shutdown
+    web.router.on_shutdown.extend(app.router.on_shutdown)
+    return web

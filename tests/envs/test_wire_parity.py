@@ -158,3 +158,33 @@ def test_upstreams_mcp_client_sees_the_same_tools():
                 env.call_tool("nope")
     finally:
         server.stop()
+
+
+WEB_PATHS = (("get", "/", None), ("get", "/web/metadata", None), ("post", "/web/reset", {}), ("get", "/web/state", None),
+             ("get", "/health", None), ("get", "/schema", None))
+
+
+def test_enable_web_interface_adds_upstreams_ui_and_keeps_ours(monkeypatch):
+    """ENABLE_WEB_INTERFACE=true: upstream's Gradio UI routes answer as stock create_app's; ours (/health with
+    capacity, /ws) are unchanged. Before: ignored (404 at /web)."""
+    from openenv.core.env_server.http_server import create_app
+
+    from envs.registry import get
+
+    def statuses(client) -> dict:
+        return {path: getattr(client, verb)(path, follow_redirects=False,
+                                            **({"json": body} if body is not None else {})).status_code
+                for verb, path, body in WEB_PATHS}
+
+    monkeypatch.setenv("ENABLE_WEB_INTERFACE", "true")  # what stock create_app reads
+    factory, action_cls, observation_cls, state_cls = get("echo").server_parts()
+    with TestClient(create_app(factory, action_cls, observation_cls, state_cls=state_cls)) as client:
+        upstream = statuses(client)
+    app, _ = ours("echo", ENABLE_WEB_INTERFACE="true")
+    with TestClient(app) as client:
+        got = statuses(client)
+        assert "available_slots" in client.get("/health").json()
+        with client.websocket_connect("/ws") as ws:
+            ws.send_text(json.dumps({"type": "reset", "data": {}}))
+            assert json.loads(ws.receive_text())["type"] == "observation"
+    assert got == upstream and got["/web/metadata"] == 200 and got["/"] in (302, 307)
