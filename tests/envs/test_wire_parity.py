@@ -188,3 +188,25 @@ def test_enable_web_interface_adds_upstreams_ui_and_keeps_ours(monkeypatch):
             ws.send_text(json.dumps({"type": "reset", "data": {}}))
             assert json.loads(ws.receive_text())["type"] == "observation"
     assert got == upstream and got["/web/metadata"] == 200 and got["/"] in (302, 307)
+
+
+def test_our_client_replays_an_episode_reaped_before_its_first_step_and_reports_one_reaped_later():
+    """The socket of a reaped session stays open until its next frame: our client (envs/core/client.py) still
+    replays the reset of an episode whose session expired before its first step (as when the socket was closed at
+    once), and reports SESSION_EXPIRED (an infra failure) for one reaped mid-episode."""
+    from envs.core.client import EnvServerError, SessionClient
+
+    call = {"type": "call_tool", "tool_name": "echo_message", "arguments": {"message": "hi"}}
+    with ThreadServer("echo") as server:
+        client = SessionClient(server.url)
+        try:
+            client.reset()
+            server.reap()
+            assert client.step(call)["observation"]["result"]["data"] == "hi"  # replayed on a new session
+            server.reap()
+            with pytest.raises(EnvServerError) as caught:
+                client.step(call)
+            assert caught.value.code == "SESSION_EXPIRED"
+            assert server.server.capacity()["reaped_sessions"] == 2
+        finally:
+            client.close()
