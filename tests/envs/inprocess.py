@@ -22,10 +22,14 @@ def ours(env_name: str, **env: str):
 class ThreadServer:
     """Our server for `env_name` under uvicorn in a thread, for clients that need a URL."""
 
-    def __init__(self, env_name: str) -> None:
+    server = None  # our TrainingEnvServer (None for another app)
+
+    def __init__(self, env_name: str, app=None) -> None:
+        """`app`: serve that ASGI app instead (e.g. stock create_app on upstream's env, for comparison)."""
         import uvicorn
 
-        app, self.server = ours(env_name, SESSION_TIMEOUT_S="600")
+        if app is None:
+            app, self.server = ours(env_name, SESSION_TIMEOUT_S="600")
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.uvicorn = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
