@@ -24,12 +24,13 @@ class ThreadServer:
 
     server = None  # our TrainingEnvServer (None for another app)
 
-    def __init__(self, env_name: str, app=None) -> None:
-        """`app`: serve that ASGI app instead (e.g. stock create_app on upstream's env, for comparison)."""
+    def __init__(self, env_name: str, app=None, **env: str) -> None:
+        """`env`: server settings (as its environment); `app`: serve that ASGI app instead (e.g. stock create_app on
+        upstream's env, for comparison)."""
         import uvicorn
 
         if app is None:
-            app, self.server = ours(env_name, SESSION_TIMEOUT_S="600")
+            app, self.server = ours(env_name, **{"SESSION_TIMEOUT_S": "600", **env})
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.uvicorn = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
@@ -42,9 +43,9 @@ class ThreadServer:
             time.sleep(0.02)
 
     def reap(self) -> None:
-        """What the idle reaper does to a session past SESSION_TIMEOUT_S (its loop checks every >= 5 s)."""
-        (session_id,) = list(self.server._sessions)
-        asyncio.run_coroutine_threadsafe(self.server._destroy_session(session_id), self.loop).result(STARTUP_S)
+        """What the idle reaper does to sessions past SESSION_TIMEOUT_S (its loop checks every >= 5 s): all of them."""
+        for session_id in list(self.server._sessions):
+            asyncio.run_coroutine_threadsafe(self.server._destroy_session(session_id), self.loop).result(STARTUP_S)
 
     def wait_for_no_connections(self) -> None:
         deadline = time.monotonic() + STARTUP_S

@@ -210,3 +210,39 @@ def test_our_client_replays_an_episode_reaped_before_its_first_step_and_reports_
             assert server.server.capacity()["reaped_sessions"] == 2
         finally:
             client.close()
+
+
+def test_reaped_sockets_kept_open_are_bounded_by_the_session_cap():
+    """A reaped session's socket stays open until its next frame, but no more of them than MAX_CONCURRENT_ENVS: past
+    that the oldest gets the error frame and the close at once (a client cannot pile up sockets)."""
+    import asyncio
+
+    from websockets.asyncio.client import connect
+
+    with ThreadServer("echo", MAX_CONCURRENT_ENVS="2") as server:
+        ws_url = server.url.replace("http", "ws") + "/ws"
+
+        async def session():
+            ws = await connect(ws_url, proxy=None)
+            await ws.send(json.dumps({"type": "reset", "data": {}}))
+            assert json.loads(await ws.recv())["type"] == "observation"
+            return ws
+
+        async def go():
+            first, second = await session(), await session()
+            await asyncio.to_thread(server.reap)
+            third = await session()
+            await asyncio.to_thread(server.reap)  # 3 expired sockets > 2: the first is closed now
+            frame = json.loads(await asyncio.wait_for(first.recv(), 30))
+            assert frame["data"]["code"] == "SESSION_EXPIRED"
+            await asyncio.wait_for(first.wait_closed(), 30)
+            assert first.close_code == 4408
+            for ws in (second, third):  # still open; told on their next frame
+                await ws.send(json.dumps({"type": "reset", "data": {}}))
+                assert json.loads(await asyncio.wait_for(ws.recv(), 30))["data"]["code"] == "SESSION_EXPIRED"
+                await asyncio.wait_for(ws.wait_closed(), 30)
+            assert server.server.capacity()["reaped_sessions"] == 3
+            await asyncio.to_thread(server.wait_for_no_connections)  # their handlers ended: none is kept
+            assert not server.server._expired_sockets
+
+        asyncio.run(go())
