@@ -39,7 +39,7 @@ from envs.core.untrusted import nested_deeper_than as _nested_deeper_than
 log = logging.getLogger("envs.server")
 
 # Set by the ASGI layer for each /ws connection; read when the session is created, so the reaper can
-# close the socket of a session it destroys.
+# mark (or close) the socket of a session it destroys.
 Closer = Callable[..., Awaitable[bool]]  # (code, reason, error, now=False) -> whether it acted
 _WS_CLOSER: contextvars.ContextVar[Optional[Closer]] = contextvars.ContextVar("ws_closer", default=None)
 
