@@ -171,3 +171,21 @@ def test_generic_baseline_calls_on_catch_are_accepted():
                 pass
         tool._client.close()
     assert accepted / calls == 1.0, f"{accepted}/{calls} accepted"
+
+
+def test_warm_start_demos_on_a_learned_env_are_accepted():
+    """The tiny model's warm-start (trainer/tiny_model.py build_conversations) on Catch learned as any env: its demo
+    calls pick from the reset observation's legal actions, so the env answers none of them with an error. Before:
+    action_id 0-9 (3 legal)."""
+    import json
+
+    from envs.generic import GenericSpec
+    from tests.envs.inprocess import ThreadServer
+    from trainer.tiny_model import build_conversations
+
+    with ThreadServer("catch") as server:
+        spec = GenericSpec.discover("catch", server.url)
+        demos = build_conversations("catch", spec, server.url, 20, 0)
+    results = [m["content"] for d in demos for m in d.messages if m["role"] == "tool"]
+    errors = [r for r in results if r.startswith("{") and "error" in json.loads(r)]
+    assert results and not errors, f"{len(errors)}/{len(results)} demo calls refused: {errors[:2]}"
