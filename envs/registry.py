@@ -42,8 +42,9 @@ class EnvSpec:
             raise ValueError(f"n must be >= 0, got {n}")
         return self._task().make_dataset(n, seed)
 
-    def demo_calls(self, row: dict) -> list[tuple[str, dict]]:
-        """An expert's tool calls for `row` (for a supervised warm-start of a tiny model)."""
+    def demo_calls(self, row: dict, observation: str | None = None) -> list[tuple[str, dict]]:
+        """An expert's tool calls for `row` (for a supervised warm-start of a tiny model). `observation`: the reset's
+        text, for envs learned from their server (a built-in env's expert knows its task from the row)."""
         return self._task().demo_calls(row)
 
     def baseline_action(self, rng: random.Random, observation_text: str) -> tuple[str, dict]:

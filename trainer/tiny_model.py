@@ -157,7 +157,7 @@ def build_conversations(name: str, spec, url: str, n: int, seed: int) -> list[De
             if isinstance(obs, str):  # TRL appends a reset() string to the last user message
                 messages[-1]["content"] = messages[-1]["content"] + obs
             prompt = [dict(m) for m in messages]
-            expert = list(spec.demo_calls(row))
+            expert = list(spec.demo_calls(row, observation=obs if isinstance(obs, str) else None))
             for tool_name, args in expert:
                 try:
                     result = getattr(tool, tool_name)(**args)

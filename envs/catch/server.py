@@ -4,7 +4,8 @@ Follows upstream envs/openspiel_env/server/openspiel_environment.py (BSD-3-Claus
 single-player case: same observation fields and values. Upstream drives the game through OpenSpiel's
 `rl_environment.Environment`; we call the same pyspiel state methods it calls (observation_tensor,
 legal_actions, current_player, rewards; chance nodes sampled by its `ChanceEventSampler`), without
-its per-step bookkeeping. tests/envs/test_env_units.py plays both side by side and requires identical
+its per-step bookkeeping. As upstream, a step before any reset (every HTTP `POST /step`: a fresh env
+per call) starts an episode and answers its first observation. tests/envs/test_env_units.py plays both side by side and requires identical
 observations. Other changes: the pyspiel game is loaded once per process; `reset(seed=...)` seeds the
 ball's start column (reseeding in place); resets and steps run inline on the event loop (each is tens
 of microseconds; a hop to the executor thread and back costs more); an out-of-range action or a step
@@ -87,7 +88,11 @@ class CatchEnvironment(Environment):
         if not isinstance(action, OpenSpielAction):
             raise ValueError(f"Expected OpenSpielAction, got {type(action)}")
         if self._ps is None:
-            raise RuntimeError("No episode yet: send a reset first.")
+            # Upstream's rl_environment starts an episode on a step before any reset and ignores the
+            # action (TimeStep FIRST); stock HTTP /step is always such a step (a fresh env per call).
+            self.reset()
+            self._state.step_count = 1
+            return self._make_observation(first=True)
         if self._ps.is_terminal():
             raise RuntimeError("The episode is over (done=true): send a reset before stepping again.")
         legal = self._ps.legal_actions(AGENT)

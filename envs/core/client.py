@@ -270,10 +270,16 @@ class SessionClient:
         closes = self._closes
         try:
             return self._step(action, probe=replay is not None)
-        except (ConnectionClosed, Unresponsive) as e:
+        except (ConnectionClosed, Unresponsive, EnvServerError) as e:
+            # SESSION_EXPIRED: the server reaped the session while the policy wrote its first call; it answers the
+            # next frame with that error, then closes (envs/core/server.py). Nothing of the episode was answered.
+            expired = isinstance(e, EnvServerError) and e.code == "SESSION_EXPIRED"
+            if isinstance(e, EnvServerError) and not expired:
+                raise
             if replay is None or self._closes != closes:  # closed by the caller, who gave up on this episode
                 raise
             when = ("the episode's first step had no reply and the server no pong" if isinstance(e, Unresponsive)
+                    else "the session expired (SESSION_TIMEOUT_S) before the episode's first step" if expired
                     else "during the episode's first step, before its reply")
             if isinstance(e, Unresponsive) and self._replicas is not None and self._replica is not None:
                 self._replicas.refused(self._replica)  # a stopped replica: the replay goes elsewhere

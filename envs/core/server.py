@@ -6,10 +6,13 @@ What stock openenv 0.10.0 does and what we add (see envs/README.md for the opera
   frame and code, make the message name the fix, and publish the live numbers at `GET /health` and
   `GET /capacity` so a trainer can compare them with the sessions it will open.
 - Idle reaping: stock's reaper (only when `session_timeout` is set) destroys idle sessions but leaves a
-  `/ws` socket open on a closed env and a freed slot (so capacity over-commits). We also close that
-  socket, after a SESSION_EXPIRED error frame, so clients reconnect instead of talking to a dead env.
-- Bad frames: stock closes the whole session on a JSON value that is not an object (`[]`, `1`), on a
-  binary frame, or on a non-string `type`; uvicorn closes the socket (1009) on big frames. A small
+  `/ws` socket open on a closed env and a freed slot (so capacity over-commits). We answer the next
+  frame on that socket with a SESSION_EXPIRED error, then close it (4408). Not closing it at once is
+  on purpose: upstream's client silently reconnects a socket it finds closed and would go on in a new,
+  un-reset session; this way its call raises, naming the expiry. At most MAX_CONCURRENT_ENVS such
+  sockets stay open; past that the oldest gets the error frame and the close at once.
+- Bad frames: stock closes the whole session on a JSON value that is not an object (`[]`, `1`) or on a
+  binary frame; uvicorn closes the socket (1009) on big frames. A small
   ASGI layer in front of `/ws` answers those with a structured error frame and keeps the session.
 - Dropped clients: stock already frees the slot when the socket drops; uvicorn's keepalive pings
   (interval/timeout from the environment) find half-open connections.
@@ -36,10 +39,9 @@ from envs.core.untrusted import nested_deeper_than as _nested_deeper_than
 log = logging.getLogger("envs.server")
 
 # Set by the ASGI layer for each /ws connection; read when the session is created, so the reaper can
-# close the socket of a session it destroys.
-_WS_CLOSER: contextvars.ContextVar[Optional[Callable[[int, str, dict], Awaitable[bool]]]] = (
-    contextvars.ContextVar("ws_closer", default=None)
-)
+# mark (or close) the socket of a session it destroys.
+Closer = Callable[..., Awaitable[bool]]  # (code, reason, error, now=False) -> whether it acted
+_WS_CLOSER: contextvars.ContextVar[Optional[Closer]] = contextvars.ContextVar("ws_closer", default=None)
 
 SESSION_EXPIRED = "SESSION_EXPIRED"
 MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"
@@ -51,7 +53,10 @@ class TrainingEnvServer(HTTPEnvServer):
     def __init__(self, *args: Any, public_name: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.public_name = public_name
-        self._ws_closers: dict[str, Callable[[int, str, dict], Awaitable[bool]]] = {}
+        self._ws_closers: dict[str, Closer] = {}
+        # Sockets of reaped sessions, kept open until their next frame (oldest first); past max_concurrent_envs the
+        # oldest is closed at once, so a client cannot pile up sockets by letting sessions expire.
+        self._expired_sockets: dict[Closer, None] = {}
         self.reaped_sessions = 0
         self.episodes_started = 0  # reset frames received: a rising count means rollouts are starting
         # sessions whose last frame was a reset: rollouts the policy is generating a first turn for
@@ -94,19 +99,21 @@ class TrainingEnvServer(HTTPEnvServer):
         await super()._destroy_session(session_id)
         if closer is not None:
             # No-op when the socket already closed (normal end); otherwise this is the reaper.
-            if await closer(
-                4408,
-                "session expired",
-                {
-                    "message": (
-                        f"Session closed after {self._session_idle_timeout_s or 0:g} s without a reset or step "
-                        "(SESSION_TIMEOUT_S). Reconnect to start a new session."
-                    ),
-                    "code": SESSION_EXPIRED,
-                },
-            ):
+            if await closer(*self._expiry()):
                 self.reaped_sessions += 1
-                log.info("closed idle session %s (SESSION_TIMEOUT_S)", session_id)
+                self._expired_sockets[closer] = None
+                log.info("expired idle session %s (SESSION_TIMEOUT_S): its next frame gets SESSION_EXPIRED", session_id)
+                while len(self._expired_sockets) > self._max_concurrent_envs:
+                    oldest = next(iter(self._expired_sockets))
+                    del self._expired_sockets[oldest]
+                    await oldest(*self._expiry(), now=True)
+
+    def _expiry(self) -> tuple[int, str, dict]:
+        return 4408, "session expired", {
+            "message": (f"Session closed after {self._session_idle_timeout_s or 0:g} s without a reset or step "
+                        "(SESSION_TIMEOUT_S). Reconnect to start a new session."),
+            "code": SESSION_EXPIRED,
+        }
 
 
 MAX_JSON_DEPTH = 64  # actions and reset kwargs are a few levels deep; far below any parser limit
@@ -119,7 +126,7 @@ def _error_frame(code: str, message: str, **extra: Any) -> str:
 class WSGuard:
     """ASGI layer in front of `/ws`: answers frames the stock handler would die on, tracks the socket.
 
-    Only frames that are not a JSON object with a string `type` (or are too big / binary non-UTF-8)
+    Only frames that are not a JSON object (or are too big / binary non-UTF-8)
     are answered here; everything else goes to the stock handler unchanged.
     """
 
@@ -148,18 +155,31 @@ class WSGuard:
                 raise
 
         owner = asyncio.current_task()
+        expired: Optional[tuple[int, str, dict]] = None  # set by the reaper: the next frame gets this error
 
-        async def closer(code: int, reason: str, error: dict) -> bool:
+        async def closer(code: int, reason: str, error: dict, now: bool = False) -> bool:
             # The handler's own teardown (client close, disconnect, error) runs in `owner`; only
-            # another task (the idle reaper) closes the socket from here.
-            if closed or asyncio.current_task() is owner:
+            # another task (the idle reaper) marks the socket expired, or closes it (`now`), from here.
+            nonlocal expired
+            if closed or (asyncio.current_task() is owner and not now):
                 return False
+            expired = (code, reason, error)
+            if now:
+                await say_expired()
+            return True
+
+        async def say_expired() -> None:
+            code, reason, error = expired  # type: ignore[misc]
             try:
                 await guarded_send({"type": "websocket.send", "text": _error_frame(**error)})
                 await guarded_send({"type": "websocket.close", "code": code, "reason": reason})
             except Exception:  # client already gone
                 pass
-            return True
+
+        async def expire() -> dict:
+            await say_expired()
+            # the stock handler sees a disconnect and ends (its env is gone already)
+            return {"type": "websocket.disconnect", "code": expired[0]}  # type: ignore[index]
 
         async def guarded_receive() -> dict:
             nonlocal closed, awaiting_step
@@ -170,6 +190,8 @@ class WSGuard:
                     return message
                 if message["type"] != "websocket.receive":
                     return message
+                if expired is not None:
+                    return await expire()
                 text = message.get("text")
                 if text is None:
                     raw = message.get("bytes") or b""
@@ -216,7 +238,8 @@ class WSGuard:
                         }
                     )
                     continue
-                if not isinstance(parsed, dict) or not isinstance(parsed.get("type", ""), str):
+                # Any object goes to the stock handler: a non-string "type" gets its UNKNOWN_TYPE, as upstream.
+                if not isinstance(parsed, dict):
                     await guarded_send(
                         {
                             "type": "websocket.send",
@@ -244,6 +267,8 @@ class WSGuard:
             await self.app(scope, guarded_receive, guarded_send)
         finally:
             _WS_CLOSER.reset(token)
+            if self.server is not None:
+                self.server._expired_sockets.pop(closer, None)
             if awaiting_step and self.server is not None:
                 self.server.episodes_awaiting_step -= 1
 
@@ -311,5 +336,22 @@ def build_app(settings: ServerSettings) -> tuple[Any, TrainingEnvServer]:
     async def capacity() -> dict:
         return server.capacity()
 
-    server.register_routes(app)
+    server.register_routes(app, mode=settings.openenv_mode)
+    if settings.enable_web_interface:
+        app = with_web_interface(app, spec.upstream_env_name, factory, action_cls, observation_cls, state_cls,
+                                 settings.openenv_mode)
     return WSGuard(app, settings.max_message_bytes, server), server
+
+
+def with_web_interface(app: FastAPI, env_name: str, factory: Any, action_cls: type, observation_cls: type,
+                       state_cls: type, mode: str) -> FastAPI:
+    """ENABLE_WEB_INTERFACE, as upstream's create_app: its Gradio app (`/`, `/web`, `/web/*`, `/ws/ui`, one shared
+    env) around ours. Our routes go first, so every path we serve answers as without the UI (first match wins)."""
+    from openenv.core.env_server.web_interface import create_web_interface_app
+
+    web = create_web_interface_app(factory, action_cls, observation_cls, env_name=env_name, max_concurrent_envs=1,
+                                   state_cls=state_cls, mode=mode)
+    web.router.routes[0:0] = app.router.routes
+    web.router.on_startup.extend(app.router.on_startup)  # our idle reaper and executor shutdown
+    web.router.on_shutdown.extend(app.router.on_shutdown)
+    return web

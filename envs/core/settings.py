@@ -42,6 +42,21 @@ class ServerSettings(BaseSettings):
     step_delay_s: float = Field(0.0, ge=0, le=600, description="every step (a tool call) is answered this many "
                                 "seconds later; 0: at once")
 
+    # Upstream's create_app reads these two (openenv http_server.py): production drops /reset, /step and /state
+    # (the /ws and /mcp paths stay); the web interface adds a Gradio UI at /web that drives one shared env.
+    openenv_mode: str = Field("simulation", description="simulation | production (no HTTP /reset, /step, /state)")
+    enable_web_interface: bool = Field(False, description="upstream's Gradio UI at /web (true/1/yes)")
+
+    @field_validator("openenv_mode")
+    @classmethod
+    def _mode(cls, value: str) -> str:
+        from openenv.core.env_server.types import ServerMode
+
+        mode = value.strip().lower()
+        if mode not in {m.value for m in ServerMode}:
+            raise ValueError(f"choose one of {', '.join(m.value for m in ServerMode)}")
+        return mode
+
     @field_validator("env_name")
     @classmethod
     def _known(cls, value: str) -> str:

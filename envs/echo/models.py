@@ -37,6 +37,22 @@ TOOLS = (
     ),
 )
 TOOL_NAMES = tuple(t.name for t in TOOLS)
+# What upstream's FastMCP makes of each tool's return type (str is wrapped in {"result": ...}).
+_OUTPUT_SCHEMAS = {
+    "echo_message": {"properties": {"result": {"type": "string"}}, "required": ["result"], "type": "object",
+                     "x-fastmcp-wrap-result": True},
+    "echo_with_length": {"additionalProperties": True, "type": "object"},
+}
+
+
+def mcp_tool_list() -> list[dict]:
+    """The `/mcp` tools/list items, as upstream's (MCP `Tool.model_dump()` from FastMCP)."""
+    return [
+        {"name": t.name, "title": None, "description": t.description, "inputSchema": json.loads(json.dumps(t.input_schema)),
+         "outputSchema": json.loads(json.dumps(_OUTPUT_SCHEMAS[t.name])), "icons": None, "annotations": None,
+         "meta": {"fastmcp": {"tags": []}}, "execution": None}
+        for t in TOOLS
+    ]
 
 
 def tool_result(value: Any) -> dict:

@@ -7,7 +7,6 @@ same (see models.py), including the HTTP `/mcp` JSON-RPC path the upstream `Echo
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any, Optional
 from uuid import uuid4
 
@@ -24,24 +23,34 @@ from envs.echo.models import (
     ListToolsObservation,
     ToolError,
     ToolErrorType,
+    mcp_tool_list,
     tool_result,
 )
 
 
-class _ToolServerShim:
-    """Enough of a FastMCP server for openenv's HTTP `/mcp` handler (`get_server_tools`)."""
+class _ToolClientShim:
+    """Enough of upstream's FastMCP client for openenv's `/mcp` handler (its `mcp_client` path, the one upstream's
+    MCPEnvironment takes): tools/list items and errors as upstream's (e.g. -32603 "Unknown tool: 'nope'")."""
 
     def __init__(self, env: "EchoEnvironment") -> None:
         self._env = env
 
-    async def get_tools(self) -> dict:
-        def bind(name: str):
-            return lambda **arguments: tool_result(self._env._call(name, arguments))
+    def is_connected(self) -> bool:
+        return True  # in-process: nothing to connect
 
-        return {
-            t.name: SimpleNamespace(name=t.name, description=t.description, parameters=t.input_schema, fn=bind(t.name))
-            for t in TOOLS
-        }
+    async def __aenter__(self) -> "_ToolClientShim":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        return None
+
+    async def list_tools(self) -> list[dict]:
+        return mcp_tool_list()
+
+    async def call_tool(self, name: str, arguments: Any = None) -> dict:
+        if name not in TOOL_NAMES:
+            raise ValueError(f"Unknown tool: {name!r}")  # FastMCP's words; the handler answers -32603
+        return tool_result(self._env._call(name, arguments if arguments is not None else {}))
 
 
 class EchoEnvironment(Environment):
@@ -56,10 +65,10 @@ class EchoEnvironment(Environment):
         self._target: Optional[str] = None
         self._messages: list[str] = []
 
-    # openenv's /mcp handler looks for `mcp_server`; built only when that path is used.
+    # openenv's /mcp handler looks for `mcp_client`; built only when that path is used.
     @property
-    def mcp_server(self) -> _ToolServerShim:
-        return _ToolServerShim(self)
+    def mcp_client(self) -> _ToolClientShim:
+        return _ToolClientShim(self)
 
     def reset(
         self, seed: Optional[int] = None, episode_id: Optional[str] = None, target: Optional[str] = None, **kwargs: Any

@@ -43,9 +43,12 @@ class GenericSpec:
     def make_dataset(self, n: int, seed: int) -> list[dict]:
         return make_dataset(n, seed, self.name, self.instruction, self.prompts_file)
 
-    def demo_calls(self, row: dict) -> list[tuple[str, dict]]:
-        """Synthetic, well-formed calls of the declared tools (for the tiny model's warm-start)."""
-        return demo_calls(self.interface, random.Random(repr(sorted(row.get("reset_kwargs", {}).items()))))
+    def demo_calls(self, row: dict, observation: str | None = None) -> list[tuple[str, dict]]:
+        """Synthetic, well-formed calls of the declared tools (for the tiny model's warm-start); with the reset's
+        `observation` text, among the legal actions it lists."""
+        rng = random.Random(repr(sorted(row.get("reset_kwargs", {}).items())))
+        return demo_calls(self.interface, rng, observation)
 
     def baseline_action(self, rng: random.Random, observation_text: str) -> tuple[str, dict]:
-        return demo_calls(self.interface, rng)[0]
+        """A call the schema allows, choosing among the observation's legal actions where it lists them."""
+        return demo_calls(self.interface, rng, observation_text)[0]

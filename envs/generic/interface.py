@@ -317,10 +317,33 @@ def mcp_tools(payloads: list[dict]) -> list[ToolSpec]:
     return specs
 
 
+# A word of a class name: an acronym before a capitalised word (the `DM` of DMControl), a capitalised or lowercase
+# word with its digits (Connect4), an acronym at the end or alone (REPL, V2), digits.
+_NAME_WORD = re.compile(r"(?P<acronym>[A-Z]+(?=[A-Z][a-z]))|[A-Z]?[a-z]+[0-9]*|[A-Z]+[0-9]*|[0-9]+")
+
+
+def snake_words(name: str) -> list[str]:
+    """`DMControlAction` -> dm, control, action; `REPLAction` -> repl, action. An acronym glued to a short
+    capitalised word before it is part of that name (`FinRL`, `FinQA`: finrl, finqa), not a word of its own."""
+    words: list[str] = []
+    for chunk in re.split(r"[^A-Za-z0-9]+", name):
+        previous = None
+        for match in _NAME_WORD.finditer(chunk):
+            word = match.group()
+            glued = (match.group("acronym") and previous is not None and previous.end() == match.start()
+                     and previous.group()[:1].isupper() and previous.group()[1:].islower() and len(previous.group()) <= 3)
+            if glued:
+                words[-1] += word.lower()
+            else:
+                words.append(word.lower())
+            previous = match
+    return words
+
+
 def action_tool_name(title: str) -> str:
-    """The action's class name in snake case; a title that would be a reserved or keyword name gets `_action`."""
-    snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", str(title or "Action")[:100]).lower()
-    snake = re.sub(r"[^a-z0-9_]+", "_", snake).strip("_") or "action"
+    """The action's class name in snake case (`REPLAction` -> `repl_action`, `DMControlAction` -> `dm_control_action`);
+    a title that would be a reserved or keyword name gets `_action`."""
+    snake = "_".join(snake_words(str(title or "Action")[:100])) or "action"
     snake = snake if snake[0].isalpha() else f"act_{snake}"
     return f"{snake}_action" if snake in RESERVED_TOOL_NAMES or keyword.iskeyword(snake) or snake == "self" else snake
 

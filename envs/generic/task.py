@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from envs.generic.interface import EnvInterface, Param
+from envs.generic.interface import EnvInterface, Param, ToolSpec
 
 DEFAULT_INSTRUCTION = (
     "You are acting in an environment through its tools. Call a tool to act; each tool result shows what "
@@ -94,41 +96,160 @@ def make_dataset(n: int, seed: int, env_name: str, instruction: str | None = Non
 
 
 # ------------------------------------------------------------------------------------ synthetic calls
-def synthetic_value(param: Param, rng: random.Random) -> Any:
-    schema = param.schema
+# Demo (warm-start) and baseline calls should be calls the env accepts: what the schema publishes (enum, examples,
+# default, minimum/maximum, lengths) and, where the observation lists them, the legal actions.
+LEGAL_FIELD = re.compile(r"(?i)legal|valid|available|allowed|possible")
+# Argument names that choose the action, for matching an observation's legal actions to a parameter.
+CHOICE_PARAM = re.compile(r"(?i)action|move|choice|column|col$|row$|index|cell|position|option|id$")
+MAX_DEMO_ITEMS = 3
+
+
+def _scalar_ok(value: Any, kind: Any) -> bool:
+    if kind == "integer":
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind == "number":
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "string":
+        return isinstance(value, str)
+    return value is not None
+
+
+def _plain(schema: dict) -> dict:
+    """The non-null branch of an Optional[...] (anyOf/oneOf), else the schema."""
     for key in ("anyOf", "oneOf"):
-        options = [o for o in schema.get(key, []) if o.get("type") != "null"]
+        options = [o for o in schema.get(key, []) if isinstance(o, dict) and o.get("type") != "null"]
         if options:
-            schema = options[0]
-    if "enum" in schema:
+            return {**options[0], **{k: v for k, v in schema.items() if k in ("default", "examples", "example")}}
+    return schema
+
+
+def _kind(schema: dict) -> Any:
+    kind = schema.get("type")
+    if isinstance(kind, list):
+        kind = next((k for k in kind if k != "null"), None)
+    return kind
+
+
+def _number(schema: dict, rng: random.Random, integer: bool) -> Any:
+    def bound(key: str) -> Any:
+        value = schema.get(key)
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+    step = 1 if integer else 1e-6
+    low, high = bound("minimum"), bound("maximum")
+    if bound("exclusiveMinimum") is not None:
+        low = bound("exclusiveMinimum") + step
+    elif schema.get("exclusiveMinimum") is True and low is not None:  # JSON Schema draft 4
+        low += step
+    if bound("exclusiveMaximum") is not None:
+        high = bound("exclusiveMaximum") - step
+    elif schema.get("exclusiveMaximum") is True and high is not None:
+        high -= step
+    if low is None and high is None:
+        low, high = 0, 9
+    elif low is None:
+        low = high - 9
+    elif high is None:
+        high = low + 9
+    if integer:
+        return rng.randint(int(math.ceil(low)), max(int(math.ceil(low)), int(math.floor(high))))
+    return round(rng.uniform(float(low), max(float(low), float(high))), 2)
+
+
+def synthetic_value(param: Param, rng: random.Random, legal: list | None = None) -> Any:
+    """A value for `param` its schema allows: one of `legal` (the observation's legal actions) when given, else the
+    schema's enum, examples or default, else a value in its range / of its length."""
+    schema = _plain(param.schema if isinstance(param.schema, dict) else {})
+    kind = _kind(schema)
+    if legal:
+        return rng.choice(legal)
+    if "enum" in schema and schema["enum"]:
         return rng.choice(schema["enum"])
     if "const" in schema:
         return schema["const"]
-    kind = schema.get("type")
-    if isinstance(kind, list):
-        kind = next(k for k in kind if k != "null")
+    examples = schema.get("examples")
+    examples = examples if isinstance(examples, list) else [schema["example"]] if "example" in schema else []
+    examples = [e for e in examples if _scalar_ok(e, kind)] if kind in ("integer", "number", "boolean", "string") \
+        else [e for e in examples if e is not None]
+    if examples:
+        return rng.choice(examples)
+    if schema.get("default") is not None:
+        return schema["default"]
     if kind == "integer":
-        low = int(schema.get("minimum", 0))
-        high = int(schema.get("maximum", low + 9))
-        return rng.randint(low, max(low, high))
+        return _number(schema, rng, integer=True)
     if kind == "number":
-        low = float(schema.get("minimum", 0.0))
-        return round(rng.uniform(low, float(schema.get("maximum", low + 10.0))), 2)
+        return _number(schema, rng, integer=False)
     if kind == "boolean":
         return rng.random() < 0.5
     if kind == "array":
-        item = Param("item", None, "", True, schema.get("items") or {"type": "string"})
-        return [synthetic_value(item, rng) for _ in range(rng.randint(1, 2))]
+        item = Param("item", None, "", True, schema.get("items") if isinstance(schema.get("items"), dict) else {})
+        low = int(schema.get("minItems", 1))
+        high = max(low, min(int(schema.get("maxItems", 2)), low + MAX_DEMO_ITEMS))
+        return [synthetic_value(item, rng) for _ in range(rng.randint(low, high))]
     if kind == "object":
-        return {}
-    return rng.choice(WORDS)
+        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        required = set(schema.get("required") or ())
+        return {k: synthetic_value(Param(k, None, "", True, v if isinstance(v, dict) else {}), rng)
+                for k, v in props.items() if k in required}
+    word = rng.choice(WORDS)
+    low, high = int(schema.get("minLength", 0)), schema.get("maxLength")
+    word = word + "x" * max(0, low - len(word))
+    return word[: int(high)] if high is not None else word
 
 
-def demo_calls(interface: EnvInterface, rng: random.Random) -> list[tuple[str, dict]]:
-    """One or two well-formed calls of the env's tools (required arguments always, optional ones sometimes)."""
+def legal_choices(observation: dict | str | None) -> dict[str, list]:
+    """The observation's lists of legal actions, {field: values} (scalars only). A rendered observation (the text
+    `render_observation` wrote: `field: value` lines) works too."""
+    if isinstance(observation, str):
+        parsed = {}
+        for line in observation.splitlines():
+            name, sep, value = line.partition(": ")
+            if sep and LEGAL_FIELD.search(name) and value.startswith("["):
+                try:
+                    parsed[name] = json.loads(value)
+                except ValueError:
+                    continue
+        observation = parsed
+    out = {}
+    for name, value in (observation or {}).items():
+        if LEGAL_FIELD.search(str(name)) and isinstance(value, list) and value and \
+                all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in value):
+            out[str(name)] = value
+    return out
+
+
+def _legal_for(tool: ToolSpec, legal: dict[str, list]) -> dict[str, list]:
+    """Which parameter of `tool` the observation's legal actions are for: one whose type matches, preferring a name
+    that chooses an action (action_id, move, column...), else the tool's only required parameter of that type."""
+    out: dict[str, list] = {}
+    for values in legal.values():
+        kind = "integer" if isinstance(values[0], int) else "string"
+        fits = [p for p in tool.params if _kind(_plain(p.schema if isinstance(p.schema, dict) else {})) == kind
+                and p.name not in out]
+        named = [p for p in fits if CHOICE_PARAM.search(p.name)]
+        required = [p for p in fits if p.required]
+        choice = named[0] if named else required[0] if len(required) == 1 else None
+        if choice is not None:
+            out[choice.name] = values
+    return out
+
+
+def demo_calls(interface: EnvInterface, rng: random.Random,
+               observation: dict | str | None = None) -> list[tuple[str, dict]]:
+    """One or two calls of the env's tools that the schema (and the observation's legal actions) allow: required
+    arguments always, optional ones that publish a default or examples too, others sometimes."""
+    legal = legal_choices(observation)
     calls = []
     for _ in range(rng.randint(1, 2)):
         tool = rng.choice(interface.tools)
-        args = {p.name: synthetic_value(p, rng) for p in tool.params if p.required or rng.random() < 0.5}
+        choices = _legal_for(tool, legal) if legal else {}
+        args = {}
+        for p in tool.params:
+            schema = _plain(p.schema if isinstance(p.schema, dict) else {})
+            published = schema.get("default") is not None or "examples" in schema or "example" in schema
+            if p.required or p.name in choices or published or rng.random() < 0.5:
+                args[p.name] = synthetic_value(p, rng, choices.get(p.name))
         calls.append((tool.name, args))
     return calls

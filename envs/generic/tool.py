@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import re
 from typing import Any, Iterable, Iterator, Literal
 
 from envs.core.tool import EnvTool
@@ -58,18 +59,94 @@ def trim(text: str, budget: int) -> str:
     return safe_text(text, budget)
 
 
+# Fields the model needs to act and to see how it does: shown first, whatever the env's field order.
+_FIRST_FIELDS = re.compile(r"(?i)legal|valid|available|allowed|possible|score|reward|points")
+SUMMARY_MIN_NUMBERS = 16  # a shorter numeric list is shown as it is, cut if it must be
+MAX_STAT_NUMBERS = 1_000_000  # statistics of a bigger array are of its first this many numbers
+
+
+def _array_summary(value: Any) -> str | None:
+    """A (nested) list of numbers as shape, type and statistics; None for anything else. Walks at most
+    MAX_STAT_NUMBERS leaves with an explicit stack (no copy of the array)."""
+    if not isinstance(value, list):
+        return None
+    shape, node = [], value
+    while isinstance(node, list):
+        shape.append(len(node))
+        if not node:
+            break
+        node = node[0]
+    count, low, high, total, kinds, ragged = 0, None, None, 0.0, set(), False
+    stack = [(value, 0)]
+    while stack and count < MAX_STAT_NUMBERS:
+        node, depth = stack.pop()
+        if isinstance(node, list):
+            ragged |= depth >= len(shape) or len(node) != shape[depth]
+            stack.extend((child, depth + 1) for child in reversed(node))
+            continue
+        if isinstance(node, bool) or not isinstance(node, (int, float)):
+            return None
+        ragged |= depth != len(shape)
+        kinds.add(type(node).__name__)
+        count += 1
+        total += node
+        low = node if low is None or node < low else low
+        high = node if high is None or node > high else high
+    if count < SUMMARY_MIN_NUMBERS:
+        return None
+    dims = f"{count:,}+ numbers" if stack else (f"{count:,} numbers, ragged" if ragged else
+                                                "x".join(str(n) for n in shape))
+    sampled = f" (of the first {count:,})" if stack else ""
+    return (f"[array {dims}, {'float' if 'float' in kinds else 'int'}; min {low:g}, max {high:g}, "
+            f"mean {total / count:.4g}{sampled}; too big to show in full]")
+
+
+def _shares(sizes: dict[str, int], total: int) -> dict[str, int]:
+    """Split `total` characters among fields: a field that needs less than an equal share keeps what it needs,
+    the rest is split equally among the bigger ones."""
+    shares, left, remaining = {}, dict(sizes), max(0, total)
+    while left:
+        fair = remaining // len(left)
+        small = {k: n for k, n in left.items() if n <= fair}
+        if not small:
+            shares.update({k: fair for k in left})
+            break
+        for k, n in small.items():
+            shares[k], remaining = n, remaining - n
+            del left[k]
+    return shares
+
+
 def render_observation(observation: dict, budget: int) -> str:
-    """An observation as `field: value` lines (grids as rows); `metadata` only when nothing else is there."""
+    """An observation as `field: value` lines (grids as rows); `metadata` only when nothing else is there.
+
+    Within `budget`, every field gets its share (ENV_OBSERVATION_CHARS): one huge field cannot push the others
+    out. A numeric array too big for its share is summarised (shape, min, max, mean); legal actions and scores
+    come first."""
     fields = {k: v for k, v in (observation or {}).items() if v not in (None, "", [], {}) and k != "metadata"}
     if not fields and isinstance((observation or {}).get("metadata"), dict):
         fields = {k: v for k, v in observation["metadata"].items() if v not in (None, "", [], {})}
-
-    def lines() -> Iterator[str]:
-        for i, (k, v) in enumerate(fields.items()):
-            yield f"{chr(10) if i else ''}{k}: "
-            yield from _pieces(v)
-
-    return trim(_take(lines(), budget), budget)
+    names = sorted(fields, key=lambda k: not _FIRST_FIELDS.search(str(k)))[: max(1, budget // 8)]
+    # each value rendered only up to the budget: a hostile env's 16 MiB board costs what the model sees
+    texts = {k: _take(_pieces(fields[k]), budget) for k in names}
+    room = budget - sum(len(f"{k}: ") for k in names) - (len(names) - 1)  # headers and newlines
+    shares = _shares({k: len(t) for k, t in texts.items()}, room)
+    summarised = False
+    for k in names:
+        if len(texts[k]) > shares[k] and (summary := _array_summary(fields[k])) is not None:
+            texts[k], summarised = summary, True
+    if summarised:
+        shares = _shares({k: len(t) for k, t in texts.items()}, room)
+    lines = []
+    for k in names:
+        text = texts[k]
+        if len(text) > shares[k]:
+            text = text[: max(0, shares[k] - 1)] + "…"
+        lines.append(f"{k}: {text}")
+    hidden = len(fields) - len(names)
+    if hidden:
+        lines.append(f"… {hidden:,} more fields")
+    return trim("\n".join(lines), budget)
 
 
 def mcp_result_text(result: Any, budget: int) -> str:

@@ -62,7 +62,8 @@ def test_rendering_a_huge_board_allocates_about_what_is_shown():
 
 def test_honest_observations_render_as_before():
     obs = {"board": [[0, 1], [1, 0]], "legal": [1, 2], "note": "your move", "empty": "", "metadata": {"x": 1}}
-    assert render_observation(obs, 2000) == "board: \n0 1\n1 0\nlegal: [1, 2]\nnote: your move"
+    # as before, but legal actions first (#45)
+    assert render_observation(obs, 2000) == "legal: [1, 2]\nboard: \n0 1\n1 0\nnote: your move"
 
 
 # ---------------------------------------------------------------------------------------------- URLs
