@@ -24,6 +24,7 @@ import requests
 
 from tests.gpu_path.conftest import (
     TRAINER_STANDIN_IMAGE,
+    VLLM_CPU_IMAGE,
     ensure_trainer_standin_image,
     published_url,
     served_model,
@@ -103,13 +104,15 @@ def trainer_run(network: str, model_dir, weights, outputs, run: str, max_steps: 
 
 def test_the_twin_serves_the_vllm_services_model_at_its_revision_offline_from_a_read_only_hf_cache(
         rehearsal_stack, served_config, twin_hf_cache):
-    """#29 item 6a: what the real service runs (`vllm serve MODEL_NAME --revision ...`, HF_HUB_OFFLINE=1, the
-    hf-cache volume read-only at HF_HOME) is what the twin runs; only the cached files are a tiny stand-in."""
+    """#29 item 6a: what the real service runs (`vllm serve MODEL_NAME --revision ...` with every flag of the GPU
+    service's command, HF_HUB_OFFLINE=1, the hf-cache volume read-only at HF_HOME) is what the twin runs, on the twin
+    image; only the cached files are a tiny stand-in. (The one check of the twin's exact command line.)"""
     _, twin, _, _ = rehearsal_stack
     vllm = served_config["services"]["vllm"]
     model, revision = served_model(served_config)
     inspect = json.loads(docker("inspect", twin.name).stdout)[0]
     assert inspect["Args"] == [*vllm["entrypoint"][2:], *vllm["command"]]  # MODEL_NAME, then every flag
+    assert inspect["Config"]["Image"] == VLLM_CPU_IMAGE
     assert f"--revision={revision}" in inspect["Args"] and f"--tokenizer-revision={revision}" in inspect["Args"]
     env = dict(item.split("=", 1) for item in inspect["Config"]["Env"])
     for key in ("HF_HOME", "HF_HUB_OFFLINE", "VLLM_SERVER_DEV_MODE"):
