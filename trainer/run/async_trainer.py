@@ -68,7 +68,9 @@ def build_async_config(cfg: RunConfig, mode: str):
         import torch
 
         kwargs.update(bf16=bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported()))
-    return AsyncGRPOConfig(**kwargs)
+    from trainer.run.grpo_args import one_gpu_per_process
+
+    return one_gpu_per_process(AsyncGRPOConfig(**kwargs))  # never nn.DataParallel around the packed tree batches
 
 
 class ReloadWeightTransfer:
