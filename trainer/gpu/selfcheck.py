@@ -12,7 +12,8 @@ openenv; README "GPU self-check"), one line each, `PASS` / `FAIL` / `SKIP (why)`
   weight_iterator  (vLLM importable) TRL's weight iterator through vLLM's packed producer and consumer over a
                    loopback: bytes identical, tied embeddings sent once, exactly the checkpoint's names
 
-Without CUDA the checks SKIP; `--device cpu` runs the same code on the CPU at a tiny size (the CI test does).
+Without CUDA the checks SKIP; `--device cpu` runs the same code on the CPU at a tiny size (the CI test does). The
+process pins itself to one GPU first (pin_one_gpu), whatever the box has.
 Exit code 0 when nothing FAILed, 1 otherwise.
 """
 
