@@ -5,6 +5,8 @@ Per trainer GPU, for `method="full"` (every weight trained, fp32 master weights,
     weights     4 B x params / shards         fp32 master weights
     gradients   4 B x params / shards         fp32, like the weights they belong to
     optimizer   8 B x params / shards         AdamW's two fp32 moments
+    autocast    2 B x params / shards         bf16 autocast's cached copy of each fp32 trainable weight, held until
+                                              the forward ends (beside the fp32 gradients of an earlier micro-batch)
     activations T x (2 B x hidden x layers    bf16 layer inputs kept by gradient checkpointing (TRL's default)
                      + 34 B x hidden)         one layer recomputed in backward (Korthikanti et al. 2022, 34·s·b·h,
                                               SDPA/flash attention: no s² term)
@@ -13,7 +15,9 @@ Per trainer GPU, for `method="full"` (every weight trained, fp32 master weights,
                 without checkpointing: T x 34 B x hidden x layers + C x 4 B x vocab
                 T = PER_DEVICE_TRAIN_BATCH_SIZE x (prompt tokens + MAX_COMPLETION_LENGTH),
                 C = PER_DEVICE_TRAIN_BATCH_SIZE x MAX_COMPLETION_LENGTH
-    push        2 B x the largest tensor      its bf16 copy for the weight push (+4 B gathered whole under fsdp)
+    push        2 GiB + 2 B x largest tensor  server mode: vLLM's two 1 GiB packed broadcast buffers, and the bf16
+                                              copy of the tensor being cast (+4 B gathered whole under fsdp);
+                                              colocate (in-process load, no packed buffers): the copy alone
     overhead    1 GiB                         CUDA context, allocator slack
 
 shards = trainer processes under TRAINER_SHARDING=fsdp (or zero3), else 1 (ddp: a full copy per GPU). Available: the
@@ -25,11 +29,11 @@ the adapters' share, while the frozen base stays:
 
     lora    weights 4 B x P + 4 B x L    the base in fp32: TRL merges the adapter into it for every weight push and
                                          unmerges after; a bf16 base would drift by a rounding at each push
-            gradients 4 B x L, optimizer 8 B x L
+            gradients 4 B x L, optimizer 8 B x L, autocast 2 B x L (the frozen base is not cached)
     qlora   weights 0.52 B x P_lin       the base's linear layers in NF4 (4 bits + double-quantized block scales)
                     + 2 B x (P - P_lin)  the rest (embeddings, norms) in bf16
                     + 4 B x L            fp32 adapters
-            gradients 4 B x L, optimizer 8 B x L
+            gradients 4 B x L, optimizer 8 B x L, autocast 2 B x L
     activations as for full (the backward still runs through every frozen layer); push as for full (the merged
     weight is streamed one tensor at a time).
 """
@@ -50,6 +54,8 @@ DEFAULT_PROMPT_TOKENS = 512  # the host's assumption; the trainer's preflight me
 METHODS = ("full", "lora", "qlora")
 DEFAULT_LORA_R = 16  # the host's table and `make doctor` when LORA_R is 0 (full) but a LoRA row is shown
 NF4_BYTES = 0.52  # 4 bits + one fp8 scale per 64 weights + fp32 per 256 scales (double quantization): ~4.13 bits
+# vLLM 0.31's packed NCCL producer (server mode's and async's weight push): two 1 GiB buffers, filled in turn
+PACKED_PUSH_BYTES = 2 * GIB
 
 
 class ShapeError(ValueError):
@@ -139,10 +145,13 @@ class Estimate:
     method: str
     trainable: int = 0  # parameters AdamW updates: all of them (full) or the adapters' (LoRA, QLoRA)
     lora_r: int = 0
+    autocast: int = 0  # bf16 autocast's cache of the trainable weights
+    gather: int = 0  # what sharding would add to the push: the largest tensor gathered whole in fp32
 
     @property
     def total(self) -> int:
-        return self.weights + self.gradients + self.optimizer + self.activations + self.push + self.overhead
+        return (self.weights + self.gradients + self.optimizer + self.autocast + self.activations + self.push
+                + self.overhead)
 
     def breakdown(self) -> str:
         """One line: each part in GiB, and the total per trainer GPU."""
@@ -150,7 +159,8 @@ class Estimate:
         method = self.method if self.method == "full" else \
             f"{self.method} r={self.lora_r}, {self.trainable / 1e6:.1f}M trainable"
         return (f"{self.params / 1e9:.2f}B params ({method}{sharded}): weights {gib(self.weights)} + gradients "
-                f"{gib(self.gradients)} + AdamW {gib(self.optimizer)} + activations {gib(self.activations)} "
+                f"{gib(self.gradients)} + AdamW {gib(self.optimizer)} + autocast cache {gib(self.autocast)} + "
+                f"activations {gib(self.activations)} "
                 f"({self.tokens} tokens/micro-batch, gradient checkpointing "
                 f"{'on' if self.gradient_checkpointing else 'off'})"
                 f" + push {gib(self.push)} + overhead {gib(self.overhead)} = {gib(self.total)} per trainer GPU")
@@ -163,7 +173,7 @@ def gib(n: float) -> str:
 def estimate(shape: ModelShape, *, processes: int = 1, sharding: str = "ddp", batch: int = 8,
              prompt_tokens: int = DEFAULT_PROMPT_TOKENS, completion_tokens: int = 256,
              gradient_checkpointing: bool = GRADIENT_CHECKPOINTING, method: str = "full",
-             lora_r: int = DEFAULT_LORA_R) -> Estimate:
+             lora_r: int = DEFAULT_LORA_R, packed_push: bool = True) -> Estimate:
     """Bytes per trainer GPU (the formula is the module's docstring)."""
     if method not in METHODS:
         raise ShapeError(f"training method {method!r} has no memory model (known: {', '.join(METHODS)})")
@@ -180,12 +190,13 @@ def estimate(shape: ModelShape, *, processes: int = 1, sharding: str = "ddp", ba
     per_token = (2 * shape.hidden * shape.layers + 34 * shape.hidden if gradient_checkpointing
                  else 34 * shape.hidden * shape.layers)
     logits = batch * completion_tokens * 4 * shape.vocab
-    push = shape.largest_tensor() * (2 + (4 if shards > 1 else 0))
+    gather = 4 * shape.largest_tensor()
+    push = (PACKED_PUSH_BYTES if packed_push else 0) + 2 * shape.largest_tensor() + (gather if shards > 1 else 0)
     return Estimate(params=params, shards=shards, tokens=tokens, weights=math.ceil(w / shards),
                     gradients=math.ceil(g / shards), optimizer=math.ceil(o / shards),
                     activations=tokens * per_token + logits, push=push, overhead=OVERHEAD_BYTES,
                     gradient_checkpointing=gradient_checkpointing, method=method, trainable=trainable,
-                    lora_r=lora_r)
+                    lora_r=lora_r, autocast=math.ceil(2 * trainable / shards), gather=gather)
 
 
 def available(total_bytes: int, colocate: bool, vllm_share: float) -> int:
@@ -201,8 +212,8 @@ def verdict(est: Estimate, gpu_bytes: int, *, colocate: bool = False, vllm_share
     where = (f"{gib(room)} left of {gib(gpu_bytes)} after colocated vLLM's VLLM_GPU_MEMORY_UTILIZATION={vllm_share}"
              if colocate else f"{gib(gpu_bytes)}")
     fixes = []
-    states = est.weights + est.gradients + est.optimizer
-    rest = est.activations + est.overhead + (est.push if est.shards > 1 else 3 * est.push)  # fsdp gathers in fp32
+    states = est.weights + est.gradients + est.optimizer + est.autocast
+    rest = est.activations + est.overhead + est.push + (0 if est.shards > 1 else est.gather)  # fsdp gathers in fp32
     if colocate and vllm_share > 0:
         fixes.append("lower VLLM_GPU_MEMORY_UTILIZATION or give vLLM its own GPU (TRAIN_MODE=gpu)")
     if not colocate and rest < room:  # the model states can be sharded down to what is left (colocate: one GPU)
@@ -211,7 +222,7 @@ def verdict(est: Estimate, gpu_bytes: int, *, colocate: bool = False, vllm_share
             fixes.append(f"{need} trainer GPUs with TRAINER_SHARDING=fsdp (TRAINER_GPU)")
     if est.activations > room / 4:
         fixes.append("shorter lengths (MAX_COMPLETION_LENGTH) or a smaller PER_DEVICE_TRAIN_BATCH_SIZE "
-                     "(with more GRADIENT_ACCUMULATION_STEPS)")
+                     "(GRADIENT_ACCUMULATION_STEPS keeps the batch; the estimate already holds its gradients)")
     if est.method == "full":
         fixes.append(f"adapters instead of every weight (LORA_R={DEFAULT_LORA_R}, or QLORA=true with it)")
     elif est.method == "lora":
@@ -227,7 +238,7 @@ def check(config: dict, gpu_bytes: int, *, mode: str, processes: int, sharding: 
     """The estimate for a run's settings and its verdict on one trainer GPU of `gpu_bytes` (None: it fits)."""
     est = estimate(ModelShape.from_config(config), processes=processes, sharding=sharding, batch=batch,
                    prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, method=method,
-                   lora_r=lora_r or DEFAULT_LORA_R)
+                   lora_r=lora_r or DEFAULT_LORA_R, packed_push=mode != "colocate")
     colocate = mode == "colocate"
     return est, verdict(est, gpu_bytes, colocate=colocate, vllm_share=vllm_share if colocate else 0.0)
 

@@ -59,8 +59,9 @@ def vllm_parallel_sizes(gpus: int, parallel: str) -> tuple[int, int]:
 
 
 def propose_split(count: int) -> tuple[str, str] | None:
-    """For a host with more than two GPUs: (VLLM_GPU, TRAINER_GPU) using all of them, half each (vLLM data
-    parallel: generation is most of a GRPO step), or None when the two-GPU default already uses them all."""
+    """For a host with more than two GPUs: (VLLM_GPU, TRAINER_GPU) using all of them, half each (vLLM tensor
+    parallel: the trainer refuses data parallel, trainer.gpu.server.restart_blind), or None when the two-GPU default
+    already uses them all."""
     if count <= 2:
         return None
     half = count // 2

@@ -65,7 +65,7 @@ def test_eight_gpu_host_with_default_env_keeps_the_two_gpu_layout_and_proposes_o
     assert mode == "gpu" and compose_vars["VLLM_TENSOR_PARALLEL_SIZE"] == "1" and compose_vars["TRAINER_PROCESSES"] == "1"
     assert "vLLM on GPU 0 (one GPU), trainer on GPU 1 (1 process(es))" in out
     assert "this host has 8 GPUs and the run uses 2; to use all of them set VLLM_GPU=0-3 TRAINER_GPU=4-7 " \
-           "VLLM_PARALLEL=data" in out
+           "VLLM_PARALLEL=tensor" in out
 
 
 def test_four_gpu_host_tensor_parallel_vllm_and_two_ddp_trainers_test_double_for_gpu_host(tmp_path, monkeypatch):

@@ -344,3 +344,16 @@ def test_an_async_push_into_a_restarted_vllm_stops_before_it_and_a_batch_from_on
         with pytest.raises(VLLMRestarted):
             trainer._sync_weight()
     assert steps == ["batch 1"] and len(pushes) == 2
+
+
+def test_a_vllm_without_its_process_start_time_is_refused_in_one_line_at_preflight():
+    """vLLM data parallel runs its metrics multi-process: /metrics has no process_start_time_seconds, the one signal
+    the trainer tells a restarted vLLM by. Server mode's preflight (server_checks.preflight_vllm) refuses it."""
+    from trainer.gpu.server import restart_blind
+
+    with stub_vllm(started=[1_700_000_000.0]) as (url, _):
+        assert restart_blind(url) is None
+    with stub_vllm(started=None) as (url, _):
+        line = restart_blind(url)
+    assert line is not None and "\n" not in line
+    assert "process_start_time_seconds" in line and "VLLM_PARALLEL=tensor" in line

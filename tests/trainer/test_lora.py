@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from tests.trainer.conftest import ROOT
 from contract import eval_report
 from trainer import train
@@ -131,3 +133,77 @@ def test_qloras_push_without_merging_yields_exactly_what_trls_merge_then_read_yi
 
 # The TRL privates trainer/run/lora.py relies on (VLLMGeneration._iter_named_params, _fix_param_name_to_vllm) are pinned in
 # trainer/run/trl_privates.py (tests/trainer/test_trl_privates.py).
+
+
+def _stand_in_params4bit(weight):
+    """A bitsandbytes-free stand-in for a Linear4bit's weight: packed uint8 `[N/2, 1]` bytes under bitsandbytes' class
+    name (what peft and merged_weights go by), the real weight kept where dequantize_4bit would read its quant state."""
+    import torch
+
+    class Params4bit(torch.nn.Parameter):
+        pass
+
+    packed = Params4bit(torch.zeros(weight.numel() // 2, 1, dtype=torch.uint8), requires_grad=False)
+    packed.quant_state = weight.detach().to(torch.bfloat16)
+    return packed
+
+
+def test_qloras_push_dequantizes_a_4bit_layer_no_adapter_targets(tiny_model_dir, monkeypatch):
+    """LORA_TARGET_MODULES=q_proj,v_proj on a 4-bit base: k_proj stays a Linear4bit, its weight packed bytes. The push
+    must carry the float [out, in] weight under k_proj's name, never the bytes (vLLM sizes its buffers from them)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from peft.utils import integrations
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"]))
+    k_proj = model.base_model.model.model.layers[0].self_attn.k_proj
+    k_proj.weight = _stand_in_params4bit(k_proj.weight)
+    real = k_proj.weight.quant_state
+    monkeypatch.setattr(integrations, "dequantize_bnb_weight", lambda weight, state=None: weight.quant_state)
+    pushed = dict(lora.merged_weights(model))
+    k = pushed["model.layers.0.self_attn.k_proj.weight"]
+    assert k.is_floating_point() and k.shape == real.shape and torch.equal(k, real)
+    assert all(t.is_floating_point() for t in pushed.values())
+
+
+def test_qloras_push_refuses_packed_bytes_it_cannot_dequantize(tiny_model_dir):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
+                           LoraConfig(r=8, target_modules=["q_proj"]))
+    k_proj = model.base_model.model.model.layers[0].self_attn.k_proj
+    k_proj.weight = torch.nn.Parameter(torch.zeros(8, 1, dtype=torch.uint8), requires_grad=False)  # an unknown packing
+    with pytest.raises(RuntimeError, match=r"k_proj.weight is a uint8 \[8, 1\] tensor \(packed quantized bytes.*QLORA=false"):
+        dict(lora.merged_weights(model))
+
+
+def test_qlora_adapters_stay_fp32_after_trls_init(tmp_path, tiny_model_dir, echo_server):
+    """TRL 1.16 casts every trainable parameter of a quantized model to bf16 in GRPOTrainer.__init__; the stack's trainer
+    puts the adapters back in fp32 before any optimizer exists. `is_loaded_in_4bit` is what TRL reads (no 4-bit kernels
+    on CPU: the base stays fp32 here, the cast is the same)."""
+    import torch
+
+    from contract.config import RunConfig
+    from envs import registry
+    from trainer.rollouts.envs_binding import build_factories
+    from trainer.run import grpo_args
+    from trainer.run.dataset import build_dataset
+    from trainer.run.grpo_trainer import make_trainer_class
+    from trainer.run.metrics import STATS
+    from trainer.run.model import load_model_and_tokenizer
+
+    cfg = RunConfig.load(lora_argv(tiny_model_dir, tmp_path, echo_server.url, "--lora-target-modules", "q_proj,v_proj"))
+    model, tokenizer = load_model_and_tokenizer(cfg, "cpu")
+    model.is_loaded_in_4bit = True
+    specs = {"echo": registry.get("echo")}
+    trainer = make_trainer_class()(model=model, args=grpo_args.grpo_config(cfg, "cpu"),
+                                   train_dataset=build_dataset(cfg, specs), processing_class=tokenizer,
+                                   environment_factory=build_factories(cfg, specs, STATS),
+                                   peft_config=lora.peft_config(cfg))
+    trainable = {n: p.dtype for n, p in trainer.model.named_parameters() if p.requires_grad}
+    assert trainable and all(".lora_" in n for n in trainable)
+    assert set(trainable.values()) == {torch.float32}, trainable

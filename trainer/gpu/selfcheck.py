@@ -12,7 +12,8 @@ openenv; README "GPU self-check"), one line each, `PASS` / `FAIL` / `SKIP (why)`
   weight_iterator  (vLLM importable) TRL's weight iterator through vLLM's packed producer and consumer over a
                    loopback: bytes identical, tied embeddings sent once, exactly the checkpoint's names
 
-Without CUDA the checks SKIP; `--device cpu` runs the same code on the CPU at a tiny size (the CI test does).
+Without CUDA the checks SKIP; `--device cpu` runs the same code on the CPU at a tiny size (the CI test does). The
+process pins itself to one GPU first (pin_one_gpu), whatever the box has.
 Exit code 0 when nothing FAILed, 1 otherwise.
 """
 
@@ -516,7 +517,20 @@ def resolve_device(choice: str):
     return None
 
 
+def pin_one_gpu(environ=os.environ) -> str | None:
+    """Make this process see one GPU (the first CUDA_VISIBLE_DEVICES names, else GPU 0) before CUDA initialises:
+    the checks measure one card, and transformers would count every visible GPU into `n_gpu` (nn.DataParallel).
+    Returns a note when it narrowed the list; an empty CUDA_VISIBLE_DEVICES (no GPU) stays as it is."""
+    value = environ.get("CUDA_VISIBLE_DEVICES")
+    if value is not None and "," not in value:
+        return None
+    first = "0" if value is None else value.split(",")[0].strip()
+    environ["CUDA_VISIBLE_DEVICES"] = first
+    return f"CUDA_VISIBLE_DEVICES={first} (was {'unset' if value is None else value}): the checks run on one GPU"
+
+
 def main(argv: list[str] | None = None) -> int:
+    pinned = pin_one_gpu()  # before torch touches CUDA
     p = argparse.ArgumentParser(prog="python -m trainer.gpu.selfcheck", description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="auto: CUDA when present, else the CUDA checks SKIP; cpu: the same code at a tiny size")
@@ -535,7 +549,8 @@ def main(argv: list[str] | None = None) -> int:
     device = resolve_device(args.device)
     tiny = device is not None and device.type == "cpu"
     where = ("CPU, tiny sizes" if tiny else f"{torch.cuda.get_device_name(device)}" if device is not None else "no CUDA")
-    print(f"selfcheck: torch {torch.__version__} (CUDA {torch.version.cuda}), {where}", flush=True)
+    print(f"selfcheck: torch {torch.__version__} (CUDA {torch.version.cuda}), {where}"
+          + (f"; {pinned}" if pinned else ""), flush=True)
     results = []
     for name in names:
         if device is None and name != "weight_iterator":

@@ -85,6 +85,18 @@ def started_at(url: str, session=None) -> float | None:
     return None
 
 
+def restart_blind(url: str, session=None) -> str | None:
+    """One line when the vLLM at `url` gives no process start time on /metrics, else None. The trainer tells a
+    restarted vLLM (it serves the weights it loaded at start) from the one its last push went into by that time alone
+    (check_served_weights); without it a restart mid-run goes unnoticed and the run trains on the base policy's
+    samples. vLLM 0.31 with data parallel runs several API servers and its metrics multi-process: the metric is gone."""
+    if started_at(url, session) is not None:
+        return None
+    return (f"vLLM at {url} gives no {START_METRIC} on /metrics (VLLM_PARALLEL=data runs its metrics multi-process), "
+            "so the trainer could not notice a vLLM restart mid-run (it would train on base-weight samples); set "
+            "VLLM_PARALLEL=tensor or one VLLM_GPU (edit .env)")
+
+
 def unreachable(url: str, session=None) -> str | None:
     """Why the vLLM server at `url` is not there (its /health refused, its host name gone with its container), or None
     when /health answers anything or only times out: a busy server is slow, not gone, and the next request says."""

@@ -15,6 +15,7 @@ from trainer.gpu.server import (
     check_vllm_server,
     explain_init_failure,
     one_token,
+    restart_blind,
     version_skew,
     world_size_mismatch,
 )
@@ -74,6 +75,9 @@ def preflight_vllm(cfg: "RunConfig") -> dict[str, Any]:
                                              "vllm` (`make train` does it by itself)"]))
     stages.mark("vllm_healthy", rep.waited_s, f"{url} serves {rep.model} (world size {rep.world_size})")
     problems += version_skew(rep, local_vllm, torch.__version__)
+    blind = restart_blind(url)  # restart detection reads the process start time (data parallel drops it)
+    if blind:
+        problems.append(blind)
     problems += world_size_mismatch(rep, int(cfg.vllm_world_size))
     if reload:
         if problems:

@@ -190,21 +190,78 @@ def push_in_served_dtype(trainer: Any, served_dtype: str | None) -> str | None:
         logger.warning("the vLLM server did not report its dtype (/server_info model_config.dtype): weight pushes "
                        "go in the trainer's dtype, and vLLM casts them on load")
         return None
-    target = getattr(torch, served_dtype, None)
-    if not isinstance(target, torch.dtype):
-        raise ValueError(f"vLLM serves dtype {served_dtype!r}, which torch does not know; the weight push cannot "
-                         "cast to it (check the vllm service's --dtype)")
+    target = served_torch_dtype(served_dtype)
     original = getattr(gen._iter_named_params, "__wrapped__", gen._iter_named_params)
 
     def _iter_named_params():
-        for name, tensor in original():
-            if tensor.is_floating_point() and tensor.dtype != target:
-                tensor = tensor.to(target)  # one tensor at a time: a second copy of one parameter, never the model
-            yield name, tensor
+        return in_dtype(original(), target)
 
     _iter_named_params.__wrapped__ = original  # type: ignore[attr-defined]
     gen._iter_named_params = _iter_named_params
     return served_dtype
+
+
+def served_torch_dtype(served_dtype: str):
+    """The torch dtype vLLM serves in (its /server_info name, e.g. `bfloat16`); ValueError (one line) for a name torch
+    does not know."""
+    import torch
+
+    target = getattr(torch, served_dtype, None)
+    if not isinstance(target, torch.dtype):
+        raise ValueError(f"vLLM serves dtype {served_dtype!r}, which torch does not know; the weight push cannot "
+                         "cast to it (check the vllm service's --dtype)")
+    return target
+
+
+def in_dtype(named_tensors: Iterable[tuple[str, Any]], target) -> Iterable[tuple[str, Any]]:
+    """Each floating tensor of a push cast to `target` (None: as it is), names unchanged; one tensor at a time: a second
+    copy of one parameter, never of the model."""
+    for name, tensor in named_tensors:
+        if target is not None and tensor.is_floating_point() and tensor.dtype != target:
+            tensor = tensor.to(target)
+        yield name, tensor
+
+
+def async_nccl_push(transfer: Any, served_dtype: str | None) -> bool:
+    """ROLLOUTS=async with TRL 1.16's own NCCL client (`WeightTransferClient`, rank 0): its pushes go in the served
+    dtype and are marked in flight (push_state), as the sync trainer's are. TRL builds the manifest vLLM sizes its
+    receive buffers by (`_weight_update_info["dtype_names"]`) from the parameters' dtype and streams them uncast: fp32
+    master weights would go in fp32, twice the bytes, and TRL would warn at each start to load the model in bf16. The
+    manifest and the stream are cast together, here, or not at all. Returns False for another transfer (reload casts
+    and marks its own pushes, trainer.run.async_trainer.ReloadWeightTransfer). PINNED to trl 1.16's
+    `WeightTransferClient._weight_update_info`, `send_weights(iterator)` and `init_weight_transfer()`."""
+    from trl.experimental.async_grpo.weight_transfer import WeightTransferClient
+
+    if not isinstance(transfer, WeightTransferClient) or getattr(transfer.send_weights, "_grpo_cast", False):
+        return False
+    target = served_torch_dtype(served_dtype) if served_dtype else None
+    if target is not None:
+        import torch
+
+        def floating(name: str) -> bool:
+            dtype = getattr(torch, name, None)
+            return isinstance(dtype, torch.dtype) and dtype.is_floating_point
+
+        info = transfer._weight_update_info  # in_dtype below casts exactly the floating tensors
+        info["dtype_names"] = [served_dtype if floating(name) else name for name in info["dtype_names"]]
+    else:
+        logger.warning("the vLLM server did not report its dtype (/server_info model_config.dtype): async weight "
+                       "pushes go in the trainer's fp32")
+    send, init, pushes = transfer.send_weights, transfer.init_weight_transfer, [0]
+
+    def init_weight_transfer() -> None:
+        init()
+        push_state.group_formed("NCCL, async trainer = rank 0")
+
+    def send_weights(iterator) -> None:
+        push_state.push_started(pushes[0])  # a kill mid-push: the next launch restarts vLLM at once, no probe wait
+        send(in_dtype(iterator, target))
+        push_state.push_done(pushes[0])
+        pushes[0] += 1
+
+    send_weights._grpo_cast = True  # type: ignore[attr-defined]
+    transfer.send_weights, transfer.init_weight_transfer = send_weights, init_weight_transfer
+    return True
 
 
 def use_weight_reload(folder: str, timeout_s: float) -> None:

@@ -11,6 +11,8 @@ trains) and protocols do the work; this module plugs the stack in where TRL leav
   TOOL_CONCURRENCY and the neutral sampling penalties meaning what they mean in sync mode.
 - `make_async_trainer_class`: a thin `AsyncGRPOTrainer` subclass that runs on CPU (no CUDA peak-FLOPs lookup)
   and hands the rollout worker `StackRolloutLoop`.
+- WEIGHT_TRANSFER=nccl: TRL's own `WeightTransferClient`, its manifest and stream cast to vLLM's dtype together and
+  each push marked in flight (trainer.gpu.trl_hooks.async_nccl_push), as the sync trainer's pushes are.
 - LORA_R: TRL's own adapter-only sync (trainer/run/lora.py says how); no weight-transfer backend is passed then
   (TRL probes vLLM's /server_info only without one), whatever WEIGHT_TRANSFER says: the adapter goes by a shared
   folder and HTTP on a GPU host and in the rehearsal alike.
@@ -32,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from envs.core.tool import abandon_session
+from trainer.gpu import trl_hooks
 from trainer.run.async_run import AfterRun, TracedRollouts, stop_on_env_or_vllm_down
 from contract.config import RunConfig
 
@@ -68,7 +71,9 @@ def build_async_config(cfg: RunConfig, mode: str):
         import torch
 
         kwargs.update(bf16=bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported()))
-    return AsyncGRPOConfig(**kwargs)
+    from trainer.run.grpo_args import one_gpu_per_process
+
+    return one_gpu_per_process(AsyncGRPOConfig(**kwargs))  # never nn.DataParallel around the packed tree batches
 
 
 class ReloadWeightTransfer:
@@ -120,13 +125,9 @@ class ReloadWeightTransfer:
     def _cast(self, iterator):
         """Each tensor in the dtype vLLM serves (the trainer keeps fp32 master weights; trl_hooks.push_in_served_dtype
         does the same for the sync trainer)."""
-        import torch
+        from trainer.gpu.trl_hooks import in_dtype, served_torch_dtype
 
-        target = getattr(torch, self.served_dtype, None) if self.served_dtype else None
-        for name, tensor in iterator:
-            if isinstance(target, torch.dtype) and tensor.is_floating_point() and tensor.dtype != target:
-                tensor = tensor.to(target)
-            yield name, tensor
+        return in_dtype(iterator, served_torch_dtype(self.served_dtype) if self.served_dtype else None)
 
 
 def _rollout_loop_base():
@@ -216,6 +217,7 @@ def make_async_trainer_class():
 
         def __init__(self, *args, tool_timeout_s: float | None = None, tool_concurrency: int | None = None,
                      served_model: str | None = None, request_seeds: bool = True, zero_std_groups: str = "keep",
+                     served_dtype: str | None = None,
                      **kwargs):
             original = trl_async.get_peak_flops_per_device
             trl_async.get_peak_flops_per_device = _peak_flops_or_none(original)
@@ -225,6 +227,8 @@ def make_async_trainer_class():
                 trl_async.get_peak_flops_per_device = original
             if kwargs.get("peft_config") is not None:
                 _check_adapter_sync(self)
+            # TRL's NCCL client (rank 0): manifest and stream in vLLM's dtype, pushes marked (trl_hooks says why)
+            trl_hooks.async_nccl_push(getattr(self, "weight_transfer", None), served_dtype)
             worker = self.rollout_worker
             if isinstance(worker, trl_async.AsyncRolloutWorker):  # rank 0: the worker is spawned at train begin
                 worker._loop_cls = StackRolloutLoop
@@ -301,6 +305,7 @@ def build_trainer(cfg: RunConfig, mode: str, *, tokenizer, dataset, factories, r
         tool_timeout_s=cfg.tool_timeout_s,
         tool_concurrency=cfg.tool_concurrency,
         served_model=served_model,
+        served_dtype=served_dtype,
         request_seeds=not cfg.trainer_on_cpu(mode),  # the rehearsal's vLLM runs on CPU (StackRolloutLoop says why)
         zero_std_groups=cfg.zero_std_groups,
     )

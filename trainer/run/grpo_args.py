@@ -45,4 +45,16 @@ def grpo_config(cfg: RunConfig, mode: str | None = None, **extra: Any):
         # bf16 where the GPU has it (Ampere+); older cards train in fp32 rather than risk fp16 overflow.
         kwargs.update(bf16=bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported()))
     kwargs.update(extra)  # gpu/colocate: trainer.gpu.grpo_vllm_kwargs(cfg), passed by the caller (train.py)
-    return GRPOConfig(**kwargs)
+    return one_gpu_per_process(GRPOConfig(**kwargs))
+
+
+def one_gpu_per_process(args):
+    """Training arguments that never make HF's Trainer wrap the model in nn.DataParallel. transformers 5.17 sets
+    `n_gpu` to every GPU this process sees when no launcher started it (`make gpu-selfcheck` on a multi-GPU box,
+    NCCL_FAST_PATH=1's trainer container, which sees vLLM's GPU too); TRL 1.16's GRPOTrainer then refuses to build and
+    the async trainer would replicate a model its packed batches do not survive. One process trains on one GPU here
+    (cuda:0, the first one CUDA_VISIBLE_DEVICES names); several GPUs mean several processes (trainer/launch.py).
+    Transformers itself sets `_n_gpu = 1` the same way for a model split with device_map."""
+    if args.n_gpu > 1:
+        args._n_gpu = 1
+    return args

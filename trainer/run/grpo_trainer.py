@@ -22,6 +22,12 @@ def make_trainer_class():
         """GRPOTrainer with the stack's rollout loop (concurrent tool rounds, processes in step) and timers for
         the step-time split (generation vs the rest of rollout scoring)."""
 
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            from trainer.run import lora
+
+            lora.keep_adapters_fp32(self.model)  # QLoRA: fp32 adapters, undoing TRL's bf16 cast (lora.py says why)
+
         def _generate_single_turn(self, *args, **kwargs):
             start = time.perf_counter()
             with STATS.timer("generation"):

@@ -55,6 +55,24 @@ def quantization_kwargs(cfg: "RunConfig") -> dict[str, Any]:
         bnb_4bit_compute_dtype=torch.bfloat16)}
 
 
+def keep_adapters_fp32(model) -> int:
+    """QLoRA: put the trainable parameters back in fp32 after TRL's init, before the optimizer is built. TRL 1.16 casts
+    every trainable parameter of a quantized model to bf16 (GRPOTrainer.__init__, the quantized-model branch), so the
+    adapters, their gradients and AdamW moments would be bf16: at lr 1e-4 a lora_A entry (about 0.02) moves by less than
+    one bf16 step. fp32 adapters over the 4-bit base are peft's own default (autocast_adapter_dtype); bf16 autocast still
+    runs the compute. Returns how many tensors it cast (0 for a model that is not quantized)."""
+    import torch
+
+    if not (getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False)):
+        return 0
+    cast = 0
+    for param in model.parameters():
+        if param.requires_grad and param.is_floating_point() and param.dtype != torch.float32:
+            param.data = param.data.to(torch.float32)
+            cast += 1
+    return cast
+
+
 # ---------------------------------------------------------------------------- adapter folders
 def is_adapter(folder: str | Path) -> bool:
     """Whether a checkpoint or export folder holds a LoRA adapter rather than full weights."""
@@ -99,12 +117,14 @@ def merged_weights(model, fix_name=lambda name: name):
     tensors are skipped. The same tensors TRL's merge-then-read yields for a plain LoRA model (tests check it), but
     a 4-bit base is never re-quantized: TRL 1.16's push merges into the base and unmerges after
     (VLLMGeneration._iter_named_params), which peft does for a 4-bit layer by dequantize, add, re-quantize, so every
-    push would move the frozen base by a rounding (peft warns so), and it would read the packed 4-bit tensors."""
+    push would move the frozen base by a rounding (peft warns so), and it would read the packed 4-bit tensors. A 4-bit
+    layer no adapter targets is dequantized too (its weight is packed uint8 `[N/2, 1]`, not the float `[out, in]`)."""
     import torch
     from peft.tuners.lora import LoraLayer
-    from peft.utils.integrations import dequantize_module_weight
+    from peft.utils.integrations import dequantize_module_weight, get_bnb_param_type
 
     adapted = {name: module for name, module in model.named_modules() if isinstance(module, LoraLayer)}
+    modules = dict(model.named_modules())
     for name, param in model.named_parameters():
         if ".lora_" in name:
             continue
@@ -112,7 +132,11 @@ def merged_weights(model, fix_name=lambda name: name):
         layer = adapted.get(owner.removesuffix(".base_layer")) if owner.endswith(".base_layer") else None
         clean = fix_name(name.removeprefix("base_model.model.").replace(".base_layer", ""))
         if layer is None or leaf != "weight":
-            yield clean, param.data
+            tensor = param.data
+            if get_bnb_param_type(param):  # an unadapted 4-bit layer (LORA_TARGET_MODULES short of all-linear)
+                with torch.no_grad():
+                    tensor = dequantize_module_weight(modules[owner])
+            yield clean, _unpacked(clean, tensor)
             continue
         with torch.no_grad():
             weight = dequantize_module_weight(layer.get_base_layer()).to(torch.float32)
@@ -120,6 +144,16 @@ def merged_weights(model, fix_name=lambda name: name):
                 if adapter in layer.lora_A:
                     weight = weight + layer.get_delta_weight(adapter).to(torch.float32)
         yield clean, weight
+
+
+def _unpacked(name: str, tensor):
+    """Never a packed quantized tensor under a float weight's name: vLLM would size its receive buffers from it and the
+    push would hang in the broadcast until the watchdog, whose diagnosis would blame the rendezvous."""
+    if not tensor.is_floating_point():
+        raise RuntimeError(f"weight push: {name} is a {str(tensor.dtype).removeprefix('torch.')} "
+                           f"{list(tensor.shape)} tensor (packed quantized bytes, not weights); set QLORA=false or "
+                           f"LORA_TARGET_MODULES=all-linear (edit .env)")
+    return tensor
 
 
 def push_without_merging(trainer) -> bool:

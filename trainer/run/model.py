@@ -27,7 +27,8 @@ def load_model_and_tokenizer(cfg: RunConfig, mode: str):
     # fp32 master weights in every layout; GRPOConfig(bf16=True) runs the forward and backward under bf16 autocast.
     # bf16 weights would not train: at lr 1e-5 an AdamW step rounds back to the same bf16 value for any |w| above
     # ~0.004 (norm weights, most matrix entries). Pushes to vLLM are cast to its dtype (gpu.push_in_served_dtype).
-    # QLoRA: the frozen base in 4 bits (bf16 for what stays unquantized); TRL keeps the adapters trainable.
+    # QLoRA: the frozen base in 4 bits (bf16 for what stays unquantized); the adapters train in fp32 (TRL casts them to
+    # bf16; lora.keep_adapters_fp32 casts them back before the optimizer exists).
     from trainer.run import lora
 
     dtype = torch.bfloat16 if cfg.qlora else torch.float32

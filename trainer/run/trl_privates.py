@@ -36,6 +36,7 @@ ASYNC = "trl.experimental.async_grpo"
 ASYNC_LOOP = f"{ASYNC}.async_rollout_worker._AsyncRolloutLoop"
 ASYNC_WORKER = f"{ASYNC}.async_rollout_worker.AsyncRolloutWorker"
 ASYNC_TRAINER = f"{ASYNC}.async_grpo_trainer.AsyncGRPOTrainer"
+ASYNC_TRANSFER = f"{ASYNC}.weight_transfer.WeightTransferClient"
 KINDS = ("method", "coroutine", "attribute", "class", "function")
 
 
@@ -229,6 +230,13 @@ PINS: tuple[Pin, ...] = (
         "4fad05bf0e8bb74090dc902b988afd9782b52bd42cf2931ffb690cb43381a255"),
     Pin(f"{ASYNC}.async_grpo_trainer", "register_tree_attention", "function", "trainer/run/tree_attention.py",
         "replaced: AsyncGRPOTrainer.__init__ registers the stack's tree attention through this name", ""),
+    Pin(ASYNC_TRANSFER, "_weight_update_info", "attribute", "trainer/gpu/trl_hooks.py",
+        "its `dtype_names` rewritten to the served dtype (async_nccl_push): the manifest vLLM sizes its receive "
+        "buffers by, cast together with the stream"),
+    Pin(ASYNC_TRANSFER, "send_weights", "method", "trainer/gpu/trl_hooks.py",
+        "replaced on the instance: the stream cast to the served dtype, the push marked in flight", "self, iterator"),
+    Pin(ASYNC_TRANSFER, "init_weight_transfer", "method", "trainer/gpu/trl_hooks.py",
+        "replaced on the instance: the weight-push marker written once the group forms", "self"),
     Pin(f"{ASYNC}.async_grpo_trainer", "_iter_vllm_named_params", "function", "trainer/gpu/sync_check.py",
         "called: the names, dtypes and shapes the async weight transfer announces, then streams", "model"),
     Pin(f"{ASYNC}.packing", "tree_attention", "function", "trainer/run/tree_attention.py",
