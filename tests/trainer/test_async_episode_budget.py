@@ -202,3 +202,18 @@ def test_a_turn_the_budget_cuts_short_is_scored_unfinished(make_loop):
     for sample in episodes_of(loop):
         assert sample.metrics["rewards/unfinished"] == -1.0
         assert len(sample.input_ids) - first <= second - first + 10
+
+
+@pytest.mark.parametrize("body, limit", [
+    ('{"error": {"message": "\'max_tokens\' or \'max_completion_tokens\' is too large: 300. This model\'s maximum '
+     'context length is 2048 tokens and your request has 1900 input tokens (300 > 2048 - 1900).", "code": 400}}', 2048),
+    ('{"error": {"message": "The decoder prompt (length 5000) is longer than the maximum model length of 4096. Make '
+     'sure that `max_model_len` is no smaller than the number of text tokens.", "code": 400}}', 4096),
+])
+def test_vllms_length_refusals_are_told_apart_and_name_the_limit(body, limit):
+    from trainer.run.async_budget import ContextFull, context_full, vllm_message
+
+    assert context_full(400, body) and not context_full(500, body)
+    assert not context_full(400, '{"error": {"message": "The model `x` does not exist.", "code": 404}}')
+    assert ContextFull(vllm_message(body)).max_model_len == limit
+    assert ContextFull("Bad Request").max_model_len is None
