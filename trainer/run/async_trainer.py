@@ -35,6 +35,7 @@ from typing import Any
 
 from envs.core.tool import abandon_session
 from trainer.gpu import trl_hooks
+from trainer.run.async_budget import BudgetedRollouts, turn_cap
 from trainer.run.async_run import AfterRun, TracedRollouts, stop_on_env_or_vllm_down
 from contract.config import RunConfig
 
@@ -137,7 +138,7 @@ def _rollout_loop_base():
     return _AsyncRolloutLoop
 
 
-class StackRolloutLoop(TracedRollouts, _rollout_loop_base()):  # traces + env counts first (trainer.run.async_run)
+class StackRolloutLoop(TracedRollouts, BudgetedRollouts, _rollout_loop_base()):  # traces wrap the budgeted episode
     """TRL's rollout loop (it runs in the spawned child) with the sync trainer's meanings:
 
     - TOOL_TIMEOUT_S: a tool call that runs longer fails; the model reads the rollout loop's message
@@ -146,16 +147,20 @@ class StackRolloutLoop(TracedRollouts, _rollout_loop_base()):  # traces + env co
       pool for them (TRL's default: one per in-flight rollout).
     - vLLM's presence/frequency penalties sent as 0 (trainer.gpu.grpo_kwargs.NEUTRAL_SAMPLING), as the sync
       trainer sends them: the server's generation-config defaults would otherwise apply.
+    - MAX_COMPLETION_LENGTH: a budget for the whole episode, tool results included, as in sync mode; a round that
+      does not fit ends the episode (scored), and so does vLLM's 400 for the context length, never retried
+      (trainer.run.async_budget.BudgetedRollouts).
     - `request_seeds=False` (the CPU rehearsal): no per-request `seed`. TRL seeds every request (so data-parallel
       engines do not draw alike); vLLM 0.31's CPU runner kills its engine on a seeded request
       (gpu_model_runner._bookkeeping_sync: "CPU Generator does not use offset"). The sync trainer sends none.
     """
 
     def __init__(self, *, tool_timeout_s: float | None = None, tool_concurrency: int | None = None,
-                 request_seeds: bool = True, **kwargs: Any) -> None:
+                 request_seeds: bool = True, max_model_len: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.tool_timeout_s = tool_timeout_s
         self.request_seeds = request_seeds
+        self.max_model_len = max_model_len  # the vLLM server's, as preflight read it (None: the 400 backstop only)
         if tool_concurrency:
             self._tool_pool.shutdown(wait=False)
             self._tool_pool = ThreadPoolExecutor(max_workers=tool_concurrency, thread_name_prefix="grpo-tool")
@@ -185,14 +190,19 @@ class StackRolloutLoop(TracedRollouts, _rollout_loop_base()):  # traces + env co
 
         return call
 
-    async def _post(self, path: str, payload: dict, *args, **kwargs) -> dict:
-        if path == "/v1/completions":
-            from trainer.gpu.grpo_kwargs import NEUTRAL_SAMPLING
+    async def _post(self, path: str, payload: dict, timeout: float, max_retries: int = 3) -> dict:
+        if path != "/v1/completions":
+            return await super()._post(path, payload, timeout, max_retries)
+        from trainer.gpu.grpo_kwargs import NEUTRAL_SAMPLING
 
-            payload = {**NEUTRAL_SAMPLING, **payload}
-            if not self.request_seeds:
-                payload.pop("seed", None)
-        return await super()._post(path, payload, *args, **kwargs)
+        payload = {**NEUTRAL_SAMPLING, **payload}
+        if not self.request_seeds:
+            payload.pop("seed", None)
+        cap = turn_cap()  # this episode's budget left (trainer.run.async_budget)
+        if cap is not None:
+            payload["max_tokens"] = min(payload["max_tokens"], cap)
+        return await self._retry(lambda: self._post_completion(payload, timeout), label=f"POST {path}",
+                                 max_attempts=max_retries)
 
 
 def _peak_flops_or_none(original):
@@ -217,8 +227,7 @@ def make_async_trainer_class():
 
         def __init__(self, *args, tool_timeout_s: float | None = None, tool_concurrency: int | None = None,
                      served_model: str | None = None, request_seeds: bool = True, zero_std_groups: str = "keep",
-                     served_dtype: str | None = None,
-                     **kwargs):
+                     served_dtype: str | None = None, max_model_len: int | None = None, **kwargs):
             original = trl_async.get_peak_flops_per_device
             trl_async.get_peak_flops_per_device = _peak_flops_or_none(original)
             try:
@@ -234,7 +243,8 @@ def make_async_trainer_class():
                 worker._loop_cls = StackRolloutLoop
                 stop_on_env_or_vllm_down(worker)  # a dead env (exit 6) or vLLM (77): one line
                 worker._loop_kwargs.update(tool_timeout_s=tool_timeout_s, tool_concurrency=tool_concurrency,
-                                           request_seeds=request_seeds, zero_std_groups=zero_std_groups)
+                                           request_seeds=request_seeds, zero_std_groups=zero_std_groups,
+                                           max_model_len=max_model_len)
                 if served_model:  # TRL names the trainer's model path; vLLM answers 404 to any id it does not serve
                     worker._loop_kwargs["model_name"] = served_model
 
@@ -276,7 +286,7 @@ def _unload_earlier_adapters(base_url: str, prefix: str) -> None:
 
 
 def build_trainer(cfg: RunConfig, mode: str, *, tokenizer, dataset, factories, reward_funcs, callbacks,
-                  served_dtype: str | None, served_model: str | None):
+                  served_dtype: str | None, served_model: str | None, server_max_model_len: int | None = None):
     """The async trainer for this run: tree attention installed first (TRL loads the model with it), the weight
     push by reload where WEIGHT_TRANSFER=reload (else TRL's own NCCL client)."""
     from trainer.run import tree_attention
@@ -308,4 +318,5 @@ def build_trainer(cfg: RunConfig, mode: str, *, tokenizer, dataset, factories, r
         served_dtype=served_dtype,
         request_seeds=not cfg.trainer_on_cpu(mode),  # the rehearsal's vLLM runs on CPU (StackRolloutLoop says why)
         zero_std_groups=cfg.zero_std_groups,
+        max_model_len=server_max_model_len,  # each turn's max_tokens stays within it (StackRolloutLoop)
     )

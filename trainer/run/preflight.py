@@ -270,11 +270,12 @@ def longest_prompt(cfg: RunConfig, tokenizer, specs: dict) -> tuple[int, str]:
 
 def check_lengths(cfg: RunConfig, mode: str, tokenizer, specs: dict,
                   server_max_model_len: int | None = None) -> tuple[list[str], str]:
-    """The first turn: longest prompt + MAX_COMPLETION_LENGTH must fit where generation happens. vLLM refuses a
-    request whose prompt + max_tokens exceeds its max_model_len, and TRL asks for max_tokens=MAX_COMPLETION_LENGTH
-    every turn; TRL itself only checks the model's own limit. The server's limit is the one it reports (server
-    mode), else VLLM_MAX_MODEL_LEN, else the model's on CPU. Turns after a tool call: trainer.rollouts.rollout_loop ends an
-    episode whose next input would not fit (server mode: prompt so far + MAX_COMPLETION_LENGTH > max_model_len)."""
+    """The worst case of an episode: longest prompt + MAX_COMPLETION_LENGTH must fit where generation happens. vLLM
+    refuses a request whose prompt + max_tokens exceeds its max_model_len; TRL itself only checks the model's own
+    limit. The server's limit is the one it reports (server mode), else VLLM_MAX_MODEL_LEN, else the model's on CPU.
+    MAX_COMPLETION_LENGTH bounds a whole episode in both modes, so no later turn asks for more: sync
+    (trainer.rollouts.rollout_loop) ends an episode whose next input would not fit, async
+    (trainer.run.async_budget) asks each turn for what is left of the budget, iterations unlimited or not."""
     if not specs:
         return [], ""
     fix = "raise VLLM_MAX_MODEL_LEN (GPU memory permitting)"

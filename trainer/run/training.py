@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
 
         trainer = async_trainer.build_trainer(cfg, mode, tokenizer=tokenizer, dataset=dataset, factories=factories,
                                               reward_funcs=reward_funcs, callbacks=callbacks,
-                                              served_dtype=served_dtype, served_model=served_model)
+                                              served_dtype=served_dtype, served_model=served_model,
+                                              server_max_model_len=server_max_model_len)
         trainer.configure_traces(cfg.run_dir, cfg.trace_every, cfg.trace_samples or cfg.num_generations, trackers)
     else:
         trainer = build_sync_trainer(cfg, mode, model, tokenizer, dataset, factories, reward_funcs, callbacks,
