@@ -179,7 +179,6 @@ def push_in_served_dtype(trainer: Any, served_dtype: str | None) -> str | None:
     served_dtype: server mode's /server_info model_config.dtype (trainer.gpu.server); colocate reads its own engine
     (colocated_dtype). Returns the dtype pushes are cast to, or None (no vLLM, or the server did not say: the
     tensors go as they are and vLLM casts them on load)."""
-    import torch
 
     gen = getattr(trainer, "vllm_generation", None)
     if gen is None or not hasattr(gen, "_iter_named_params"):
