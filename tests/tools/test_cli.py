@@ -9,9 +9,14 @@ import subprocess
 import sys
 
 
+import pytest
 import yaml
 
 from tests.helpers import ROOT
+
+
+# `python -m tools` checks the Docker engine before anything else (it starts no container in these tests)
+ENGINE = pytest.mark.docker
 
 
 def stack(tmp_path, *args: str, env_lines: str = "", extra_env: dict | None = None, make: bool = False):
@@ -24,6 +29,7 @@ def stack(tmp_path, *args: str, env_lines: str = "", extra_env: dict | None = No
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
 
 
+@ENGINE
 def test_env_name_that_is_not_built_in_asks_for_its_image(tmp_path):
     r = stack(tmp_path, "mode", env_lines="ENV_NAME=nope")
     assert r.returncode == 2
@@ -34,6 +40,7 @@ def test_env_name_that_is_not_built_in_asks_for_its_image(tmp_path):
     assert bad.returncode == 2 and "ENV_NAME: 'no-pe' is not an env name" in bad.stderr
 
 
+@ENGINE
 def test_custom_env_service_is_generated_from_the_env_file(tmp_path):
     r = stack(tmp_path, "compose", "config", "--format", "json",
               env_lines="TRAIN_MODE=cpu\nENV_NAME=echo,connect4\nENV_CONNECT4_IMAGE=example/connect4:1\n"
@@ -51,11 +58,13 @@ def test_custom_env_service_is_generated_from_the_env_file(tmp_path):
     assert config["services"]["trainer-cpu"]["environment"]["ENV_CONNECT4_IMAGE"] == "example/connect4:1"
 
 
+@ENGINE
 def test_unknown_train_mode_is_rejected(tmp_path):
     r = stack(tmp_path, "mode", env_lines="TRAIN_MODE=tpu")
     assert r.returncode == 2 and "TRAIN_MODE: unknown value 'tpu'; choose from auto, cpu, gpu, colocate" in r.stderr
 
 
+@ENGINE
 def test_gpu_mode_without_gpus_says_what_to_do(tmp_path):
     r = stack(tmp_path, "mode", env_lines="TRAIN_MODE=gpu", extra_env={"STACK_FAKE_NO_GPU": "1"})
     assert r.returncode == 2
@@ -63,6 +72,7 @@ def test_gpu_mode_without_gpus_says_what_to_do(tmp_path):
     assert "set TRAIN_MODE=auto or cpu" in r.stderr
 
 
+@ENGINE
 def test_auto_mode_on_a_gpu_less_host_says_it_uses_the_cpu_profile(tmp_path):
     r = stack(tmp_path, "mode", extra_env={"STACK_FAKE_NO_GPU": "1"})
     assert r.returncode == 0, r.stderr
@@ -77,6 +87,7 @@ def test_missing_docker_engine_names_the_fix(tmp_path):
     assert "sudo systemctl start docker" in r.stderr
 
 
+@ENGINE
 def test_port_in_use_names_the_port_and_the_fix(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -90,6 +101,7 @@ def test_port_in_use_names_the_port_and_the_fix(tmp_path):
     assert doctor.returncode != 0 and f"port {port} (DASHBOARD_PORT) is already in use" in doctor.stdout
 
 
+@ENGINE
 def test_doctor_reports_every_problem_at_once(tmp_path):
     r = stack(tmp_path, "doctor", make=True, env_lines="ENV_NAME=nope\nTRAIN_MODE=tpu\nLEARNIG_RATE=0.1",
               extra_env={"STACK_FAKE_NO_GPU": "1"})
@@ -100,6 +112,7 @@ def test_doctor_reports_every_problem_at_once(tmp_path):
     assert "doctor found problems" in r.stdout
 
 
+@ENGINE
 def test_malformed_env_line_is_pointed_at(tmp_path):
     r = stack(tmp_path, "mode", env_lines="this is not a setting")
     assert r.returncode == 2 and "expected KEY=VALUE" in r.stderr and "line" in r.stderr
@@ -146,6 +159,7 @@ def test_every_env_service_is_generated_from_the_one_template(tmp_path, monkeypa
     assert plan.profiles == ["cpu", "echo", "maze", "connect4", "far"]
 
 
+@ENGINE
 def test_env_file_values_are_typed_with_one_line_per_bad_value(tmp_path):
     r = stack(tmp_path, "mode", env_lines="DASHBOARD=maybe\nDASHBOARD_PORT=abc")
     assert r.returncode == 2
@@ -153,6 +167,7 @@ def test_env_file_values_are_typed_with_one_line_per_bad_value(tmp_path):
     assert "DASHBOARD_PORT: Input should be a valid integer" in r.stderr and "(got 'abc')" in r.stderr
 
 
+@ENGINE
 def test_fleet_mode_starts_no_env_service_and_joins_the_trainers_not_vllm_to_the_fleet_network(tmp_path):
     r = stack(tmp_path, "compose", "config", "--format", "json",
               env_lines="TRAIN_MODE=cpu\nENV_NAME=echo,connect4\nENV_CONNECT4_IMAGE=example/connect4:1\n"

@@ -35,19 +35,25 @@ def test_sessions_needed_multi_env_is_capped_by_the_env_rows():
     assert sessions_needed(cfg, "echo", env_rows=2) == 8  # only 2 distinct echo prompts exist
 
 
-def test_sessions_needed_matches_trl_pool(tmp_path, tiny_model_dir, echo_server):
-    """Run real GRPO steps; the env sessions TRL leaves open == what preflight computed."""
+def test_sessions_needed_matches_trl_pool(tmp_path, tiny_model_dir, echo_server, monkeypatch):
+    """Run real GRPO steps; the env sessions TRL's pool holds (the server's count, read at the run's last step) ==
+    what preflight computed, and the run closes every one of them at its end."""
     from trainer import train
+    from trainer.run import training
 
     before = echo_server.health()["active_sessions"]
     argv = ["--train-mode", "cpu", "--model-name", str(tiny_model_dir), "--output-dir", str(tmp_path),
             "--env-urls", f"echo={echo_server.url}", "--max-steps", "1", "--per-device-train-batch-size", "4",
             "--steps-per-generation", "2", "--num-generations", "4", "--max-completion-length", "64"]
+    held = []  # the server's count while TRL's pool is still open (the run prints its spread just before closing)
+    printer = training.print_env_sessions
+    monkeypatch.setattr(training, "print_env_sessions",
+                        lambda *a: (held.append(echo_server.health()["active_sessions"] - before), printer(*a)))
     assert train.main(argv) == 0
     cfg = RunConfig.load(argv)
-    opened = echo_server.health()["active_sessions"] - before
-    # TRL keeps every pooled instance's session open for the process lifetime
-    assert opened == sessions_needed(cfg, "echo") == 8
+    # TRL keeps every pooled instance's session open until the run ends
+    assert held == [sessions_needed(cfg, "echo")] == [8]
+    assert echo_server.health()["active_sessions"] == before  # then the run closes them all
 
 
 # ---------------------------------------------------------------- env servers
