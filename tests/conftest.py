@@ -10,8 +10,8 @@ from tests.helpers import docker_ready, make_tiny_model
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
-    """A test that asks for the engine (the `docker` fixture, itself or through another fixture) is a container
-    test: it carries the `docker` marker, so `-m "not docker"` (make test-host) never starts a container."""
+    """A test that asks for the engine (the `docker` fixture, itself or through another fixture) carries the `docker`
+    marker, so `-m "not docker"` (make test-host, run with no engine reachable) never needs one."""
     for item in items:
         if "docker" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("docker"):
             item.add_marker(pytest.mark.docker)
