@@ -38,7 +38,7 @@ def our_echo(request):
         from openenv.core.env_server.http_server import create_fastapi_app
         from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 
-        from tests.envs.upstream_echo import EchoEnvironment
+        from bench.stock_echo_server import EchoEnvironment
 
         app = create_fastapi_app(EchoEnvironment, CallToolAction, CallToolObservation, max_concurrent_envs=16)
     with ThreadServer("echo", app=app) as server:

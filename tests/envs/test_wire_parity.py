@@ -1,7 +1,7 @@
 """Our env servers answer as upstream openenv 0.10.0 where a client can tell (#45 item 1).
 
 Each case is checked against upstream's own code: stock `create_fastapi_app` (openenv http_server.py) on the
-same env classes, upstream's echo env (FastMCP, tests/envs/upstream_echo.py), OpenSpiel's rl_environment,
+same env classes, upstream's echo env (FastMCP, bench/stock_echo_server.py), OpenSpiel's rl_environment,
 and upstream's clients (tests/envs/upstream_clients.py, openenv's MCPToolClient). In-process: Starlette's
 TestClient, or uvicorn in a thread on 127.0.0.1 where a client needs a URL. No Docker.
 """
@@ -124,7 +124,7 @@ def test_mcp_answers_and_unknown_frame_types_as_upstream_echo():
     from openenv.core.env_server.http_server import create_fastapi_app
     from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 
-    from tests.envs.upstream_echo import EchoEnvironment
+    from bench.stock_echo_server import EchoEnvironment
 
     def answers(app) -> list:
         out = []
