@@ -3,6 +3,8 @@ tool into one that echoes the target, measured by greedy first turns on held-out
 
 Greedy decoding and a fixed seed make the measure a deterministic function of the weights; the margins (0 before,
 every row after) are far from the threshold, so a slower or differently rounding machine decides the same way.
+Spread over seeds (LEARN_SEEDS=1,2,3,4,5,42, 2026-12-04, this 2-core machine loaded by `make rehearse` runs): 1.00
+after 20 steps for every seed, 0.00 before: a margin of 0.2 over the bar.
 """
 
 from __future__ import annotations
