@@ -54,6 +54,8 @@ log = logging.getLogger("envs.client")
 STALL_LOG_EVERY_S = 5.0  # per replica and kind: a server's crash closes all its sessions at once
 SLOW_REPLY_S = 1.5  # a reply that took longer is a stall the client rode out: said (normal replies take ms)
 PONG_WAIT_S = 1.5  # a live server's protocol layer answers a ping in ms, even while its env works on a step
+# Error frames a server sends before closing a socket, asked or not: read as the error a request would have got
+UNASKED_ERROR_CODES = ("SESSION_EXPIRED", "SESSION_ERROR", "CAPACITY_REACHED")
 REPLAY_REPLY_S = 1.5  # a replay's connect and reset reply each (two tries): it must fit in the step's bound
 ABNORMAL_CLOSE = frozenset({1006, 1011})  # no close frame (a crash, a dropped link) / keepalive ping timeout
 _stall_logged: dict[tuple[str, str], float] = {}
@@ -456,9 +458,10 @@ class SessionClient:
         raise AssertionError("unreachable")
 
     async def _unasked(self, ws: ClientConnection) -> None:
-        """A frame came while no request was out; the session is dropped. A reaper's SESSION_EXPIRED/SESSION_ERROR
-        frame before its close (OpenEnv's, envs.core.server's) is what a request would have got anyway: raised as
-        that EnvServerError (a reset then opens a fresh session). Anything else: UntrustedReply, one line."""
+        """A frame came while no request was out; the session is dropped. An error frame a server sends unasked before
+        it closes (OpenEnv's and envs.core.server's: a reaper's SESSION_EXPIRED/SESSION_ERROR, stock create_app's
+        CAPACITY_REACHED on connecting to a full server) is what a request would have got anyway: raised as that
+        EnvServerError (a reset then opens a fresh session, or waits for capacity). Anything else: UntrustedReply."""
         try:
             raw = await asyncio.wait_for(ws.recv(), PONG_WAIT_S)  # queued already (or its message's last fragments)
             frame = loads_reply(raw) if len(raw) <= PARSE_INLINE_CHARS else None
@@ -466,7 +469,7 @@ class SessionClient:
             frame = None
         self._drop()
         data = frame.get("data") if isinstance(frame, dict) and frame.get("type") == "error" else None
-        if isinstance(data, dict) and data.get("code") in ("SESSION_EXPIRED", "SESSION_ERROR"):
+        if isinstance(data, dict) and data.get("code") in UNASKED_ERROR_CODES:
             raise EnvServerError(safe_text(data.get("message", "session expired"), ERROR_CHARS), data["code"], data)
         raise UntrustedReply(f"{self.shown_url}: sent a frame nobody asked for (an OpenEnv server answers each "
                              "request once); the session was closed")
