@@ -139,11 +139,12 @@ $(VENV)/.test-ok: $(VENV)/.host-ok pyproject.toml
 # Host-only tests run with no engine reachable, so a test that starts a container without the `docker` marker fails.
 NO_ENGINE := DOCKER_HOST=unix:///nonexistent/host-tests-start-no-container.sock
 # pytest exits 5 when a selection holds no test (a PYTEST_ARGS="-k ..." that picks from one part only)
-PYTEST_SOME = $(VENV)/bin/python -m pytest $(1) $(PYTEST_ARGS) || [ $$? = 5 ]
+# ($(2): variables for that pytest alone)
+PYTEST_SOME = { $(2) $(VENV)/bin/python -m pytest $(1) $(PYTEST_ARGS) || [ $$? = 5 ]; }
 
 test: $(VENV)/.test-ok ## Run every test: the host-only part (no engine reachable), then the real containers (needs Docker)
-	@$(NO_ENGINE) $(call PYTEST_SOME,-m "not docker")
-	@$(call PYTEST_SOME,-m docker)
+	@# both parts always run (a red host part still shows the container part's results); either red fails the target
+	@rc=0; $(call PYTEST_SOME,-m "not docker",$(NO_ENGINE)) || rc=1; $(call PYTEST_SOME,-m docker) || rc=1; exit $$rc
 
 test-host: $(VENV)/.test-ok ## The host-only tests alone: unit, compose config, in-process servers; no container (minutes)
 	@$(NO_ENGINE) $(VENV)/bin/python -m pytest -m "not docker" $(PYTEST_ARGS)
