@@ -136,7 +136,7 @@ $(VENV)/.test-ok: $(VENV)/.host-ok pyproject.toml
 		-e '.[test,trainer,env-server]'
 	@touch $@
 
-# Host-only tests run with no engine reachable, so a test that starts a container without the `docker` marker fails.
+# Host-only tests run with no engine reachable, so a test that needs one without the `docker` marker fails.
 NO_ENGINE := DOCKER_HOST=unix:///nonexistent/host-tests-start-no-container.sock
 # pytest exits 5 when a selection holds no test (a PYTEST_ARGS="-k ..." that picks from one part only)
 # ($(2): variables for that pytest alone)
