@@ -39,6 +39,18 @@ class ScriptedTurnsLoop(TracedRolloutLoop):
         return ids, [-0.5] * len(ids)
 
 
+def drained(loop) -> tuple[list, dict[str, list]]:
+    """What a finished rollout loop left: the samples it queued for the trainer, and every metric value it sent."""
+    samples = []
+    while not loop.rollout_buffer.empty():
+        samples.append(loop.rollout_buffer.get_nowait())
+    sink = defaultdict(list)
+    while not loop._metrics_queue.empty():
+        for key, value in loop._metrics_queue.get_nowait().items():
+            sink[key].append(value)
+    return samples, sink
+
+
 def run_loop(loop: TracedRolloutLoop, samples_wanted: int) -> None:
     async def drive():
         stop = asyncio.Event()
@@ -184,13 +196,7 @@ def test_an_episode_the_env_side_ended_is_counted_and_never_reaches_the_trainer(
     finally:
         loop._tool_pool.shutdown(wait=True)
         loop._loop.close()
-    samples = []
-    while not loop.rollout_buffer.empty():
-        samples.append(loop.rollout_buffer.get_nowait())
-    sink = defaultdict(list)
-    while not loop._metrics_queue.empty():
-        for key, value in loop._metrics_queue.get_nowait().items():
-            sink[key].append(value)
+    samples, sink = drained(loop)
     groups = len(sink[async_metrics.INFRA_TOTAL])
     assert groups >= 2 and sink[async_metrics.INFRA_TOTAL] == [1.0] * groups  # one env-ended episode per group
     assert len(samples) == groups  # one trained sample per group: the env-ended one was dropped

@@ -19,6 +19,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from tests.trainer.test_async_rollout_traces import drained
 from trainer.rollouts import infra_failures, zero_variance
 from trainer.rollouts.zero_variance import flat_rows, is_flat
 
@@ -207,13 +208,7 @@ def run_groups(loop, groups: int) -> tuple[list, dict]:
     finally:
         loop._tool_pool.shutdown(wait=True)
         loop._loop.close()
-    samples = []
-    while not loop.rollout_buffer.empty():
-        samples.append(loop.rollout_buffer.get_nowait())
-    sink = defaultdict(list)
-    while not loop._metrics_queue.empty():
-        for key, value in loop._metrics_queue.get_nowait().items():
-            sink[key].append(value)
+    samples, sink = drained(loop)
     return samples, {k: _reduce_metric(k, v) for k, v in sink.items()}
 
 
