@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT))
 # docstrings were measured); CI runs the one seed the bars were set for.
 LEARN_SEEDS = [int(s) for s in os.environ.get("LEARN_SEEDS", "42").split(",")]
 
+TRAINER_CPU_IMAGE = "grpo-stack/trainer:cpu"  # compose.yaml's x-images trainer-cpu (build_images("trainer-cpu"))
 BUILD_SERVICES = {
     "env-server": "env-server-image",
     "trainer-cpu": "trainer-cpu-image",
@@ -183,6 +184,22 @@ def make_tiny_model(out: Path) -> Path:
     for p in out.rglob("*"):
         p.chmod(0o755 if p.is_dir() else 0o644)
     return out
+
+
+def seed_models_volume(project: str, tiny_model_dir: Path, image: str) -> None:
+    """`project`'s `models` volume, labelled as Compose makes it, holding the session's tiny model where model-init
+    makes it (the same model: make_tiny_model runs model-init's code), so model-init finds it complete and exits in
+    seconds instead of minutes, as on a user's second run. Only tests/trainer/test_cpu_training_docker.py runs
+    model-init for real. `image`: one of ours (it has `sh` and `cp`)."""
+    from contract.config import CPU_DEFAULT_MODEL
+
+    volume = f"{project}_models"
+    subprocess.run(["docker", "volume", "create", "--label", f"com.docker.compose.project={project}",
+                    "--label", "com.docker.compose.volume=models", volume], check=True, capture_output=True)
+    subprocess.run(["docker", "run", "--rm", "--user", "0", "--entrypoint", "sh", "-v", f"{volume}:/models",
+                    "-v", f"{Path(tiny_model_dir).resolve()}:/src:ro", image,
+                    "-c", f"cp -r /src {CPU_DEFAULT_MODEL} && chown -R 10001:10001 /models"],
+                   check=True, capture_output=True)
 
 
 def stack_compose_files(profiles: list[str] | tuple[str, ...], folder: Path) -> list[Path]:

@@ -38,13 +38,18 @@ def holds_whatever_the_timing(f: dict, args) -> None:
     assert all(s["within"] for s in f["stalls"]), f["stalls"]
 
 
-def test_short_chaos_run_keeps_its_figures(docker, tmp_path):
+def same_model(tiny_model_dir) -> list[str]:
+    """The session's tiny model as the bench's model cache (bench/chaos.py finds it complete, makes none)."""
+    return ["--model-cache", str(tiny_model_dir.parent)] if tiny_model_dir.name == "tiny-qwen3" else []
+
+
+def test_short_chaos_run_keeps_its_figures(docker, tmp_path, tiny_model_dir):
     from bench import chaos
 
     build_images("env-server")
     args = chaos.parse_args(["--steps", "6", "--replicas", "2", "--rate", "3", "--kill-after", "3", "--seed", "3",
                              "--out", str(tmp_path / "chaos"), "--project", "grpo-test-chaos-ci",
-                             "--guard-s", "1800"])
+                             "--guard-s", "1800", *same_model(tiny_model_dir)])
     f = chaos.run(args)
     holds_whatever_the_timing(f, args)
     report(f"chaos (short): {f['faults']}, trainer killed after step {f['trainer_kill']['after_step']}; "
@@ -55,7 +60,7 @@ def test_short_chaos_run_keeps_its_figures(docker, tmp_path):
            f"waited on with a diagnosis line); {f['replayed']} episodes saved by a replayed reset")
 
 
-def test_short_async_chaos_run_rides_out_a_vllm_restart(docker, tmp_path):
+def test_short_async_chaos_run_rides_out_a_vllm_restart(docker, tmp_path, tiny_model_dir):
     """The same injector and figures on `make rehearse` with ROLLOUTS=async (TRL's AsyncGRPOTrainer on the vLLM CPU
     twin, the proxy in a container on the trainer's envnet), plus the twin killed once mid-run: make rehearse stops the
     trainer (exit 77), recreates the twin and resumes from a checkpoint. What must hold whatever the timing, as the sync
@@ -70,7 +75,7 @@ def test_short_async_chaos_run_rides_out_a_vllm_restart(docker, tmp_path):
     args = chaos.parse_args(["--rollouts", "async", "--steps", "6", "--replicas", "2", "--rate", "3",
                              "--vllm-restart-after", "2", "--kill-after", "0", "--vllm-bound-s", "240", "--seed", "3",
                              "--out", str(tmp_path / "chaos"), "--project", "grpo-test-chaos-async-ci",
-                             "--guard-s", "1800"])
+                             "--guard-s", "1800", *same_model(tiny_model_dir)])
     f = chaos.run(args)
     holds_whatever_the_timing(f, args)
     v = f["vllm_restart"]

@@ -31,7 +31,7 @@ import urllib.request
 
 import pytest
 
-from tests.helpers import ROOT, build_images, compose_file_args, compose_stack
+from tests.helpers import TRAINER_CPU_IMAGE, ROOT, build_images, compose_file_args, compose_stack, seed_models_volume
 from tests.reliability.common import container_id, report
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -79,13 +79,14 @@ def steps_logged(text: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def project(docker, tmp_path_factory):
+def project(docker, tmp_path_factory, tiny_model_dir):
     build_images("env-server", "trainer-cpu")
     tmp = tmp_path_factory.mktemp("faults")
     overrides = {"RUN_NAME": RUN, "MAX_CONCURRENT_ENVS": "16", "TRAIN_MODE": "cpu", "SAVE_STEPS": "4",
                  "TRACE_EVERY": "1", "TRACE_SAMPLES": str(IN_FLIGHT)}  # every rollout traced: the crashed ones too
     with compose_stack(tmp, ["cpu", "echo"], services=["env-echo"], overrides=overrides) as stack:
         proj = Project(stack, tmp / f"{stack.project}.env")
+        seed_models_volume(stack.project, tiny_model_dir, TRAINER_CPU_IMAGE)  # model-init below finds it complete
         init = f"{stack.project}-model-init"
         try:  # until the init job exits (a busy machine takes many minutes); the timeout only stops a hang
             proj.compose("run", "--rm", "--name", init, "model-init", timeout=3600)

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from tests.helpers import EnvFileStack, build_images
+from tests.helpers import TRAINER_CPU_IMAGE, EnvFileStack, build_images, seed_models_volume
 from tools.images import local_env_image
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
@@ -43,7 +43,7 @@ def swarm(docker):
 
 
 @pytest.fixture(scope="module")
-def fleet(swarm, tmp_path_factory):
+def fleet(swarm, tmp_path_factory, tiny_model_dir):
     build_images("env-server", "trainer-cpu")
     stack = EnvFileStack(tmp_path_factory.mktemp("fleet"), {
         "TRAIN_MODE": "cpu", "ENV_NAME": "echo", "ENV_FLEET": "swarm", "ENV_ECHO_REPLICAS": str(TASKS),
@@ -53,6 +53,7 @@ def fleet(swarm, tmp_path_factory):
     stack.env_file.write_text(stack.env_file.read_text() + f"FLEET_STACK={stack.name}\n")
     up = stack.stack("fleet", "up")
     assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+    seed_models_volume(stack.project, tiny_model_dir, TRAINER_CPU_IMAGE)  # model-init finds it complete
     init = stack.stack("compose", "run", "--rm", "model-init")  # the CPU profile's tiny model, as `train` makes it
     assert init.returncode == 0, init.stdout[-3000:] + init.stderr[-3000:]
     yield stack
