@@ -213,6 +213,41 @@ def use_traced_loop(worker: AsyncRolloutWorker, **trace_kwargs: Any) -> None:
     worker._loop_kwargs.update(trace_kwargs)
 
 
+def drain_on_stop(worker: AsyncRolloutWorker) -> None:
+    """TRL's `stop()` sets the stop event, joins the worker process for 15 s, then terminates it. A worker that has
+    put samples or metrics the trainer will not read cannot exit before its queues' feeder threads have written them
+    into their pipes (multiprocessing joins those threads at exit), and no one reads the pipes once training is over:
+    every async run ended 15 s late, with "Child did not exit within 15s; terminating". Reading both queues while the
+    worker stops lets it exit at once, by itself; what is read is dropped (the run is over; a resume starts the worker
+    from TRL's rollout_state.json)."""
+    import queue
+    import threading
+
+    original = worker.stop
+
+    def drain(stopped: threading.Event) -> None:
+        while not stopped.is_set():
+            for q in (worker.rollout_buffer, worker.metrics_queue):
+                try:
+                    q.get(timeout=0.05)
+                except queue.Empty:
+                    continue
+                except (OSError, ValueError, EOFError):  # closed: nothing more will come
+                    return
+
+    def stop() -> None:
+        stopped = threading.Event()
+        reader = threading.Thread(target=drain, args=(stopped,), name="grpo-stop-drain", daemon=True)
+        reader.start()
+        try:
+            original()
+        finally:
+            stopped.set()
+            reader.join(timeout=5)
+
+    worker.stop = stop
+
+
 def stop_on_env_or_vllm_down(worker: AsyncRolloutWorker) -> None:
     """TRL's health check of its rollout worker (called by the trainer every 5 s while its sample queue is empty), made
     to say what stopped the worker in one line: a dead env (trainer.rollouts.infra_failures.EnvDown, raised by the env

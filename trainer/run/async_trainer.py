@@ -36,7 +36,7 @@ from typing import Any
 from envs.core.tool import abandon_session
 from trainer.gpu import trl_hooks
 from trainer.run.async_budget import BudgetedRollouts, turn_cap
-from trainer.run.async_run import AfterRun, TracedRollouts, stop_on_env_or_vllm_down
+from trainer.run.async_run import AfterRun, TracedRollouts, drain_on_stop, stop_on_env_or_vllm_down
 from contract.config import RunConfig
 
 logger = logging.getLogger("trainer.async")
@@ -242,6 +242,7 @@ def make_async_trainer_class():
             if isinstance(worker, trl_async.AsyncRolloutWorker):  # rank 0: the worker is spawned at train begin
                 worker._loop_cls = StackRolloutLoop
                 stop_on_env_or_vllm_down(worker)  # a dead env (exit 6) or vLLM (77): one line
+                drain_on_stop(worker)  # the worker exits at the run's end, not 15 s later
                 worker._loop_kwargs.update(tool_timeout_s=tool_timeout_s, tool_concurrency=tool_concurrency,
                                            request_seeds=request_seeds, zero_std_groups=zero_std_groups,
                                            max_model_len=max_model_len)

@@ -212,6 +212,14 @@ PINS: tuple[Pin, ...] = (
     Pin(ASYNC_WORKER, "check_health", "method", "trainer/run/async_run.py",
         "wrapped (stop_on_env_or_vllm_down): an EnvDown in the worker stops the trainer with exit 6; a worker that died "
         "silently is noticed at once", digest="0161c9f376e7bbf8fb976c65d1fe66908a0c2faecbbff97c2b0d534bcad3cdae"),
+    Pin(ASYNC_WORKER, "stop", "method", "trainer/run/async_run.py",
+        "wrapped (drain_on_stop): sets the stop event and joins the process for 15 s, then terminates it; the wrapper "
+        "reads `rollout_buffer` and `metrics_queue` meanwhile so the process can exit by itself", "self",
+        "4b77a5109822655d09a28ca22bbf49255987ec6c78588183cc21684bb75b9b7e"),
+    Pin(ASYNC_WORKER, "rollout_buffer", "attribute", "trainer/run/async_run.py",
+        "read while the worker stops (drain_on_stop): the samples queue the child puts into"),
+    Pin(ASYNC_WORKER, "metrics_queue", "attribute", "trainer/run/async_run.py",
+        "read while the worker stops (drain_on_stop): the child's metrics queue"),
     Pin(ASYNC_WORKER, "_failed_event", "attribute", "trainer/run/async_run.py",
         "read: set by the child when its loop raised (stop_on_env_or_vllm_down)"),
     Pin(ASYNC_WORKER, "_exception_info_queue", "attribute", "trainer/run/async_run.py",

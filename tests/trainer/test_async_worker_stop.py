@@ -1,0 +1,42 @@
+"""The end of an async run: TRL's rollout worker process exits by itself when the trainer stops it
+(trainer.run.async_run.drain_on_stop), instead of TRL's 15 s join and SIGTERM.
+
+A spawned process that has put more into a multiprocessing queue than its pipe holds cannot exit until someone reads
+the pipe (multiprocessing joins the queue's feeder thread at exit). TRL's worker puts samples ahead of the trainer,
+so at the end of every run some are unread: with TRL's `stop()` alone the process below is terminated after 15 s
+(exit code -15; measured once, 2026-12-04, and on every `make rehearse` with ROLLOUTS=async: "Child did not exit
+within 15s; terminating"). This module stays cheap to import: the spawned child imports it.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+
+def unread_samples_child(rollout_buffer, metrics_queue, stop_event) -> None:
+    """What TRL's worker leaves behind at a run's end: 4 MiB of samples no one has read, a metric, then a stop."""
+    for _ in range(64):
+        rollout_buffer.put(b"x" * 65536)
+    metrics_queue.put({"rollout/inflight": 1.0})
+    stop_event.wait()
+
+
+def test_a_worker_with_unread_samples_exits_by_itself_when_stopped():
+    from accelerate.state import PartialState
+    from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
+
+    from trainer.run.async_run import drain_on_stop
+
+    PartialState()  # TRL's worker logs through accelerate's logger, as in the trainer
+    ctx = mp.get_context("spawn")  # as TRL's worker
+    worker = object.__new__(AsyncRolloutWorker)  # TRL's class and its own stop() (its __init__ wants vLLM installed)
+    worker.rollout_buffer, worker.metrics_queue = ctx.Queue(), ctx.Queue(maxsize=4096)
+    worker._stop_event_mp = ctx.Event()
+    worker._process = process = ctx.Process(
+        target=unread_samples_child, args=(worker.rollout_buffer, worker.metrics_queue, worker._stop_event_mp),
+        daemon=True)
+    process.start()
+    drain_on_stop(worker)
+    worker.stop()
+    assert process.exitcode == 0, f"the worker process was ended with exit code {process.exitcode}, not by itself"
+    assert worker._process is None
