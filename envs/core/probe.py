@@ -35,6 +35,10 @@ class ProbeError(RuntimeError):
     """One line: the URL and what went wrong (no answer in time, too big, not JSON)."""
 
 
+class ProbeTimeout(ProbeError, TimeoutError):
+    """No complete answer within the deadline (a TimeoutError too: a session client's callers read it as one)."""
+
+
 def run_bounded(coro: Awaitable[T], deadline_s: float, what: str) -> T:
     """Run `coro` on the shared loop; past `deadline_s` it is cancelled (its sockets closed) and ProbeError raised."""
     from envs.core.client import _background_loop
@@ -43,18 +47,18 @@ def run_bounded(coro: Awaitable[T], deadline_s: float, what: str) -> T:
         try:
             return await asyncio.wait_for(coro, deadline_s)
         except asyncio.TimeoutError:
-            raise ProbeError(f"{strip_credentials(what)}: no complete answer within {deadline_s:g} s") from None
+            raise ProbeTimeout(f"{strip_credentials(what)}: no complete answer within {deadline_s:g} s") from None
 
     future = asyncio.run_coroutine_threadsafe(bounded(), _background_loop())
     try:
         return future.result(timeout=deadline_s + 4 * CLOSE_TIMEOUT_S + 5)
     except concurrent.futures.TimeoutError:  # the loop itself is stuck: never wait on it longer
         future.cancel()
-        raise ProbeError(f"{strip_credentials(what)}: no complete answer within {deadline_s:g} s") from None
+        raise ProbeTimeout(f"{strip_credentials(what)}: no complete answer within {deadline_s:g} s") from None
 
 
 # ------------------------------------------------------------------------------------------ HTTP
-async def _fetch(url: str, max_bytes: int, payload: Any = None) -> tuple[int, bytes]:
+async def fetch(url: str, max_bytes: int, payload: Any = None) -> tuple[int, bytes]:
     """GET `url`, or POST `payload` as JSON to it; the body read up to `max_bytes`."""
     import httpx
 
@@ -79,7 +83,7 @@ def get_json(url: str, deadline_s: float, max_bytes: int, payload: Any = None) -
     import httpx
 
     try:
-        status, body = run_bounded(_fetch(url, max_bytes, payload), deadline_s, url)
+        status, body = run_bounded(fetch(url, max_bytes, payload), deadline_s, url)
     except httpx.HTTPError as exc:
         raise ProbeError(f"{strip_credentials(url)}: no answer ({type(exc).__name__})") from None
     try:

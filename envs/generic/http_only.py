@@ -1,4 +1,5 @@
-"""OpenEnv servers that serve only the HTTP routes: recognised, and refused with the reason and the fix.
+"""OpenEnv servers that serve only the HTTP routes: recognised; trained over MCP sessions where they offer them
+(transport `http-mcp`, envs.core.http_mcp), else refused with the reason and the fix.
 
 Facts this builds on (openenv 0.10.0, openenv/core/env_server/http_server.py, and upstream's repository):
   * `create_app` always serves `/ws` and `/schema` (production mode too), so a server without them is written by
@@ -36,10 +37,16 @@ class Survey:
     mcp_tools: bool  # POST /mcp tools/list: a JSON-RPC result with a `tools` list
     mcp_sessions: bool  # POST /mcp openenv/session/create: a JSON-RPC result with a `session_id`
     ws: bool  # /ws accepts a WebSocket session
+    tools: tuple = ()  # tools/list's tools (untrusted: envs.generic.interface.mcp_tools checks them)
 
     @property
     def openenv(self) -> bool:
         return self.health and (self.metadata or self.mcp_tools)
+
+    @property
+    def trainable(self) -> bool:
+        """One episode per MCP session over HTTP: the `http-mcp` transport (a server with /ws uses that)."""
+        return self.openenv and self.mcp_tools and self.mcp_sessions and not self.ws
 
     def routes(self) -> str:
         answered = [("/health", self.health), ("/metadata", self.metadata), ("/mcp", self.mcp_tools)]
@@ -67,7 +74,8 @@ def survey(base_url: str) -> Survey:
     health_ok = isinstance(health, dict) and str(health.get("status", "")).lower() in ("healthy", "ok")
     metadata = _answer(f"{base}/metadata")
     metadata_ok = isinstance(metadata, dict) and isinstance(metadata.get("name"), str)
-    tools_ok = isinstance(_rpc_result(_answer(f"{base}/mcp", MCP_LIST, probe.MAX_SCHEMA_BYTES)).get("tools"), list)
+    tools = _rpc_result(_answer(f"{base}/mcp", MCP_LIST, probe.MAX_SCHEMA_BYTES)).get("tools")
+    tools_ok = isinstance(tools, list)
     sessions_ok = False
     if health_ok and (metadata_ok or tools_ok):  # only an OpenEnv-looking server is asked to open a session
         session_id = _rpc_result(_answer(f"{base}/mcp", MCP_SESSION_CREATE)).get("session_id")
@@ -75,23 +83,24 @@ def survey(base_url: str) -> Survey:
         if sessions_ok:  # it holds a slot of the server's capacity: given back at once
             _answer(f"{base}/mcp", {"jsonrpc": "2.0", "id": 3, "method": "openenv/session/close",
                                     "params": {"session_id": session_id}})
-    return Survey(health_ok, metadata_ok, tools_ok, sessions_ok, probe.opens_session(base))
+    return Survey(health_ok, metadata_ok, tools_ok, sessions_ok, probe.opens_session(base),
+                  tuple(tools) if tools_ok else ())
 
 
-def refusal(base_url: str) -> str | None:
-    """One line saying why the server at `base_url`, which has no action schema at /schema, cannot be trained and
-    what its author can add; None when it does not look like an OpenEnv server at all (the caller says so)."""
+def refusal(base_url: str, found: Survey) -> str | None:
+    """One line saying why the server at `base_url` (`found`: its survey), which has no action schema at /schema and
+    is not `trainable`, cannot be trained and what its author can add; None when it does not look like an OpenEnv
+    server at all (the caller says so)."""
     shown = strip_credentials(base_url.rstrip("/"))
-    found = survey(base_url)
     if not found.openenv:
         return None
     if found.ws:
         return (f"{shown} opens sessions on /ws but has no action schema at /schema ({found.routes()} answered), so "
                 "its action's fields cannot be learned; the env's author can serve /schema (OpenEnv's create_app does)")
-    if found.mcp_sessions:
+    if found.mcp_sessions:  # sessions, but tools/list did not answer
         return (f"{shown} serves OpenEnv's HTTP routes only ({found.routes()}; no /ws, no action schema at /schema) "
-                "with MCP sessions over HTTP, which this stack does not train yet (an MCP tools/call over HTTP "
-                "returns no reward or done in OpenEnv 0.10.0); the env's author can serve the WebSocket route /ws "
+                "and offers MCP sessions over HTTP, but its /mcp lists no tools (tools/list), so there is nothing to "
+                "learn; the env's author can answer MCP tools/list on /mcp or serve the WebSocket route /ws "
                 "(OpenEnv's create_app serves it)")
     return (f"{shown} serves OpenEnv's HTTP routes only ({found.routes()}; no /ws, no action schema at /schema): its "
             "HTTP /reset and /step hold no episode per client (OpenEnv's are stateless, a fresh env per request) and "

@@ -71,6 +71,9 @@ class ToolSpec:
 class EnvInterface:
     kind: Literal["mcp", "action"]
     tools: tuple[ToolSpec, ...]
+    # how sessions reach the server: `/ws` (OpenEnv's create_app), or MCP sessions over HTTP POST /mcp for a server
+    # that serves no /ws (envs.generic.http_only, envs.core.http_mcp)
+    transport: Literal["websocket", "http-mcp"] = "websocket"
 
     def tool(self, name: str) -> ToolSpec:
         return next(t for t in self.tools if t.name == name)
@@ -271,9 +274,12 @@ def discover(base_url: str, timeout_s: float = 10.0) -> EnvInterface:
     try:
         schema = get_schema(base_url)
     except NoActionSchema:
-        from envs.generic.http_only import refusal
+        from envs.generic import http_only
 
-        why = refusal(base_url)  # an OpenEnv server serving only HTTP: why it cannot be trained, and the fix
+        found = http_only.survey(base_url)  # an OpenEnv server serving only HTTP?
+        if found.trainable:
+            return EnvInterface("mcp", tuple(mcp_tools(list(found.tools))), transport="http-mcp")
+        why = http_only.refusal(base_url, found)  # why it cannot be trained, and the fix
         if why is None:
             raise
         raise InterfaceError(why) from None

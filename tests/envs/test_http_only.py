@@ -1,5 +1,6 @@
-"""#45 item 2: OpenEnv servers that serve only the HTTP routes are recognised and refused with the reason and the fix,
-instead of "not an OpenEnv server". In-process stubs on 127.0.0.1 (uvicorn in a thread), no Docker.
+"""#45 item 2: OpenEnv servers that serve only the HTTP routes: trained over MCP sessions on HTTP where they offer them
+(transport `http-mcp`), else refused with the reason and the fix, instead of "not an OpenEnv server". In-process stubs
+on 127.0.0.1 (uvicorn in a thread), no Docker.
 
 What the stubs answer, as upstream produces it (read in openenv 0.10.0 and upstream's repository, May 2026):
   * upstream's calendar env (envs/calendar_env/server: main.py, apis/core_apis.py, apis/database_router.py,
@@ -12,8 +13,10 @@ What the stubs answer, as upstream produces it (read in openenv 0.10.0 and upstr
     error); no /metadata and no /ws (Starlette refuses the handshake of an unknown WebSocket path).
   * openenv 0.10.0's create_app (http_server.py) always serves /ws and /schema; its POST /mcp offers sessions
     (`openenv/session/create` -> result {"session_id": ...}; `openenv/session/close`), and a sessioned tools/call on
-    an MCPEnvironment returns the tool's CallToolResult without reward or done. The sessioned stub is upstream's own
-    app (bench/stock_echo_server.py's echo env under create_fastapi_app) with its /ws and /schema routes removed.
+    an MCPEnvironment returns the tool's CallToolResult without reward or done, while an env that takes
+    CallToolAction in step() (no mcp_client) answers its CallToolObservation (reward, done). The sessioned stubs are
+    upstream's own app (create_fastapi_app) with its /ws and /schema routes removed: bench/stock_echo_server.py's
+    echo env, and `Counter` below (a CallToolAction env with a reward).
 """
 
 from __future__ import annotations
@@ -74,16 +77,60 @@ def calendar_app(calls: list[str]) -> FastAPI:
     return app
 
 
-def stock_echo_without(*paths: str):
-    """(app, its HTTPEnvServer's live sessions) for upstream's echo env on create_fastapi_app, minus `paths`."""
+CAP = 4  # sessions the stock stubs hold
+
+
+def stock_without(env_class, *paths: str):
+    """Upstream's create_fastapi_app serving `env_class` (CAP sessions), minus the routes at `paths`."""
     from openenv.core.env_server.http_server import create_fastapi_app
     from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
 
-    from bench.stock_echo_server import EchoEnvironment
-
-    app = create_fastapi_app(EchoEnvironment, CallToolAction, CallToolObservation, max_concurrent_envs=4)
+    app = create_fastapi_app(env_class, CallToolAction, CallToolObservation, max_concurrent_envs=CAP)
     app.router.routes[:] = [r for r in app.router.routes if getattr(r, "path", None) not in paths]
     return app
+
+
+def stock_echo_without(*paths: str):
+    from bench.stock_echo_server import EchoEnvironment
+
+    return stock_without(EchoEnvironment, *paths)
+
+
+def counter_env():
+    """An upstream-API env taking CallToolAction in step(): `add(n)` adds to this env's total, reward n, done at 10."""
+    from openenv.core.env_server.interfaces import Environment
+    from openenv.core.env_server.mcp_types import (CallToolObservation, ListToolsAction, ListToolsObservation, Tool,
+                                                   ToolError, ToolErrorType)
+    from openenv.core.env_server.types import Observation, State
+
+    class Counter(Environment):
+        SUPPORTS_CONCURRENT_SESSIONS = True
+
+        def __init__(self):
+            super().__init__()
+            self.total = 0
+
+        def reset(self, seed=None, episode_id=None, **kwargs) -> Observation:
+            self.total = 0
+            return Observation()
+
+        def step(self, action, timeout_s=None, **kwargs):
+            if isinstance(action, ListToolsAction):
+                return ListToolsObservation(tools=[Tool(
+                    name="add", description="Add n to the total.\n\nArgs:\n    n: how much to add",
+                    input_schema={"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]})])
+            if action.tool_name != "add":
+                return CallToolObservation(tool_name=action.tool_name, error=ToolError(
+                    error_type=ToolErrorType.TOOL_NOT_FOUND, message=f"no tool {action.tool_name!r}"))
+            self.total += int(action.arguments["n"])
+            return CallToolObservation(tool_name="add", result={"total": self.total},
+                                       reward=float(action.arguments["n"]), done=self.total >= 10)
+
+        @property
+        def state(self) -> State:
+            return State(step_count=self.total)
+
+    return Counter
 
 
 @pytest.fixture
@@ -129,29 +176,104 @@ def test_preflight_line_names_the_env_its_image_and_url(served, monkeypatch):
                                 "routes only")
 
 
-def test_upstream_app_without_ws_offers_mcp_sessions_and_is_refused_and_left_as_found(served):
-    """create_app's /mcp sessions work over HTTP, but a sessioned tools/call carries no reward or done (checked
-    here), so training over them would learn nothing from the env: refused, naming /ws; the session the survey
-    opened is closed again."""
+def free_sessions(url: str) -> int:
+    from envs.core import http_mcp
+
+    accepted, problem = http_mcp.count_sessions(url, CAP + 1)
+    assert problem is None, problem
+    return accepted
+
+
+def test_upstream_echo_without_ws_is_learned_over_mcp_sessions_and_left_as_found(served):
+    """Before: refused as "not an OpenEnv server". create_app's /mcp sessions work over HTTP; the survey's session
+    is closed again. A sessioned tools/call on an MCPEnvironment carries no reward or done (checked here: the
+    preflight warns of it)."""
     url = served(stock_echo_without("/ws", "/schema"))
-    rpc = f"{url}/mcp"
-    session = requests.post(rpc, json={"jsonrpc": "2.0", "id": 1, "method": "openenv/session/create", "params": {}},
-                            timeout=30).json()["result"]["session_id"]
-    reply = requests.post(rpc, json={"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
-        "name": "echo_message", "arguments": {"message": "hi"}, "session_id": session}}, timeout=30).json()
-    assert reply["result"]["data"] == "hi" and not {"reward", "done"} & set(reply["result"])
-    with pytest.raises(InterfaceError, match=r"serves OpenEnv's HTTP routes only \(/health, /metadata, /mcp; no /ws, "
-                                             r"no action schema at /schema\) with MCP sessions over HTTP, which this "
-                                             r"stack does not train yet .* can serve the WebSocket route /ws"):
-        GenericSpec.discover("echo_http", url)
-    closed = requests.post(rpc, json={"jsonrpc": "2.0", "id": 3, "method": "openenv/session/close",
-                                      "params": {"session_id": session}}, timeout=30).json()
-    assert closed["result"]["closed"] is True
-    # only our own session was left: the survey's was closed (a fourth create fits the cap of 4 after three more)
-    for n in range(4):
-        created = requests.post(rpc, json={"jsonrpc": "2.0", "id": 10 + n, "method": "openenv/session/create",
-                                           "params": {}}, timeout=30).json()
-        assert "session_id" in created["result"], created
+    spec = GenericSpec.discover("echo_http", url)
+    assert spec.interface.transport == "http-mcp" and spec.interface.kind == "mcp"
+    assert [t.name for t in spec.interface.tools] == ["echo_message", "echo_with_length"]
+    assert free_sessions(url) == CAP
+    tool = spec.tool_class(url)
+    assert tool.reset(reset_kwargs={"seed": 3}) is None  # a session takes no reset arguments and has no observation
+    assert tool.echo_message(message="hi") == "hi"
+    assert free_sessions(url) == CAP - 1
+    reply = tool._client._rpc("tools/call", {"name": "echo_message", "arguments": {"message": "x"},
+                                             "session_id": tool._client.session_id}, 30)
+    assert reply["data"] == "x" and not {"reward", "done"} & set(reply)
+    assert tool.get_reward() == 0.0
+    tool._client.close()
+    assert free_sessions(url) == CAP
+
+
+def test_an_episode_is_one_mcp_session_with_its_own_state_rewards_errors_and_end(served):
+    from envs.generic.tool import EPISODE_OVER
+
+    url = served(stock_without(counter_env(), "/ws", "/schema"))
+    spec = GenericSpec.discover("counter", url)
+    assert spec.interface.transport == "http-mcp"
+    one, two = spec.tool_class(url), spec.tool_class(url)
+    one.reset(), two.reset()
+    assert one.add(n=3) == '{"total": 3}'
+    assert two.add(n=1) == '{"total": 1}'  # its own env: sessions are isolated
+    with pytest.raises(RuntimeError, match="no tool 'sub'"):
+        one._step(type(spec.interface.tools[0])("sub", "", ()), {})
+    assert one.add(n=7) == '{"total": 10}\n' + EPISODE_OVER
+    with pytest.raises(RuntimeError, match="episode is over"):
+        one.add(n=1)
+    assert (one.get_reward(), two.get_reward()) == (10.0, 1.0)
+    first = one._client.session_id
+    one.reset()  # a new episode: a new session, the old one closed
+    assert one._client.session_id != first and one.add(n=2) == '{"total": 2}'
+    assert free_sessions(url) == CAP - 2
+    one._client.close(), two._client.close()
+    assert free_sessions(url) == CAP
+
+
+def test_bound_as_trains_factory_the_bounds_apply_and_a_reaped_session_is_the_envs_failure(served):
+    """The real rollout path (trainer.rollouts.envs_binding.bind): TOOL_TIMEOUT_S / RESET_TIMEOUT_S reach the HTTP
+    session, and a session the server forgot (reaped, restarted) ends the episode as the env's failure (no reward,
+    left out of training), not the model's."""
+    from envs.core.client import EnvServerError
+    from trainer.rollouts import envs_binding
+    from trainer.run.metrics import RolloutStats
+
+    url = served(stock_without(counter_env(), "/ws", "/schema"))
+    spec = GenericSpec.discover("counter", url)
+    env = envs_binding.bind("counter", spec.tool_class, url, RolloutStats(), 2000, step_timeout_s=7,
+                            reset_timeout_s=9)()
+    assert (env._client.message_timeout_s, env._client.reset_timeout_s) == (7 + envs_binding.REPLY_GRACE_S, 9)
+    env.reset()
+    assert env.add(n=2) == '{"total": 2}' and env.get_reward() == 2.0
+    env.reset()
+    env._client._rpc("openenv/session/close", {"session_id": env._client.session_id}, 30)  # what a reaper does
+    with pytest.raises(EnvServerError, match="Unknown session_id") as caught:
+        env.add(n=1)
+    assert caught.value.code == "SESSION_EXPIRED" and env.get_reward() is None
+    env._client.close()
+
+
+def test_preflight_says_which_transport_each_env_uses(served):
+    from contract.config import RunConfig
+    from trainer.run import preflight
+
+    counter = served(stock_without(counter_env(), "/ws", "/schema"))
+    echo = ThreadServer("echo")
+    try:
+        cfg = RunConfig.load([], env_name="echo,counter", env_urls=f"echo={echo.url},counter={counter}",
+                             per_device_train_batch_size=2, num_generations=2)
+        report = preflight.PreflightReport()
+        assert preflight.check_env_servers(cfg, report, wait_s=0) == []
+    finally:
+        echo.stop()
+    echo_ok, counter_ok = (next(line for line in report.ok if line.startswith(f"env {name}: ") and "capacity" in line)
+                           for name in ("echo", "counter"))
+    assert echo_ok.endswith("; transport websocket (/ws sessions)")
+    # counted by opening MCP sessions up to what this trainer needs (then closed)
+    assert f"capacity {report.sessions['counter']} sessions in all (probed: the server does not report it)" in counter_ok
+    assert "; transport http-mcp (MCP sessions over HTTP POST /mcp: the server has no /ws" in counter_ok
+    assert any(w.startswith("env counter: over MCP sessions on HTTP a tool call reports a reward only") for w in
+               report.warnings)
+    assert free_sessions(counter) == CAP  # the count's sessions were closed
 
 
 def test_a_server_with_ws_but_no_schema_says_so(served):
@@ -167,3 +289,22 @@ def test_a_web_app_that_is_not_openenv_is_still_named(served):
     url = served(app)
     with pytest.raises(InterfaceError, match=r"/schema answered 404 without an action schema: not an OpenEnv server"):
         GenericSpec.discover("web", url)
+
+
+def test_auto_replicas_measures_an_http_only_image_by_its_mcp_sessions(served):
+    """ENV_<NAME>_REPLICAS=auto's measurement (tools/env_replicas.measure) counted /ws sessions only: 0 for a server
+    with none, "opening session 1" and the run stopped. Docker is faked: `docker port` names the in-process stub."""
+    import subprocess
+
+    from tools import env_replicas
+
+    url = served(stock_without(counter_env(), "/ws", "/schema"))
+    port = url.rsplit(":", 1)[1]
+
+    def run(cmd, **_):
+        out = f"127.0.0.1:{port}\n" if cmd[:2] == ["docker", "port"] else "true\n"
+        return subprocess.CompletedProcess(cmd, 0, out, "")
+
+    got = env_replicas.measure("openenv/counter:latest", 3, {}, run, lambda _: None)
+    assert (got.per_container, got.upto, got.source) == (3, 3, "counted")
+    assert free_sessions(url) == CAP
