@@ -12,8 +12,8 @@ Facts this builds on (openenv 0.10.0, openenv/core/env_server/http_server.py, an
     server answers that method with `result: {"error": "Method not found: ..."}`. A sessioned `tools/call` on an
     `MCPEnvironment` goes straight to its MCP client, skipping `step()`: its reply carries no reward and no `done`.
 
-The survey reads `/health`, `/metadata` and `/mcp` (tools/list, then session create and close) with the probes'
-bounds (envs.core.probe), and opens and closes one `/ws` session. It never POSTs `/reset` or `/step`: the calendar's
+The survey reads `/health`, `/metadata` and `/mcp` (tools/list) with the probes' bounds (envs.core.probe); a server
+that looks like OpenEnv is then asked for one MCP session (closed again) and one `/ws` session (closed again). It never POSTs `/reset` or `/step`: the calendar's
 `/reset` wipes a database.
 """
 
@@ -76,15 +76,15 @@ def survey(base_url: str) -> Survey:
     metadata_ok = isinstance(metadata, dict) and isinstance(metadata.get("name"), str)
     tools = _rpc_result(_answer(f"{base}/mcp", MCP_LIST, probe.MAX_SCHEMA_BYTES)).get("tools")
     tools_ok = isinstance(tools, list)
-    sessions_ok = False
+    sessions_ok = ws = False
     if health_ok and (metadata_ok or tools_ok):  # only an OpenEnv-looking server is asked to open a session
+        ws = probe.opens_session(base)
         session_id = _rpc_result(_answer(f"{base}/mcp", MCP_SESSION_CREATE)).get("session_id")
         sessions_ok = isinstance(session_id, str) and bool(session_id)
         if sessions_ok:  # it holds a slot of the server's capacity: given back at once
             _answer(f"{base}/mcp", {"jsonrpc": "2.0", "id": 3, "method": "openenv/session/close",
                                     "params": {"session_id": session_id}})
-    return Survey(health_ok, metadata_ok, tools_ok, sessions_ok, probe.opens_session(base),
-                  tuple(tools) if tools_ok else ())
+    return Survey(health_ok, metadata_ok, tools_ok, sessions_ok, ws, tuple(tools) if tools_ok else ())
 
 
 def refusal(base_url: str, found: Survey) -> str | None:
