@@ -13,8 +13,8 @@ Facts this builds on (openenv 0.10.0, openenv/core/env_server/http_server.py, an
     `MCPEnvironment` goes straight to its MCP client, skipping `step()`: its reply carries no reward and no `done`.
 
 The survey reads `/health`, `/metadata` and `/mcp` (tools/list) with the probes' bounds (envs.core.probe); a server
-that looks like OpenEnv is then asked for one MCP session (closed again) and one `/ws` session (closed again). It never POSTs `/reset` or `/step`: the calendar's
-`/reset` wipes a database.
+that looks like OpenEnv is then asked for one MCP session and one `/ws` session, each closed again. It never POSTs
+`/reset` or `/step`: the calendar's `/reset` wipes a database.
 """
 
 from __future__ import annotations
