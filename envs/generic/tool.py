@@ -254,8 +254,9 @@ def tool_function(spec: ToolSpec):
 def make_tool_class(env_name: str, interface: EnvInterface, reward_mode: RewardMode = "sum",
                     budget: int = 2000) -> type:
     """The tool class for one env: GenericTool plus one method per tool the server declares."""
+    session_class = McpHttpSession if interface.transport == TRANSPORT else SessionClient  # the env's transport
     namespace: dict[str, Any] = {"_interface": interface, "_reward_mode": reward_mode, "_budget": budget,
-                                 "_session_class": McpHttpSession if interface.transport == TRANSPORT else SessionClient,
+                                 "_session_class": session_class,
                                  "__doc__": f"One {env_name} session per rollout; tools learned from the server.",
                                  "__module__": __name__}
     for spec in interface.tools:

@@ -22,7 +22,6 @@ What the stubs answer, as upstream produces it (read in openenv 0.10.0 and upstr
 from __future__ import annotations
 
 import pytest
-import requests
 from fastapi import FastAPI, Request
 
 from envs.generic import GenericSpec, InterfaceError
@@ -269,7 +268,8 @@ def test_preflight_says_which_transport_each_env_uses(served):
                            for name in ("echo", "counter"))
     assert echo_ok.endswith("; transport websocket (/ws sessions)")
     # counted by opening MCP sessions up to what this trainer needs (then closed)
-    assert f"capacity {report.sessions['counter']} sessions in all (probed: the server does not report it)" in counter_ok
+    needed = report.sessions["counter"]
+    assert f"capacity {needed} sessions in all (probed: the server does not report it)" in counter_ok
     assert "; transport http-mcp (MCP sessions over HTTP POST /mcp: the server has no /ws" in counter_ok
     assert any(w.startswith("env counter: over MCP sessions on HTTP a tool call reports a reward only") for w in
                report.warnings)
