@@ -136,6 +136,11 @@ def measure(image: str, needed: int, dotenv: dict[str, str], run: Callable[..., 
         if capacity is not None:
             return Measurement(capacity, capacity, "reported by /health")
         accepted, problem = probe.count_sessions(url, needed)
+        if not accepted:  # no /ws: an OpenEnv server serving only HTTP holds MCP sessions there, if at all
+            from envs.core import http_mcp
+
+            over_http = http_mcp.count_sessions(url, needed)
+            accepted, problem = over_http if over_http[0] else (accepted, problem)
         if problem and not accepted:
             raise ReplicasError(f"measuring {image}: {problem}")
         return Measurement(accepted, needed, "counted")

@@ -35,6 +35,10 @@ class ProbeError(RuntimeError):
     """One line: the URL and what went wrong (no answer in time, too big, not JSON)."""
 
 
+class ProbeTimeout(ProbeError, TimeoutError):
+    """No complete answer within the deadline (a TimeoutError too: a session client's callers read it as one)."""
+
+
 def run_bounded(coro: Awaitable[T], deadline_s: float, what: str) -> T:
     """Run `coro` on the shared loop; past `deadline_s` it is cancelled (its sockets closed) and ProbeError raised."""
     from envs.core.client import _background_loop
@@ -43,23 +47,25 @@ def run_bounded(coro: Awaitable[T], deadline_s: float, what: str) -> T:
         try:
             return await asyncio.wait_for(coro, deadline_s)
         except asyncio.TimeoutError:
-            raise ProbeError(f"{strip_credentials(what)}: no complete answer within {deadline_s:g} s") from None
+            raise ProbeTimeout(f"{strip_credentials(what)}: no complete answer within {deadline_s:g} s") from None
 
     future = asyncio.run_coroutine_threadsafe(bounded(), _background_loop())
     try:
         return future.result(timeout=deadline_s + 4 * CLOSE_TIMEOUT_S + 5)
     except concurrent.futures.TimeoutError:  # the loop itself is stuck: never wait on it longer
         future.cancel()
-        raise ProbeError(f"{strip_credentials(what)}: no complete answer within {deadline_s:g} s") from None
+        raise ProbeTimeout(f"{strip_credentials(what)}: no complete answer within {deadline_s:g} s") from None
 
 
 # ------------------------------------------------------------------------------------------ HTTP
-async def _get(url: str, max_bytes: int) -> tuple[int, bytes]:
+async def fetch(url: str, max_bytes: int, payload: Any = None) -> tuple[int, bytes]:
+    """GET `url`, or POST `payload` as JSON to it; the body read up to `max_bytes`."""
     import httpx
 
     shown = strip_credentials(url)
     async with httpx.AsyncClient(trust_env=False, timeout=None, follow_redirects=False) as client:
-        async with client.stream("GET", url) as resp:
+        request = client.stream("GET", url) if payload is None else client.stream("POST", url, json=payload)
+        async with request as resp:
             declared = resp.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > max_bytes:
                 raise ProbeError(f"{shown}: answer of {int(declared):,} bytes, more than the {max_bytes:,} read")
@@ -71,12 +77,13 @@ async def _get(url: str, max_bytes: int) -> tuple[int, bytes]:
             return resp.status_code, bytes(body)
 
 
-def get_json(url: str, deadline_s: float, max_bytes: int) -> tuple[int, Any]:
-    """(status, parsed JSON body or None when it is not JSON). ProbeError: no answer in time, too big, unreachable."""
+def get_json(url: str, deadline_s: float, max_bytes: int, payload: Any = None) -> tuple[int, Any]:
+    """(status, parsed JSON body or None when it is not JSON) of a GET, or of a POST of `payload` as JSON.
+    ProbeError: no answer in time, too big, unreachable."""
     import httpx
 
     try:
-        status, body = run_bounded(_get(url, max_bytes), deadline_s, url)
+        status, body = run_bounded(fetch(url, max_bytes, payload), deadline_s, url)
     except httpx.HTTPError as exc:
         raise ProbeError(f"{strip_credentials(url)}: no answer ({type(exc).__name__})") from None
     try:
@@ -150,3 +157,22 @@ def count_sessions(url: str, want: int, deadline_s: float | None = None) -> tupl
         return counted[0], (f"counting sessions stopped after {deadline_s:g} s at {counted[0]} accepted (the server "
                             "answers too slowly or not at all)")
     return counted[0], problem
+
+
+def opens_session(url: str, deadline_s: float = HEALTH_DEADLINE_S) -> bool:
+    """Whether the server's `/ws` accepts a WebSocket session (closed again at once); False for a refusal (a server
+    with no such route answers the handshake 403 or 404), no answer in time, or any other failure."""
+    from envs.core.client import open_session, ws_url
+
+    async def handshake() -> bool:
+        try:
+            ws = await open_session(ws_url(url), close_timeout=CLOSE_TIMEOUT_S, ping_interval=None, open_timeout=None)
+        except Exception:  # noqa: BLE001 - any failure to open is "no session here"
+            return False
+        await _close_all([ws])
+        return True
+
+    try:
+        return run_bounded(handshake(), deadline_s, f"{url} /ws")
+    except ProbeError:
+        return False

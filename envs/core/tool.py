@@ -8,7 +8,8 @@ names. The trainer calls the functions below instead; each accepts any object (a
 from `EnvTool`, a test double, `detached`'s snapshot) and answers "nothing there" where the attribute is missing.
 
 What an instance holds:
-  * `_client`: its env-server session (envs.core.client.SessionClient), one per instance;
+  * `_client`: its env-server session, one per instance: a `/ws` session (envs.core.client.SessionClient), or an MCP
+    session over HTTP (envs.core.http_mcp.McpHttpSession) where the class's `_session_class` says so;
   * `_rewards`: the per-step rewards the env sent this episode, where the tool class keeps them (envs.generic);
   * `_trace`: the episode as the binding saw it (trainer.rollouts.Trace), set at each reset;
   * `_infra_failure`: why the env side ended this episode (trainer.rollouts.infra_failures), else None;
@@ -21,29 +22,31 @@ from types import SimpleNamespace
 from typing import Any
 
 from envs.core.client import SessionClient
+from envs.core.http_mcp import McpHttpSession
 
 
 class EnvTool:
     """Base of the stack's tool classes: one env-server session per instance. Adds no public method (TRL would
     publish it as a tool; tests/trainer/test_tool_contract.py checks what TRL sees)."""
 
-    _client: SessionClient | None = None
+    _session_class: type = SessionClient  # the transport: McpHttpSession for an env that serves no /ws
+    _client: SessionClient | McpHttpSession | None = None
     _rewards: list[float] | None = None
     _trace: Any = None
     _infra_failure: str | None = None
 
     def __init__(self, base_url: str) -> None:
-        self._client = SessionClient(base_url)
+        self._client = self._session_class(base_url)
 
     def _abandon_session(self) -> None:
         """A call outran TOOL_TIMEOUT_S: its reply must never reach a later call, so the session closes."""
         close_session(self)
 
 
-def session_of(tool: Any) -> SessionClient | None:
-    """The instance's env-server session, or None (a tool class with no SessionClient of ours)."""
+def session_of(tool: Any) -> SessionClient | McpHttpSession | None:
+    """The instance's env-server session, or None (a tool class with no session client of ours)."""
     client = getattr(tool, "_client", None)
-    return client if isinstance(client, SessionClient) else None
+    return client if isinstance(client, (SessionClient, McpHttpSession)) else None
 
 
 def close_session(tool: Any) -> None:

@@ -43,6 +43,10 @@ class InterfaceError(RuntimeError):
     """The server cannot be used as an OpenEnv env (not one, or unreachable): one line, with the fix."""
 
 
+class NoActionSchema(InterfaceError):
+    """GET /schema answered without an OpenEnv action schema (not an OpenEnv server, or one serving only HTTP)."""
+
+
 class UnsupportedSchema(InterfaceError):
     """A tool argument TRL's schema builder cannot express, or an action without fields."""
 
@@ -67,6 +71,9 @@ class ToolSpec:
 class EnvInterface:
     kind: Literal["mcp", "action"]
     tools: tuple[ToolSpec, ...]
+    # how sessions reach the server: `/ws` (OpenEnv's create_app), or MCP sessions over HTTP POST /mcp for a server
+    # that serves no /ws (envs.generic.http_only, envs.core.http_mcp)
+    transport: Literal["websocket", "http-mcp"] = "websocket"
 
     def tool(self, name: str) -> ToolSpec:
         return next(t for t in self.tools if t.name == name)
@@ -253,7 +260,7 @@ def get_schema(base_url: str) -> dict:
         raise InterfaceError(str(exc)) from None
     if status != 200 or not isinstance(body, dict) or not isinstance(body.get("action"), dict):
         shown = untrusted.strip_credentials(url)
-        raise InterfaceError(f"{shown} answered {status} without an action schema: not an OpenEnv server "
+        raise NoActionSchema(f"{shown} answered {status} without an action schema: not an OpenEnv server "
                              "(OpenEnv's create_app serves /schema and /ws)")
     return body
 
@@ -264,7 +271,18 @@ def is_mcp(action_schema: dict) -> bool:
 
 
 def discover(base_url: str, timeout_s: float = 10.0) -> EnvInterface:
-    schema = get_schema(base_url)
+    try:
+        schema = get_schema(base_url)
+    except NoActionSchema:
+        from envs.generic import http_only
+
+        found = http_only.survey(base_url)  # an OpenEnv server serving only HTTP?
+        if found.trainable:
+            return EnvInterface("mcp", tuple(mcp_tools(list(found.tools))), transport="http-mcp")
+        why = http_only.refusal(base_url, found)  # why it cannot be trained, and the fix
+        if why is None:
+            raise
+        raise InterfaceError(why) from None
     action = schema["action"]
     if is_mcp(action):
         return EnvInterface("mcp", tuple(mcp_tools(list_tools(base_url, timeout_s))))

@@ -3,7 +3,8 @@
 Same contract as the hand-written tool classes (`__init__(base_url)`, `reset(**row)`, tools,
 `get_reward()`), so `trainer.rollouts.envs_binding.bind` spreads it over replicas and counts its calls.
   * reset: starts an episode (the row's `reset_kwargs` go to the server) and returns the reset
-    observation as text, which TRL appends to the prompt;
+    observation as text, which TRL appends to the prompt; over the `http-mcp` transport (a server with no /ws) an
+    episode is a new MCP session, which takes no reset arguments and has no reset observation;
   * each tool: one step on the server; MCP tools return the tool's result, typed actions the new
     observation as readable text (trimmed to a budget); an error the env reports is raised, so TRL
     shows it to the model and the run goes on;
@@ -17,6 +18,8 @@ import json
 import re
 from typing import Any, Iterable, Iterator, Literal
 
+from envs.core.client import SessionClient
+from envs.core.http_mcp import TRANSPORT, McpHttpSession
 from envs.core.tool import EnvTool
 from envs.core.untrusted import safe_text
 from envs.generic.interface import EnvInterface, ToolSpec
@@ -251,7 +254,9 @@ def tool_function(spec: ToolSpec):
 def make_tool_class(env_name: str, interface: EnvInterface, reward_mode: RewardMode = "sum",
                     budget: int = 2000) -> type:
     """The tool class for one env: GenericTool plus one method per tool the server declares."""
+    session_class = McpHttpSession if interface.transport == TRANSPORT else SessionClient  # the env's transport
     namespace: dict[str, Any] = {"_interface": interface, "_reward_mode": reward_mode, "_budget": budget,
+                                 "_session_class": session_class,
                                  "__doc__": f"One {env_name} session per rollout; tools learned from the server.",
                                  "__module__": __name__}
     for spec in interface.tools:

@@ -15,12 +15,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from envs import naming
-from envs.core import probe
+from envs.core import http_mcp, probe
 from envs.core.untrusted import log_text
 from contract.config import ConfigError, RunConfig
 from trainer.rollouts.envs_binding import BindingError, resolve_replicas
 from trainer.run import grpo_args
 
+# What the preflight line says of an env trained over MCP sessions over HTTP (envs.core.http_mcp).
+HTTP_MCP_NOTE = (" (MCP sessions over HTTP POST /mcp: the server has no /ws; one session per episode, created "
+                 "without the row's reset arguments)")
 # Keys an env server may use to report its capacity in /health (ours does; upstream OpenEnv does not).
 CAPACITY_KEYS = ("max_concurrent_envs", "max_sessions", "capacity")
 ACTIVE_KEYS = ("active_sessions", "sessions")
@@ -67,11 +70,19 @@ def probe_server(url: str) -> tuple[bool, str, int | None, int | None]:
     return True, "healthy", cap, active
 
 
-def probe_capacity(url: str, want: int) -> tuple[int, str | None]:
+def probe_capacity(url: str, want: int, transport: str = "websocket") -> tuple[int, str | None]:
     """Sessions one replica accepts, counted up to `want` by opening them (then all closed again), for servers
     whose /health does not report capacity (upstream `create_app` defaults to ONE session per server). Bounded
-    in time as a whole; returns (accepted, None), or (accepted so far, what stopped the count)."""
+    in time as a whole; returns (accepted, None), or (accepted so far, what stopped the count). `transport`:
+    `/ws` sessions, or MCP sessions over HTTP (`http-mcp`)."""
+    if transport == http_mcp.TRANSPORT:
+        return http_mcp.count_sessions(url, want)
     return probe.count_sessions(url, want)
+
+
+def transport_of(spec: Any) -> str:
+    """How the env's sessions reach it: `websocket` (/ws), or `http-mcp` for a learned env that serves no /ws."""
+    return getattr(getattr(spec, "interface", None), "transport", "websocket")
 
 
 def image_hint(name: str) -> str:
@@ -140,6 +151,7 @@ def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 2
             errors.append(f"env {name}{image_hint(name)}: {exc}")
             continue
         report.specs[name] = spec
+        transport = transport_of(spec)
         try:
             rows = len(spec.make_dataset(cfg.dataset_size, cfg.seed)) if len(cfg.env_names) > 1 else None
         except ValueError as exc:  # a bad ENV_PROMPTS_FILE
@@ -166,7 +178,7 @@ def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 2
             source = "reported by the servers" + (f", {sum(actives)} already in use" if any(actives) else "")
             fix = f"raise MAX_CONCURRENT_ENVS to >= {per_replica}, {scale}, or lower the batch (edit .env)"
         else:  # the server does not say (upstream create_app): count what each replica accepts, up to its share
-            probed = [probe_capacity(r, per_replica) for r in replicas]
+            probed = [probe_capacity(r, per_replica, transport) for r in replicas]
             free = [n for n, _ in probed]
             problems = [f"{r}: {p}" for r, (_, p) in zip(replicas, probed) if p]
             source = "probed: the server does not report it" + (f"; {'; '.join(problems)}" if problems else "")
@@ -184,10 +196,17 @@ def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 2
         else:
             report.ok.append(f"env {name}: {what} healthy; capacity {total} sessions in all{spread} ({source}) "
                              f">= {needed} this trainer opens"
-                             + (f" ({num_processes} trainer processes)" if num_processes > 1 else ""))
+                             + (f" ({num_processes} trainer processes)" if num_processes > 1 else "")
+                             + f"; transport {transport}"
+                             + (HTTP_MCP_NOTE if transport == http_mcp.TRANSPORT else " (/ws sessions)"))
             if getattr(spec, "interface", None) is not None:
                 tools = ", ".join(f"{t.name}({', '.join(p.name for p in t.params)})" for t in spec.interface.tools)
                 report.ok.append(f"env {name}: learned from the server ({spec.interface.kind} env): tools {tools}")
+        if transport == http_mcp.TRANSPORT:
+            report.warnings.append(
+                f"env {name}: over MCP sessions on HTTP a tool call reports a reward only where the env's step() "
+                "answers it (OpenEnv 0.10.0 sends an MCPEnvironment's tool calls straight to its tools: no reward, "
+                "every episode scores 0); check the first steps' rewards, or ask the env's author for /ws")
         budget = getattr(spec, "episode_budget_tokens", None)
         if budget and cfg.max_completion_length < budget:
             report.warnings.append(
