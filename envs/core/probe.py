@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import json
 from typing import Any, Awaitable, TypeVar
 
 from envs.core.untrusted import UntrustedReply, loads_reply, one_line, strip_credentials
@@ -176,3 +177,51 @@ def opens_session(url: str, deadline_s: float = HEALTH_DEADLINE_S) -> bool:
         return run_bounded(handshake(), deadline_s, f"{url} /ws")
     except ProbeError:
         return False
+
+
+# ------------------------------------------------------------------------------------ seed check
+SEED_CHECK_DEADLINE_S = 30.0  # both resets together, connecting included (each reply within RESET_TIMEOUT_S too)
+
+
+async def _reset_twice(url: str, data: dict, reply_s: float) -> tuple[Any, Any]:
+    """One session, two resets with the same `data`: the two replies' `data` (an error frame raises ProbeError)."""
+    from envs.core.client import open_session, ws_url
+
+    shown = strip_credentials(ws_url(url))
+    ws = await open_session(ws_url(url), close_timeout=CLOSE_TIMEOUT_S, ping_interval=None, open_timeout=None)
+    try:
+        replies = []
+        for n in (1, 2):
+            await ws.send(json.dumps({"type": "reset", "data": data}))
+            try:
+                reply = loads_reply(await asyncio.wait_for(ws.recv(), reply_s))
+            except asyncio.TimeoutError:
+                raise ProbeError(f"{shown}: reset {n} got no answer within {reply_s:g} s") from None
+            if not isinstance(reply, dict) or not isinstance(reply.get("data"), dict):
+                raise ProbeError(f"{shown}: reset {n} answered something that is not an OpenEnv frame")
+            if reply.get("type") == "error":
+                raise ProbeError(f"{shown}: reset {n} answered an error: {one_line(reply['data'].get('message'), 160)}")
+            replies.append(reply["data"])
+        return replies[0], replies[1]
+    finally:
+        await _close_all([ws])
+
+
+def reset_twice(url: str, data: dict, reply_s: float, deadline_s: float | None = None) -> tuple[Any, Any]:
+    """The replies to two resets with the same kwargs on one fresh session (closed on every path), bounded as a whole
+    by `deadline_s` (default SEED_CHECK_DEADLINE_S) and each reply by `reply_s`. ProbeError: one line saying what hung,
+    failed or was too big."""
+    from websockets.exceptions import ConnectionClosed
+
+    deadline_s = SEED_CHECK_DEADLINE_S if deadline_s is None else deadline_s
+    try:
+        return run_bounded(_reset_twice(url, data, min(reply_s, deadline_s)), deadline_s, f"{url} /ws")
+    except (ProbeError, UntrustedReply) as exc:
+        raise ProbeError(one_line(strip_credentials(str(exc)), 300)) from None
+    except ConnectionClosed as exc:  # refused (no capacity), or closed on a frame over the size limit
+        why = ("a reply over the size limit" if exc.rcvd is None and exc.sent is not None and exc.sent.code == 1009
+               else "the server closed the session")
+        raise ProbeError(f"{strip_credentials(url)}: {why}") from None
+    except Exception as exc:  # noqa: BLE001 - cannot connect, a refused handshake: one line, never a traceback
+        raise ProbeError(f"{strip_credentials(url)}: {type(exc).__name__}: "
+                         f"{one_line(strip_credentials(str(exc)), 200)}") from None

@@ -85,3 +85,31 @@ def detached(tool: Any) -> SimpleNamespace:
     reset replaces them (ROLLOUTS=async traces a group once it is scored). The trace object stays this episode's."""
     return SimpleNamespace(_trace=trace_of(tool), _rewards=step_rewards(tool), _infra_failure=infra_failure_of(tool),
                            env_name=getattr(tool, "env_name", "?"))
+
+
+class _ResetSent(Exception):
+    """Stops `reset_data`'s reset once its session was asked to reset."""
+
+
+class _ResetRecorder:
+    data: dict | None = None
+
+    def reset(self, **data: Any) -> dict:
+        self.data = data
+        raise _ResetSent
+
+
+def reset_data(tool_class: type, row: dict) -> dict | None:
+    """What `tool_class`'s reset sends its env server for dataset `row` (a built-in env maps its row's own keys, a
+    learned one sends the row's `reset_kwargs`), found by running that reset against a recorder: no session is opened.
+    None where the reset never asks its session (a tool class with no SessionClient of ours)."""
+    tool = tool_class.__new__(tool_class)  # no __init__: no session
+    recorder = _ResetRecorder()
+    tool._client = recorder
+    try:
+        tool.reset(**{k: v for k, v in row.items() if k != "prompt"})
+    except _ResetSent:
+        return recorder.data
+    except Exception:  # noqa: BLE001 - a reset that needs more than its session: nothing to learn here
+        return None
+    return None

@@ -8,6 +8,7 @@ PreflightError. Warnings (e.g. a completion budget shorter than an episode) are 
 
 from __future__ import annotations
 
+import json
 import math
 import sys
 import time
@@ -16,7 +17,7 @@ from typing import Any
 
 from envs import naming
 from envs.core import http_mcp, probe
-from envs.core.untrusted import log_text
+from envs.core.untrusted import log_text, one_line
 from contract.config import ConfigError, RunConfig
 from trainer.rollouts.envs_binding import BindingError, resolve_replicas
 from trainer.run import grpo_args
@@ -194,11 +195,14 @@ def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 2
             errors.append(f"env {name}{image_hint(name)}: capacity {total} sessions over {what}{spread} ({source}) "
                           f"{opens}: {fix}")
         else:
+            seeded, warning = (check_seed(cfg, name, replicas[0], spec) if transport != http_mcp.TRANSPORT else
+                               ("; seed not checked (an MCP session over HTTP takes no reset arguments)", None))
             report.ok.append(f"env {name}: {what} healthy; capacity {total} sessions in all{spread} ({source}) "
                              f">= {needed} this trainer opens"
                              + (f" ({num_processes} trainer processes)" if num_processes > 1 else "")
                              + f"; transport {transport}"
-                             + (HTTP_MCP_NOTE if transport == http_mcp.TRANSPORT else " (/ws sessions)"))
+                             + (HTTP_MCP_NOTE if transport == http_mcp.TRANSPORT else " (/ws sessions)") + seeded)
+            report.warnings += [warning] if warning else []
             if getattr(spec, "interface", None) is not None:
                 tools = ", ".join(f"{t.name}({', '.join(p.name for p in t.params)})" for t in spec.interface.tools)
                 report.ok.append(f"env {name}: learned from the server ({spec.interface.kind} env): tools {tools}")
@@ -215,6 +219,58 @@ def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 2
                 f"MAX_COMPLETION_LENGTH to >= {budget}"
             )
     return errors
+
+
+# ---------------------------------------------------------------------------- seed
+# Keys left out when comparing two reset observations, at any depth: OpenEnv's State names each episode with a fresh
+# uuid4 (our servers and upstream's do), and an env that shows it (or its session's id) in an observation would
+# differ on every reset, seeded or not.
+EPISODE_ID_KEYS = frozenset({"episode_id", "session_id"})
+
+
+def _without_ids(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_ids(v) for k, v in value.items() if k not in EPISODE_ID_KEYS}
+    if isinstance(value, list):
+        return [_without_ids(v) for v in value]
+    return value
+
+
+def _canonical(value: Any) -> str:
+    return json.dumps(_without_ids(value), sort_keys=True, separators=(",", ":"), default=str)
+
+
+def check_seed(cfg: RunConfig, name: str, url: str, spec: Any) -> tuple[str, str | None]:
+    """Does the env honour `seed`? One session, two resets with what a row of this env sends (its first row), their
+    observations compared (EPISODE_ID_KEYS aside). Returns (a note for the env's ok line, a warning or None). Never
+    fails the run: a reset that errs or outlasts RESET_TIMEOUT_S (or probe.SEED_CHECK_DEADLINE_S in all) is noted."""
+    from envs.core.tool import reset_data
+
+    try:
+        rows = spec.make_dataset(1, cfg.seed)
+        data = reset_data(spec.tool_class, rows[0]) if rows else None
+    except Exception:  # noqa: BLE001 - a bad ENV_PROMPTS_FILE is reported by the checks above
+        data = None
+    if data is None:
+        return "", None
+    if "seed" in data and data["seed"] is None:
+        return "; unseeded (its rows send seed null)", None
+    try:
+        first, second = probe.reset_twice(url, data, cfg.reset_timeout_s)
+    except probe.ProbeError as exc:
+        return f"; seed not checked ({exc})", None
+    a, b = first.get("observation"), second.get("observation")
+    if _canonical(a) == _canonical(b):
+        return "; resets seeded", None
+    fields = sorted(k for k in set(a) | set(b) if _canonical(a.get(k)) != _canonical(b.get(k))) \
+        if isinstance(a, dict) and isinstance(b, dict) else []
+    differ = f" (fields {', '.join(one_line(f, 40) for f in fields[:4])}{', ...' if len(fields) > 4 else ''})" \
+        if fields else ""
+    sent = one_line(json.dumps(data, sort_keys=True, default=str), 80)
+    return "", (f"env {name}: two resets with the same kwargs {sent} gave different observations{differ}: it ignores "
+                "`seed`, so the members of a GRPO group play different episodes and the group baseline compares "
+                "different tasks; nothing breaks, learning is noisier. Env author: make reset(seed=...) choose the "
+                "episode (seed its RNG from it)")
 
 
 # ---------------------------------------------------------------------------- chat template
