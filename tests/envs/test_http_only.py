@@ -266,7 +266,8 @@ def test_preflight_says_which_transport_each_env_uses(served):
         echo.stop()
     echo_ok, counter_ok = (next(line for line in report.ok if line.startswith(f"env {name}: ") and "capacity" in line)
                            for name in ("echo", "counter"))
-    assert echo_ok.endswith("; transport websocket (/ws sessions)")
+    assert "; transport websocket (/ws sessions)" in echo_ok
+    assert counter_ok.endswith("; seed not checked (an MCP session over HTTP takes no reset arguments)"), counter_ok
     # counted by opening MCP sessions up to what this trainer needs (then closed)
     needed = report.sessions["counter"]
     assert f"capacity {needed} sessions in all (probed: the server does not report it)" in counter_ok

@@ -102,7 +102,7 @@ def test_an_env_that_honours_seed_adds_no_warning_and_says_so_on_its_line():
         errors, report, _ = preflight_of("coin", server.url)
     assert errors == [] and report.warnings == []
     assert report.ok[0].startswith("env coin: 1 replica(s) healthy; capacity") and \
-        report.ok[0].endswith("this trainer opens; resets seeded"), report.ok[0]
+        report.ok[0].endswith("this trainer opens; transport websocket (/ws sessions); resets seeded"), report.ok[0]
 
 
 @pytest.mark.parametrize("name", ["echo", "catch"])  # wordle's server needs NLTK data: its image has it (see below)
