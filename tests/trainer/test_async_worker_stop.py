@@ -1,5 +1,6 @@
-"""The end of an async run: TRL's rollout worker process exits by itself when the trainer stops it
-(trainer.run.async_run.drain_on_stop), instead of TRL's 15 s join and SIGTERM.
+"""The end of an async run: TRL's rollout worker process exits by itself, at once, when the trainer stops it, instead
+of TRL's 15 s join and SIGTERM: its rollouts in flight are cancelled (trainer.run.async_trainer.StackRolloutLoop
+._run_loops) and its unread queues drained (trainer.run.async_run.drain_on_stop).
 
 A spawned process that has put more into a multiprocessing queue than its pipe holds cannot exit until someone reads
 the pipe (multiprocessing joins the queue's feeder thread at exit). TRL's worker puts samples ahead of the trainer,
@@ -10,6 +11,7 @@ within 15s; terminating"). This module stays cheap to import: the spawned child 
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing as mp
 
 
@@ -40,3 +42,33 @@ def test_a_worker_with_unread_samples_exits_by_itself_when_stopped():
     worker.stop()
     assert process.exitcode == 0, f"the worker process was ended with exit code {process.exitcode}, not by itself"
     assert worker._process is None
+
+
+def test_a_stop_cancels_the_rollouts_in_flight_instead_of_finishing_them(monkeypatch):
+    """TRL's generate loop returns only once no rollout is in flight; here one never ends (as a rollout the CPU twin
+    is still generating): the stop must end it, through TRL's own cancellation path, and not wait for it."""
+    from trl.experimental.async_grpo.async_rollout_worker import _AsyncRolloutLoop
+
+    from trainer.run.async_trainer import StackRolloutLoop
+
+    entered, ended = asyncio.Event(), []
+
+    async def trls_loops_with_a_rollout_that_never_ends(self, stop_event):
+        entered.set()
+        try:
+            await asyncio.Event().wait()  # in flight, whatever the stop event says
+        finally:
+            ended.append("cancelled")
+
+    monkeypatch.setattr(_AsyncRolloutLoop, "_run_loops", trls_loops_with_a_rollout_that_never_ends)
+    loop = object.__new__(StackRolloutLoop)  # its __init__ wants a model, a dataset and a vLLM URL
+
+    async def stop_once_running() -> None:
+        stop = asyncio.Event()
+        running = asyncio.ensure_future(StackRolloutLoop._run_loops(loop, stop))
+        await entered.wait()
+        stop.set()
+        await asyncio.wait_for(running, timeout=60)  # a guard only: the cancel is immediate
+
+    asyncio.run(stop_once_running())
+    assert ended == ["cancelled"]

@@ -198,6 +198,10 @@ PINS: tuple[Pin, ...] = (
         "prompt, `_generate_one(prompt, tool_dict=, tools=, group_id=)` with the env's bound methods as tools, "
         "`get_reward` before the env goes back to the pool, a group queued for `_score_group` once num_generations "
         "rollouts are in", "self, stop_event", "f2e8c6c7493e1a1d7512b7db87344e1f8d1ad310402b315eb3919fc3c551d482"),
+    Pin(ASYNC_LOOP, "_run_loops", "coroutine", "trainer/run/async_trainer.py",
+        "overridden (StackRolloutLoop): gathers the generate and score loops in an aiohttp session; cancelled on a stop, "
+        "the generate loop's `finally` cancels the rollouts in flight", "self, stop_event",
+        "896509bdc1abec4c01fbf25e5246938ec849378f2b31ccbc6e4b6f031470e019"),
     Pin(ASYNC_LOOP, "_repeat_iterator", "method", "envs/generic/task.py, trainer/rollouts/traces.py",
         "each dataset row yielded num_generations times in a row under one group id: a group shares its row's reset "
         "kwargs, so its `seed` (#43 item 1)", "self",
