@@ -362,7 +362,9 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.run import preflight
 
     report = preflight.PreflightReport()
-    errors = preflight.check_env_servers(cfg, report)  # the trainer's checks: healthy, tools learned, capacity
+    # the trainer's checks: healthy, tools learned, capacity (not the seed check: no GRPO group here, and every
+    # episode the server sees is one of the evaluation's)
+    errors = preflight.check_env_servers(cfg, report, check_seeds=False)
     try:
         tasks = held_out(cfg, report.specs, args.tasks, args.prompts_file) if not errors else {}
     except (EvalError, ValueError) as exc:

@@ -108,7 +108,9 @@ def resolve_envs(cfg: RunConfig) -> PreflightReport:
 
 
 def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 20.0,
-                      num_processes: int = 1) -> list[str]:
+                      num_processes: int = 1, check_seeds: bool = True) -> list[str]:
+    """Each env: healthy, its interface learned, capacity for the sessions this trainer opens, and (`check_seeds`,
+    for training: GRPO groups share a start state) whether its resets honour `seed`."""
     errors = []
     from envs import registry
 
@@ -195,7 +197,8 @@ def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 2
             errors.append(f"env {name}{image_hint(name)}: capacity {total} sessions over {what}{spread} ({source}) "
                           f"{opens}: {fix}")
         else:
-            seeded, warning = (check_seed(cfg, name, replicas[0], spec) if transport != http_mcp.TRANSPORT else
+            seeded, warning = (("", None) if not check_seeds else
+                               check_seed(cfg, name, replicas[0], spec) if transport != http_mcp.TRANSPORT else
                                ("; seed not checked (an MCP session over HTTP takes no reset arguments)", None))
             report.ok.append(f"env {name}: {what} healthy; capacity {total} sessions in all{spread} ({source}) "
                              f">= {needed} this trainer opens"
