@@ -142,12 +142,19 @@ NO_ENGINE := DOCKER_HOST=unix:///nonexistent/host-tests-start-no-container.sock
 # ($(2): variables for that pytest alone)
 PYTEST_SOME = { $(2) $(VENV)/bin/python -m pytest $(1) $(PYTEST_ARGS) || [ $$? = 5 ]; }
 
-test: $(VENV)/.test-ok ## Run every test: the host-only part (no engine reachable), then the real containers (needs Docker)
-	@# both parts always run (a red host part still shows the container part's results); either red fails the target
-	@rc=0; $(call PYTEST_SOME,-m "not docker",$(NO_ENGINE)) || rc=1; $(call PYTEST_SOME,-m docker) || rc=1; exit $$rc
+test: $(VENV)/.test-ok ## Run every test: the host-only part (no engine reachable) beside the real containers (needs Docker)
+	@# Both parts at once: the container part waits on containers much of the time, and the host part fits in what it
+	@# leaves of the CPU; the host part's output follows the container part's. Either red fails the target.
+	@host_log=$$(mktemp -t host-tests.XXXXXX); \
+	{ $(call PYTEST_SOME,-m "not docker",$(NO_ENGINE)) >$$host_log 2>&1; echo $$? >$$host_log.rc; } & host=$$!; \
+	trap 'kill $$host 2>/dev/null' INT TERM; \
+	rc=0; $(call PYTEST_SOME,-m docker) || rc=1; wait $$host; \
+	echo "[test] the host-only part (-m 'not docker'), run beside the container part:"; cat $$host_log; \
+	[ "$$(cat $$host_log.rc)" = 0 ] || rc=1; rm -f $$host_log $$host_log.rc; exit $$rc
 
 test-host: $(VENV)/.test-ok ## The host-only tests alone: unit, compose config, in-process servers; no container (minutes)
-	@$(NO_ENGINE) $(VENV)/bin/python -m pytest -m "not docker" $(PYTEST_ARGS)
+	@# two workers (pytest-xdist): many of these tests wait on timers and subprocesses, so two overlap well on 2 cores
+	@$(NO_ENGINE) $(VENV)/bin/python -m pytest -m "not docker" -n $${HOST_TEST_WORKERS:-2} $(PYTEST_ARGS)
 
 clean: $(VENV)/.host-ok ## Remove containers, volumes (outputs, models, caches) and the images built here
 	@$(STACK) clean

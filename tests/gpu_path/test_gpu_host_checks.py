@@ -5,6 +5,7 @@ Also the trainer image's `pip check` gate on recorded outputs."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -200,8 +201,11 @@ def test_smoke_table_names_the_first_missing_stage_and_what_it_means():
     assert not ok and lines[-1].startswith("  FAIL tool calls per episode")  # 0 calls: reward would stay flat
 
 
-def test_gpu_smoke_on_a_host_without_gpus_says_so_and_what_runs_instead(tmp_path):
-    env = {"PATH": "/usr/bin:/bin", "STACK_FAKE_NO_GPU": "1", "STACK_ENV_FILE": str(tmp_path / "x.env")}
+def test_gpu_smoke_on_a_host_without_gpus_says_so_and_what_runs_instead(docker, tmp_path):
+    # `python -m tools` asks the engine first (the `docker` fixture); DOCKER_HOST passes through so the host-only part,
+    # run with no engine reachable, would catch this test there
+    env = {"PATH": "/usr/bin:/bin", "STACK_FAKE_NO_GPU": "1", "STACK_ENV_FILE": str(tmp_path / "x.env"),
+           **{k: v for k, v in os.environ.items() if k == "DOCKER_HOST"}}
     (tmp_path / "x.env").write_text((ROOT / ".env.example").read_text())
     r = subprocess.run([sys.executable, "-m", "tools", "smoke", "--gpu"], cwd=ROOT, env=env, capture_output=True,
                        text=True)

@@ -44,13 +44,15 @@ def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def served_config(tmp_path_factory) -> dict:
-    """The GPU compose config for .env.example with VLLM_MAX_MODEL_LEN=1024: the longest echo episode is ~410 tokens,
-    and ROLLOUTS=async packs each step up to the server's max_model_len in tokens (TRL's token_budget), ~500 samples
-    a step at the default 4096 on a 2-core machine, ~4x fewer at 1024. The twin runs this config's exact command."""
+    """The GPU compose config for .env.example with VLLM_MAX_MODEL_LEN=512: the longest echo episode is ~410 tokens
+    (preflight prints it), and ROLLOUTS=async packs each step up to the server's max_model_len in tokens (TRL's
+    token_budget): ~500 samples a step at the default 4096 on a 2-core machine, ~8x fewer at 512. No test here is a
+    learning check, so the smallest length every episode fits is the right one. The twin runs this config's exact
+    command."""
     env_file = tmp_path_factory.mktemp("served-config") / "stack.env"
-    env_file.write_text((ROOT / ".env.example").read_text() + "\nVLLM_MAX_MODEL_LEN=1024\n")
+    env_file.write_text((ROOT / ".env.example").read_text() + "\nVLLM_MAX_MODEL_LEN=512\n")
     config = compose_config("gpu", "echo", env_file=str(env_file))
-    assert "--max-model-len=1024" in config["services"]["vllm"]["command"]
+    assert "--max-model-len=512" in config["services"]["vllm"]["command"]
     return config
 
 
