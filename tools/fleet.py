@@ -232,7 +232,8 @@ def check_no_new_privileges(name: str, image: str, timeout_s: float = NNP_CHECK_
     try:
         r = run(nnp_check_command(job, image), timeout=60)
         if r.returncode != 0:
-            return f"could not start the no-new-privileges check ({r.stderr.strip()[-300:]})"
+            return (f"could not start the no-new-privileges check ({r.stderr.strip()[-300:]}): a swarm job needs Docker "
+                    f"20.10 or newer on the managers; or set {NNP_SETTING}=1 in .env to deploy without no-new-privileges")
         deadline = time.monotonic() + timeout_s
         while True:
             verdicts = nnp_verdicts(tasks_of(job, "--no-trunc"))  # whole error texts

@@ -25,19 +25,21 @@ NODES = {"n1": "gpu-host ready active gpu", "n2": "cpu-a ready active ", "n3": "
 class FakeDocker:
     """Answers the docker commands tools.fleet runs; `tasks` is what `docker service ps` of the check job shows."""
 
-    def __init__(self, tasks: list[dict]):
-        self.tasks, self.calls = tasks, []
+    def __init__(self, tasks: list[dict], create_error: str = ""):
+        self.tasks, self.calls, self.create_error = tasks, [], create_error
 
     def __call__(self, cmd: list[str], timeout: float = 20) -> subprocess.CompletedProcess:
         self.calls.append(cmd)
-        out, rc = "", 0
+        out = ""
         if cmd[1:3] == ["node", "ls"]:
             out = "\n".join(NODES)
         elif cmd[1:3] == ["node", "inspect"]:
             out = "\n".join(NODES[i] for i in cmd[cmd.index("--format") + 2:])
         elif cmd[1:3] == ["service", "ps"]:
             out = "\n".join(json.dumps(t) for t in self.tasks)
-        return subprocess.CompletedProcess(cmd, rc, out, "")
+        elif cmd[1:3] == ["service", "create"] and self.create_error:
+            return subprocess.CompletedProcess(cmd, 1, "", self.create_error)
+        return subprocess.CompletedProcess(cmd, 0, out, "")
 
 
 def task(node: str, state: str, error: str = "") -> dict:
@@ -85,6 +87,15 @@ def test_a_check_past_its_timeout_is_removed_by_name_and_says_which_nodes_did_no
     problem = fleet.check_no_new_privileges("grpo-fleet", "img", timeout_s=0)
     assert "cpu-a (rejected: No such image: img), cpu-b (no answer in 0 s) could not run the check with img: load it " \
            "there (`docker save img | ssh <node> docker load`)" in problem
+    assert fake.calls[-1] == ["docker", "service", "rm", "grpo-fleet-nnp-check"]
+
+
+def test_an_engine_that_cannot_run_the_job_is_named_with_what_to_do(monkeypatch):
+    fake = FakeDocker([], create_error='invalid mode "global-job"')
+    monkeypatch.setattr(fleet, "run", fake)
+    problem = fleet.check_no_new_privileges("grpo-fleet", "img")
+    assert problem.startswith('could not start the no-new-privileges check (invalid mode "global-job"): a swarm job '
+                              "needs Docker 20.10 or newer") and "FLEET_ALLOW_NEW_PRIVILEGES=1" in problem
     assert fake.calls[-1] == ["docker", "service", "rm", "grpo-fleet-nnp-check"]
 
 
