@@ -155,8 +155,10 @@ class SwarmEnvs:
 
         self.stack, self.replicas = project, replicas
         self.env_file = work / "chaos-fleet.env"
+        # FLEET_ALLOW_NEW_PRIVILEGES: only our own echo image runs, on whatever daemon this machine has
         self.env_file.write_text(f"ENV_NAME=echo\nENV_FLEET=swarm\nFLEET_STACK={project}\nENV_ECHO_REPLICAS={replicas}\n"
-                                 f"MAX_CONCURRENT_ENVS=64\nENV_SESSION_TIMEOUT_S={SESSION_TIMEOUT_S}\nENV_MEM_LIMIT=1g\n")
+                                 f"MAX_CONCURRENT_ENVS=64\nENV_SESSION_TIMEOUT_S={SESSION_TIMEOUT_S}\nENV_MEM_LIMIT=1g\n"
+                                 "FLEET_ALLOW_NEW_PRIVILEGES=1\n")
         self.exits = contextlib.ExitStack()
         self.proxy_name = f"{project}-proxy"
 

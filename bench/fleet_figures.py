@@ -34,8 +34,9 @@ IMAGE = local_env_image()
 
 
 def deploy(env_file: Path, tasks: int, capacity: int) -> None:
+    # FLEET_ALLOW_NEW_PRIVILEGES: only our own echo image runs, on whatever daemon this machine has
     env_file.write_text(f"ENV_NAME=echo\nENV_FLEET=swarm\nFLEET_STACK={STACK}\nENV_ECHO_REPLICAS={tasks}\n"
-                        f"MAX_CONCURRENT_ENVS={capacity}\nENV_MEM_LIMIT=1g\n")
+                        f"MAX_CONCURRENT_ENVS={capacity}\nENV_MEM_LIMIT=1g\nFLEET_ALLOW_NEW_PRIVILEGES=1\n")
     res = subprocess.run([sys.executable, "-m", "tools", "fleet", "up"], cwd=ROOT, capture_output=True, text=True,
                          env=dict(os.environ, STACK_ENV_FILE=str(env_file)))
     if res.returncode != 0:

@@ -9,7 +9,8 @@ resolves it (same image, environment, health check, limits), reshaped for Swarm:
   * restarted on any exit; rolling updates start a new task before stopping an old one, one at a time, so the
     capacity the trainer needs never drops; a failed update rolls back;
   * memory and pids limits, read-only root with a tmpfs /tmp, no capabilities, env-template's non-root user;
-  * no-new-privileges, which Swarm drops from `security_opt`, through `setpriv --no-new-privs` (no_new_privs_start);
+  * no-new-privileges, which Swarm drops from `security_opt`: required from every env node's Docker daemon
+    ("no-new-privileges": true in daemon.json), checked by a one-shot job of our own image (check_no_new_privileges);
   * one encrypted, attachable overlay network named FLEET_STACK, which the trainer (under Compose) joins.
 vLLM never joins it: its unauthenticated dev routes stay on the GPU host's private network.
 """
@@ -153,27 +154,7 @@ def swarm_service(svc: dict) -> dict:
     for key in ("user", "command", "entrypoint"):  # as Compose runs it (user: env-template's non-root uid)
         if svc.get(key):
             out[key] = svc[key]
-    out.update(no_new_privs_start(svc))
     return out
-
-
-def no_new_privs_start(svc: dict) -> dict:
-    """Swarm ignores `security_opt` (`docker stack deploy`: "Ignoring unsupported options"), so a task would run
-    without no-new-privileges: its process starts through `setpriv --no-new-privs` instead, the image's own entrypoint
-    and command after it. Needs the image here (its entrypoint) and setpriv in it (util-linux: every Debian-based
-    image, ours included); without either the task keeps cap_drop ALL and a non-root user, and `fleet up` says so."""
-    image = svc["image"]
-    r = run(["docker", "image", "inspect", "--format", "{{json .Config}}", "--", image])
-    if r.returncode != 0:
-        return {}
-    config = json.loads(r.stdout or "{}")
-    has = run(["docker", "run", "--rm", "--network", "none", "--cap-drop", "ALL", "--user", naming.SERVER_USER,
-               "--entrypoint", "setpriv", "--", image, "--no-new-privs", "--", "true"], timeout=120)
-    if has.returncode != 0:
-        return {}
-    entrypoint = svc.get("entrypoint") or config.get("Entrypoint") or []
-    command = svc.get("command") or (config.get("Cmd") or [] if not svc.get("entrypoint") else [])
-    return {"entrypoint": ["setpriv", "--no-new-privs", "--", *entrypoint], "command": list(command)}
 
 
 def stack_file(dotenv: dict[str, str]) -> dict:
@@ -197,6 +178,100 @@ def write_stack_file(dotenv: dict[str, str]) -> tuple[Path, dict]:
     return path, spec
 
 
+# ------------------------------------------------------------------ no-new-privileges
+# Swarm ignores `security_opt`, and nothing an env image runs can vouch for its own flag (a `setpriv` or `grep` in it
+# can be a script that lies), so the flag must come from each node's daemon and be read by a program we trust: our
+# env-server image, as a one-shot job on every node that takes env tasks. `docker info` cannot tell: Docker 20.10 does
+# not list the daemon's no-new-privileges in SecurityOptions (24.0 does), and it only describes the local daemon.
+NNP_SETTING = "FLEET_ALLOW_NEW_PRIVILEGES"  # =1: deploy even where a daemon does not set it (SECURITY.md says the risk)
+NNP_CHECK_S = 120  # for every node's check task to finish (the image must already be on the node: no pull)
+NNP_OFF_EXIT = 3
+NNP_SCRIPT = ("import sys; s = open('/proc/self/status').read(); "
+              f"sys.exit(0 if 'NoNewPrivs:\\t1' in s else {NNP_OFF_EXIT})")
+TERMINAL = ("Complete", "Failed", "Rejected", "Shutdown", "Orphaned", "Remove")
+
+
+def nnp_check_command(name: str, image: str) -> list[str]:
+    """The check job: on every ready, active node not labelled grpo.role=gpu (where fleet tasks may land), once, with
+    the env servers' hardening and small limits; no security_opt (Swarm would drop it; the daemon's is what it reads)."""
+    return ["docker", "service", "create", "--detach", "--name", name, "--mode", "global-job", "--no-resolve-image",
+            "--restart-condition", "none", "--constraint", f"node.labels.{GPU_HOST_LABEL} != gpu",
+            "--read-only", "--cap-drop", "ALL", "--user", naming.SERVER_USER, "--limit-memory", "64m",
+            "--limit-pids", "16", "--entrypoint", "python3", "--", image, "-c", NNP_SCRIPT]
+
+
+def env_nodes() -> list[str]:
+    """Hostnames of the nodes Swarm may put env tasks on now: ready, active, not labelled grpo.role=gpu."""
+    ids = run(["docker", "node", "ls", "-q"]).stdout.split()
+    if not ids:
+        return []
+    r = run(["docker", "node", "inspect", "--format", "{{.Description.Hostname}} {{.Status.State}} "
+             f'{{{{.Spec.Availability}}}} {{{{index .Spec.Labels "{GPU_HOST_LABEL}"}}}}', *ids])
+    rows = [line.split() + [""] for line in r.stdout.splitlines() if line.strip()]
+    return sorted(row[0] for row in rows if row[1:3] == ["ready", "active"] and row[3] != "gpu")
+
+
+def nnp_verdicts(rows: list[dict]) -> dict[str, str]:
+    """Node -> `on`, `off` or why it could not be checked, from the check job's finished tasks (`docker service ps`)."""
+    out = {}
+    for t in rows:
+        state = t.get("CurrentState", "").split(" ", 1)[0]
+        if state not in TERMINAL:
+            continue
+        error = t.get("Error", "").strip('"')
+        out[t["Node"]] = ("on" if state == "Complete" else "off" if error.endswith(f"exit ({NNP_OFF_EXIT})")
+                          else f"{state.lower()}: {error or 'no error given'}")
+    return out
+
+
+def check_no_new_privileges(name: str, image: str, timeout_s: float = NNP_CHECK_S) -> str | None:
+    """None when every env node's daemon sets no-new-privileges; else one line: which nodes, and what to set."""
+    job = f"{name}-nnp-check"
+    run(["docker", "service", "rm", job])  # one a crash left behind
+    nodes = env_nodes()
+    try:
+        r = run(nnp_check_command(job, image), timeout=60)
+        if r.returncode != 0:
+            return (f"could not start the no-new-privileges check ({r.stderr.strip()[-300:]}): a swarm job needs Docker "
+                    f"20.10 or newer on the managers; or set {NNP_SETTING}=1 in .env to deploy without no-new-privileges")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            verdicts = nnp_verdicts(tasks_of(job, "--no-trunc"))  # whole error texts
+            if set(nodes) <= set(verdicts) or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+    finally:
+        run(["docker", "service", "rm", job], timeout=60)  # done or timed out: removed by name
+    off = [n for n in nodes if verdicts.get(n) == "off"]
+    unknown = [f"{n} ({verdicts.get(n) or f'no answer in {timeout_s:.0f} s'})" for n in nodes
+               if verdicts.get(n) not in ("on", "off")]
+    if not off and not unknown:
+        return None
+    what = "; ".join(filter(None, [
+        off and (f"the Docker daemon of {', '.join(off)} does not set it: add \"no-new-privileges\": true to "
+                 "/etc/docker/daemon.json there and restart Docker (`sudo systemctl restart docker`)"),
+        unknown and (f"{', '.join(unknown)} could not run the check with {image}: load it there (`docker save "
+                     f"{image} | ssh <node> docker load`)")]))
+    return (f"fleet tasks get no-new-privileges only from each node's Docker daemon (Swarm drops security_opt): "
+            f"{what}; or set {NNP_SETTING}=1 in .env to deploy without it (setuid binaries in an env image can then "
+            "regain privileges; SECURITY.md)")
+
+
+def allows_new_privileges(dotenv: dict[str, str]) -> bool:
+    return settings.StackEnv.from_values(dotenv).FLEET_ALLOW_NEW_PRIVILEGES  # a bad value: one line naming it
+
+
+def require_no_new_privileges(dotenv: dict[str, str]) -> None:
+    """`fleet up` refuses unless every env node's daemon sets no-new-privileges, or .env opts out."""
+    if allows_new_privileges(dotenv):
+        say(f"note: {NNP_SETTING}=1: fleet tasks run without no-new-privileges wherever a node's Docker daemon does "
+            "not set it (SECURITY.md)")
+        return
+    problem = check_no_new_privileges(stack_name(dotenv), local_env_image())
+    if problem:
+        raise StackError(problem)
+
+
 # ------------------------------------------------------------------ state
 def services(name: str) -> dict[str, dict]:
     """Service name -> `docker service ls` row, for the stack's services."""
@@ -206,7 +281,11 @@ def services(name: str) -> dict[str, dict]:
 
 
 def tasks(service: str) -> list[dict]:
-    r = run(["docker", "service", "ps", service, "--filter", "desired-state=running", "--format", "json"])
+    return tasks_of(service, "--filter", "desired-state=running")
+
+
+def tasks_of(service: str, *args: str) -> list[dict]:
+    r = run(["docker", "service", "ps", service, *args, "--format", "json"])
     return [json.loads(line) for line in r.stdout.splitlines() if line.strip().startswith("{")]
 
 
@@ -260,18 +339,15 @@ def cmd_up(dotenv: dict[str, str], mode: str | None = None, processes: int | Non
     envs = derive.env_kinds(dotenv)
     docker_host.check_custom_images(envs)
     local = local_env_image()
-    if any(envs.images.get(n, local) == local for n in envs.served_here):
+    checks = not allows_new_privileges(dotenv)  # the no-new-privileges check runs our image
+    if checks or any(envs.images.get(n, local) == local for n in envs.served_here):
         compose_vars = compose_vars_for(env_servers_plan(dotenv), FLEET_ENVS_FILE)
         if docker_host.compose(compose_vars, "--progress", "quiet", "build", "env-server-image", extra_profiles=("build",)) != 0:
             raise StackError("building the env-server image failed (see above)")
+    require_no_new_privileges(dotenv)  # before anything of the env images runs
     processes = processes or int(dotenv.get("TRAINER_PROCESSES") or 1)
     dotenv = {**dotenv, **docker_host.resolve_auto_replicas(envs, dotenv, mode or dotenv.get("TRAIN_MODE") or "auto", processes)}
     path, spec = write_stack_file(dotenv)
-    plain = [n for n, svc in spec["services"].items() if (svc.get("entrypoint") or [""])[0] != "setpriv"]
-    if plain:  # Swarm drops security_opt; no_new_privs_start could not put setpriv in front
-        say(f"note: {', '.join(plain)} run(s) without no-new-privileges (Swarm ignores security_opt, and the image is "
-            "not on this node or has no setpriv); they keep no capabilities and a non-root user. To add it on every "
-            'node: "no-new-privileges": true in /etc/docker/daemon.json, then restart Docker')
     images = sorted({svc["image"] for svc in spec["services"].values()})
     local = [i for i in images if local_only(i)]
     nodes = len([line for line in run(["docker", "node", "ls", "-q"]).stdout.split() if line])

@@ -37,6 +37,7 @@ class StackEnv(BaseSettings):
     VLLM_PARALLEL: Literal["tensor", "data"] = "tensor"
     ENV_FLEET: Literal["compose", "swarm"] = "compose"
     FLEET_STACK: str = Field("grpo-fleet", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_-]*$")
+    FLEET_ALLOW_NEW_PRIVILEGES: bool = False  # tools/fleet.py: deploy where a node's daemon lacks no-new-privileges
     values: dict[str, str] = Field(default_factory=dict, exclude=True)
 
     @classmethod

@@ -228,26 +228,3 @@ def test_fact__an_internal_network_publishes_no_port_so_envnet_is_not_internal(d
             _run("docker", "rm", "-f", f"{tag}-{int(internal)}", check=False)
             _run("docker", "network", "rm", f"{tag}-{int(internal)}", check=False)
     assert published[False] and published[True] == [], published
-
-
-def test_fleet_tasks_start_through_setpriv_and_get_no_new_privileges_that_swarm_drops(docker):
-    """tools.fleet's Swarm service for an env server: Swarm ignores security_opt, so its process starts through
-    `setpriv --no-new-privs`. Run here as `docker run` with what Swarm keeps (no security_opt at all)."""
-    from tools import fleet
-
-    image = _need_image("env-server")
-    svc = fleet.swarm_service({"image": image, "healthcheck": {}, "cap_drop": ["ALL"], "user": "10001:10001",
-                               "environment": {"ENV_NAME": "echo"}})
-    assert svc["entrypoint"] == ["setpriv", "--no-new-privs", "--"] and svc["command"] == ["python3", "-m", "envs.serve"]
-    script = "grep NoNewPrivs /proc/1/status; exec " + " ".join(svc["command"])
-    name = f"grpo-test-secinfra-nnp-{uuid.uuid4().hex[:8]}"
-    try:
-        _run("docker", "run", "-d", "--name", name, "--cap-drop", "ALL", "--user", svc["user"], "--read-only",
-             "-e", "ENV_NAME=echo", "--entrypoint", svc["entrypoint"][0], image, *svc["entrypoint"][1:],
-             "bash", "-c", script)
-        status = _run("docker", "exec", name, "grep", "NoNewPrivs", "/proc/1/status").stdout
-        plain = _run("docker", "run", "--rm", "--entrypoint", "grep", image, "NoNewPrivs", "/proc/self/status").stdout
-    finally:
-        _run("docker", "rm", "-f", name, check=False)
-    assert status.split() == ["NoNewPrivs:", "1"], status
-    assert plain.split() == ["NoNewPrivs:", "0"], plain  # without it (or security_opt), the flag is off

@@ -1,7 +1,8 @@
 """Two swarm nodes on one machine: this engine (manager) and a second Docker engine in a container (worker).
 
 What it shows, on a real two-node swarm: `fleet up` spreads an env's tasks over the nodes, and a node
-labelled grpo.role=gpu (the GPU host) gets none of them.
+labelled grpo.role=gpu (the GPU host) gets none of them; no-new-privileges is checked per node (the nested engine's
+daemon sets it, this one's does not), and the GPU host, which gets no env task, is not checked.
 What it cannot show here: traffic to the tasks on the nested node. It joins and runs healthy tasks, but
 the overlay's VXLAN packets that reach it are never answered: on this host it cannot be `--privileged`
 (the engine lacks CAP_SYS_RESOURCE, and --privileged asks for every capability), and without that it
@@ -60,7 +61,7 @@ def two_nodes(docker, tmp_path_factory):
         node = f"{stack.project}-node"
         manager = json.loads(cli("info", "--format", "{{json .Swarm}}").stdout)
         cli("run", "-d", "--name", node, "--hostname", node, *NESTED_ENGINE, "-v", f"{node}:/var/lib/docker",
-            NODE_IMAGE)
+            NODE_IMAGE, "--no-new-privileges")  # dockerd's flag: every container there gets it
         try:
             wait_for("the nested engine answers", lambda: cli("exec", node, "docker", "info", check=False).returncode == 0)
             token = cli("swarm", "join-token", "-q", "worker").stdout.strip()
@@ -86,10 +87,21 @@ def placement(stack) -> Counter:
     return Counter(line.split()[0] for line in out.splitlines() if " Running" in line)
 
 
+def nnp_here(image: str) -> bool:
+    """Whether this engine's daemon sets no-new-privileges (read with our image, as tools.fleet does)."""
+    out = cli("run", "--rm", "--network", "none", "--entrypoint", "grep", image, "NoNewPrivs", "/proc/self/status")
+    return out.stdout.split() == ["NoNewPrivs:", "1"]
+
+
 def test_tasks_spread_over_both_nodes_and_keep_off_the_labelled_gpu_host(two_nodes):
     stack, manager_id, node = two_nodes
     manager = cli("node", "inspect", manager_id, "--format", "{{.Description.Hostname}}").stdout.strip()
-    up = stack.stack("fleet", "up")
+    if not nnp_here(local_env_image()):  # refused, naming this node only: the nested one's daemon sets it
+        refused = stack.stack("fleet", "up")
+        [line] = [x for x in (refused.stdout + refused.stderr).splitlines() if "only from each node's" in x]
+        assert refused.returncode != 0 and f"the Docker daemon of {manager} does not set it" in line, line
+        assert node not in line, line
+    up = stack.stack("fleet", "up", env={"FLEET_ALLOW_NEW_PRIVILEGES": "1"})
     assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
     assert f"image(s) only on this machine: {local_env_image()}" in up.stdout  # the warning a user gets
     assert placement(stack) == {manager: 2, node: 2}
@@ -97,6 +109,10 @@ def test_tasks_spread_over_both_nodes_and_keep_off_the_labelled_gpu_host(two_nod
     cli("node", "update", "--label-add", "grpo.role=gpu", manager_id)  # README "Across machines", step 2
     # Swarm moves tasks off a node that no longer meets their constraints
     wait_for("every task on the worker", lambda: placement(stack) == {node: 4})
-    again = stack.stack("fleet", "up")  # converged: 4 healthy tasks, all on the worker
+    again = stack.stack("fleet", "up")  # no opt-out: the one env node left, the worker, sets no-new-privileges
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert placement(stack) == {node: 4}
+    tasks = cli("exec", node, "docker", "ps", "-q", "--filter", f"label=com.docker.swarm.service.name={stack.name}_env-echo")
+    for cid in tasks.stdout.split():
+        status = cli("exec", node, "docker", "exec", cid, "grep", "NoNewPrivs", "/proc/1/status").stdout
+        assert status.split() == ["NoNewPrivs:", "1"], status
