@@ -7,8 +7,9 @@ openenv; README "GPU self-check"), one line each, `PASS` / `FAIL` / `SKIP (why)`
                    master weights: the fraction of elements each step changed, per parameter group
   trainer_loop     the project's trainer class and rollout loop (trainer.run.grpo_trainer.make_trainer_class), 2 GRPO steps
                    against the echo env server on 127.0.0.1, generation by transformers: memory peak, step time
-  colocate_budget  Qwen3-0.6B's shape at the default batch and lengths: memory peak after forward, backward and
-                   the optimizer step, and what is left for vLLM on 24, 48, 80 and 141 GB cards
+  colocate_budget  Qwen3-0.6B's shape at the default batch and lengths, gradient checkpointing as training sets it:
+                   memory peak after forward, backward and the optimizer step, and what is left for vLLM on 24, 48, 80
+                   and 141 GB cards
   weight_iterator  (vLLM importable) TRL's weight iterator through vLLM's packed producer and consumer over a
                    loopback: bytes identical, tied embeddings sent once, exactly the checkpoint's names
 
@@ -274,6 +275,7 @@ def check_colocate_budget(device, tiny: bool) -> Result:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     model = Qwen3ForCausalLM(config).to(device=device, dtype=torch.float32)  # fp32 master weights
+    checkpointing = checkpoint_as_training(model, training_args(device))
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     ids = torch.randint(0, config.vocab_size, (batch, prompt + completion), device=device)
@@ -310,7 +312,8 @@ def check_colocate_budget(device, tiny: bool) -> Result:
         left, fits = colocate_fits(card, trainer_peak, context, share)
         cards.append(f"{card} GB: {left:.1f} left ({'fits' if fits else 'short of'} vLLM's {share * card:.1f})")
     what = "tiny shape, tensor bytes (activations not counted on CPU)" if tiny or not cuda else "Qwen3-0.6B shape"
-    detail = (f"{what}, batch {batch} x ({prompt} prompt + {completion} completion) tokens, fp32 weights + AdamW: "
+    detail = (f"{what}, batch {batch} x ({prompt} prompt + {completion} completion) tokens, fp32 weights + AdamW, "
+              f"gradient checkpointing {'on' if checkpointing else 'off'} (as training): "
               f"peak GB weights {peaks['weights']:.2f}, forward {peaks['forward']:.2f}, backward {peaks['backward']:.2f},"
               f" optimizer {peaks['optimizer']:.2f}; CUDA context and other processes {context:.2f}; left for vLLM at "
               f"VLLM_GPU_MEMORY_UTILIZATION={share:g}: " + "; ".join(cards))
@@ -322,7 +325,27 @@ def check_colocate_budget(device, tiny: bool) -> Result:
             verdict = "FAIL"
             detail += (f", short of vLLM's {share * this_card:.1f}: lower PER_DEVICE_TRAIN_BATCH_SIZE or "
                        "MAX_COMPLETION_LENGTH, or use TRAIN_MODE=gpu with a second GPU")
-    return Result("colocate_budget", verdict, detail, {"peaks_gb": peaks, "context_gb": context, "share": share})
+    return Result("colocate_budget", verdict, detail, {"peaks_gb": peaks, "context_gb": context, "share": share,
+                                                       "gradient_checkpointing": checkpointing})
+
+
+def training_args(device):
+    """The GRPOConfig training builds for this device with the default settings (grpo_args.grpo_config)."""
+    from contract.config import RunConfig
+
+    return grpo_args.grpo_config(RunConfig.load([]), "cpu" if device.type == "cpu" else "colocate", use_vllm=False)
+
+
+def checkpoint_as_training(model, args) -> bool:
+    """Gradient checkpointing as transformers' Trainer.__init__ (5.17) turns it on from the training arguments (TRL's
+    GRPOConfig defaults it on; activations then cost a fraction of a full forward's). Returns whether it is on."""
+    if not args.gradient_checkpointing:
+        return False
+    kwargs = dict(args.gradient_checkpointing_kwargs or {})
+    every_n_layers, offload = kwargs.pop("every_n_layers", 1), kwargs.pop("offload", False)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or None, every_n_layers=every_n_layers,
+                                        offload=offload)
+    return model.is_gradient_checkpointing
 
 
 def _gpu_memory_share_default() -> float:
