@@ -39,11 +39,13 @@ class PrefixCacheResetFailed(RuntimeError):
     """vLLM answered /reset_prefix_cache without success: cached KV from the old weights would still be served."""
 
 
-def reset_prefix_cache(session: Any, base_url: str, timeout_s: float = 60.0) -> None:
+def reset_prefix_cache(session: Any, base_url: str, timeout_s: float = 60.0, running: bool = False) -> None:
     """POST /reset_prefix_cache and require `{"success": true}` (vLLM >= 0.26 answers it; TRL 1.16 drops the body).
     vLLM refuses while requests hold cache blocks: the next generation would then reuse KV computed with the old
-    weights."""
-    r = session.post(f"{base_url}/reset_prefix_cache", timeout=timeout_s)
+    weights. `running`: also drop the KV of requests in flight (vLLM's `reset_running_requests`: it preempts them and
+    recomputes their tokens so far on resume), for an async push made while requests sit paused."""
+    params = {"reset_running_requests": "true"} if running else None
+    r = session.post(f"{base_url}/reset_prefix_cache", params=params, timeout=timeout_s)
     if r.status_code != 200:
         raise PrefixCacheResetFailed(f"vLLM's /reset_prefix_cache answered HTTP {r.status_code} ({r.text[:200]}): the "
                                      "prefix cache still holds KV from the old weights; see the vllm service's log")
