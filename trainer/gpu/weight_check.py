@@ -44,8 +44,8 @@ def reset_prefix_cache(session: Any, base_url: str, timeout_s: float = 60.0, run
     vLLM refuses while requests hold cache blocks: the next generation would then reuse KV computed with the old
     weights. `running`: also drop the KV of requests in flight (vLLM's `reset_running_requests`: it preempts them and
     recomputes their tokens so far on resume), for an async push made while requests sit paused."""
-    params = {"reset_running_requests": "true"} if running else None
-    r = session.post(f"{base_url}/reset_prefix_cache", params=params, timeout=timeout_s)
+    query = {"params": {"reset_running_requests": "true"}} if running else {}
+    r = session.post(f"{base_url}/reset_prefix_cache", timeout=timeout_s, **query)
     if r.status_code != 200:
         raise PrefixCacheResetFailed(f"vLLM's /reset_prefix_cache answered HTTP {r.status_code} ({r.text[:200]}): the "
                                      "prefix cache still holds KV from the old weights; see the vllm service's log")
@@ -166,6 +166,8 @@ def perturb_(model: Any, seed: int = PERTURB_SEED) -> dict[str, Any]:
     originals = {}
     with torch.no_grad():
         for i, (name, p) in enumerate(model.named_parameters()):
+            if not p.is_floating_point():  # QLoRA's packed 4-bit bytes: a factor would scramble them, not scale
+                continue
             originals[name] = p.detach().to("cpu", copy=True)
             gen = torch.Generator().manual_seed(seed + i)
             factor = 0.5 + torch.rand(p.shape, generator=gen, dtype=torch.float32)
@@ -178,7 +180,8 @@ def restore_(model: Any, originals: dict[str, Any]) -> None:
 
     with torch.no_grad():
         for name, p in model.named_parameters():
-            p.copy_(originals[name].to(p.device))
+            if name in originals:
+                p.copy_(originals[name].to(p.device))
 
 
 def check_weights_land(model: Any, prompt_ids: list[int], push: Callable[[], None], reset: Callable[[], None],
