@@ -39,6 +39,13 @@ def load_model(cfg: RunConfig, name: str, **load_kwargs):
     return AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **load_kwargs, **lora.quantization_kwargs(cfg))
 
 
+def attention_line(model) -> str:
+    """Which attention the sync trainer's forwards run: transformers' implementation as it loaded the model (sdpa
+    unless the model or its config asks for another). ROLLOUTS=async logs its tree attention backend instead."""
+    impl = getattr(model.config, "_attn_implementation", None) or "eager"
+    return f"attention: {impl} (transformers' attn_implementation for {type(model).__name__})"
+
+
 def load_tokenizer(cfg: RunConfig, mode: str):
     from transformers import AutoTokenizer
 
