@@ -4,9 +4,10 @@
 
 Runs in the trainer container (`tools/nccl_check.py --full` starts it there): vLLM healthy with
 dev mode and NCCL weight transfer -> a GPU on both ends -> TRL's own
-`VLLMClient.init_communicator()` (the rendezvous, under the watchdog) -> a real push of every
-parameter of the model (`VLLMClient.update_model_params`, the call TRL's sync makes per tensor
-group) and a prefix-cache reset that must succeed -> proof the weights land (trainer.gpu.weight_check:
+`VLLMClient.init_communicator()` (the rendezvous, under the watchdog) -> the model loaded as training
+holds it (fp32 master weights, the run's LoRA/QLoRA) and pushed through training's own path
+(trainer.gpu.push_path: TRL's `sync_weights` and iterator, the served-dtype cast) with the prefix-cache
+reset that must succeed -> proof the weights land (trainer.gpu.weight_check:
 perturbed weights change the served output and match the trainer's own forward, the originals pushed
 back give the same greedy tokens and the trainer's logprobs). Prints one line per stage with its time,
 and the push's bytes and bytes/s. Stops at the first failure with what to do; exit 0 all passed, 1 a
