@@ -63,7 +63,7 @@ def human_bytes(n: float) -> str:
 def training_model(model_name: str, cfg: RunConfig | None, device: str):
     """The model as training holds it when it pushes (trainer.run.model.load_model: fp32 master weights, QLoRA's 4-bit
     base), wrapped in the run's LoRA adapter as TRL's GRPOTrainer wraps it (`get_peft_model(model,
-    lora.peft_config(cfg))`, adapters back in fp32). `cfg` None: the defaults (full fine-tuning)."""
+    lora.peft_config(cfg))`, adapters back in fp32). `cfg` None: the settings in the environment (RunConfig.load)."""
     from trainer.run import lora
     from trainer.run.model import load_model
 
@@ -283,7 +283,9 @@ def _run_async(url: str, model_name: str, group_port: int, server_timeout_s: flo
         if not torch.cuda.is_available():
             raise StageFailed("this container has no CUDA device: run the check in the trainer service "
                               "(`make nccl-check FULL=1`), with TRAINER_GPU set in .env")
-        state["model"] = training_model(model_name, None, "cuda")  # async NCCL: full fine-tuning, fp32 masters
+        # async NCCL pushes full weights (LORA_R's async sync sends the adapter by path instead): fp32 masters
+        full = RunConfig.load([]).model_copy(update={"lora_r": 0, "qlora": False})
+        state["model"] = training_model(model_name, full, "cuda")
         state["prompt_ids"] = AutoTokenizer.from_pretrained(model_name)(weight_check.PROBE_TEXT)["input_ids"]
         state["bytes"] = sum(p.numel() * p.element_size() for p in state["model"].parameters())
         return f"{human_bytes(state['bytes'])} on {torch.cuda.get_device_name(0)}"
