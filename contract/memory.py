@@ -17,7 +17,9 @@ Per trainer GPU, for `method="full"` (every weight trained, fp32 master weights,
                 C = PER_DEVICE_TRAIN_BATCH_SIZE x MAX_COMPLETION_LENGTH
     push        2 GiB + 2 B x largest tensor  server mode: vLLM's two 1 GiB packed broadcast buffers, and the bf16
                                               copy of the tensor being cast (+4 B gathered whole under fsdp);
-                                              colocate (in-process load, no packed buffers): the copy alone
+                                              colocate (in-process load, no packed buffers): the copy alone.
+                                              vLLM's GPU receives into two 1 GiB buffers too, outside its share
+                                              (vllm_push_room)
     overhead    1 GiB                         CUDA context, allocator slack
 
 shards = trainer processes under TRAINER_SHARDING=fsdp (or zero3), else 1 (ddp: a full copy per GPU). Available: the
@@ -56,6 +58,10 @@ DEFAULT_LORA_R = 16  # the host's table and `make doctor` when LORA_R is 0 (full
 NF4_BYTES = 0.52  # 4 bits + one fp8 scale per 64 weights + fp32 per 256 scales (double quantization): ~4.13 bits
 # vLLM 0.31's packed NCCL producer (server mode's and async's weight push): two 1 GiB buffers, filled in turn
 PACKED_PUSH_BYTES = 2 * GIB
+# What vLLM's side of such a push allocates outside its VLLM_GPU_MEMORY_UTILIZATION share, after its KV cache filled the
+# share: the consumer's two 1 GiB receive buffers, and NCCL's own device buffers for the group (estimated, a few
+# hundred MiB; read from vLLM's packed_tensor and NCCL's defaults, not measured: no GPU here).
+VLLM_PUSH_ROOM_BYTES = PACKED_PUSH_BYTES + GIB // 2
 
 
 class ShapeError(ValueError):
@@ -230,6 +236,20 @@ def verdict(est: Estimate, gpu_bytes: int, *, colocate: bool = False, vllm_share
     fixes.append("a smaller model (MODEL_NAME)")
     return (f"the trainer needs ~{gib(est.total)} per GPU but has {where}: use "
             + ", or ".join(fixes) + " (edit .env)")
+
+
+def vllm_push_room(gpu_bytes: int, share: float) -> str | None:
+    """TRAIN_MODE=gpu: None when vLLM's GPU keeps room for a weight push's receive side outside vLLM's share; else one
+    line with the share that leaves it (at the default 0.9: a 24 GB card keeps 2.4 GiB, short of ~2.5)."""
+    outside = gpu_bytes * (1 - share)
+    if outside >= VLLM_PUSH_ROOM_BYTES:
+        return None
+    fits = math.floor((1 - VLLM_PUSH_ROOM_BYTES / gpu_bytes) * 100) / 100
+    fix = (f"set VLLM_GPU_MEMORY_UTILIZATION={fits:g} or lower (edit .env)" if fits >= 0.5 else
+           "give vLLM a bigger GPU (VLLM_GPU)")
+    return (f"vLLM keeps {gib(outside)} of its {gib(gpu_bytes)} GPU outside VLLM_GPU_MEMORY_UTILIZATION={share:g}, and "
+            f"each weight push allocates ~{gib(VLLM_PUSH_ROOM_BYTES)} there (two 1 GiB NCCL receive buffers and NCCL's "
+            f"own): the first push would run out of memory; {fix}")
 
 
 def check(config: dict, gpu_bytes: int, *, mode: str, processes: int, sharding: str, batch: int, prompt_tokens: int,

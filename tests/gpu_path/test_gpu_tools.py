@@ -170,3 +170,25 @@ def test_nccl_check_catches_a_silently_disabled_nccl_test_double_for_gpu_run():
     disabled = TRAINER_OK.replace('"disabled": false', '"disabled": true')
     out = nccl_check.diagnose(disabled, VLLM_OK, timed_out=False)
     assert not out.ok and "libnccl" in out.diagnosis[0]
+
+
+def test_vllms_gpu_keeps_room_for_a_weight_push_outside_its_share_test_double_for_gpu_host():
+    """#42 item 7: at VLLM_GPU_MEMORY_UTILIZATION=0.9 a 24 GB card keeps 2.4 GiB outside vLLM's share, short of a push's
+    two 1 GiB receive buffers and NCCL's own: one FAIL line with the share that fits; 48 and 80 GB cards pass."""
+    from contract import memory
+
+    card24 = gpu_doctor.parse_gpu_csv(SMI_CSV_1.replace("0, GPU-1", "1, GPU-1") + SMI_CSV_1)  # two RTX 4090s
+    rows = rows_by_name(gpu_doctor.diagnose(card24, "CDI", {"VLLM_GPU": "0", "TRAINER_GPU": "1"}, "gpu", "img", None))
+    ok, msg = rows["weight-push room GPU 0"]
+    assert not ok and "set VLLM_GPU_MEMORY_UTILIZATION=0.89 or lower (edit .env)" in msg
+    assert "weight-push room GPU 1" not in rows  # the trainer's GPU
+    assert rows_by_name(gpu_doctor.diagnose(card24, "CDI", {"VLLM_GPU": "0", "TRAINER_GPU": "1",
+                                                            "VLLM_GPU_MEMORY_UTILIZATION": "0.89"},
+                                            "gpu", "img", None))["weight-push room GPU 0"][0]
+    assert rows_by_name(gpu_doctor.diagnose(gpu_doctor.parse_gpu_csv(SMI_CSV_2), "CDI", ENV, "gpu", "img",
+                                            None))["weight-push room GPU 0"][0]
+    colocate = rows_by_name(gpu_doctor.diagnose(card24[:1], "CDI", {"TRAINER_GPU": "0"}, "colocate", "img", None))
+    assert not any(name.startswith("weight-push room") for name in colocate)  # in-process load, no receive buffers
+    for mib, ok in memory.CARDS_MIB.items():
+        assert (memory.vllm_push_room(ok * 1024 ** 2, 0.9) is None) == (mib != "24 GB")
+    assert "give vLLM a bigger GPU" in memory.vllm_push_room(4 * memory.GIB, 0.9)

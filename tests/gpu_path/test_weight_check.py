@@ -23,9 +23,9 @@ def test_gap_is_the_mean_and_max_absolute_difference_and_where_the_max_is():
 
 @pytest.mark.parametrize("diffs, ok", [
     ([0.01] * 40, True),                   # typical bf16 noise
-    ([0.01] * 39 + [0.45], True),          # one worst token a few tenths off
-    ([0.01] * 39 + [0.6], False),          # one token beyond the max tolerance
-    ([0.08] * 40, False),                  # every token a little off: systematic (a layer missed)
+    ([0.16] * 39 + [0.81], True),          # the worst bf16 gap measured on 28 layers (bench/weight_check_tolerance.py)
+    ([0.01] * 39 + [1.6], False),          # one token beyond the max tolerance
+    ([0.46] * 40, False),                  # every token off by what a stale middle layer did there: a layer missed
 ])
 def test_bf16_tolerance_allows_rounding_noise_but_not_a_systematic_or_large_deviation(diffs, ok):
     a = [-2.0] * len(diffs)

@@ -231,3 +231,90 @@ def test_trls_trainer_registers_through_the_name_install_replaces():
     source = inspect.getsource(AsyncGRPOTrainer.__init__)
     assert re.search(r"^\s+register_tree_attention\(\)$", source, re.M), "AsyncGRPOTrainer registers differently"
     assert "attn_implementation=TREE_ATTENTION" in source
+
+
+# ---------------------------------------------------------------------------------------------- FA3 (#42 item 12)
+def load_bake_fa3():
+    import importlib.util
+
+    from tests.helpers import ROOT
+
+    spec = importlib.util.spec_from_file_location("bake_fa3", ROOT / "services" / "trainer" / "bake_fa3.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("builds, rc", [(["torch213-cxx11-cu130-x86_64-linux", "torch212-cxx11-cu128-x86_64-linux"], 0),
+                                        (["torch212-cxx11-cu128-x86_64-linux"], 1), ([], 1)])
+def test_bake_fa3_fails_the_image_build_without_a_build_for_its_torch_and_cuda(builds, rc, tmp_path, monkeypatch,
+                                                                              capsys):
+    """BAKE_FA3=1: the image build fails, in one line naming the variant and the fix, when the Hub has no FA3 build
+    for the image's torch/CUDA (what `kernels` downloaded is in the cache; a stand-in `kernels` fetches nothing)."""
+    import sys
+    from types import SimpleNamespace
+
+    bake = load_bake_fa3()
+    snapshot = tmp_path / "kernels--kernels-community--flash-attn3" / "snapshots" / "abc" / "build"
+    for build in builds:
+        (snapshot / build).mkdir(parents=True)
+    monkeypatch.setenv("KERNELS_CACHE", str(tmp_path))
+    monkeypatch.setattr(bake, "build_variant", lambda: "torch213-cxx11-cu130-x86_64-linux")
+
+    def get_kernel(repo, version):  # a build host without a driver: downloaded, not loadable
+        raise OSError("libcuda.so.1: cannot open shared object file")
+
+    monkeypatch.setitem(sys.modules, "kernels", SimpleNamespace(get_kernel=get_kernel))
+    assert bake.main() == rc
+    err = capsys.readouterr().err.splitlines()
+    if rc:
+        assert len(err) == 2 and "has no build for this image's torch/CUDA (torch213-cxx11-cu130-x86_64-linux" in err[1]
+        assert "build with BAKE_FA3=0" in err[1]
+
+
+def test_bake_fa3_names_the_variant_kernels_loads_and_refuses_a_torch_without_cuda(monkeypatch, capsys):
+    bake = load_bake_fa3()
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr(torch, "__version__", "2.13.0+cu130")
+    assert re.fullmatch(r"torch213-cxx(11|98)-cu130-\w+-linux", bake.build_variant())
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setenv("KERNELS_CACHE", "/nonexistent")
+    assert bake.main() == 1 and "has no CUDA" in capsys.readouterr().err
+
+
+def test_a_hopper_gpu_whose_fa3_does_not_load_falls_back_to_sdpa_in_one_line(tmp_path, monkeypatch, capsys):
+    import importlib.util
+
+    from trainer.run import tree_attention
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(torch.version, "hip", None)
+    monkeypatch.setattr(tree_attention, "fa3_cached", lambda: str(tmp_path))
+
+    def no_build():
+        raise FileNotFoundError("no build variant torch213-cxx11-cu130-x86_64-linux")
+
+    monkeypatch.setattr(tree_attention, "_fa3", no_build)
+    # `kernels` installed, `flash_attn` not: only while choosing (transformers' own imports read find_spec too)
+    importlib.util.find_spec = lambda name, *a: (object() if name == "kernels" else None if name == "flash_attn"
+                                                 else real_find_spec(name, *a))
+    try:
+        backend, why = tree_attention.choose_backend()
+    finally:
+        importlib.util.find_spec = real_find_spec
+    assert backend == "sdpa" and "did not load: FileNotFoundError: no build variant" in why
+    monkeypatch.setattr(tree_attention, "choose_backend", lambda: (backend, why))
+    assert tree_attention.install() == "sdpa"
+    said = capsys.readouterr()
+    assert sum("tree_fa3 runs on sdpa: " in line for line in (said.out + said.err).splitlines()) == 1
+
+
+def test_the_sync_trainer_says_which_attention_runs():
+    from trainer.run.model import attention_line
+
+    model = tiny_qwen3(None)
+    assert attention_line(model) == f"attention: {model.config._attn_implementation} (transformers' " \
+                                    "attn_implementation for Qwen3ForCausalLM)"
+    assert model.config._attn_implementation in ("sdpa", "eager")

@@ -7,10 +7,12 @@ openenv; README "GPU self-check"), one line each, `PASS` / `FAIL` / `SKIP (why)`
                    master weights: the fraction of elements each step changed, per parameter group
   trainer_loop     the project's trainer class and rollout loop (trainer.run.grpo_trainer.make_trainer_class), 2 GRPO steps
                    against the echo env server on 127.0.0.1, generation by transformers: memory peak, step time
-  colocate_budget  Qwen3-0.6B's shape at the default batch and lengths: memory peak after forward, backward and
-                   the optimizer step, and what is left for vLLM on 24, 48, 80 and 141 GB cards
-  weight_iterator  (vLLM importable) TRL's weight iterator through vLLM's packed producer and consumer over a
-                   loopback: bytes identical, tied embeddings sent once, exactly the checkpoint's names
+  colocate_budget  Qwen3-0.6B's shape at the default batch and lengths, gradient checkpointing as training sets it:
+                   memory peak after forward, backward and the optimizer step, and what is left for vLLM on 24, 48, 80
+                   and 141 GB cards
+  weight_iterator  (vLLM importable) training's push iterator (trainer.gpu.push_path: TRL's, fp32 weights cast to
+                   bf16) through vLLM's packed producer and consumer over a loopback: bytes identical, tied
+                   embeddings sent once, exactly the checkpoint's names
 
 Without CUDA the checks SKIP; `--device cpu` runs the same code on the CPU at a tiny size (the CI test does). The
 process pins itself to one GPU first (pin_one_gpu), whatever the box has.
@@ -274,6 +276,7 @@ def check_colocate_budget(device, tiny: bool) -> Result:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     model = Qwen3ForCausalLM(config).to(device=device, dtype=torch.float32)  # fp32 master weights
+    checkpointing = checkpoint_as_training(model, training_args(device))
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0)
     ids = torch.randint(0, config.vocab_size, (batch, prompt + completion), device=device)
@@ -310,7 +313,8 @@ def check_colocate_budget(device, tiny: bool) -> Result:
         left, fits = colocate_fits(card, trainer_peak, context, share)
         cards.append(f"{card} GB: {left:.1f} left ({'fits' if fits else 'short of'} vLLM's {share * card:.1f})")
     what = "tiny shape, tensor bytes (activations not counted on CPU)" if tiny or not cuda else "Qwen3-0.6B shape"
-    detail = (f"{what}, batch {batch} x ({prompt} prompt + {completion} completion) tokens, fp32 weights + AdamW: "
+    detail = (f"{what}, batch {batch} x ({prompt} prompt + {completion} completion) tokens, fp32 weights + AdamW, "
+              f"gradient checkpointing {'on' if checkpointing else 'off'} (as training): "
               f"peak GB weights {peaks['weights']:.2f}, forward {peaks['forward']:.2f}, backward {peaks['backward']:.2f},"
               f" optimizer {peaks['optimizer']:.2f}; CUDA context and other processes {context:.2f}; left for vLLM at "
               f"VLLM_GPU_MEMORY_UTILIZATION={share:g}: " + "; ".join(cards))
@@ -322,7 +326,27 @@ def check_colocate_budget(device, tiny: bool) -> Result:
             verdict = "FAIL"
             detail += (f", short of vLLM's {share * this_card:.1f}: lower PER_DEVICE_TRAIN_BATCH_SIZE or "
                        "MAX_COMPLETION_LENGTH, or use TRAIN_MODE=gpu with a second GPU")
-    return Result("colocate_budget", verdict, detail, {"peaks_gb": peaks, "context_gb": context, "share": share})
+    return Result("colocate_budget", verdict, detail, {"peaks_gb": peaks, "context_gb": context, "share": share,
+                                                       "gradient_checkpointing": checkpointing})
+
+
+def training_args(device):
+    """The GRPOConfig training builds for this device with the default settings (grpo_args.grpo_config)."""
+    from contract.config import RunConfig
+
+    return grpo_args.grpo_config(RunConfig.load([]), "cpu" if device.type == "cpu" else "colocate", use_vllm=False)
+
+
+def checkpoint_as_training(model, args) -> bool:
+    """Gradient checkpointing as transformers' Trainer.__init__ (5.17) turns it on from the training arguments (TRL's
+    GRPOConfig defaults it on; activations then cost a fraction of a full forward's). Returns whether it is on."""
+    if not args.gradient_checkpointing:
+        return False
+    kwargs = dict(args.gradient_checkpointing_kwargs or {})
+    every_n_layers, offload = kwargs.pop("every_n_layers", 1), kwargs.pop("offload", False)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or None, every_n_layers=every_n_layers,
+                                        offload=offload)
+    return model.is_gradient_checkpointing
 
 
 def _gpu_memory_share_default() -> float:
@@ -377,18 +401,15 @@ def cpu_streams(packed_tensor):
         packed_tensor._get_streams, torch.accelerator.current_device_index = saved
 
 
-def trl_weight_iterator(model):
-    """TRL 1.16's own iterator (VLLMGeneration._iter_named_params, what sync_weights streams), on a VLLMGeneration
-    that has only what the iterator reads: the model and the distributed backend (no vLLM engine)."""
-    from accelerate import Accelerator
-    from trl.distributed import DistributedBackend
-    from trl.generation.vllm_generation import VLLMGeneration
+SERVED_DTYPE = "bfloat16"  # what vLLM's dtype "auto" serves a Qwen3 checkpoint in on a GPU that has bf16
 
-    gen = object.__new__(VLLMGeneration)
-    gen.model = model
-    gen.accelerator = Accelerator(cpu=next(model.parameters()).device.type == "cpu")
-    gen._dist = DistributedBackend(gen.accelerator)
-    return gen._iter_named_params
+
+def trl_weight_iterator(model, served_dtype: str | None = SERVED_DTYPE, qlora: bool = False):
+    """Training's push iterator (trainer.gpu.push_path: TRL 1.16's VLLMGeneration._iter_named_params with the stack's
+    QLoRA and served-dtype hooks), on a VLLMGeneration without a vLLM engine."""
+    from trainer.gpu import push_path
+
+    return push_path.generation(model, served_dtype, qlora=qlora)._iter_named_params
 
 
 def check_weight_iterator(device, tiny: bool) -> Result:
@@ -403,8 +424,9 @@ def check_weight_iterator(device, tiny: bool) -> Result:
 
     config = qwen3_config(tiny)
     torch.manual_seed(0)
-    model = Qwen3ForCausalLM(config).to(device=device, dtype=torch.float32)
-    iterate = trl_weight_iterator(model)
+    model = Qwen3ForCausalLM(config).to(device=device, dtype=torch.float32)  # fp32 master weights, as training
+    iterate = trl_weight_iterator(model)  # cast to SERVED_DTYPE on the way, as training's pushes are
+    served = getattr(torch, SERVED_DTYPE)
     # TRL's server mode: metadata from a first pass, then the stream (vllm_client.update_named_params / the worker's
     # NCCLWeightTransferEngine.receive_weights).
     metadata = [(n, str(p.dtype).removeprefix("torch."), list(p.shape)) for n, p in iterate()]
@@ -434,8 +456,8 @@ def check_weight_iterator(device, tiny: bool) -> Result:
         problems.append(f"{len(group.sent)} buffers sent, {group.received} received")
     params = dict(model.named_parameters())
     names = [n for n, _ in received]
-    identical = sum(torch.equal(t.view(torch.uint8).flatten(), params[n].detach().contiguous().view(torch.uint8)
-                                .flatten()) for n, t in received if n in params)
+    identical = sum(torch.equal(t.view(torch.uint8).flatten(), params[n].detach().to(served).contiguous()
+                                .view(torch.uint8).flatten()) for n, t in received if n in params)
     if identical != len(params) or len(received) != len(params):
         problems.append(f"{identical} of {len(params)} tensors byte-identical ({len(received)} received)")
     dupes = sorted({n for n in names if names.count(n) > 1})
@@ -454,7 +476,8 @@ def check_weight_iterator(device, tiny: bool) -> Result:
     if config.tie_word_embeddings and not tied:
         problems.append("tied embeddings: lm_head.weight sent or model.embed_tokens.weight missing")
     detail = (f"{len(received)} tensors, {total / 1e6:.1f} MB in {len(group.sent)} packed buffers of <= "
-              f"{buffer / 1e6:.1f} MB, {took:.2f} s; byte-identical {identical}/{len(params)}; tied embeddings sent "
+              f"{buffer / 1e6:.1f} MB, {took:.2f} s; byte-identical to the fp32 weights cast to {SERVED_DTYPE} "
+              f"{identical}/{len(params)}; tied embeddings sent "
               f"once as model.embed_tokens.weight: {'yes' if tied else 'no'}; names = checkpoint's: "
               f"{'yes' if set(names) == expected else 'no'}")
     if problems:

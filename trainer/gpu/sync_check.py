@@ -4,9 +4,10 @@
 
 Runs in the trainer container (`tools/nccl_check.py --full` starts it there): vLLM healthy with
 dev mode and NCCL weight transfer -> a GPU on both ends -> TRL's own
-`VLLMClient.init_communicator()` (the rendezvous, under the watchdog) -> a real push of every
-parameter of the model (`VLLMClient.update_model_params`, the call TRL's sync makes per tensor
-group) and a prefix-cache reset that must succeed -> proof the weights land (trainer.gpu.weight_check:
+`VLLMClient.init_communicator()` (the rendezvous, under the watchdog) -> the model loaded as training
+holds it (fp32 master weights, the run's LoRA/QLoRA) and pushed through training's own path
+(trainer.gpu.push_path: TRL's `sync_weights` and iterator, the served-dtype cast) with the prefix-cache
+reset that must succeed -> proof the weights land (trainer.gpu.weight_check:
 perturbed weights change the served output and match the trainer's own forward, the originals pushed
 back give the same greedy tokens and the trainer's logprobs). Prints one line per stage with its time,
 and the push's bytes and bytes/s. Stops at the first failure with what to do; exit 0 all passed, 1 a
@@ -59,11 +60,31 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TB"
 
 
+def training_model(model_name: str, cfg: RunConfig | None, device: str):
+    """The model as training holds it when it pushes (trainer.run.model.load_model: fp32 master weights, QLoRA's 4-bit
+    base), wrapped in the run's LoRA adapter as TRL's GRPOTrainer wraps it (`get_peft_model(model,
+    lora.peft_config(cfg))`, adapters back in fp32). `cfg` None: the settings in the environment (RunConfig.load)."""
+    from trainer.run import lora
+    from trainer.run.model import load_model
+
+    cfg = cfg or RunConfig.load([])
+    model = load_model(cfg, model_name)
+    if not cfg.qlora:  # a 4-bit base is placed on the GPU by from_pretrained
+        model = model.to(device)
+    if lora.peft_config(cfg) is not None:
+        from peft import get_peft_model
+
+        model = get_peft_model(model, lora.peft_config(cfg))
+        lora.keep_adapters_fp32(model)
+    return model.eval()
+
+
 def run(url: str, model_name: str, group_port: int, server_timeout_s: float, sync_timeout_s: float,
-        reload_dir: str | None = None, rollouts: str = "sync") -> int:
+        reload_dir: str | None = None, rollouts: str = "sync", cfg: RunConfig | None = None) -> int:
     """`reload_dir`: WEIGHT_TRANSFER=reload's folder (the CPU rehearsal); None: NCCL, as on a GPU host.
     `rollouts`: async checks the path ROLLOUTS=async trains with (AsyncTransfer: TRL's async WeightTransferClient,
-    vLLM's own NCCL trainer engine, pause -> send -> resume) instead of the sync client's init_communicator."""
+    vLLM's own NCCL trainer engine, pause -> send -> resume) instead of the sync client's init_communicator.
+    `cfg`: the run's settings (LORA_R, QLORA); the model is loaded and pushed as training does (trainer.gpu.push_path)."""
     state: dict = {}
     if rollouts == "async" and not reload_dir:
         return _run_async(url, model_name, group_port, server_timeout_s, sync_timeout_s)
@@ -130,29 +151,31 @@ def run(url: str, model_name: str, group_port: int, server_timeout_s: float, syn
         return f"trainer (rank 0) listened on {host_ip}:{group_port}; {state['report'].world_size} vLLM worker(s) joined"
 
     def load_model() -> str:
-        import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
-        if reload_dir:  # as the rehearsal's trainer: fp32 on the CPU
-            model = AutoModelForCausalLM.from_pretrained(model_name, dtype=torch.float32)
-        else:
-            dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-            model = AutoModelForCausalLM.from_pretrained(model_name, dtype=dtype).to("cuda")
-        state["model"] = model.eval()
+        from trainer.gpu import push_path
+
+        # as training: fp32 masters (the rehearsal's trainer on the CPU), the run's LoRA/QLoRA, pushes cast to the
+        # served dtype through TRL's own iterator and sync (push_path), the prefix-cache reset checked
+        model = state["model"] = training_model(model_name, cfg, "cpu" if reload_dir else "cuda")
+        state["gen"] = gen = push_path.generation(model, state["report"].dtype, qlora=bool(cfg and cfg.qlora),
+                                                  client=state["client"])
         state["prompt_ids"] = AutoTokenizer.from_pretrained(model_name)(weight_check.PROBE_TEXT)["input_ids"]
-        state["bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
-        return f"{sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters, {human_bytes(state['bytes'])}"
+        state["bytes"] = sum(t.numel() * t.element_size() for _, t in gen._iter_named_params())
+        trainable = "LoRA adapter, " if hasattr(model, "peft_config") else ""
+        return (f"{sum(p.numel() for p in model.parameters()) / 1e6:.0f}M parameters ({trainable}"
+                f"{next(model.parameters()).dtype} master weights), {human_bytes(state['bytes'])} per push in "
+                f"{state['report'].dtype or 'the trainer dtype'}")
 
     def push() -> str:
         import torch
 
         start = time.perf_counter()
         with watchdog(sync_timeout_s, lambda s: rendezvous_diagnosis(None, group_port, s, what="weight sync")):
-            state["client"].update_model_params(state["model"])
+            state["gen"].sync_weights()  # training's push: metadata, stream, checked prefix-cache reset
             if torch.cuda.is_available():
                 torch.cuda.synchronize()
         seconds = time.perf_counter() - start
-        state["client"].reset_prefix_cache()  # checked: raises unless vLLM answers {"success": true}
         return (f"pushed {human_bytes(state['bytes'])} in {seconds:.2f}s = "
                 f"{human_bytes(state['bytes'] / max(seconds, 1e-9))}/s; prefix cache reset")
 
@@ -165,7 +188,7 @@ def run(url: str, model_name: str, group_port: int, server_timeout_s: float, syn
         with watchdog(sync_timeout_s * 3, lambda s: rendezvous_diagnosis(None, group_port, s, what="weight sync")):
             try:
                 figures = weight_check.check_weights_land(
-                    model, ids, push=lambda: client.update_model_params(model),
+                    model, ids, push=state["gen"].sync_weights,
                     reset=client.reset_prefix_cache,
                     ask=lambda: weight_check.query(session, url, served_name, ids),
                     say=lambda text: print(f"       {text}", flush=True))
@@ -195,41 +218,43 @@ def run(url: str, model_name: str, group_port: int, server_timeout_s: float, syn
 
 
 class AsyncTransfer:
-    """ROLLOUTS=async's weight path, as TRL 1.16's AsyncGRPOTrainer drives it (PINNED: async_grpo_trainer.py builds
-    `WeightTransferClient(vllm_client, weight_update_info={names, dtype_names, shapes} of _iter_vllm_named_params)`;
-    `_sync_weight_merged`: pause, send_weights(iterator), resume), so `make nccl-check FULL=1` covers it."""
+    """ROLLOUTS=async's weight path as training drives it (PINNED: TRL 1.16's AsyncGRPOTrainer builds
+    `WeightTransferClient(vllm_client, weight_update_info=<manifest of _iter_vllm_named_params>)`, the stack casts
+    manifest and stream to the served dtype (trl_hooks.async_nccl_push), `_sync_weight_merged` pauses, sends
+    `_streaming_iter()` and resumes); trainer.gpu.push_path gives the same objects, so `make nccl-check FULL=1`
+    covers it."""
 
-    def __init__(self, url: str, model, server_timeout_s: float, sync_timeout_s: float) -> None:
+    def __init__(self, url: str, model, server_timeout_s: float, sync_timeout_s: float,
+                 served_dtype: str | None = None) -> None:
         from accelerate.state import PartialState
-        from trl.experimental.async_grpo.async_grpo_trainer import _iter_vllm_named_params
         from trl.experimental.async_grpo.vllm_client import VLLMClient
         from trl.experimental.async_grpo.weight_transfer import WeightTransferClient
 
+        from trainer.gpu import push_path
+        from trainer.gpu.trl_hooks import async_nccl_push
+
         PartialState()  # TRL's async client logs through accelerate, which refuses to before this exists
         self.model, self.url = model, url
-        params = list(_iter_vllm_named_params(model))
-        info = {"names": [n for n, _ in params], "dtype_names": [str(p.dtype).split(".")[-1] for _, p in params],
-                "shapes": [list(p.shape) for _, p in params]}
-        self.client = WeightTransferClient(VLLMClient(url, server_timeout_s), weight_update_info=info,
+        self.client = WeightTransferClient(VLLMClient(url, server_timeout_s),
+                                           weight_update_info=push_path.async_manifest(model),
                                            weight_sync_timeout=int(sync_timeout_s))
+        async_nccl_push(self.client, served_dtype)  # as StackAsyncGRPOTrainer.__init__ does
         self.paused_s = 0.0
 
     def push(self) -> None:
-        from trl.experimental.async_grpo.async_grpo_trainer import _iter_vllm_named_params
+        from trainer.gpu import push_path
 
         self.client.pause()
         paused = time.perf_counter()
         try:
-            self.client.send_weights((name, p.detach()) for name, p in _iter_vllm_named_params(self.model))
+            self.client.send_weights(push_path.async_stream(self.model))
         finally:
             self.client.resume()
             self.paused_s = time.perf_counter() - paused
 
     def reset_prefix_cache(self) -> None:
-        import requests
-
-        reply = requests.post(f"{self.url}/reset_prefix_cache", timeout=60)
-        reply.raise_for_status()
+        """Nothing of its own: each push resets the cache (trl_hooks.reset_after_async_push), as training's does, so the
+        check is no greener than training."""
 
 
 def _run_async(url: str, model_name: str, group_port: int, server_timeout_s: float, sync_timeout_s: float) -> int:
@@ -253,13 +278,14 @@ def _run_async(url: str, model_name: str, group_port: int, server_timeout_s: flo
 
     def load_model() -> str:
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoTokenizer
 
         if not torch.cuda.is_available():
             raise StageFailed("this container has no CUDA device: run the check in the trainer service "
                               "(`make nccl-check FULL=1`), with TRAINER_GPU set in .env")
-        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
-        state["model"] = AutoModelForCausalLM.from_pretrained(model_name, dtype=dtype).to("cuda").eval()
+        # async NCCL pushes full weights (LORA_R's async sync sends the adapter by path instead): fp32 masters
+        full = RunConfig.load([]).model_copy(update={"lora_r": 0, "qlora": False})
+        state["model"] = training_model(model_name, full, "cuda")
         state["prompt_ids"] = AutoTokenizer.from_pretrained(model_name)(weight_check.PROBE_TEXT)["input_ids"]
         state["bytes"] = sum(p.numel() * p.element_size() for p in state["model"].parameters())
         return f"{human_bytes(state['bytes'])} on {torch.cuda.get_device_name(0)}"
@@ -267,7 +293,8 @@ def _run_async(url: str, model_name: str, group_port: int, server_timeout_s: flo
     def rendezvous() -> str:
         host_ip = prepare_rendezvous(url)
         port = pin_async_rendezvous_port(group_port)
-        state["transfer"] = AsyncTransfer(url, state["model"], server_timeout_s, sync_timeout_s)
+        state["transfer"] = AsyncTransfer(url, state["model"], server_timeout_s, sync_timeout_s,
+                                          state["report"].dtype)
         with watchdog(sync_timeout_s, lambda s: rendezvous_diagnosis(host_ip, port, s)):
             state["transfer"].client.init_weight_transfer()
         return f"trainer (rank 0) listened on {host_ip}:{port} or the next free port; vLLM's NCCL engine joined"
@@ -328,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     return run(args.url or cfg.vllm_server_url, args.model or cfg.model_path("gpu"), cfg.vllm_group_port,
                cfg.vllm_server_timeout_s, cfg.weight_sync_timeout_s,
                reload_dir=str(cfg.weight_reload_dir) if cfg.weight_transfer == "reload" else None,
-               rollouts=cfg.rollouts)
+               rollouts=cfg.rollouts, cfg=cfg)
 
 
 if __name__ == "__main__":

@@ -255,12 +255,27 @@ def async_nccl_push(transfer: Any, served_dtype: str | None) -> bool:
     def send_weights(iterator) -> None:
         push_state.push_started(pushes[0])  # a kill mid-push: the next launch restarts vLLM at once, no probe wait
         send(in_dtype(iterator, target))
+        reset_after_async_push(transfer.vllm.server_url)
         push_state.push_done(pushes[0])
         pushes[0] += 1
 
     send_weights._grpo_cast = True  # type: ignore[attr-defined]
     transfer.send_weights, transfer.init_weight_transfer = send_weights, init_weight_transfer
     return True
+
+
+def reset_after_async_push(base_url: str) -> None:
+    """ROLLOUTS=async, after the weights went in and before TRL resumes vLLM: reset its prefix cache, checked. TRL 1.16
+    pauses with mode=keep (no cache clear) and never resets, so later requests sharing a prefix (a GRPO group's prompt,
+    every episode's system prompt and tool schemas) would reuse KV the old weights computed. The paused requests hold
+    cache blocks, so a plain reset is refused (vLLM's BlockPool resets only with every block free):
+    `reset_running_requests` preempts them, and on resume they recompute their tokens so far with the new weights
+    (a prefill of each in-flight context once per push). weight_check.reset_prefix_cache raises unless it succeeded."""
+    import requests
+
+    from trainer.gpu.weight_check import reset_prefix_cache
+
+    reset_prefix_cache(requests, base_url, running=True)
 
 
 def use_weight_reload(folder: str, timeout_s: float) -> None:

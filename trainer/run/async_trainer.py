@@ -107,10 +107,11 @@ class ReloadWeightTransfer:
 
     def send_weights(self, iterator: Iterator[tuple[str, Any]]) -> None:
         from trainer.gpu import push_state
-        from trainer.gpu.trl_hooks import reload_weights
+        from trainer.gpu.trl_hooks import reload_weights, reset_after_async_push
 
         push_state.push_started(self.pushes)
         reload_weights(self.base_url, self.folder, self._cast(iterator), self.timeout_s)
+        reset_after_async_push(self.base_url)  # still paused: no KV from the old weights served after resume
         push_state.push_done(self.pushes)
         self.pushes += 1
 

@@ -146,9 +146,9 @@ def build_sync_trainer(cfg: RunConfig, mode: str, model, tokenizer, dataset, fac
 
         gpu.instrument_weight_sync(trainer, lambda seconds: STATS.add_time("weight_sync", seconds),
                                    timeout_s=cfg.weight_sync_timeout_s)
-        if cfg.qlora:  # a 4-bit base must not be re-quantized by a merge at every push (trainer.run.lora)
-            lora.push_without_merging(trainer)
-        pushed = gpu.push_in_served_dtype(trainer, served_dtype)
+        from trainer.gpu import push_path
+
+        pushed = push_path.install(trainer, cfg.qlora, served_dtype)  # the checks push through the same hooks
         if pushed:
             autocast = ", bf16 autocast" if training_args.bf16 else ""  # off only where the trainer runs on CPU
             log(f"weights: fp32 master weights{autocast}; each push to vLLM is cast to {pushed}")

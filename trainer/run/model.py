@@ -19,11 +19,15 @@ def published_dtype(cfg: RunConfig, mode: str) -> str | None:
 
 
 def load_model_and_tokenizer(cfg: RunConfig, mode: str):
+    tokenizer = load_tokenizer(cfg, mode)
+    return load_model(cfg, cfg.model_path(mode), **cfg.model_load_kwargs(mode)), tokenizer
+
+
+def load_model(cfg: RunConfig, name: str, **load_kwargs):
+    """The weights a run trains, as training holds them (also `make nccl-check FULL=1`'s, which pushes them)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    name = cfg.model_path(mode)
-    tokenizer = load_tokenizer(cfg, mode)
     # fp32 master weights in every layout; GRPOConfig(bf16=True) runs the forward and backward under bf16 autocast.
     # bf16 weights would not train: at lr 1e-5 an AdamW step rounds back to the same bf16 value for any |w| above
     # ~0.004 (norm weights, most matrix entries). Pushes to vLLM are cast to its dtype (gpu.push_in_served_dtype).
@@ -32,9 +36,14 @@ def load_model_and_tokenizer(cfg: RunConfig, mode: str):
     from trainer.run import lora
 
     dtype = torch.bfloat16 if cfg.qlora else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **cfg.model_load_kwargs(mode),
-                                                 **lora.quantization_kwargs(cfg))
-    return model, tokenizer
+    return AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **load_kwargs, **lora.quantization_kwargs(cfg))
+
+
+def attention_line(model) -> str:
+    """Which attention the sync trainer's forwards run: transformers' implementation as it loaded the model (sdpa
+    unless the model or its config asks for another). ROLLOUTS=async logs its tree attention backend instead."""
+    impl = getattr(model.config, "_attn_implementation", None) or "eager"
+    return f"attention: {impl} (transformers' attn_implementation for {type(model).__name__})"
 
 
 def load_tokenizer(cfg: RunConfig, mode: str):

@@ -18,7 +18,8 @@ from trainer.run.control import make_control_callback, stop_on_signals
 from trainer.run.dataset import build_dataset
 from trainer.run.dist import log
 from trainer.run.grpo_trainer import build_sync_trainer
-from trainer.run.model import generation_config_of, load_model_and_tokenizer, load_tokenizer, published_dtype
+from trainer.run.model import (attention_line, generation_config_of, load_model_and_tokenizer, load_tokenizer,
+                                published_dtype)
 from trainer.run.resume import prepare_run_dir
 from trainer.run.summary import print_env_sessions, print_summary
 
@@ -108,6 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             vllm_kwargs = gpu.grpo_vllm_kwargs(cfg)
         training_args = grpo_args.grpo_config(cfg, mode, **vllm_kwargs)
         model, tokenizer = load_model_and_tokenizer(cfg, mode)
+        log(attention_line(model))
     dataset = build_dataset(cfg, report.specs)
     factories = build_factories(cfg, report.specs, STATS)
     trackers = Trackers(cfg.trackers, RunInfo(cfg.run_dir, cfg.resolved_run_name, cfg.output_dir,

@@ -1,0 +1,67 @@
+"""The weight push's path, in one place for training and for the checks that must push the way training does.
+
+Training (ROLLOUTS=sync) pushes what TRL 1.16's `VLLMGeneration._iter_named_params` yields (plain parameters, a LoRA
+model merged then unmerged, DeepSpeed-gathered, or FSDP2 `full_tensor()` ones), with the stack's hooks on it: QLoRA's
+`lora.merged_weights` (no merge into the 4-bit base) and the cast to the served dtype (`trl_hooks.push_in_served_dtype`).
+ROLLOUTS=async streams `AsyncGRPOTrainer._streaming_iter` (FSDP2 `full_tensor()` per parameter) through TRL's
+`WeightTransferClient`, manifest and stream cast together (`trl_hooks.async_nccl_push`).
+
+`install` is what the sync trainer calls (trainer.run.grpo_trainer.build_sync_trainer); `generation` and
+`async_stream` give `make nccl-check FULL=1` (trainer.gpu.sync_check) and `make gpu-selfcheck`'s weight_iterator
+(trainer.gpu.selfcheck) TRL's own objects with the same hooks, so a check cannot be green on a path training does not
+take. Single-process: TRL's FSDP2/DeepSpeed branches run only under a launcher with several ranks.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any, Iterator
+
+
+def install(trainer: Any, qlora: bool, served_dtype: str | None) -> str | None:
+    """The stack's hooks on a trainer's push iterator: QLoRA's merged weights first, then the served-dtype cast (which
+    casts what the first yields). Returns the dtype pushes are cast to, or None."""
+    from trainer.gpu.trl_hooks import push_in_served_dtype
+    from trainer.run import lora
+
+    if qlora:  # a 4-bit base must not be re-quantized by a merge at every push (trainer.run.lora)
+        lora.push_without_merging(trainer)
+    return push_in_served_dtype(trainer, served_dtype)
+
+
+def generation(model: Any, served_dtype: str | None, qlora: bool = False, client: Any = None):
+    """TRL 1.16's VLLMGeneration in server mode, holding only what `sync_weights` and `_iter_named_params` read (the
+    model, the accelerator, the distributed backend, the client; no engine), with `install`'s hooks on it. Its
+    `sync_weights()` is training's push (metadata, `client.update_named_params`, the prefix-cache reset); its
+    `_iter_named_params()` is what that push streams. PINNED to those attributes (trainer/run/trl_privates.py)."""
+    from accelerate import Accelerator
+    from trl.distributed import DistributedBackend
+    from trl.generation.vllm_generation import VLLMGeneration
+
+    gen = object.__new__(VLLMGeneration)
+    gen.model, gen.mode, gen.vllm_client = model, "server", client
+    gen.enable_sleep_mode, gen._weight_metadata = False, None
+    gen.accelerator = Accelerator(cpu=next(model.parameters()).device.type == "cpu")
+    gen._dist = DistributedBackend(gen.accelerator)
+    install(SimpleNamespace(vllm_generation=gen), qlora, served_dtype)
+    return gen
+
+
+def async_manifest(model: Any) -> dict[str, list]:
+    """The manifest TRL 1.16's AsyncGRPOTrainer.__init__ gives its WeightTransferClient (names, dtype names, shapes of
+    `_iter_vllm_named_params`), before `trl_hooks.async_nccl_push` casts its dtype names."""
+    from trl.experimental.async_grpo.async_grpo_trainer import _iter_vllm_named_params
+
+    params = list(_iter_vllm_named_params(model))
+    return {"names": [n for n, _ in params], "dtype_names": [str(p.dtype).split(".")[-1] for _, p in params],
+            "shapes": [list(p.shape) for _, p in params]}
+
+
+def async_stream(model: Any) -> Iterator[tuple[str, Any]]:
+    """What ROLLOUTS=async's merged sync hands `send_weights`: TRL 1.16's `AsyncGRPOTrainer._streaming_iter` on a
+    stand-in that has only what it reads (the accelerator, the model)."""
+    from accelerate import Accelerator
+    from trl.experimental.async_grpo.async_grpo_trainer import AsyncGRPOTrainer
+
+    holder = SimpleNamespace(model=model, accelerator=Accelerator(cpu=next(model.parameters()).device.type == "cpu"))
+    return AsyncGRPOTrainer._streaming_iter(holder)
