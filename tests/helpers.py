@@ -34,6 +34,39 @@ BUILD_SERVICES = {
 }
 
 
+
+
+class JsonStubHandler:
+    """Mixin for an in-process stand-in server's BaseHTTPRequestHandler: `reply(status, body)` answers JSON; no log."""
+
+    def reply(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *a) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def stub_http_server(handler: type) -> Iterator[str]:
+    """Serve `handler` on 127.0.0.1 (a free port) in a thread; yields its base URL, closed on exit."""
+    import threading
+    from http.server import ThreadingHTTPServer
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
 def docker_ready() -> bool:
     return shutil.which("docker") is not None and subprocess.run(
         ["docker", "info"], capture_output=True

@@ -8,14 +8,13 @@ import os
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-import json  # noqa: E402
-import threading  # noqa: E402
 from contextlib import contextmanager  # noqa: E402
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer  # noqa: E402
+from http.server import BaseHTTPRequestHandler  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
 import pytest  # noqa: E402
 
+from tests.helpers import JsonStubHandler, stub_http_server  # noqa: E402
 from trainer.gpu import push_state, trl_hooks  # noqa: E402
 from trainer.gpu.weight_check import PrefixCacheResetFailed  # noqa: E402
 
@@ -24,26 +23,13 @@ from trainer.gpu.weight_check import PrefixCacheResetFailed  # noqa: E402
 def stub_vllm(calls: list, success: bool = True):
     """An in-process stand-in for vLLM's /reset_prefix_cache on 127.0.0.1: records each call (path with its query)
     and answers `{"success": ...}` as vLLM 0.31 does."""
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(JsonStubHandler, BaseHTTPRequestHandler):
         def do_POST(self):  # noqa: N802
             calls.append(("POST", self.path))
-            data = json.dumps({"success": success}).encode()
-            self.send_response(200)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self.reply(200, {"success": success})
 
-        def log_message(self, *a):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with stub_http_server(Handler) as url:
+        yield url
 
 
 @pytest.fixture

@@ -6,20 +6,19 @@ wait stands in for an NCCL rendezvous or broadcast that never completes."""
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
 import sys
 import threading
 import time
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from types import SimpleNamespace
 
 import pytest
 
 from trainer.gpu import grpo_kwargs, nccl, server, trl_hooks, watchdog
-from tests.helpers import ROOT
+from tests.helpers import ROOT, JsonStubHandler, stub_http_server
 from trainer.run import grpo_args
 
 
@@ -277,26 +276,12 @@ def test_trainers_without_vllm_are_left_alone():
 # ------------------------------------------------------------------ server checks on stub servers
 @contextmanager
 def stub_server(routes: dict[str, tuple[int, dict]]):
-    class Handler(BaseHTTPRequestHandler):
+    class Handler(JsonStubHandler, BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
-            status, body = routes.get(self.path.split("?")[0], (404, {"detail": "Not Found"}))
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+            self.reply(*routes.get(self.path.split("?")[0], (404, {"detail": "Not Found"})))
 
-        def log_message(self, *a):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
+    with stub_http_server(Handler) as url:
+        yield url
 
 
 def info(wtc=({"backend": "nccl"}), logprobs_mode="processed_logprobs", cuda="True"):
