@@ -8,14 +8,14 @@ answers, errs or hangs; plain functions stand in for `docker compose run` / `up`
 
 from __future__ import annotations
 
-import json
 import threading
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
 
 from tests.gpu_path.test_gpu_side import fake_trainer
+from tests.helpers import JsonStubHandler, stub_http_server
 from contract.defaults import EXIT_VLLM_RESTART, EXIT_VLLM_WENT_AWAY
 from trainer.gpu import push_state, trl_hooks, watchdog
 
@@ -68,21 +68,13 @@ def stub_vllm(completion: tuple[int, dict] | None = (200, {"choices": [{"text": 
     `started`: GET /metrics says process_start_time_seconds started[0] (as vLLM's does), read at each request."""
     release = threading.Event()
 
-    class Handler(BaseHTTPRequestHandler):
-        def _send(self, status, body):
-            data = json.dumps(body).encode()
-            self.send_response(status)
-            self.send_header("content-type", "application/json")
-            self.send_header("content-length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
+    class Handler(JsonStubHandler, BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
             path = self.path.split("?")[0]
             if path == "/health":
-                self._send(health, {})
+                self.reply(health, {})
             elif path == "/v1/models":
-                self._send(200, {"data": [{"id": "org/tiny", "max_model_len": 512}]})
+                self.reply(200, {"data": [{"id": "org/tiny", "max_model_len": 512}]})
             elif path == "/metrics" and started is not None:
                 text = f"# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds {started[0]}\n".encode()
                 self.send_response(200)
@@ -90,27 +82,21 @@ def stub_vllm(completion: tuple[int, dict] | None = (200, {"choices": [{"text": 
                 self.end_headers()
                 self.wfile.write(text)
             else:
-                self._send(404, {"detail": "Not Found"})
+                self.reply(404, {"detail": "Not Found"})
 
         def do_POST(self):  # noqa: N802
             self.rfile.read(int(self.headers.get("content-length") or 0))
             if completion is None:
                 release.wait()  # a hung engine: no byte until the test ends
                 return
-            self._send(*completion)
+            self.reply(*completion)
 
-        def log_message(self, *a):
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", release
-    finally:
-        release.set()
-        server.shutdown()
-        server.server_close()  # the port refuses from here on, as a stopped vLLM's does
+    with stub_http_server(Handler) as url:
+        try:
+            yield url, release
+        finally:
+            release.set()  # before the server closes: a hung request's thread ends
+    # closed (stub_http_server): the port refuses from here on, as a stopped vLLM's does
 
 
 def test_a_marker_left_behind_asks_for_a_restart_once_without_asking_vllm(tmp_path, monkeypatch):
