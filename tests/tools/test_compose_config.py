@@ -136,6 +136,19 @@ def test_env_server_image_capacity_and_replicas_come_from_env_file(tmp_path):
     assert svc["deploy"]["replicas"] == 3
 
 
+def test_openenv_mode_and_web_interface_reach_every_env_server_from_the_env_file(tmp_path):
+    """Upstream's create_app and ours read OPENENV_MODE and ENABLE_WEB_INTERFACE from the container's environment: the
+    one env-template passes them to built-in and custom-image env servers alike (defaults: simulation, no UI)."""
+    default = resolved("cpu", "echo")["services"]["env-echo"]["environment"]
+    assert (default["OPENENV_MODE"], default["ENABLE_WEB_INTERFACE"]) == ("simulation", "false")
+    f = tmp_path / "e.env"
+    for image in ("", "ENV_ECHO_IMAGE=openenv/echo-env:1\n"):  # ours, and an upstream image in its place
+        f = tmp_path / "e.env"
+        f.write_text((ROOT / ".env.example").read_text() + f"\n{image}OPENENV_MODE=production\nENABLE_WEB_INTERFACE=true\n")
+        env = resolved("cpu", "echo", env_file=str(f))["services"]["env-echo"]["environment"]
+        assert (env["OPENENV_MODE"], env["ENABLE_WEB_INTERFACE"]) == ("production", "true"), image
+
+
 def test_env_servers_are_hardened(gpu):
     for name in ("env-echo", "env-wordle", "env-catch"):
         svc = gpu["services"][name]
