@@ -145,12 +145,15 @@ PYTEST_SOME = { $(2) $(VENV)/bin/python -m pytest $(1) $(PYTEST_ARGS) || [ $$? =
 test: $(VENV)/.test-ok ## Run every test: the host-only part (no engine reachable) beside the real containers (needs Docker)
 	@# Both parts at once: the container part waits on containers much of the time, and the host part fits in what it
 	@# leaves of the CPU; the host part's output follows the container part's. Either red fails the target.
-	@host_log=$$(mktemp -t host-tests.XXXXXX); \
+	@# The tiny model both parts use is made once, first (TINY_MODEL_DIR: one made earlier, or where to make it).
+	@tmp=$$(mktemp -d -t grpo-tests.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; host_log=$$tmp/host-tests.log; \
+	export TINY_MODEL_DIR=$${TINY_MODEL_DIR:-$$tmp/tiny-qwen3}; \
+	$(VENV)/bin/python -c 'import sys; from pathlib import Path; from tests.helpers import make_tiny_model; make_tiny_model(Path(sys.argv[1]))' "$$TINY_MODEL_DIR" || exit 1; \
 	{ $(call PYTEST_SOME,-m "not docker",$(NO_ENGINE)) >$$host_log 2>&1; echo $$? >$$host_log.rc; } & host=$$!; \
-	trap 'kill $$host 2>/dev/null' INT TERM; \
+	trap 'kill $$host 2>/dev/null; rm -rf "$$tmp"' INT TERM; \
 	rc=0; $(call PYTEST_SOME,-m docker) || rc=1; wait $$host; \
 	echo "[test] the host-only part (-m 'not docker'), run beside the container part:"; cat $$host_log; \
-	[ "$$(cat $$host_log.rc)" = 0 ] || rc=1; rm -f $$host_log $$host_log.rc; exit $$rc
+	[ "$$(cat $$host_log.rc)" = 0 ] || rc=1; exit $$rc
 
 test-host: $(VENV)/.test-ok ## The host-only tests alone: unit, compose config, in-process servers; no container (minutes)
 	@# two workers (pytest-xdist): many of these tests wait on timers and subprocesses, so two overlap well on 2 cores

@@ -28,8 +28,8 @@ def docker() -> None:
 def tiny_model_dir(tmp_path_factory) -> Path:
     """The CPU profile's tiny model (`python -m trainer.tiny_model`, what model-init runs), made once per test session
     for every folder (~15-30 s); world-readable, since containers (uid 10001) mount it read-only. TINY_MODEL_DIR
-    reuses one made earlier (saves that time when iterating)."""
+    names one made earlier, or where to make it (`make test` makes it once there for both its parts)."""
     reuse = os.environ.get("TINY_MODEL_DIR")
     if reuse:
-        return Path(reuse)
+        return make_tiny_model(Path(reuse))
     return make_tiny_model(tmp_path_factory.mktemp("models") / "tiny-qwen3")
