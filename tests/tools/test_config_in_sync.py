@@ -1,4 +1,4 @@
-"""One config, four places: contract.config.RunConfig, .env.example, compose.yaml, README's table."""
+"""One config, four places: contract.config.RunConfig, .env.example, compose.yaml, docs/configuration.md's table."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from tools.errors import parse_env_file
 FIXED_BY_COMPOSE = {"OUTPUT_DIR", "VLLM_SERVER_URL", "VLLM_WORLD_SIZE"}  # the last: tools/gpu_layout.py, from VLLM_GPU
 
 
-def readme_table_vars() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Configuration: every `.env` variable", 1)[1].split("\n## ", 1)[0]
+def docs_table_vars() -> list[str]:
+    text = (ROOT / "docs/configuration.md").read_text()
+    section = text.split("# Configuration: every `.env` variable", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"^\| `([A-Z0-9_]+)` \|", section, flags=re.M)
 
 
@@ -27,11 +27,18 @@ def test_every_run_config_field_is_a_documented_env_variable():
     assert not missing, f"RunConfig fields missing from .env.example: {missing}"
 
 
-def test_readme_table_lists_exactly_the_env_example_variables():
+def test_docs_table_lists_exactly_the_env_example_variables():
     example = list(parse_env_file(ROOT / ".env.example"))
-    table = readme_table_vars()
-    assert len(table) == len(set(table)), "a variable appears twice in the README table"
+    table = docs_table_vars()
+    assert len(table) == len(set(table)), "a variable appears twice in docs/configuration.md's table"
     assert sorted(table) == sorted(example)
+
+
+def test_the_committed_configuration_page_is_what_the_command_prints():
+    from tools.commands.config_docs import PAGE, page
+
+    assert (ROOT / PAGE).read_text() == page(), (
+        f"{PAGE} is stale: run `.venv/bin/python -m tools config-docs > {PAGE}` and commit it")
 
 
 def test_compose_passes_every_run_config_field_to_both_trainers():
