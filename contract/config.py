@@ -5,7 +5,7 @@ Light on purpose: only pydantic / pydantic-settings / stdlib and `envs.registry`
 
     RunConfig.load()                      # env vars + sys.argv[1:]
     RunConfig.load(["--max-steps", "3"])  # CLI overrides win over env vars
-    ENV_VARS                              # every variable name, in one place (docs/configuration.md, .env.example, compose tests)
+    ENV_VARS                              # every variable name, in one place (docs/configuration.md, tests)
 """
 
 from __future__ import annotations
@@ -109,7 +109,8 @@ class RunConfig(BaseSettings):
     output_dir: str = Field("/outputs", description="Where runs are written (checkpoints, metrics.jsonl, tensorboard/).")
     max_steps: int = Field(30, ge=1, description="Optimizer steps to train.")
     learning_rate: float | None = Field(
-        None, gt=0, le=1, description="AdamW learning rate. Empty: 1e-5 on GPU, 2e-4 on CPU (the tiny model); with LORA_R set "
+        None, gt=0, le=1, description="AdamW learning rate. Empty: 1e-5 on GPU, 2e-4 on CPU (the tiny model of the CPU "
+        "profile and `make rehearse`); with LORA_R set "
         "1e-4 on GPU, 2e-3 on CPU (adapters need ~10x the full fine-tuning rate)."
     )
     num_generations: int = Field(4, ge=2, description="Completions per prompt (GRPO group size).")
@@ -137,7 +138,7 @@ class RunConfig(BaseSettings):
     )
     tool_concurrency: int | None = Field(
         None, ge=1, description="Most tool calls in flight at once per trainer process. Empty: a whole round, every "
-        "rollout that called a tool (one rollout's calls always run in the model's order)."
+        "rollout that called a tool (one rollout's calls always run in the model's order). Lower it for a fragile env."
     )
     temperature: float = Field(1.0, gt=0, le=2, description="Sampling temperature for rollouts (vLLM refuses above 2).")
     unfinished_penalty: float = Field(
@@ -239,7 +240,7 @@ class RunConfig(BaseSettings):
     )
     trainer_sharding: Literal["ddp", "zero3", "fsdp"] = Field(
         "ddp", description="How several trainer processes share the model: ddp (a full copy each), zero3 "
-        "(DeepSpeed ZeRO-3) or fsdp (PyTorch FSDP), for models that do not fit one GPU."
+        "(DeepSpeed ZeRO-3; needs DeepSpeed in the image) or fsdp (PyTorch FSDP2), for models that do not fit one GPU."
     )
 
     lora_r: int = Field(

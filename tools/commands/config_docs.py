@@ -22,8 +22,8 @@ COMPOSE_ONLY = {
     "ENV_WORDLE_REPLICAS": "Wordle containers",
     "ENV_CATCH_REPLICAS": "Catch containers",
     "ENV_REPLICAS_MAX": "the most containers `ENV_<NAME>_REPLICAS=auto` starts per env",
-    "ENV_SESSION_TIMEOUT_S": "idle sessions are closed after this, freeing the slot of a vanished client: this project's "
-    "env servers only (upstream images on openenv 0.10 `create_app` ignore it and reap none; their slots free when the "
+    "ENV_SESSION_TIMEOUT_S": "idle sessions are closed after this, freeing the slot of a vanished client: this "
+    "project's env servers only (upstream images on openenv 0.10 `create_app` ignore it and reap none; their slots free when the "
     "socket closes: the trainer closes its sessions on every way out, and a killed process's close)",
     "ENV_MEM_LIMIT": "memory limit of each env container",
     "ENV_STEP_DELAY_S": "our built-in env servers answer every tool call this many seconds later (without holding up "
