@@ -28,7 +28,7 @@ $(foreach v,RUN CHECKPOINT PUSH STEP TASKS THRESHOLD ARGS,$(if \
 $(if $(strip $(foreach c,$(SHELL_OPERATORS),$(findstring $(c),$(value ARGS)))),$(error $(UNSAFE_ARGS)))
 
 .PHONY: help up train down logs ps config build test clean doctor report rollouts eval export baseline dashboard nccl-check gpu-smoke gpu-selfcheck rehearse soak bench test-host \
-	fleet-up fleet-ps fleet-logs fleet-down bench-fleet bench-learning bench-async chaos
+	fleet-up fleet-ps fleet-logs fleet-down bench-fleet bench-learning bench-async chaos config-docs
 
 help: ## List every target with one line each
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -56,6 +56,9 @@ ps: $(VENV)/.host-ok ## Show the stack's containers and their health
 
 config: $(VENV)/.host-ok ## Print the whole resolved stack (compose.yaml + the services generated from .env)
 	@$(STACK) compose config
+
+config-docs: $(VENV)/.host-ok ## Regenerate docs/configuration.md (every .env variable) from the typed settings
+	@$(STACK) config-docs --write
 
 fleet-up: $(VENV)/.host-ok ## Swarm manager: deploy/update the env servers of .env as a fleet across the swarm's nodes (docs/fleets.md)
 	@$(STACK) fleet up

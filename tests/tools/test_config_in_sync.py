@@ -38,7 +38,19 @@ def test_the_committed_configuration_page_is_what_the_command_prints():
     from tools.commands.config_docs import PAGE, page
 
     assert (ROOT / PAGE).read_text() == page(), (
-        f"{PAGE} is stale: run `.venv/bin/python -m tools config-docs > {PAGE}` and commit it")
+        f"{PAGE} is stale: run `make config-docs` and commit it")
+
+
+def test_a_new_env_example_key_without_a_description_is_named_with_where_to_write_it(tmp_path, monkeypatch):
+    import pytest
+
+    from tools.commands import config_docs
+
+    example = tmp_path / ".env.example"
+    example.write_text("MAX_STEPS=\nMY_NEW_LIMIT=4g\n")
+    monkeypatch.setattr(config_docs, "ENV_EXAMPLE", example)
+    with pytest.raises(SystemExit, match="MY_NEW_LIMIT in .env.example has no description: .*COMPOSE_ONLY"):
+        config_docs.page()
 
 
 def test_compose_passes_every_run_config_field_to_both_trainers():
