@@ -28,7 +28,7 @@ $(foreach v,RUN CHECKPOINT PUSH STEP TASKS THRESHOLD ARGS,$(if \
 $(if $(strip $(foreach c,$(SHELL_OPERATORS),$(findstring $(c),$(value ARGS)))),$(error $(UNSAFE_ARGS)))
 
 .PHONY: help up train down logs ps config build test clean doctor report rollouts eval export baseline dashboard nccl-check gpu-smoke gpu-selfcheck rehearse soak bench test-host \
-	fleet-up fleet-ps fleet-logs fleet-down bench-fleet bench-learning bench-async chaos
+	fleet-up fleet-ps fleet-logs fleet-down bench-fleet bench-learning bench-async chaos config-docs
 
 help: ## List every target with one line each
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -57,7 +57,10 @@ ps: $(VENV)/.host-ok ## Show the stack's containers and their health
 config: $(VENV)/.host-ok ## Print the whole resolved stack (compose.yaml + the services generated from .env)
 	@$(STACK) compose config
 
-fleet-up: $(VENV)/.host-ok ## Swarm manager: deploy/update the env servers of .env as a fleet across the swarm's nodes (README "Across machines")
+config-docs: $(VENV)/.host-ok ## Regenerate docs/configuration.md (every .env variable) from the typed settings
+	@$(STACK) config-docs --write
+
+fleet-up: $(VENV)/.host-ok ## Swarm manager: deploy/update the env servers of .env as a fleet across the swarm's nodes (docs/fleets.md)
 	@$(STACK) fleet up
 
 fleet-ps: $(VENV)/.host-ok ## The fleet's services and tasks: node, state, errors
@@ -96,13 +99,13 @@ dashboard: $(VENV)/.host-ok ## Start TensorBoard on 127.0.0.1:$DASHBOARD_PORT (o
 nccl-check: $(VENV)/.host-ok ## GPU hosts: NCCL broadcast as the weight sync does; FULL=1: TRL's rendezvous + weight push + generation against the running vllm
 	@$(STACK) nccl-check $(if $(FULL),--full) $(ARGS)
 
-gpu-selfcheck: ## GPU owners, no Docker, vLLM server or Hub: the trainer's CUDA path checked in a plain env (PYTHON=/path/to/python; README "GPU self-check")
+gpu-selfcheck: ## GPU owners, no Docker, vLLM server or Hub: the trainer's CUDA path checked in a plain env (PYTHON=/path/to/python; docs/gpu-host.md "GPU self-check")
 	@$(PYTHON) -m trainer.gpu.selfcheck $(ARGS)
 
-rehearse: $(VENV)/.host-ok ## No GPU needed: TRAIN_MODE=gpu's layout on this CPU (vLLM CPU twin, trainer on CPU, weights by reload), sync or async by .env (README "Rehearse the GPU layout on a laptop")
+rehearse: $(VENV)/.host-ok ## No GPU needed: TRAIN_MODE=gpu's layout on this CPU (vLLM CPU twin, trainer on CPU, weights by reload), sync or async by .env (docs/gpu-host.md "Rehearse the GPU layout on a laptop")
 	@$(STACK) rehearse $(ARGS)
 
-gpu-smoke: $(VENV)/.host-ok ## GPU hosts, first thing: 3 steps on the default model, pass/FAIL with timings per stage (README "First run on a GPU host")
+gpu-smoke: $(VENV)/.host-ok ## GPU hosts, first thing: 3 steps on the default model, pass/FAIL with timings per stage (docs/gpu-host.md "First run on a GPU host")
 	@$(STACK) smoke --gpu
 
 soak: $(VENV)/.test-ok ## Long soak of the env servers at full capacity (minutes; SOAK_MINUTES=10)

@@ -1,4 +1,4 @@
-"""Env-server fleets on Docker Swarm, in figures: `make bench-fleet` (README "Across machines").
+"""Env-server fleets on Docker Swarm, in figures: `make bench-fleet` (docs/fleets.md).
 
 Deploys echo fleets with tools/fleet.py (the `make fleet-up` path, from an env file) on this engine's swarm
 (a one-node swarm is initialised for the run when there is none, and left afterwards), and loads them with

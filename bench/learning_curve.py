@@ -1,4 +1,4 @@
-"""The CPU profile's learning curve on echo, next to its goals (README "CPU profile: what the learning curve shows").
+"""The CPU profile's learning curve on echo, next to its goals (docs/profiles.md "CPU profile: what the learning curve shows").
 
     .venv/bin/python bench/learning_curve.py [--seeds 42,7] [--model DIR]
 

@@ -5,7 +5,7 @@ Light on purpose: only pydantic / pydantic-settings / stdlib and `envs.registry`
 
     RunConfig.load()                      # env vars + sys.argv[1:]
     RunConfig.load(["--max-steps", "3"])  # CLI overrides win over env vars
-    ENV_VARS                              # every variable name, in one place (README/.env.example/compose tests)
+    ENV_VARS                              # every variable name, in one place (docs/configuration.md, tests)
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ class RunConfig(BaseSettings):
     env_name: str = Field(
         "echo", description="Environment(s) to train on: one name or a comma list (multi-env). Built in: echo, "
         "wordle, catch; any other name is an OpenEnv server whose tools are learned at start (its image in "
-        "ENV_<NAME>_IMAGE, README \"Bring your own environment\")."
+        "ENV_<NAME>_IMAGE, docs/environments.md \"Bring your own environment\")."
     )
     env_urls: str | None = Field(
         None, description="Override env server URLs, e.g. `echo=http://env-echo:8000,wordle=http://host:9000`; "
@@ -89,12 +89,12 @@ class RunConfig(BaseSettings):
     )
     env_fleet: Literal["compose", "swarm"] = Field(
         "compose", description="Where the env servers run: `compose` = replicas on this host; `swarm` = a Docker "
-        "Swarm fleet across machines (`make fleet-up`, README \"Across machines\"): the trainer joins its overlay "
+        "Swarm fleet across machines (`make fleet-up`, docs/fleets.md): the trainer joins its overlay "
         "network and spreads sessions over its tasks."
     )
     model_name: str | None = Field(
-        None, description=f"Model to train (hub id or local path). Empty: `{CPU_DEFAULT_MODEL}` on CPU, "
-        f"`{GPU_DEFAULT_MODEL}` on GPU."
+        None, description=f"Model for the GPU modes (hub id or local path); the CPU profile always trains its tiny "
+        f"local model. Empty: `{CPU_DEFAULT_MODEL}` on CPU, `{GPU_DEFAULT_MODEL}` on GPU."
     )
     model_revision: str | None = Field(
         None, description="Hub revision (a commit) of MODEL_NAME: downloaded, checked (chat template) and loaded by "
@@ -109,7 +109,8 @@ class RunConfig(BaseSettings):
     output_dir: str = Field("/outputs", description="Where runs are written (checkpoints, metrics.jsonl, tensorboard/).")
     max_steps: int = Field(30, ge=1, description="Optimizer steps to train.")
     learning_rate: float | None = Field(
-        None, gt=0, le=1, description="AdamW learning rate. Empty: 1e-5 on GPU, 2e-4 on CPU (the tiny model); with LORA_R set "
+        None, gt=0, le=1, description="AdamW learning rate. Empty: 1e-5 on GPU, 2e-4 on CPU (the tiny model of the CPU "
+        "profile and `make rehearse`); with LORA_R set "
         "1e-4 on GPU, 2e-3 on CPU (adapters need ~10x the full fine-tuning rate)."
     )
     num_generations: int = Field(4, ge=2, description="Completions per prompt (GRPO group size).")
@@ -137,13 +138,14 @@ class RunConfig(BaseSettings):
     )
     tool_concurrency: int | None = Field(
         None, ge=1, description="Most tool calls in flight at once per trainer process. Empty: a whole round, every "
-        "rollout that called a tool (one rollout's calls always run in the model's order)."
+        "rollout that called a tool (one rollout's calls always run in the model's order). Lower it for a fragile env."
     )
     temperature: float = Field(1.0, gt=0, le=2, description="Sampling temperature for rollouts (vLLM refuses above 2).")
     unfinished_penalty: float = Field(
         1.0, ge=0, le=100, description="Reward taken from an episode cut at MAX_COMPLETION_LENGTH before the model "
-        "ended it (logged as rewards/unfinished/mean; 0 turns it off). Without it, turns after the env has decided "
-        "the reward can ramble to the cap unpunished."
+        "ended it: a turn cut mid-generation (an episode whose next round would not fit ends on the model's own stop "
+        "token, unpenalised, in both modes). Logged as rewards/unfinished/mean; 0 turns it off. Without it, turns "
+        "after the env has decided the reward can ramble to the cap unpunished."
     )
     zero_std_groups: Literal["keep", "drop"] = Field(
         "keep", description="Groups whose completions all scored the same (advantage 0; their share is logged as "
@@ -185,7 +187,8 @@ class RunConfig(BaseSettings):
         "reset observation follows). Empty: a generic 'act through the tools' instruction."
     )
     env_prompts_file: str | None = Field(
-        None, description="Envs learned from their server: a JSONL file in the trainer container, one row per line "
+        None, description="Envs learned from their server: a JSONL file put in ./prompts/ and named as "
+        "/prompts/<file>.jsonl (the trainer container's path), one row per line "
         "{\"prompt\": text or messages, \"reset\": {reset kwargs}, \"environment\": name (optional)}; replaces "
         "ENV_INSTRUCTION."
     )
@@ -203,7 +206,7 @@ class RunConfig(BaseSettings):
     weight_sync_timeout_s: float = Field(300.0, gt=0, description="Fail a weight sync that takes longer (with a diagnosis).")
     generation_timeout_s: float = Field(
         600.0, gt=0, description="Server mode: fail a generation request to vLLM that takes longer (vLLM hung?), with "
-        "a diagnosis, instead of waiting forever."
+        "a diagnosis (exit 75), instead of waiting forever."
     )
     weight_transfer: Literal["nccl", "reload"] = Field(
         "nccl", description="How TRAIN_MODE=gpu pushes new weights into the vLLM server. nccl: GPU to GPU (the real "
@@ -228,7 +231,7 @@ class RunConfig(BaseSettings):
     rollouts: Literal["sync", "async"] = Field(
         "sync", description="sync: TRL's GRPOTrainer, generate a batch then train on it (vLLM idles while the "
         "trainer trains). async: TRL's AsyncGRPOTrainer, a rollout worker keeps generating against the vLLM server "
-        "while the trainer trains on what is queued (README \"Async GRPO\"). async needs TRAIN_MODE=gpu (its CPU "
+        "while the trainer trains on what is queued (docs/async.md). async needs TRAIN_MODE=gpu (its CPU "
         "rehearsal too: `make rehearse`), 1 or 2 trainer processes, TRAINER_SHARDING=fsdp for 2."
     )
     max_staleness: int = Field(
@@ -237,7 +240,7 @@ class RunConfig(BaseSettings):
     )
     trainer_sharding: Literal["ddp", "zero3", "fsdp"] = Field(
         "ddp", description="How several trainer processes share the model: ddp (a full copy each), zero3 "
-        "(DeepSpeed ZeRO-3) or fsdp (PyTorch FSDP), for models that do not fit one GPU."
+        "(DeepSpeed ZeRO-3; needs DeepSpeed in the image) or fsdp (PyTorch FSDP2), for models that do not fit one GPU."
     )
 
     lora_r: int = Field(
@@ -579,7 +582,7 @@ ENV_VARS: tuple[str, ...] = tuple(name.upper() for name in RunConfig.model_field
 
 
 def describe() -> list[dict[str, str]]:
-    """One row per variable (name, default, description): source of the README table."""
+    """One row per variable (name, default, description)."""
     rows = []
     for name, field in RunConfig.model_fields.items():
         default = "" if field.default is None else str(field.default)
@@ -593,14 +596,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m contract.config", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="validate the environment; exit 1 with the problems")
     parser.add_argument("--names", action="store_true", help="print every variable name, one per line")
-    parser.add_argument("--table", action="store_true", help="print the README's Markdown table")
     args = parser.parse_args(argv)
     if args.names:
         print("\n".join(ENV_VARS))
-    elif args.table:
-        print("| variable | default | meaning |\n| --- | --- | --- |")
-        for row in describe():
-            print(f"| `{row['name']}` | {('`' + row['default'] + '`') if row['default'] else ''} | {row['description']} |")
     else:
         try:
             cfg = RunConfig.load([])

@@ -284,7 +284,7 @@ def compare(config: dict, gpu_bytes: int | None = None, *, lora_r: int = 0, **se
     return "; ".join(parts)
 
 
-# README's "What fits" table: Qwen3's published shapes (config.json of each hub model), one trainer GPU with vLLM on
+# docs/gpu-host.md's "What fits" table: Qwen3's published shapes (config.json of each hub model), one trainer GPU with vLLM on
 # its own (TRAIN_MODE=gpu), the default lengths and batch, prompts of DEFAULT_PROMPT_TOKENS.
 QWEN3 = {
     "Qwen3-0.6B": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
@@ -307,7 +307,7 @@ def qwen3_config(name: str) -> dict:
 
 
 def fits_table(batch: int = 8, completion_tokens: int = 256, lora_r: int = DEFAULT_LORA_R) -> str:
-    """The Markdown table in README "What fits": per model the GiB of each method, per card which methods fit."""
+    """The Markdown table in docs/gpu-host.md "What fits": per model the GiB of each method, per card which methods fit."""
     head = ["model", "full / LoRA / QLoRA per GPU", *CARDS_MIB]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name in QWEN3:

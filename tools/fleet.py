@@ -1,4 +1,4 @@
-"""Env-server fleets on Docker Swarm: `make fleet-up`, `fleet-ps`, `fleet-logs`, `fleet-down` (README "Across machines").
+"""Env-server fleets on Docker Swarm: `make fleet-up`, `fleet-ps`, `fleet-logs`, `fleet-down` (docs/fleets.md).
 
 The env servers .env names (ENV_NAME, ENV_<NAME>_IMAGE, ENV_<NAME>_REPLICAS, MAX_CONCURRENT_ENVS, ENV_MEM_LIMIT, ...)
 become one Swarm stack, FLEET_STACK. Each service is the Compose stack's own env service as `docker compose config`
@@ -49,7 +49,7 @@ def swarm_role() -> tuple[str | None, str | None]:
     state = swarm.get("LocalNodeState")
     if state != "active":
         return None, (f"this Docker engine is not in a swarm (state: {state or 'inactive'}): run `docker swarm init` on "
-                      "the first machine, `docker swarm join --token ...` on the others (README \"Across machines\")")
+                      "the first machine, `docker swarm join --token ...` on the others (docs/fleets.md)")
     if not swarm.get("ControlAvailable"):
         return "worker", ("this node is a swarm worker: run `make fleet-up` / `fleet-down` on a manager (`docker node "
                           "ls` there lists them); `make train` here joins the fleet's network without managing it")
@@ -318,7 +318,7 @@ def wait_converged(name: str, expected: list[str], timeout_s: float = WAIT_S) ->
             raise StackError(f"the fleet did not converge in {timeout_s:.0f} s ({detail})"
                              + (f"; tasks: {', '.join(errors[:6])}" if errors else "")
                              + ". `make fleet-ps` and `make fleet-logs` show why; an image missing on a node is "
-                             "the usual cause (README \"Across machines\")")
+                             "the usual cause (docs/fleets.md)")
         time.sleep(2)
 
 

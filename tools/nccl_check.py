@@ -309,7 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     if out.ok:
         print(f"  rendezvous: {out.init_s}s   bandwidth: {out.gbps} GB/s  -> OK: the weight sync path works")
         if out.transport == "NET/Socket":
-            print("  (faster: the NCCL_FAST_PATH opt-in in README 'GPU host'; rerun this check after enabling it)")
+            print("  (faster: the NCCL_FAST_PATH opt-in in docs/gpu-host.md 'Faster NCCL path'; rerun this check after enabling it)")
         return 0
     print("  FAILED:")
     for line in out.diagnosis:

@@ -139,8 +139,8 @@ def make_plan(settings: StackEnv | dict[str, str], gpus: DockerGpus | None) -> S
         proposal = gpu_layout.propose_split(gpus.count) if gpus and used < gpus.count else None
         if proposal:
             notes.append(f"this host has {gpus.count} GPUs and the run uses {used}; to use all of them set "
-                         f"VLLM_GPU={proposal[0]} TRAINER_GPU={proposal[1]} VLLM_PARALLEL=tensor in .env (README "
-                         "\"Every GPU of a host\")")
+                         f"VLLM_GPU={proposal[0]} TRAINER_GPU={proposal[1]} VLLM_PARALLEL=tensor in .env "
+                         "(docs/gpu-host.md \"Every GPU of a host\")")
     return StackPlan(settings=settings, mode=mode, why=why, envs=envs, layout=layout, cdi=bool(gpus and gpus.cdi),
                      notes=tuple(notes), fleet=settings.ENV_FLEET == "swarm", replicas=derive.replica_counts(envs, values))
 

@@ -29,15 +29,24 @@ class StackEnv(BaseSettings):
     TRAIN_MODE: str = "auto"
     ENV_NAME: str = "echo"
     ENV_URLS: str = ""
-    DASHBOARD: bool = False
-    DASHBOARD_PORT: Optional[int] = Field(6006, ge=1, le=65535)
-    HF_TOKEN_FILE: str = "./.secrets/hf_token"
-    VLLM_GPU: str = ""  # empty: the mode's default (contract.train_mode.MODE_SPECS)
-    TRAINER_GPU: str = ""
-    VLLM_PARALLEL: Literal["tensor", "data"] = "tensor"
+    # The descriptions are docs/configuration.md's (tools/commands/config_docs.py); the trainer's knobs are RunConfig's.
+    DASHBOARD: bool = Field(False, description="`1` starts the dashboard (TensorBoard, or trackio's UI) with "
+                            "`make up`/`make train`")
+    DASHBOARD_PORT: Optional[int] = Field(6006, ge=1, le=65535, description="the dashboard's port on 127.0.0.1")
+    HF_TOKEN_FILE: str = Field("./.secrets/hf_token", description="file holding your Hugging Face token (a Compose "
+                               "secret, never an env var)")
+    # empty: the mode's default (contract.train_mode.MODE_SPECS)
+    VLLM_GPU: str = Field("", description="GPU(s) for vllm: an id, a list `0,1` or a range `0-3`")
+    TRAINER_GPU: str = Field("", description="GPU(s) for the trainer, one process each: an id, a list or a range `4-7`")
+    VLLM_PARALLEL: Literal["tensor", "data"] = Field(
+        "tensor", description="how vLLM uses several GPUs: `tensor` (one model split over them) or `data` (a copy per "
+        "GPU)")
     ENV_FLEET: Literal["compose", "swarm"] = "compose"
-    FLEET_STACK: str = Field("grpo-fleet", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_-]*$")
-    FLEET_ALLOW_NEW_PRIVILEGES: bool = False  # tools/fleet.py: deploy where a node's daemon lacks no-new-privileges
+    FLEET_STACK: str = Field("grpo-fleet", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_-]*$",
+                             description="the fleet's Swarm stack and overlay network name")
+    FLEET_ALLOW_NEW_PRIVILEGES: bool = Field(  # tools/fleet.py
+        False, description="`1`: deploy the fleet where a node's daemon does not set no-new-privileges (setuid "
+        "binaries in an env image can then regain privileges)")
     values: dict[str, str] = Field(default_factory=dict, exclude=True)
 
     @classmethod

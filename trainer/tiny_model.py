@@ -41,8 +41,8 @@ RECIPE_VERSION = 3  # 2: words are pre-tokenized, and the warm-start ends on dem
 CONTEXT_WINDOW = 4096
 # The warm-start's second phase: MIXED_EPOCHS on demos of which only TOOL_SHARE call the tool (the others answer at
 # once). The model keeps the call format and the copy it learned in the first phase, but calls the tool only about
-# a third of the time: the choice GRPO then learns, since an episode without the call earns 0 (README "CPU profile:
-# what the learning curve shows").
+# a third of the time: the choice GRPO then learns, since an episode without the call earns 0
+# (docs/profiles.md "CPU profile: what the learning curve shows").
 TOOL_SHARE = 0.4
 MIXED_EPOCHS = 2
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

@@ -213,7 +213,7 @@ def params_from_schema(schema: dict, where: str, doc_fields: dict[str, str],
     fields = [k for k in props if k not in skip] if isinstance(props, dict) else []
     if len(fields) > MAX_TOOL_PARAMS:  # before inlining: it names the real problem
         raise UnsupportedSchema(f"{where}: {len(fields):,} fields, more than the {MAX_TOOL_PARAMS} a tool can take "
-                                "(each is written into every prompt); write a tool class for this env (README)")
+                                "(each is written into every prompt); write a tool class for this env (envs/README.md)")
     schema = resolve_refs(schema or {}, (schema or {}).get("$defs", {}))
     properties = schema.get("properties") or {}
     if not isinstance(properties, dict):
@@ -315,7 +315,7 @@ def mcp_tools(payloads: list[dict]) -> list[ToolSpec]:
         raise UnsupportedSchema("the MCP env lists no tools: nothing for the model to call")
     if len(payloads) > MAX_TOOLS:
         raise UnsupportedSchema(f"the MCP env lists {len(payloads):,} tools, more than the {MAX_TOOLS} a prompt can "
-                                "carry (each one's schema is in every prompt); write a tool class for this env (README)")
+                                "carry (each one's schema is in every prompt); write a tool class for this env (envs/README.md)")
     specs, seen = [], set()
     for payload in payloads:
         if not isinstance(payload, dict):
@@ -373,7 +373,7 @@ def action_tool(action: dict) -> ToolSpec:
     params = params_from_schema(action, f"action {title}", doc_fields, skip=FRAMEWORK_ACTION_FIELDS)
     if not params:
         raise UnsupportedSchema(f"action {title}: no fields besides {', '.join(FRAMEWORK_ACTION_FIELDS)}, so the "
-                                "model has nothing to choose; write a tool class for this env (README)")
+                                "model has nothing to choose; write a tool class for this env (envs/README.md)")
     description = (summary.rstrip(".") + ". " if summary else "") + \
         "Each call is one step of the episode; the result shows the new observation."
     return ToolSpec(name, description, params)

@@ -1,6 +1,6 @@
 """Prompts for an env known only by its server, and synthetic tool calls built from its schemas.
 
-Prompts, two ways (README "Bring your own environment"):
+Prompts, two ways (docs/environments.md "Bring your own environment"):
   * default: one instruction (ENV_INSTRUCTION) per row, each row resetting with its own seed; the
     reset observation is appended to the prompt by TRL;
   * ENV_PROMPTS_FILE: a JSONL file, one row per line: {"prompt": "text" or [chat messages],
@@ -55,7 +55,7 @@ def prompts_file_rows(path: str, env_name: str) -> list[dict]:
     file = Path(path)
     if not file.is_file():
         raise PromptsFileError(f"ENV_PROMPTS_FILE={path}: no such file in the trainer container; mount it "
-                               "(README \"Bring your own environment\") or leave ENV_PROMPTS_FILE empty")
+                               "(docs/environments.md \"Bring your own environment\") or leave ENV_PROMPTS_FILE empty")
     rows = []
     seen: Counter[str] = Counter()
     for n, line in enumerate(file.read_text().splitlines(), 1):

@@ -108,8 +108,8 @@ def test_an_old_driver_is_counted_and_named_not_mistaken_for_no_gpu_test_double_
     assert derive.resolve_mode({"TRAIN_MODE": "auto"}, found)[0] == "gpu"  # then check_driver says what to install
 
 
-def test_readme_states_the_minimum_driver_of_each_known_vllm_image():
-    readme = (ROOT / "README.md").read_text()
+def test_the_gpu_host_page_states_the_minimum_driver_of_each_known_vllm_image():
+    readme = (ROOT / "docs/gpu-host.md").read_text()
     for image, cuda in gpu_doctor.KNOWN_IMAGE_CUDA.items():
         need = gpu_doctor.MIN_DRIVER_FOR_CUDA[int(cuda.split(".")[0])]
         assert f"| `{image}` | {cuda} | {need} |" in readme

@@ -1,4 +1,4 @@
-"""Every GPU of one host (README "Every GPU of a host"): the GPU lists of .env become the devices, vLLM
+"""Every GPU of one host (docs/gpu-host.md "Every GPU of a host"): the GPU lists of .env become the devices, vLLM
 flags, world size and trainer processes Compose runs, resolved for 4- and 8-GPU hosts by the real
 `docker compose config` (test doubles for the GPU-only part: the hosts' GPUs are recorded nvidia-smi
 lines). The trainer launcher's command lines, and the one-/two-GPU defaults unchanged."""

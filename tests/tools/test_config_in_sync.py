@@ -1,4 +1,4 @@
-"""One config, four places: contract.config.RunConfig, .env.example, compose.yaml, README's table."""
+"""One config, four places: contract.config.RunConfig, .env.example, compose.yaml, docs/configuration.md's table."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from tools.errors import parse_env_file
 FIXED_BY_COMPOSE = {"OUTPUT_DIR", "VLLM_SERVER_URL", "VLLM_WORLD_SIZE"}  # the last: tools/gpu_layout.py, from VLLM_GPU
 
 
-def readme_table_vars() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Configuration: every `.env` variable", 1)[1].split("\n## ", 1)[0]
+def docs_table_vars() -> list[str]:
+    text = (ROOT / "docs/configuration.md").read_text()
+    section = text.split("# Configuration: every `.env` variable", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"^\| `([A-Z0-9_]+)` \|", section, flags=re.M)
 
 
@@ -27,11 +27,30 @@ def test_every_run_config_field_is_a_documented_env_variable():
     assert not missing, f"RunConfig fields missing from .env.example: {missing}"
 
 
-def test_readme_table_lists_exactly_the_env_example_variables():
+def test_docs_table_lists_exactly_the_env_example_variables():
     example = list(parse_env_file(ROOT / ".env.example"))
-    table = readme_table_vars()
-    assert len(table) == len(set(table)), "a variable appears twice in the README table"
+    table = docs_table_vars()
+    assert len(table) == len(set(table)), "a variable appears twice in docs/configuration.md's table"
     assert sorted(table) == sorted(example)
+
+
+def test_the_committed_configuration_page_is_what_the_command_prints():
+    from tools.commands.config_docs import PAGE, page
+
+    assert (ROOT / PAGE).read_text() == page(), (
+        f"{PAGE} is stale: run `make config-docs` and commit it")
+
+
+def test_a_new_env_example_key_without_a_description_is_named_with_where_to_write_it(tmp_path, monkeypatch):
+    import pytest
+
+    from tools.commands import config_docs
+
+    example = tmp_path / ".env.example"
+    example.write_text("MAX_STEPS=\nMY_NEW_LIMIT=4g\n")
+    monkeypatch.setattr(config_docs, "ENV_EXAMPLE", example)
+    with pytest.raises(SystemExit, match="MY_NEW_LIMIT in .env.example has no description: .*COMPOSE_ONLY"):
+        config_docs.page()
 
 
 def test_compose_passes_every_run_config_field_to_both_trainers():

@@ -1,4 +1,4 @@
-"""An env-server fleet on a real single-node Docker Swarm, trained against from Compose (README "Across machines").
+"""An env-server fleet on a real single-node Docker Swarm, trained against from Compose (docs/fleets.md).
 
 The module joins this engine to a swarm when it is in none (and leaves it afterwards; a swarm it found is kept),
 then, as a user drives it with an env file (ENV_FLEET=swarm, 3 echo tasks):

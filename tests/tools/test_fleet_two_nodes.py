@@ -106,7 +106,7 @@ def test_tasks_spread_over_both_nodes_and_keep_off_the_labelled_gpu_host(two_nod
     assert f"image(s) only on this machine: {local_env_image()}" in up.stdout  # the warning a user gets
     assert placement(stack) == {manager: 2, node: 2}
 
-    cli("node", "update", "--label-add", "grpo.role=gpu", manager_id)  # README "Across machines", step 2
+    cli("node", "update", "--label-add", "grpo.role=gpu", manager_id)  # docs/fleets.md, step 2
     # Swarm moves tasks off a node that no longer meets their constraints
     wait_for("every task on the worker", lambda: placement(stack) == {node: 4})
     again = stack.stack("fleet", "up")  # no opt-out: the one env node left, the worker, sets no-new-privileges

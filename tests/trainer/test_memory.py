@@ -144,5 +144,5 @@ def test_what_fits_names_the_cheaper_method_and_the_readme_table_is_the_modules(
     line = memory.compare(config, 80 * GIB, mode="gpu", processes=1, sharding="ddp", batch=8, prompt_tokens=512,
                           completion_tokens=256, vllm_share=0.9)
     assert "full" in line and "does not fit" in line and "LoRA r=16" in line and "QLoRA r=16" in line
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    assert memory.fits_table() in readme, "README's 'What fits' table is stale: paste contract.memory.fits_table()"
+    page = (Path(__file__).resolve().parents[2] / "docs/gpu-host.md").read_text()
+    assert memory.fits_table() in page, "docs/gpu-host.md's 'What fits' table is stale: paste contract.memory.fits_table()"

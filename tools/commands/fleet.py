@@ -1,4 +1,4 @@
-"""The Swarm fleet of env servers: `fleet {up|ps|logs|down}` (tools/fleet.py; README "Across machines")."""
+"""The Swarm fleet of env servers: `fleet {up|ps|logs|down}` (tools/fleet.py; docs/fleets.md)."""
 
 from __future__ import annotations
 

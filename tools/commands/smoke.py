@@ -14,7 +14,7 @@ from tools.commands.up import bring_up
 from tools.prepare import Prepared, prepare
 
 SMOKE_STEPS = 3
-# (stage, what it proves, what a failure usually means); README "First run on a GPU host" has the same list.
+# (stage, what it proves, what a failure usually means); docs/gpu-host.md "First run on a GPU host" has the same list.
 SMOKE_STAGES = {
     "model_download": ("model download", "MODEL_NAME at MODEL_REVISION fetched, chat template checked",
                        "MODEL_NAME / MODEL_REVISION / HF token (a gated model), or the chat template TRL cannot train"),
@@ -122,7 +122,7 @@ def smoke(prepared: Prepared, require_gpu: bool) -> int:
     print(f"[stack] smoke run, mode {mode}, {time.monotonic() - t0:.0f}s in all:")
     print("\n".join(lines))
     print("[stack] smoke: " + ("PASSED: a real run will go through the same stages" if ok else
-                               "FAILED: see the first FAIL line and README 'First run on a GPU host'"))
+                               "FAILED: see the first FAIL line and docs/gpu-host.md 'First run on a GPU host'"))
     return 0 if ok else 1
 
 

@@ -23,7 +23,7 @@ NCCL_BRIDGE_DEFAULTS: dict[str, str] = {
     "NCCL_SOCKET_IFNAME": "eth0",
     "NCCL_DEBUG": "WARN",
 }
-# Opt-in fast path (README "Faster NCCL path"): the compose file gives both containers one
+# Opt-in fast path (docs/gpu-host.md "Faster NCCL path"): the compose file gives both containers one
 # NCCL_HOSTID, `ipc: host` and both GPUs (tools/gpu_layout.py); in-process, P2P/SHM are allowed and
 # cuMem is off as vLLM sets it. `make nccl-check` prints the transport NCCL actually picked.
 NCCL_FAST_PATH_ENV: dict[str, str] = {

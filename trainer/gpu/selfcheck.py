@@ -1,7 +1,7 @@
 """GPU self-check without Docker, vLLM server or the Hub: `python -m trainer.gpu.selfcheck` (`make gpu-selfcheck`).
 
 Checks the trainer's CUDA path in a plain Python environment (torch, trl, transformers, accelerate, datasets,
-openenv; README "GPU self-check"), one line each, `PASS` / `FAIL` / `SKIP (why)` with its figures:
+openenv; docs/gpu-host.md "GPU self-check"), one line each, `PASS` / `FAIL` / `SKIP (why)` with its figures:
 
   master_weights   a model of Qwen3-0.6B's shape, random init, 3 AdamW steps at lr 1e-5, with bf16 and with fp32
                    master weights: the fraction of elements each step changed, per parameter group
