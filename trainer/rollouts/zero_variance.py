@@ -13,7 +13,8 @@ other token: with half the groups flat, the rest learn at about half the rate.
     side ended out: sync, their tokens leave the loss mask and the normaliser is counted again; async, their samples
     never reach the queue. The default is `keep` (TRL's behaviour): `drop` makes every step larger when many groups
     are flat (the normaliser shrinks while the learning rate stays), which a run tuned with TRL's normaliser did not
-    expect, and no learning curve here shows it helps yet. Async runs also log their reward figures over trained
+    expect, and the measured curves show no gain (`make bench-learning ARGS=--compare-zero-std`, docs/profiles.md:
+    on echo 0.57-0.78 of groups are flat and drop's reward curve and final check match keep's). Async runs also log their reward figures over trained
     samples only, so with `drop` those figures leave the flat groups out (the env's own env/<env>/reward_mean does not).
 
 A group is flat when at least two of its completions were scored (an episode the env side ended is not) and the
