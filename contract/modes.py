@@ -1,4 +1,5 @@
-"""ROLLOUTS and TRAIN_MODE as typed choices: each variant carries the knobs only it reads and refuses what it cannot run.
+"""ROLLOUTS and TRAIN_MODE as typed choices: each variant carries the knobs only it reads, and refuses what it cannot
+run.
 
 `.env` keeps its flat names (ROLLOUTS, MAX_STALENESS, TRAIN_MODE, WEIGHT_TRANSFER, ...). RunConfig reads them once and
 hands out the chosen variant (a discriminated config, as prime-rl's, kept small); code below asks the variant, never
@@ -7,29 +8,35 @@ compares the string:
     cfg.rollouts.is_async, cfg.rollouts.max_staleness (AsyncRollouts only), cfg.rollouts.problem(mode, processes, ...)
     cfg.mode("gpu").trainer_on_cpu, .server, .colocated, .reload_dir      (TRAIN_MODE, once `auto` is resolved)
 
-Light, as all of contract/: pydantic and the standard library only.
+Standard library only (frozen dataclasses): the host's stdlib-only modules (tools/gpu_doctor.py, contract/memory.py) ask
+it too. RunConfig's flat fields validate the knobs' values; a variant only groups them.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from contract.train_mode import MODE_SPECS, ModeSpec
 
 DEFAULT_MAX_STALENESS = 4  # TRL's AsyncGRPOConfig default
 
 
-class Variant(BaseModel):
+@dataclass(frozen=True)
+class Variant:
     """One choice of a mode setting, frozen once read. `name` is its value in .env; its fields are its own knobs."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
     setting: ClassVar[str]  # the .env variable that chooses it
     name: ClassVar[str]
 
     def __str__(self) -> str:
         return self.name
+
+
+def knobs(cls: type[Variant]) -> tuple[str, ...]:
+    """The settings a variant carries (RunConfig field names)."""
+    return tuple(f.name for f in dataclasses.fields(cls))
 
 
 def build(variants: dict[str, type[Variant]], name: str, flat: dict[str, Any]) -> Variant:
@@ -38,7 +45,7 @@ def build(variants: dict[str, type[Variant]], name: str, flat: dict[str, Any]) -
         cls = next(iter(variants.values()))
         raise ValueError(f"{cls.setting}={name!r}: choose from {', '.join(variants)} (edit .env)")
     cls = variants[name]
-    return cls(**{knob: flat[knob] for knob in cls.model_fields if knob in flat})
+    return cls(**{knob: flat[knob] for knob in knobs(cls) if knob in flat})
 
 
 def foreign_knob(variants: dict[str, type[Variant]], name: str, flat: dict[str, Any],
@@ -47,15 +54,16 @@ def foreign_knob(variants: dict[str, type[Variant]], name: str, flat: dict[str, 
     without a word), else None."""
     cls = variants[name]
     for other in variants.values():
-        for knob in other.model_fields:
-            if knob not in cls.model_fields and flat.get(knob, defaults[knob]) != defaults[knob]:
-                return (f"{knob.upper()}={flat[knob]} is a setting of {other.setting}={other.name}, which this run does "
-                        f"not use ({cls.setting}={cls.name}): set {other.setting}={other.name}, or leave "
+        for knob in knobs(other):
+            if knob not in knobs(cls) and flat.get(knob, defaults[knob]) != defaults[knob]:
+                return (f"{knob.upper()}={flat[knob]} is a setting of {other.setting}={other.name}, which this run "
+                        f"does not use ({cls.setting}={cls.name}): set {other.setting}={other.name}, or leave "
                         f"{knob.upper()} empty (edit .env)")
     return None
 
 
 # ---------------------------------------------------------------------------- TRAIN_MODE (resolved)
+@dataclass(frozen=True)
 class TrainMode(Variant):
     """A resolved TRAIN_MODE (`auto` is resolved by whoever counts the GPUs: contract.train_mode)."""
 
@@ -84,6 +92,7 @@ class TrainMode(Variant):
         return MODE_SPECS[self.name]
 
 
+@dataclass(frozen=True)
 class CpuMode(TrainMode):
     """The CPU profile: transformers generation, the tiny local model, no vLLM."""
 
@@ -94,6 +103,7 @@ class CpuMode(TrainMode):
         return True
 
 
+@dataclass(frozen=True)
 class GpuMode(TrainMode):
     """vLLM serves on a GPU of its own; the trainer pushes new weights to it (NCCL, or a reload: its CPU rehearsal)."""
 
@@ -113,6 +123,7 @@ class GpuMode(TrainMode):
         return self.weight_reload_dir if self.weight_transfer == "reload" else None
 
 
+@dataclass(frozen=True)
 class ColocateMode(TrainMode):
     """One GPU: vLLM runs inside the trainer process."""
 
@@ -131,6 +142,7 @@ def as_mode(value: TrainMode | str) -> TrainMode:
 
 
 # ---------------------------------------------------------------------------- ROLLOUTS
+@dataclass(frozen=True)
 class SyncRollouts(Variant):
     """TRL's GRPOTrainer: generate a batch, then train on it."""
 
@@ -147,13 +159,14 @@ class SyncRollouts(Variant):
         return cfg.generation_batch_size, num_processes
 
 
+@dataclass(frozen=True)
 class AsyncRollouts(Variant):
     """TRL's AsyncGRPOTrainer: a rollout worker keeps generating while the trainer trains on what is queued."""
 
     setting: ClassVar[str] = "ROLLOUTS"
     name: ClassVar[str] = "async"
     is_async: ClassVar[bool] = True
-    max_staleness: int = Field(DEFAULT_MAX_STALENESS, ge=0, le=64)
+    max_staleness: int = DEFAULT_MAX_STALENESS  # RunConfig's MAX_STALENESS, validated there
 
     def problem(self, mode: TrainMode | None, processes: int | None, sharding: str) -> str | None:
         """Why this cannot run in `mode` with `processes` trainer processes (None: not known yet; the launcher asks

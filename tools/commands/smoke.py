@@ -10,7 +10,7 @@ from tools import docker_host, settings
 from tools.errors import StackError, say
 from contract.train_mode import spec as mode_spec
 from contract import sampling_health
-from contract.modes import Rollouts, as_rollouts
+from contract.modes import Rollouts, as_mode, as_rollouts
 from tools.commands.up import bring_up
 from tools.prepare import Prepared, prepare
 
@@ -95,11 +95,11 @@ def smoke(prepared: Prepared, require_gpu: bool) -> int:
 
     mode, compose_vars = prepared.mode, prepared.compose_vars
     rollouts = as_rollouts(prepared.plan.settings.values.get("ROLLOUTS") or "sync")
-    if require_gpu and mode == "cpu":
+    if require_gpu and not as_mode(mode).uses_vllm:
         raise StackError(f"make gpu-smoke checks the GPU path, and this host has {docker_host.detect_gpus().detail}; "
                          "`make doctor` says why, `make train` trains on the CPU profile here")
     log_text, t0 = "", time.monotonic()
-    if mode != "cpu":
+    if as_mode(mode).uses_vllm:
         say("stage: model download (model-download job)")
         rc, text = run_logged(docker_host.compose_command(compose_vars, "run", "--rm", "-T", "model-download")[0], compose_vars)
         log_text += text
