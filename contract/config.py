@@ -228,6 +228,7 @@ class RunConfig(BaseSettings):
         None, ge=1, le=64, description="Trainer processes. GPU: one per TRAINER_GPU (set by `make`). CPU profile: "
         "empty = 1; more runs the multi-process path with gloo."
     )
+    # read as the .env value, held as its variant once validated (contract.modes: cfg.rollouts.is_async, ...)
     rollouts: Literal["sync", "async"] = Field(
         "sync", description="sync: TRL's GRPOTrainer, generate a batch then train on it (vLLM idles while the "
         "trainer trains). async: TRL's AsyncGRPOTrainer, a rollout worker keeps generating against the vLLM server "
@@ -235,8 +236,9 @@ class RunConfig(BaseSettings):
         "rehearsal too: `make rehearse`), 1 or 2 trainer processes, TRAINER_SHARDING=fsdp for 2."
     )
     max_staleness: int = Field(
-        modes.DEFAULT_MAX_STALENESS, ge=0, le=64, description="ROLLOUTS=async: how many weight updates a rollout may lag the trained policy "
-        "and still be trained on; older ones are dropped (TRL's default, 4; 0 = strictly on-policy)."
+        modes.DEFAULT_MAX_STALENESS, ge=0, le=64, description="ROLLOUTS=async: how many weight updates a rollout may "
+        "lag the trained policy and still be trained on; older ones are dropped (TRL's default, 4; 0 = strictly "
+        "on-policy). Another value with ROLLOUTS=sync is refused (it would be ignored)."
     )
     trainer_sharding: Literal["ddp", "zero3", "fsdp"] = Field(
         "ddp", description="How several trainer processes share the model: ddp (a full copy each), zero3 "

@@ -1,6 +1,7 @@
 """What vLLM can serve of a run's LoRA settings (LORA_R > 0, LORA_TARGET_MODULES), standard library only:
-contract.config validates with it (RunConfig.lora_problem asks `problem` below: which settings cannot work together), and
-so does the host's `make doctor` through it. The adapter itself (peft, the 4-bit base, merging) is the trainer's: trainer.run.lora."""
+contract.config validates with it (RunConfig.lora_problem asks `problem` below: which settings cannot work together),
+and so does the host's `make doctor` through it. The adapter itself (peft, the 4-bit base, merging) is the trainer's:
+trainer.run.lora."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def problem(cfg, mode) -> str | None:
     if not cfg.qlora:
         return None
     if not cfg.lora_r:
-        return "QLORA=true trains adapters on a 4-bit base, but LORA_R=0 asks for full fine-tuning: set LORA_R (e.g. 16) (edit .env)"
+        return ("QLORA=true trains adapters on a 4-bit base, but LORA_R=0 asks for full fine-tuning: set LORA_R (e.g. 16) "
+                "(edit .env)")
     if cfg.rollouts.is_async:
         return ("QLORA=true with ROLLOUTS=async: the adapter-only sync has vLLM serve the adapter on its "
                 "full-precision base while the trainer scores it on the 4-bit one (every importance ratio off), and "

@@ -153,7 +153,8 @@ class MetricsCallback(TrainerCallback):
         self.stats = stats
         self.resume_step = resume_step
         self.mode = mode
-        self.rollouts = as_rollouts(rollouts)  # async: TRL's AsyncGRPOTrainer logs, mapped to these keys by trainer.run.async_metrics
+        # async: TRL's AsyncGRPOTrainer logs, mapped to these keys by trainer.run.async_metrics
+        self.rollouts = as_rollouts(rollouts)
         self.print = print_fn
         # Opened lazily, at the first logged step: only the main process writes.
         self.trackers = trackers or Trackers(["tensorboard"], RunInfo(run_dir, self.run_dir.name,
