@@ -17,11 +17,11 @@ import typing
 from typing import Any, Literal
 from urllib.parse import urlparse
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_serializer, field_validator, model_validator
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
 
-from contract import defaults, tracker_names
-from contract.lora_rules import VLLM_MAX_LORA_RANKS, parse_target_modules
+from contract import defaults, lora_rules, modes, tracker_names
+from contract.lora_rules import parse_target_modules
 from envs import naming
 from envs.core.settings import DEFAULT_MAX_CONCURRENT_ENVS
 
@@ -228,6 +228,7 @@ class RunConfig(BaseSettings):
         None, ge=1, le=64, description="Trainer processes. GPU: one per TRAINER_GPU (set by `make`). CPU profile: "
         "empty = 1; more runs the multi-process path with gloo."
     )
+    # read as the .env value, held as its variant once validated (contract.modes: cfg.rollouts.is_async, ...)
     rollouts: Literal["sync", "async"] = Field(
         "sync", description="sync: TRL's GRPOTrainer, generate a batch then train on it (vLLM idles while the "
         "trainer trains). async: TRL's AsyncGRPOTrainer, a rollout worker keeps generating against the vLLM server "
@@ -235,8 +236,9 @@ class RunConfig(BaseSettings):
         "rehearsal too: `make rehearse`), 1 or 2 trainer processes, TRAINER_SHARDING=fsdp for 2."
     )
     max_staleness: int = Field(
-        4, ge=0, le=64, description="ROLLOUTS=async: how many weight updates a rollout may lag the trained policy "
-        "and still be trained on; older ones are dropped (TRL's default, 4; 0 = strictly on-policy)."
+        modes.DEFAULT_MAX_STALENESS, ge=0, le=64, description="ROLLOUTS=async: how many weight updates a rollout may "
+        "lag the trained policy and still be trained on; older ones are dropped (TRL's default, 4; 0 = strictly "
+        "on-policy). Another value with ROLLOUTS=sync is refused (it would be ignored)."
     )
     trainer_sharding: Literal["ddp", "zero3", "fsdp"] = Field(
         "ddp", description="How several trainer processes share the model: ddp (a full copy each), zero3 "
@@ -298,6 +300,15 @@ class RunConfig(BaseSettings):
             raise ValueError(f"{value!r} is not a URL; write e.g. http://vllm:8000 (edit .env)")
         return value.rstrip("/")
 
+    @field_validator("rollouts", mode="before")
+    @classmethod
+    def _rollouts_by_name(cls, value: Any) -> Any:
+        return value.name if isinstance(value, modes.Variant) else value  # a variant handed back: its .env value
+
+    @field_serializer("rollouts")
+    def _rollouts_name(self, value: modes.Variant | str) -> str:
+        return str(value)  # run.json, `python -m contract.config`: the .env value, as before
+
     @field_validator("lora_target_modules")
     @classmethod
     def _check_lora_target_modules(cls, value: str) -> str:
@@ -311,6 +322,12 @@ class RunConfig(BaseSettings):
                 f"ENV_URLS names {', '.join(sorted(unknown))}, which ENV_NAME={self.env_name} does not train on; "
                 "drop it from ENV_URLS or add it to ENV_NAME (edit .env)"
             )
+        # ROLLOUTS chosen once: from here on `self.rollouts` is the variant (contract.modes), carrying its own knobs
+        flat = {name: getattr(self, name) for name in type(self).model_fields}
+        problem = modes.foreign_knob(modes.ROLLOUTS, self.rollouts, flat, {k: default(k) for k in flat})
+        if problem:
+            raise ValueError(problem)
+        self.rollouts = modes.build(modes.ROLLOUTS, self.rollouts, flat)
         mode = None if self.train_mode == "auto" else self.train_mode
         problem = self.rollouts_problem(mode, self.trainer_processes) or self.lora_problem(mode)
         if problem:
@@ -327,55 +344,14 @@ class RunConfig(BaseSettings):
         return self
 
     def rollouts_problem(self, mode: str | None, processes: int | None) -> str | None:
-        """Why ROLLOUTS=async cannot run in `mode` with `processes` trainer processes (None: not known yet; the
-        launcher checks again once it has resolved both), as one line naming what to change; None if it can."""
-        if self.rollouts != "async":
-            return None
-        if mode == "cpu":
-            return ("ROLLOUTS=async generates with a vLLM server, which the CPU profile has none of: to try the GPU "
-                    "layout on this machine run `make rehearse` (TRAIN_MODE=gpu on CPU, the vLLM CPU twin), or set "
-                    "ROLLOUTS=sync (edit .env)")
-        if mode == "colocate":
-            return ("ROLLOUTS=async needs vLLM on a GPU of its own (it generates while the trainer trains); colocate "
-                    "shares one GPU between them: use TRAIN_MODE=gpu on 2+ GPUs, or ROLLOUTS=sync (edit .env)")
-        if processes is not None and processes > 2:
-            # TRL 1.16's weight sync deadlocks with more than 2 FSDP ranks (huggingface/trl#6797, #7103): rank 0's
-            # full_tensor() gathers run inside the NCCL transfer loop, out of order with the other ranks'.
-            return (f"ROLLOUTS=async runs 1 or 2 trainer processes, not {processes}: TRL 1.16's async weight sync "
-                    "deadlocks past 2 (huggingface/trl#6797); set TRAINER_GPU to 1 or 2 GPUs (or TRAINER_PROCESSES), "
-                    "or ROLLOUTS=sync (edit .env)")
-        if processes == 2 and self.trainer_sharding != "fsdp":
-            return (f"ROLLOUTS=async shards 2 trainer processes with FSDP2 only (TRL's AsyncGRPOTrainer), not "
-                    f"{self.trainer_sharding}: set TRAINER_SHARDING=fsdp (edit .env)")
-        return None
+        """Why ROLLOUTS cannot run in `mode` with `processes` trainer processes (None: not known yet; the launcher
+        checks again once it has resolved both), as one line naming what to change; None if it can."""
+        return self.rollouts.problem(self.mode(mode) if mode else None, processes, self.trainer_sharding)
 
     def lora_problem(self, mode: str | None) -> str | None:
         """One line naming what to change when the LoRA settings cannot work together (None: they can). `mode`: the
         resolved TRAIN_MODE, or None while it is still `auto` (train.py asks again once it is resolved)."""
-        if self.lora_r > VLLM_MAX_LORA_RANKS[-1]:
-            return (f"LORA_R={self.lora_r}: vLLM serves adapters up to rank {VLLM_MAX_LORA_RANKS[-1]} "
-                    f"(--max-lora-rank); set LORA_R to {VLLM_MAX_LORA_RANKS[-1]} or less (edit .env)")
-        if not self.qlora:
-            return None
-        if not self.lora_r:
-            return "QLORA=true trains adapters on a 4-bit base, but LORA_R=0 asks for full fine-tuning: set LORA_R (e.g. 16) (edit .env)"
-        if self.rollouts == "async":
-            return ("QLORA=true with ROLLOUTS=async: the adapter-only sync has vLLM serve the adapter on its "
-                    "full-precision base while the trainer scores it on the 4-bit one (every importance ratio off), and "
-                    "TRL's async trainer loads no 4-bit base; set ROLLOUTS=sync (merged weights pushed) or QLORA=false "
-                    "(edit .env)")
-        if mode == "cpu" or (mode == "gpu" and self.weight_transfer == "reload"):
-            return ("QLORA=true needs a GPU (bitsandbytes' 4-bit kernels); the trainer runs on CPU here: set QLORA=false "
-                    "(LORA_R alone trains adapters on the full-precision base) (edit .env)")
-        if mode == "colocate":
-            return ("QLORA=true with TRAIN_MODE=colocate: TRL then runs the colocated vLLM in 4 bits too (bitsandbytes in "
-                    "flight), whose layers a weight push cannot refresh (their 4-bit scales stay the old ones); use "
-                    "TRAIN_MODE=gpu (vLLM serves the merged weights on its own GPU) or QLORA=false (edit .env)")
-        if self.trainer_sharding == "fsdp":
-            return ("QLORA=true with TRAINER_SHARDING=fsdp: each weight push merges the adapter into the whole base "
-                    "weight, which a 4-bit base sharded by FSDP2 cannot give; use TRAINER_SHARDING=ddp (a 4-bit copy per "
-                    "GPU) or QLORA=false (edit .env)")
-        return None
+        return lora_rules.problem(self, self.mode(mode) if mode else None)
 
     # ------------------------------------------------------------------ derived values
     @property
@@ -422,13 +398,7 @@ class RunConfig(BaseSettings):
         prompts, each repeated num_generations times; at worst all of them are this env's (capped by how
         many distinct rows the env has: `env_rows`, else DATASET_SIZE).
         """
-        gen_batch = self.generation_batch_size
-        if self.rollouts == "async":
-            # TRL's async rollout worker (one, on rank 0) keeps up to max_inflight_tasks rollouts in flight, each
-            # with its own env instance: max(MAX_STALENESS, 1) x the samples of one optimizer step (all processes).
-            gen_batch = (max(self.max_staleness, 1) * self.per_device_train_batch_size
-                         * self.gradient_accumulation_steps * num_processes)
-            num_processes = 1
+        gen_batch, num_processes = self.rollouts.session_pool(self, num_processes)  # async: one, the worker's
         if len(self.env_names) > 1:
             prompts_per_batch = gen_batch // self.num_generations
             rows = env_rows if env_rows is not None else self.dataset_size
@@ -452,15 +422,23 @@ class RunConfig(BaseSettings):
                               "(trainer.run.grpo_args.resolved_train_mode) and pass the mode")
         return mode
 
+    def mode(self, resolved: str | None = None) -> modes.TrainMode:
+        """TRAIN_MODE as its variant (contract.modes), carrying its own knobs (gpu: WEIGHT_TRANSFER,
+        WEIGHT_RELOAD_DIR); `resolved` as known_train_mode takes it."""
+        name = self.known_train_mode(resolved)
+        try:
+            return modes.build(modes.TRAIN_MODES, name, self.__dict__)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+
     def trainer_on_cpu(self, mode: str | None = None) -> bool:
         """The trainer's processes run on CPU (gloo between them): the CPU profile, and server mode's rehearsal."""
-        mode = self.known_train_mode(mode)
-        return mode == "cpu" or (mode == "gpu" and self.weight_transfer == "reload")
+        return self.mode(mode).trainer_on_cpu
 
     def resolved_model_name(self, mode: str | None = None) -> str:
         if self.model_name:
             return self.model_name
-        return CPU_DEFAULT_MODEL if self.known_train_mode(mode) == "cpu" else GPU_DEFAULT_MODEL
+        return CPU_DEFAULT_MODEL if self.mode(mode).spec.makes_model_locally else GPU_DEFAULT_MODEL
 
     def model_path(self, mode: str | None = None) -> str:
         """What every trainer-side load reads: a hub model pinned to MODEL_REVISION as its snapshot folder in the

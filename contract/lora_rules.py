@@ -1,6 +1,7 @@
 """What vLLM can serve of a run's LoRA settings (LORA_R > 0, LORA_TARGET_MODULES), standard library only:
-contract.config validates with it (RunConfig.lora_problem: which settings cannot work together), and so does the host's
-`make doctor` through it. The adapter itself (peft, the 4-bit base, merging) is the trainer's: trainer.run.lora."""
+contract.config validates with it (RunConfig.lora_problem asks `problem` below: which settings cannot work together),
+and so does the host's `make doctor` through it. The adapter itself (peft, the 4-bit base, merging) is the trainer's:
+trainer.run.lora."""
 
 from __future__ import annotations
 
@@ -34,6 +35,36 @@ def served_max_lora_rank(rank: int) -> int:
     return next(r for r in VLLM_MAX_LORA_RANKS if r >= rank)
 
 
+def problem(cfg, mode) -> str | None:
+    """One line naming what to change when the LoRA settings of `cfg` (a contract.config.RunConfig) cannot work together
+    (None: they can). `mode`: the resolved TRAIN_MODE's variant (contract.modes), None while it is still `auto`."""
+    if cfg.lora_r > VLLM_MAX_LORA_RANKS[-1]:
+        return (f"LORA_R={cfg.lora_r}: vLLM serves adapters up to rank {VLLM_MAX_LORA_RANKS[-1]} "
+                f"(--max-lora-rank); set LORA_R to {VLLM_MAX_LORA_RANKS[-1]} or less (edit .env)")
+    if not cfg.qlora:
+        return None
+    if not cfg.lora_r:
+        return ("QLORA=true trains adapters on a 4-bit base, but LORA_R=0 asks for full fine-tuning: set LORA_R (e.g. 16) "
+                "(edit .env)")
+    if cfg.rollouts.is_async:
+        return ("QLORA=true with ROLLOUTS=async: the adapter-only sync has vLLM serve the adapter on its "
+                "full-precision base while the trainer scores it on the 4-bit one (every importance ratio off), and "
+                "TRL's async trainer loads no 4-bit base; set ROLLOUTS=sync (merged weights pushed) or QLORA=false "
+                "(edit .env)")
+    if mode is not None and mode.trainer_on_cpu:
+        return ("QLORA=true needs a GPU (bitsandbytes' 4-bit kernels); the trainer runs on CPU here: set QLORA=false "
+                "(LORA_R alone trains adapters on the full-precision base) (edit .env)")
+    if mode is not None and mode.colocated:
+        return ("QLORA=true with TRAIN_MODE=colocate: TRL then runs the colocated vLLM in 4 bits too (bitsandbytes in "
+                "flight), whose layers a weight push cannot refresh (their 4-bit scales stay the old ones); use "
+                "TRAIN_MODE=gpu (vLLM serves the merged weights on its own GPU) or QLORA=false (edit .env)")
+    if cfg.trainer_sharding == "fsdp":
+        return ("QLORA=true with TRAINER_SHARDING=fsdp: each weight push merges the adapter into the whole base "
+                "weight, which a 4-bit base sharded by FSDP2 cannot give; use TRAINER_SHARDING=ddp (a 4-bit copy per "
+                "GPU) or QLORA=false (edit .env)")
+    return None
+
+
 # ---------------------------------------------------------------------------- ROLLOUTS=async: vLLM serves the adapter
 # (`cfg` below: a contract.config.RunConfig; the host's plan and compose file ask, the trainer's lora.py says how)
 # vLLM's switch for /v1/load_lora_adapter and /v1/unload_lora_adapter (TRL's async VLLMClient calls them).
@@ -42,13 +73,13 @@ VLLM_LORA_ENV = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"}
 
 def syncs_adapter(cfg) -> bool:
     """Whether weight syncs push the adapter alone (and vLLM must serve LoRA): LORA_R with ROLLOUTS=async."""
-    return bool(cfg.lora_r) and cfg.rollouts == "async"
+    return bool(cfg.lora_r) and cfg.rollouts.is_async
 
 
 def vllm_max_loras(cfg) -> int:
     """--max-loras: MAX_STALENESS + 1 policy versions may be named by requests in flight, and each sync loads the next
     before unloading the oldest (TRL 1.16's select_adapter_sync refuses fewer; vLLM would silently evict one)."""
-    return cfg.max_staleness + 2
+    return cfg.rollouts.max_staleness + 2
 
 
 def vllm_lora_flags(cfg) -> list[str]:

@@ -47,6 +47,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from contract.modes import as_mode
+
 GIB = 1024 ** 3
 OVERHEAD_BYTES = 1 * GIB
 SHARDED = ("fsdp", "zero3")  # TRAINER_SHARDING values that split weights, gradients and optimizer over the GPUs
@@ -258,8 +260,8 @@ def check(config: dict, gpu_bytes: int, *, mode: str, processes: int, sharding: 
     """The estimate for a run's settings and its verdict on one trainer GPU of `gpu_bytes` (None: it fits)."""
     est = estimate(ModelShape.from_config(config), processes=processes, sharding=sharding, batch=batch,
                    prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, method=method,
-                   lora_r=lora_r or DEFAULT_LORA_R, packed_push=mode != "colocate")
-    colocate = mode == "colocate"
+                   lora_r=lora_r or DEFAULT_LORA_R, packed_push=not as_mode(mode).colocated)
+    colocate = as_mode(mode).colocated
     return est, verdict(est, gpu_bytes, colocate=colocate, vllm_share=vllm_share if colocate else 0.0)
 
 

@@ -11,6 +11,7 @@ from envs import naming
 from tools import gpu_layout, settings
 from tools.images import compose_yaml_services, local_env_image
 from tools.settings import ROOT
+from contract.modes import as_mode
 
 if TYPE_CHECKING:
     from tools.derive import EnvKinds
@@ -96,8 +97,9 @@ def gpu_services(layout: gpu_layout.GpuLayout | None, cdi: bool) -> dict[str, di
     (a list, each id its own entry), and NCCL_FAST_PATH=1's shared layout (tools/gpu_layout.py says why)."""
     if layout is None:
         return {}
-    default = layout.mode == "gpu" and len(layout.vllm) == 1 and len(layout.trainer) == 1 and not layout.fast_path
-    if default or (layout.mode == "colocate" and len(layout.trainer) == 1):
+    chosen = as_mode(layout.mode)
+    default = chosen.server and len(layout.vllm) == 1 and len(layout.trainer) == 1 and not layout.fast_path
+    if default or (chosen.colocated and len(layout.trainer) == 1):
         return {}
     services = {}
     for service, place in layout.placements().items():

@@ -16,6 +16,7 @@ from tools.errors import StackError, parse_env_file
 from tools.settings import ROOT
 from contract.train_mode import MODES, TrainModeError, resolve_train_mode  # stdlib only
 from contract.train_mode import spec as mode_spec
+from contract.modes import as_mode  # stdlib only
 
 
 @dataclass(frozen=True)
@@ -116,7 +117,7 @@ def validate_run_config(values: dict[str, str], mode: str) -> str | None:
 def gpu_layout_for(values: dict[str, str], mode: str,
                    gpus: gpu_doctor.DockerGpus | None = None) -> gpu_layout.GpuLayout | None:
     """The GPU layout of a gpu/colocate run (None on CPU); a bad GPU list stops with its fix."""
-    if mode == "cpu":
+    if not as_mode(mode).uses_vllm:
         return None
     try:
         return gpu_layout.plan(values, mode, {g.uuid: int(g.index) for g in (gpus.gpus if gpus else [])})

@@ -26,6 +26,7 @@ from tools import gpu_layout, images
 from tools.settings import load_env
 from contract import defaults
 from contract.train_mode import spec as mode_spec  # stdlib only: the GPU defaults of each mode
+from contract.modes import as_mode  # stdlib only
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_GPU = "no NVIDIA GPU here"
@@ -105,7 +106,8 @@ def diagnose(gpus: list[Gpu], method: str | None, dotenv: dict[str, str], mode: 
                  "nvidia-container-toolkit, run `sudo nvidia-ctk runtime configure --runtime=docker` (or generate a "
                  "CDI spec: `sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`), restart Docker"))
     n = len(gpus)
-    if mode == "gpu":
+    chosen = as_mode(mode)
+    if chosen.server:
         if n >= 2:
             rows.append((True, "GPU count", f"{n} GPUs: vLLM and the trainer each get one"))
         elif n == 1:
@@ -121,7 +123,7 @@ def diagnose(gpus: list[Gpu], method: str | None, dotenv: dict[str, str], mode: 
     defaults = mode_spec("gpu")
     wanted = {"VLLM_GPU": dotenv.get("VLLM_GPU") or defaults.vllm_gpu_default,
               "TRAINER_GPU": dotenv.get("TRAINER_GPU") or defaults.trainer_gpu_default}
-    if mode == "colocate":
+    if chosen.colocated:
         trainer_gpu, note = gpu_layout.colocate_trainer_gpu(dotenv.get("TRAINER_GPU"), n)
         wanted = {"TRAINER_GPU": trainer_gpu}
         if note:
@@ -138,17 +140,17 @@ def diagnose(gpus: list[Gpu], method: str | None, dotenv: dict[str, str], mode: 
                      else f"{var}={value}: GPU {', '.join(missing)} is not here (have "
                      f"{', '.join(sorted(g.index for g in gpus)) or 'none'}): edit .env"))
     shared = set(lists.get("VLLM_GPU", [])) & set(lists.get("TRAINER_GPU", []))
-    if mode == "gpu" and shared:
+    if chosen.server and shared:
         rows.append((False, "GPU assignment", f"VLLM_GPU and TRAINER_GPU share GPU {', '.join(sorted(shared))}: give "
                      "them different GPUs, or use TRAIN_MODE=colocate"))
     if gpus:
         ok, msg = check_driver(gpus[0].driver, image, image_cuda)
         rows.append((ok, "driver vs image", msg))
     try:
-        share = float(dotenv.get("VLLM_GPU_MEMORY_UTILIZATION") or (0.9 if mode == "gpu" else 0.3))
+        share = float(dotenv.get("VLLM_GPU_MEMORY_UTILIZATION") or chosen.vllm_memory_share)
     except ValueError:
         share = 0.9
-    vllm_devs = set(lists.get("VLLM_GPU" if mode == "gpu" else "TRAINER_GPU", []))
+    vllm_devs = set(lists.get("VLLM_GPU" if chosen.server else "TRAINER_GPU", []))
     for g in gpus:
         role = " (vLLM)" if g.index in vllm_devs or g.uuid in vllm_devs else ""
         need = int(g.total_mib * share) if role else 0
@@ -158,7 +160,7 @@ def diagnose(gpus: list[Gpu], method: str | None, dotenv: dict[str, str], mode: 
             msg += (f"; vLLM will claim {need} MiB (VLLM_GPU_MEMORY_UTILIZATION={share}): stop what uses the GPU "
                     "(`nvidia-smi`) or lower VLLM_GPU_MEMORY_UTILIZATION")
         rows.append((ok, f"free memory GPU {g.index}", msg))
-        if role and mode == "gpu":  # server mode: each weight push lands in buffers outside vLLM's share
+        if role and chosen.server:  # server mode: each weight push lands in buffers outside vLLM's share
             from contract.memory import vllm_push_room
 
             short = vllm_push_room(g.total_mib * 1024 ** 2, share)
@@ -175,7 +177,7 @@ HF_CACHE_VOLUME = "grpo-stack_hf-cache"  # compose.yaml's `name:` + its `hf-cach
 def trainer_gpu_ids(dotenv: dict[str, str], mode: str, count: int) -> list[str]:
     """The GPUs the trainer's processes get (one each), as .env names them; [] when the list is bad (diagnose says)."""
     try:
-        if mode == "colocate":
+        if as_mode(mode).colocated:
             return gpu_layout.parse_gpu_ids(gpu_layout.colocate_trainer_gpu(dotenv.get("TRAINER_GPU"), count)[0],
                                             "TRAINER_GPU")
         return gpu_layout.parse_gpu_ids(dotenv.get("TRAINER_GPU") or mode_spec("gpu").trainer_gpu_default,
@@ -220,7 +222,7 @@ def memory_rows(gpus: list[Gpu], dotenv: dict[str, str], mode: str, cfg, config:
         return [(True, "trainer memory", f"not estimated: {where}; the trainer's preflight prints it")]
     ids = trainer_gpu_ids(dotenv, mode, len(gpus))
     by_id = {g.index: g for g in gpus} | {g.uuid: g for g in gpus}
-    share = float(cfg.vllm_gpu_memory_utilization or (0.9 if mode == "gpu" else 0.3))
+    share = float(cfg.vllm_gpu_memory_utilization or as_mode(mode).vllm_memory_share)
     rows = []
     for gpu in [by_id[i] for i in ids if i in by_id]:
         try:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from contract.train_mode import spec as mode_spec  # stdlib only: the GPU defaults of each mode
+from contract.modes import as_mode  # stdlib only
 
 FAST_PATH_HOSTID = "grpo-stack-gpu-host"
 CDI_PREFIX = "nvidia.com/gpu="
@@ -151,7 +152,7 @@ class GpuLayout:
         return self.tensor_parallel * self.data_parallel
 
     def placements(self) -> dict[str, Placement]:
-        if self.mode == "gpu":
+        if as_mode(self.mode).server:
             return placements(self.vllm, self.trainer, self.fast_path, self.pci_index)
         env = {"NCCL_P2P_DISABLE": "0", "NCCL_SHM_DISABLE": "0"} if len(self.trainer) > 1 else {}
         return {"trainer": Placement(list(self.trainer), env)}
@@ -164,7 +165,7 @@ class GpuLayout:
                 "TRAINER_PROCESSES": str(len(self.trainer))}
 
     def describe(self) -> str:
-        if self.mode == "colocate":
+        if as_mode(self.mode).colocated:
             return f"trainer on GPU {','.join(self.trainer)} ({len(self.trainer)} process(es), vLLM inside each)"
         how = (f"tensor parallel {self.tensor_parallel}" if self.tensor_parallel > 1 else
                f"data parallel {self.data_parallel}" if self.data_parallel > 1 else "one GPU")
@@ -185,7 +186,7 @@ def plan(dotenv: dict[str, str], mode: str, pci_index: dict[str, int] | None = N
     """VLLM_GPU, TRAINER_GPU, VLLM_PARALLEL and NCCL_FAST_PATH from .env, checked, for a GPU mode.
     `pci_index`: the detected GPUs' UUID -> index, to order GPUs named by UUID."""
     trainer = parse_gpu_ids(dotenv.get("TRAINER_GPU") or mode_spec(mode).trainer_gpu_default, "TRAINER_GPU")
-    if mode == "colocate":
+    if as_mode(mode).colocated:
         return GpuLayout(mode, [], trainer)
     vllm = parse_gpu_ids(dotenv.get("VLLM_GPU") or mode_spec(mode).vllm_gpu_default, "VLLM_GPU")
     shared = sorted(set(vllm) & set(trainer))

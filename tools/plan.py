@@ -23,6 +23,7 @@ from tools.images import TRAINER_REHEARSE_BUILD, local_env_image
 from tools.settings import WHEELS, StackEnv
 from contract.train_mode import ModeSpec
 from contract.train_mode import spec as mode_spec
+from contract.modes import as_mode
 
 
 @dataclass(frozen=True)
@@ -121,7 +122,7 @@ def make_plan(settings: StackEnv | dict[str, str], gpus: DockerGpus | None) -> S
     if problem:
         raise StackError(problem)
     notes = []
-    if mode == "colocate":
+    if as_mode(mode).colocated:
         trainer_gpu, note = gpu_layout.colocate_trainer_gpu(values.get("TRAINER_GPU"), gpus.count if gpus else 0)
         if note:
             settings = StackEnv.from_values({**values, "TRAINER_GPU": trainer_gpu})

@@ -13,6 +13,7 @@ import os
 import sys
 
 from contract.config import ConfigError, RunConfig
+from contract.modes import as_mode
 from trainer.run import grpo_args
 
 RENDEZVOUS_PORT = 29500  # torch.distributed among the trainer's own processes (inside its container)
@@ -50,7 +51,7 @@ def launch_argv(n: int, mode: str, sharding: str, args: list[str], port: int = R
     (TRAIN_MODE=gpu, WEIGHT_TRANSFER=reload), where ROLLOUTS=async shards 2 processes with FSDP2 over gloo."""
     if n == 1:
         return [sys.executable, "-m", "trainer.train", *args]
-    if mode == "cpu" and sharding != "ddp" and not rehearsal:
+    if as_mode(mode).trainer_on_cpu and sharding != "ddp" and not rehearsal:
         raise LaunchError(f"TRAINER_SHARDING={sharding} shards over GPUs; the CPU profile runs ddp (edit .env)")
     if sharding == "zero3" and importlib.util.find_spec("deepspeed") is None:
         raise LaunchError("TRAINER_SHARDING=zero3 needs DeepSpeed, which the trainer image does not carry; use "
@@ -69,7 +70,7 @@ def pin_interfaces(mode: str, vllm_url: str, environ: dict[str, str] | None = No
     environ = os.environ if environ is None else environ
     before = dict(environ)
     environ["GLOO_SOCKET_IFNAME"] = "lo"  # by default gloo listens on the hostname's address: envnet's or agentnet's
-    if mode == "gpu":
+    if as_mode(mode).server:
         from trainer.gpu.nccl import prepare_rendezvous
         from trainer.gpu.server import VLLMPreflightError
 
@@ -77,7 +78,7 @@ def pin_interfaces(mode: str, vllm_url: str, environ: dict[str, str] | None = No
             prepare_rendezvous(vllm_url, environ)
         except VLLMPreflightError:
             pass  # rank 0's preflight runs it again and reports the problem with its fix
-    elif mode != "cpu" and not environ.get("NCCL_SOCKET_IFNAME"):
+    elif as_mode(mode).uses_vllm and not environ.get("NCCL_SOCKET_IFNAME"):
         environ["NCCL_SOCKET_IFNAME"] = "lo"
     return {k: v for k, v in environ.items() if before.get(k) != v}
 
@@ -90,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[launch] config error:\n{exc}", file=sys.stderr, flush=True)
         return 2
     mode = grpo_args.resolved_train_mode(cfg)
-    if mode == "gpu":  # before any process starts: the container's exit code is this one, whatever the count
+    chosen = cfg.mode(mode)
+    if chosen.server:  # before any process starts: the container's exit code is this one, whatever the count
         from trainer.gpu.push_state import EXIT_VLLM_RESTART, restart_line, restart_reason
 
         reason = restart_reason(cfg.output_dir, cfg.vllm_server_url, float(cfg.vllm_server_timeout_s))
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
         if problem:
             raise LaunchError(problem)
         cmd = launch_argv(n, "cpu" if cfg.trainer_on_cpu(mode) else mode, cfg.trainer_sharding, argv,
-                          rehearsal=mode == "gpu" and cfg.trainer_on_cpu(mode))
+                          rehearsal=chosen.server and chosen.trainer_on_cpu)
     except LaunchError as exc:
         print(f"[launch] {exc}", file=sys.stderr, flush=True)
         return 2

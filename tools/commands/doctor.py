@@ -7,6 +7,7 @@ import shutil
 
 from tools import derive, docker_host, env_keys, fleet, gpu_doctor, settings
 from tools.errors import StackError, report_stack_error
+from contract.modes import as_mode
 
 def run(rest: list[str]) -> int:
     ok = True
@@ -51,9 +52,9 @@ def run(rest: list[str]) -> int:
     report("DASHBOARD_PORT", docker_host.check_port(dotenv, "DASHBOARD_PORT"), f"{dotenv.get('DASHBOARD_PORT', '6006')} free")
     if derive.fleet_mode(dotenv):
         report("ENV_FLEET=swarm", fleet.swarm_problem(), f"this node manages the swarm; fleet {fleet.stack_name(dotenv)}")
-    if mode in ("gpu", "colocate") or gpus.count:  # the GPUs detected above, not a second probe
+    if as_mode(mode).uses_vllm or gpus.count:  # the GPUs detected above, not a second probe
         ok = gpu_doctor.print_report(gpus, dotenv) and ok
-    if mode in ("gpu", "colocate") and gpus.count:
+    if as_mode(mode).uses_vllm and gpus.count:
         ok = trainer_memory(gpus, dotenv, mode) and ok
     print("all good" if ok else "doctor found problems: fix the FAIL lines above")
     return 0 if ok else 1

@@ -174,7 +174,7 @@ def _generation_kwargs(cfg: RunConfig, mode: str) -> dict[str, Any]:
 
     # server mode's VLLM_GPU_MEMORY_UTILIZATION is for vLLM's own GPU; here the model shares it (colocate's default)
     colocated = cfg.model_copy(update={"train_mode": "colocate", "vllm_gpu_memory_utilization":
-                                       cfg.vllm_gpu_memory_utilization if mode == "colocate" else None})
+                                       cfg.vllm_gpu_memory_utilization if cfg.mode(mode).colocated else None})
     return {**gpu.grpo_vllm_kwargs(colocated), "vllm_importance_sampling_correction": False}
 
 

@@ -32,8 +32,7 @@ def _gpu_memory_share(cfg: "RunConfig", mode: str) -> float:
     value = cfg.vllm_gpu_memory_utilization
     if value:
         return float(value)
-    # Own GPU: vLLM takes most of it. Colocated: the trainer's weights, grads and optimizer share it.
-    return 0.9 if mode == "gpu" else 0.3
+    return cfg.mode(mode).vllm_memory_share  # the mode's default (contract.modes)
 
 
 def grpo_vllm_kwargs(cfg: "RunConfig") -> dict[str, Any]:
@@ -41,9 +40,10 @@ def grpo_vllm_kwargs(cfg: "RunConfig") -> dict[str, Any]:
     colocate -> `vllm_mode="colocate"` (vLLM inside the trainer, one GPU, no vllm service),
     cpu -> `use_vllm=False`."""
     mode = resolve_mode(cfg)
-    if mode == "cpu":
+    chosen = cfg.mode(mode)
+    if not chosen.uses_vllm:
         return {"use_vllm": False}
-    if mode == "gpu":
+    if chosen.server:
         return {
             "use_vllm": True,
             "vllm_mode": "server",
@@ -52,7 +52,7 @@ def grpo_vllm_kwargs(cfg: "RunConfig") -> dict[str, Any]:
             "vllm_group_port": int(cfg.vllm_group_port),
             "generation_kwargs": dict(NEUTRAL_SAMPLING),
         }
-    if mode == "colocate":
+    if chosen.colocated:
         kwargs: dict[str, Any] = {
             "use_vllm": True,
             "vllm_mode": "colocate",
@@ -69,14 +69,15 @@ def grpo_vllm_kwargs(cfg: "RunConfig") -> dict[str, Any]:
 def describe_mode(cfg: "RunConfig") -> str:
     """One line for `make train`'s log: which generation path this run uses."""
     mode = resolve_mode(cfg)
-    if mode == "gpu" and cfg.weight_transfer == "reload":
+    chosen = cfg.mode(mode)
+    if chosen.reload_dir:
         return (f"TRAIN_MODE=gpu: generating through the vLLM server at {cfg.vllm_server_url}, trainer on CPU, weights "
-                f"pushed by a reload from {cfg.weight_reload_dir} (WEIGHT_TRANSFER=reload: server mode rehearsed "
+                f"pushed by a reload from {chosen.reload_dir} (WEIGHT_TRANSFER=reload: server mode rehearsed "
                 "without GPUs)")
-    if mode == "gpu":
+    if chosen.server:
         return (f"TRAIN_MODE=gpu: generating through the vLLM server at {cfg.vllm_server_url}, "
                 f"weights synced over NCCL (trainer listens on port {cfg.vllm_group_port})")
-    if mode == "colocate":
+    if chosen.colocated:
         return ("TRAIN_MODE=colocate: one GPU, vLLM runs inside the trainer process "
                 f"(gpu_memory_utilization={_gpu_memory_share(cfg, mode)}), no vllm service")
     return "TRAIN_MODE=cpu: transformers generation on the CPU, no vLLM"

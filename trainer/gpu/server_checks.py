@@ -39,12 +39,13 @@ def preflight_vllm(cfg: "RunConfig") -> dict[str, Any]:
     colocate: CUDA and vllm importable. cpu: nothing to check.
     """
     mode = resolve_mode(cfg)
-    if mode == "cpu":
+    chosen = cfg.mode(mode)
+    if not chosen.uses_vllm:
         return {"mode": "cpu"}
     problems: list[str] = []
     import torch
 
-    reload = mode == "gpu" and cfg.weight_transfer == "reload"  # the CPU rehearsal: no GPU
+    reload = chosen.reload_dir  # the CPU rehearsal: no GPU
     if not reload and not torch.cuda.is_available():
         problems.append(
             f"TRAIN_MODE={mode} needs a CUDA GPU in the trainer container, and torch sees none; give the "
@@ -58,7 +59,7 @@ def preflight_vllm(cfg: "RunConfig") -> dict[str, Any]:
         local_vllm = None
         problems.append(f"vllm does not import in the trainer ({type(exc).__name__}: {exc}); rebuild the trainer "
                         "image FROM VLLM_IMAGE (`make build`)")
-    if mode == "colocate":
+    if chosen.colocated:
         if problems:
             raise VLLMPreflightError("\n".join(problems))
         return {"mode": "colocate", "vllm": local_vllm}
@@ -84,10 +85,10 @@ def preflight_vllm(cfg: "RunConfig") -> dict[str, Any]:
             raise VLLMPreflightError("\n".join(problems))
         push_state.configure(str(cfg.output_dir), cfg.resolved_run_name)
         guard_generation(float(cfg.generation_timeout_s))
-        use_weight_reload(str(cfg.weight_reload_dir), float(cfg.weight_sync_timeout_s))
+        use_weight_reload(reload, float(cfg.weight_sync_timeout_s))
         return {"mode": "gpu", "url": url, "model": rep.model, "world_size": rep.world_size,
                 "vllm_version": rep.vllm_version, "max_model_len": rep.max_model_len,
-                "weight_transfer": f"reload from {cfg.weight_reload_dir}", "warnings": rep.warnings, "dtype": rep.dtype}
+                "weight_transfer": f"reload from {reload}", "warnings": rep.warnings, "dtype": rep.dtype}
     if rep.server_has_cuda is False:
         problems.append(explain_init_failure(None, "", rep))
 

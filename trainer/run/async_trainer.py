@@ -61,7 +61,7 @@ def build_async_config(cfg: RunConfig, mode: str):
         vllm_server_timeout=float(cfg.vllm_server_timeout_s),
         request_timeout=int(cfg.generation_timeout_s),
         weight_sync_timeout=int(cfg.weight_sync_timeout_s),
-        max_staleness=cfg.max_staleness,
+        max_staleness=cfg.rollouts.max_staleness,
         # fp32 master weights, as the sync trainer keeps (trainer.run.model.load_model_and_tokenizer says why)
         dtype="float32",
         model_init_kwargs=cfg.model_load_kwargs(mode) or None,  # the pinned revision while MODEL_NAME is a hub id
@@ -313,14 +313,15 @@ def build_trainer(cfg: RunConfig, mode: str, *, tokenizer, dataset, factories, r
     from trainer.run import tree_attention
 
     backend = tree_attention.install()
-    print(f"[train] ROLLOUTS=async: TRL's AsyncGRPOTrainer, max staleness {cfg.max_staleness}; tree attention "
+    print(f"[train] ROLLOUTS=async: TRL's AsyncGRPOTrainer, max staleness {cfg.rollouts.max_staleness}; tree attention "
           f"backend {backend}", flush=True)
     from trainer.run import lora
 
     peft = lora.peft_config(cfg)
     weight_transfer = None
-    if cfg.weight_transfer == "reload" and peft is None:  # LORA_R: TRL's adapter sync, the same on GPU (module doc)
-        weight_transfer = ReloadWeightTransfer(cfg.vllm_server_url, cfg.weight_reload_dir,
+    reload_dir = cfg.mode(mode).reload_dir
+    if reload_dir and peft is None:  # LORA_R: TRL's adapter sync, the same on GPU (module doc)
+        weight_transfer = ReloadWeightTransfer(cfg.vllm_server_url, reload_dir,
                                                float(cfg.weight_sync_timeout_s), served_dtype)
     trainer_cls = make_async_trainer_class()
     return trainer_cls(

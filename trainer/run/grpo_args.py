@@ -35,9 +35,10 @@ def grpo_config(cfg: RunConfig, mode: str | None = None, **extra: Any):
 
     mode = mode or resolved_train_mode(cfg)
     kwargs: dict[str, Any] = dict(cfg.shared_trainer_kwargs(mode), steps_per_generation=cfg.effective_steps_per_generation)
-    if mode == "cpu":
+    chosen = cfg.mode(mode)
+    if not chosen.uses_vllm:
         kwargs.update(use_cpu=True, bf16=False, use_vllm=False)
-    elif cfg.trainer_on_cpu(mode):  # server mode rehearsed on CPU: vLLM generates, weights go by reload
+    elif chosen.trainer_on_cpu:  # server mode rehearsed on CPU: vLLM generates, weights go by reload
         kwargs.update(use_cpu=True, bf16=False)
     else:
         import torch

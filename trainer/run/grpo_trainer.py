@@ -141,7 +141,7 @@ def build_sync_trainer(cfg: RunConfig, mode: str, model, tokenizer, dataset, fac
     trainer.configure_rollouts(cfg.tool_timeout_s, cfg.tool_concurrency, server_max_model_len)
     trainer.configure_traces(cfg.run_dir, cfg.trace_every, cfg.trace_samples or cfg.num_generations, trackers)
     trainer.zero_std_groups = cfg.zero_std_groups  # trainer.rollouts.zero_variance
-    if mode != "cpu":
+    if cfg.mode(mode).uses_vllm:
         from trainer import gpu
 
         gpu.instrument_weight_sync(trainer, lambda seconds: STATS.add_time("weight_sync", seconds),

@@ -25,6 +25,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from contract import sampling_health, stages
+from contract.modes import Rollouts, as_mode, as_rollouts
 from trainer.run.trackers import RunInfo, Trackers
 
 METRICS_FILE = "metrics.jsonl"
@@ -147,12 +148,13 @@ class MetricsCallback(TrainerCallback):
     """Writes one JSONL record per logging step, hands it to the trackers, and prints a one-line progress."""
 
     def __init__(self, run_dir: str, stats: RolloutStats = STATS, resume_step: int = 0, mode: str = "cpu",
-                 print_fn=print, trackers: Trackers | None = None, rollouts: str = "sync") -> None:
+                 print_fn=print, trackers: Trackers | None = None, rollouts: Rollouts | str = "sync") -> None:
         self.run_dir = Path(run_dir)
         self.stats = stats
         self.resume_step = resume_step
         self.mode = mode
-        self.rollouts = rollouts  # async: TRL's AsyncGRPOTrainer logs, mapped to these keys by trainer.run.async_metrics
+        # async: TRL's AsyncGRPOTrainer logs, mapped to these keys by trainer.run.async_metrics
+        self.rollouts = as_rollouts(rollouts)
         self.print = print_fn
         # Opened lazily, at the first logged step: only the main process writes.
         self.trackers = trackers or Trackers(["tensorboard"], RunInfo(run_dir, self.run_dir.name,
@@ -162,7 +164,7 @@ class MetricsCallback(TrainerCallback):
         self._step_times: list[float] = []
         # vLLM's vs the trainer's log-probs: the smoke's stage after step 3, one warning when a step leaves bounds.
         self.sampling = sampling_health.Watch(stages.mark, lambda line: self.print(f"[train] {line}"),
-                                              ratio_key=sampling_health.ASYNC_RATIO if rollouts == "async"
+                                              ratio_key=sampling_health.ASYNC_RATIO if self.rollouts.is_async
                                               else sampling_health.RATIO_MEAN)
         self.staleness = sampling_health.StalenessWatch(stages.mark)  # async: the smoke's staleness stage
 
@@ -191,7 +193,7 @@ class MetricsCallback(TrainerCallback):
         steps = max(1, len(self._step_times))
         step_s = sum(self._step_times) / steps if self._step_times else None
         self._step_times = []
-        if self.rollouts == "async":
+        if self.rollouts.is_async:
             self._log_record(self._async_record(logs, episodes, step_s, state.global_step), args, state)
             return
         sync = timers.get("weight_sync", 0.0) / steps
@@ -209,7 +211,7 @@ class MetricsCallback(TrainerCallback):
             record["time/env_s"] = env
             record["time/scoring_s"] = max(0.0, score_total - gen - env)  # logprobs, parsing, rewards
             record["time/training_s"] = max(0.0, step_s - score_total - sync)  # fwd/bwd/optimizer
-            if self.mode != "cpu":
+            if as_mode(self.mode).uses_vllm:
                 record["time/weight_sync_s"] = sync
         self._log_record(record, args, state)
 
@@ -232,7 +234,7 @@ class MetricsCallback(TrainerCallback):
         self.trackers.log_record(record)
         self.print(self._progress_line(record, args))
         self.sampling.observe(record)
-        if self.rollouts == "async":
+        if self.rollouts.is_async:
             self.staleness.observe(record)
 
     def on_train_end(self, args, state, control, **kwargs):

@@ -166,9 +166,9 @@ def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 2
         actives = [results[r][3] or 0 for r in replicas]
         batch = (f"PER_DEVICE_TRAIN_BATCH_SIZE {cfg.per_device_train_batch_size} x STEPS_PER_GENERATION "
                  f"{cfg.effective_steps_per_generation}")
-        if cfg.rollouts == "async":  # RunConfig.sessions_needed: the episodes the async worker keeps in flight
-            batch = (f"ROLLOUTS=async: MAX_STALENESS {max(cfg.max_staleness, 1)} x PER_DEVICE_TRAIN_BATCH_SIZE "
-                     f"{cfg.per_device_train_batch_size} x GRADIENT_ACCUMULATION_STEPS {cfg.gradient_accumulation_steps}")
+        if cfg.rollouts.is_async:  # RunConfig.sessions_needed: the episodes the async worker keeps in flight
+            batch = (f"ROLLOUTS=async: MAX_STALENESS {max(cfg.rollouts.max_staleness, 1)} x "
+                     f"PER_DEVICE_TRAIN_BATCH_SIZE {cfg.per_device_train_batch_size} x GRADIENT_ACCUMULATION_STEPS {cfg.gradient_accumulation_steps}")
         opens = (f"< {needed} sessions this trainer opens ({batch}"
                  + (f" x {num_processes} trainer processes" if num_processes > 1 else "")
                  + (", worst-case share of a multi-env batch" if len(cfg.env_names) > 1 else "") + ")")
@@ -357,9 +357,10 @@ def check_lengths(cfg: RunConfig, mode: str, tokenizer, specs: dict,
     if not specs:
         return [], ""
     fix = "raise VLLM_MAX_MODEL_LEN (GPU memory permitting)"
-    if mode == "gpu" and server_max_model_len:
+    chosen = cfg.mode(mode)
+    if chosen.server and server_max_model_len:
         limit, what = server_max_model_len, "the vLLM server's max_model_len"
-    elif mode in ("gpu", "colocate") and cfg.vllm_max_model_len:
+    elif chosen.uses_vllm and cfg.vllm_max_model_len:
         limit, what = cfg.vllm_max_model_len, "VLLM_MAX_MODEL_LEN"
     else:
         from transformers import AutoConfig
@@ -387,7 +388,7 @@ def check_memory(cfg: RunConfig, mode: str, num_processes: int, prompt_tokens: i
     model's config.json is here (the tokenizer check names that)."""
     from contract import memory
 
-    if mode not in ("gpu", "colocate") or cfg.trainer_on_cpu(mode):
+    if cfg.mode(mode).trainer_on_cpu:  # the CPU profile, the rehearsal
         return [], ""
     config = config or memory.read_config(cfg.model_path(mode))
     if config is None:
@@ -423,7 +424,7 @@ def load_tokenizer(cfg: RunConfig, mode: str):
     try:
         return AutoTokenizer.from_pretrained(cfg.model_path(mode), **cfg.model_load_kwargs(mode)), None
     except Exception as exc:  # noqa: BLE001 - OSError / ValueError / hub errors: all mean "not here"
-        if mode == "cpu":
+        if cfg.mode(mode).spec.makes_model_locally:
             fix = ("the CPU profile's init job makes it: `docker compose --profile cpu run --rm model-init` "
                    "(or `python -m trainer.tiny_model --out <dir>`), and the CPU profile never downloads")
         else:
@@ -476,18 +477,19 @@ def run_all(cfg: RunConfig, mode: str, wait_s: float = 20.0, tokenizer=None, num
         tokenizer, err = load_tokenizer(cfg, mode)
         if err:
             errors.append(err)
-    if mode in ("gpu", "colocate"):  # never imported on CPU: trainer.gpu's checks import torch.cuda / vllm
+    chosen = cfg.mode(mode)
+    if chosen.uses_vllm:  # never imported on CPU: trainer.gpu's checks import torch.cuda / vllm
         try:
             from trainer import gpu
 
             info = gpu.preflight_vllm(cfg)
-            if mode == "gpu" and isinstance(info, dict) and info.get("max_model_len"):
+            if chosen.server and isinstance(info, dict) and info.get("max_model_len"):
                 report.server_max_model_len = int(info["max_model_len"])
-            if mode == "gpu" and isinstance(info, dict):
+            if chosen.server and isinstance(info, dict):
                 report.served_dtype = info.get("dtype")
                 report.served_model = info.get("model")
             report.ok.append(f"vLLM server {cfg.vllm_server_url}: healthy, dev mode on, weight transfer configured"
-                             if mode == "gpu" else "vLLM colocated: CUDA and vllm importable")
+                             if chosen.server else "vLLM colocated: CUDA and vllm importable")
         except Exception as exc:  # noqa: BLE001 - trainer.gpu raises with its own diagnosis
             errors.append(f"vLLM: {exc}")
     if tokenizer is not None:
@@ -498,7 +500,7 @@ def run_all(cfg: RunConfig, mode: str, wait_s: float = 20.0, tokenizer=None, num
             length_errors, fits = check_lengths(cfg, mode, tokenizer, report.specs, report.server_max_model_len)
             errors += length_errors
             report.ok += [fits] if fits else []
-    if mode in ("gpu", "colocate"):
+    if chosen.uses_vllm:
         try:  # the activations scale with the real prompt; a template error is reported above
             prompt = longest_prompt(cfg, tokenizer, report.specs)[0] if tokenizer is not None and report.specs else None
         except Exception:  # noqa: BLE001

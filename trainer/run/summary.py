@@ -16,7 +16,7 @@ def print_env_sessions(cfg: RunConfig, factories) -> None:
 
     bound = factories if isinstance(factories, dict) else {cfg.env_names[0]: factories}
     who = f"rank {dist.rank()}: " if dist.world_size() > 1 else ""  # every process opens its own sessions
-    for name, cls in bound.items() if cfg.rollouts == "sync" else ():  # async: the sessions were the worker's
+    for name, cls in bound.items() if not cfg.rollouts.is_async else ():  # async: the sessions were the worker's
         if cls.replica_set is not None:  # TRL's pool: one instance (= one env session) per rollout slot
             print(f"[train] {who}env {name}: {log_text(cls.replica_set.describe())}", flush=True)
 

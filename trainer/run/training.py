@@ -35,8 +35,9 @@ def main(argv: list[str] | None = None) -> int:
 
     trackers.prepare_env(cfg.trackers, cfg.output_dir)
     mode = grpo_args.resolved_train_mode(cfg)
+    chosen = cfg.mode(mode)  # TRAIN_MODE's variant (contract.modes): what the branches below ask
     model_name = cfg.resolved_model_name(mode)
-    if mode == "cpu":
+    if not chosen.uses_vllm:
         log(f"TRAIN_MODE=cpu: CPU profile with the tiny local model {model_name} (transformers generation, "
             "no vLLM); this proves the loop, not a useful policy. Use a GPU host for real training.")
     else:
@@ -99,11 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.run.metrics import STATS, MetricsCallback
     from trainer.run.trackers import RunInfo, Trackers
 
-    if cfg.rollouts == "async":
+    if cfg.rollouts.is_async:
         model, tokenizer = None, load_tokenizer(cfg, mode)  # TRL's async trainer loads the model itself
     else:
         vllm_kwargs: dict = {}
-        if mode != "cpu":
+        if chosen.uses_vllm:
             from trainer import gpu
 
             vllm_kwargs = gpu.grpo_vllm_kwargs(cfg)
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                     if cfg.unfinished_penalty else None)  # the env's own reward comes from its tool class
     callbacks = [MetricsCallback(cfg.run_dir, STATS, resume_step=resume_step, mode=mode, trackers=trackers,
                                  rollouts=cfg.rollouts), control]
-    if cfg.rollouts == "async":
+    if cfg.rollouts.is_async:
         from trainer.run import async_trainer
 
         trainer = async_trainer.build_trainer(cfg, mode, tokenizer=tokenizer, dataset=dataset, factories=factories,
@@ -153,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[train] stopped: {exc}", file=sys.stderr, flush=True)
         return 6
     except Exception as exc:
-        if mode != "gpu":
+        if not chosen.server:
             raise
         from trainer.gpu import push_state
         from contract.defaults import EXIT_VLLM_WENT_AWAY
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         push_state.clean_finish()  # the host restarts it anyway: no marker asking for a second restart
         print(gone_line(cfg.vllm_server_url, why, EXIT_VLLM_WENT_AWAY), file=sys.stderr, flush=True)
         return EXIT_VLLM_WENT_AWAY
-    if mode == "gpu":  # no push in flight: the next run needs no vLLM restart (trainer.gpu.push_state)
+    if chosen.server:  # no push in flight: the next run needs no vLLM restart (trainer.gpu.push_state)
         from trainer.gpu import push_state
 
         push_state.clean_finish()
