@@ -9,10 +9,10 @@
 
 from __future__ import annotations
 
-import ast
 import importlib
 import importlib.util
 import random
+import re
 from dataclasses import dataclass, fields
 from typing import Any, Callable
 
@@ -52,10 +52,20 @@ def _module_file(module: str) -> str:
     return spec.origin
 
 
-def _top_level_names(source_file: str) -> set[str]:
-    """What a module defines at its top level (defs, classes, assignments, imports), read without importing it."""
+def _defines(source: str, name: str) -> bool:
+    """Whether module text `source` defines `name` at its top level, read without importing it: a quick look for
+    the usual spellings first (import time stays low), the parsed module when that finds none."""
+    if re.search(rf"^(?:(?:async\s+)?def|class)\s+{name}\b|^{name}\s*[:=]", source, re.M):
+        return True
+    return name in _top_level_names(source)
+
+
+def _top_level_names(source: str) -> set[str]:
+    """What a module defines at its top level (defs, classes, assignments, imports)."""
+    import ast  # only when the quick look above found nothing
+
     names: set[str] = set()
-    for node in ast.parse(open(source_file, encoding="utf-8").read(), source_file).body:
+    for node in ast.parse(source).body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             names.add(node.name)
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
@@ -78,9 +88,9 @@ def check_spec(spec: "EnvSpec") -> None:
             source = _module_file(module)
             if field.name.endswith("_path") and not attr:
                 raise LookupError("a path is 'module:name'")
-            if attr and attr not in (defined := _top_level_names(source)):
+            if attr and not _defines(text := open(source, encoding="utf-8").read(), attr):
                 shown = module.replace(".", "/") + ("/__init__.py" if source.endswith("__init__.py") else ".py")
-                raise LookupError(f"{shown} defines no {attr!r}" + _near(attr, defined))
+                raise LookupError(f"{shown} defines no {attr!r}" + _near(attr, _top_level_names(text)))
         except LookupError as exc:
             raise RegistryError(f"envs/registry.py: env {spec.name!r} {field.name}={value!r}: {exc}; "
                                 f"fix the entry (or the name in its folder)") from None

@@ -116,3 +116,13 @@ def test_the_import_check_runs_no_env_code():
             "print(sorted(m for m in sys.modules if m.startswith('envs.') and m.count('.') == 2))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
     assert out.stdout.strip() == "[]"  # found and parsed, never imported: a light import stays light
+
+
+@pytest.mark.parametrize("source, defined", [
+    ("class EchoTool(EnvTool):\n    pass\n", True), ("async def server_parts():\n    pass\n", True),
+    ("EchoTool: type = Base\n", True), ("from envs.base import (\n    Other,\n    EchoTool,\n)\n", True),
+    ("def helper():\n    EchoTool = 1\n", False), ("class EchoTools:\n    pass\n", False),
+])
+def test_what_counts_as_defined(source, defined):
+    name = "server_parts" if "server_parts" in source else "EchoTool"
+    assert registry._defines(source, name) is defined
