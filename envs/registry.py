@@ -14,6 +14,7 @@ import importlib.util
 import random
 import re
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, Callable
 
 
@@ -33,29 +34,34 @@ def _near(word: str, choices: Any) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+def _modules_in(package: str) -> list[str]:
+    """The modules of `package` ("": the top level), for a suggestion on the error path."""
+    import pkgutil
+
+    where = importlib.util.find_spec(package).submodule_search_locations if package else None
+    return [m.name for m in pkgutil.iter_modules(where)]
+
+
 def _module_file(module: str) -> str:
     """The source file of `module`, found without running it (only its parent packages' light __init__ run);
     a LookupError with the reason otherwise."""
-    import pkgutil  # only on the error path below, for a suggestion
-
     parent, _, leaf = module.rpartition(".")
     try:
         spec = importlib.util.find_spec(module)
     except ModuleNotFoundError as exc:  # a parent package is missing
         missing = exc.name or parent
         above, _, name = missing.rpartition(".")
-        where = importlib.util.find_spec(above).submodule_search_locations if above else None
-        raise LookupError(f"no module {missing!r}" + _near(name, (m.name for m in pkgutil.iter_modules(where))))
+        raise LookupError(f"no module {missing!r}" + _near(name, _modules_in(above)))
     if spec is None or not spec.origin or not spec.origin.endswith(".py"):
-        where = importlib.util.find_spec(parent).submodule_search_locations if parent else None
-        raise LookupError(f"no module {module!r}" + _near(leaf, (m.name for m in pkgutil.iter_modules(where))))
+        raise LookupError(f"no module {module!r}" + _near(leaf, _modules_in(parent)))
     return spec.origin
 
 
 def _defines(source: str, name: str) -> bool:
     """Whether module text `source` defines `name` at its top level, read without importing it: a quick look for
     the usual spellings first (import time stays low), the parsed module when that finds none."""
-    if re.search(rf"^(?:(?:async\s+)?def|class)\s+{name}\b|^{name}\s*[:=]", source, re.M):
+    quoted = re.escape(name)
+    if re.search(rf"^(?:(?:async\s+)?def|class)\s+{quoted}\b|^{quoted}\s*[:=]", source, re.M):
         return True
     return name in _top_level_names(source)
 
@@ -88,7 +94,7 @@ def check_spec(spec: "EnvSpec") -> None:
             source = _module_file(module)
             if field.name.endswith("_path") and not attr:
                 raise LookupError("a path is 'module:name'")
-            if attr and not _defines(text := open(source, encoding="utf-8").read(), attr):
+            if attr and not _defines(text := Path(source).read_text(encoding="utf-8"), attr):
                 shown = module.replace(".", "/") + ("/__init__.py" if source.endswith("__init__.py") else ".py")
                 raise LookupError(f"{shown} defines no {attr!r}" + _near(attr, _top_level_names(text)))
         except LookupError as exc:
