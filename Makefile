@@ -131,12 +131,15 @@ chaos: $(VENV)/.test-ok ## A CPU training run through injected faults (env kills
 	@$(BUILD_IMAGE) env-server-image
 	@$(VENV)/bin/python bench/chaos.py $(ARGS)
 
-$(VENV)/.test-ok: $(VENV)/.host-ok pyproject.toml
+# each env folder's own dependencies (envs/<name>/requirements.txt) beside the env-server extra, as the image installs them
+ENV_REQS := $(sort $(wildcard envs/*/requirements.txt))
+
+$(VENV)/.test-ok: $(VENV)/.host-ok pyproject.toml $(ENV_REQS)
 	@$(STACK) setup
 	@# torch's CPU build: the local wheel `setup` copied, else PyTorch's CPU index (PyPI's torch is CUDA)
 	@$(HOST_PY) -m pip install -q --find-links .wheels \
 		$$(ls .wheels/torch-*.whl >/dev/null 2>&1 || echo --extra-index-url "$${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}") \
-		-e '.[test,trainer,env-server]'
+		-e '.[test,trainer,env-server]' $(addprefix -r ,$(ENV_REQS))
 	@touch $@
 
 # Host-only tests run with no engine reachable, so a test that needs one without the `docker` marker fails.

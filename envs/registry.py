@@ -10,14 +10,96 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import random
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, Callable
+
+
+class RegistryError(ValueError):
+    """An entry of the registry that points at no module or no name: raised when the registry is imported."""
 
 
 def _resolve(path: str) -> Any:
     module, _, attr = path.partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def _near(word: str, choices: Any) -> str:
+    import difflib  # only on the error path
+
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _modules_in(package: str) -> list[str]:
+    """The modules of `package` ("": the top level), for a suggestion on the error path."""
+    import pkgutil
+
+    where = importlib.util.find_spec(package).submodule_search_locations if package else None
+    return [m.name for m in pkgutil.iter_modules(where)]
+
+
+def _module_file(module: str) -> str:
+    """The source file of `module`, found without running it (only its parent packages' light __init__ run);
+    a LookupError with the reason otherwise."""
+    parent, _, leaf = module.rpartition(".")
+    try:
+        spec = importlib.util.find_spec(module)
+    except ModuleNotFoundError as exc:  # a parent package is missing
+        missing = exc.name or parent
+        above, _, name = missing.rpartition(".")
+        raise LookupError(f"no module {missing!r}" + _near(name, _modules_in(above)))
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        raise LookupError(f"no module {module!r}" + _near(leaf, _modules_in(parent)))
+    return spec.origin
+
+
+def _defines(source: str, name: str) -> bool:
+    """Whether module text `source` defines `name` at its top level, read without importing it: a quick look for
+    the usual spellings first (import time stays low), the parsed module when that finds none."""
+    quoted = re.escape(name)
+    if re.search(rf"^(?:(?:async\s+)?def|class)\s+{quoted}\b|^{quoted}\s*[:=]", source, re.M):
+        return True
+    return name in _top_level_names(source)
+
+
+def _top_level_names(source: str) -> set[str]:
+    """What a module defines at its top level (defs, classes, assignments, imports)."""
+    import ast  # only when the quick look above found nothing
+
+    names: set[str] = set()
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).partition(".")[0] for a in node.names)
+    return names
+
+
+def check_spec(spec: "EnvSpec") -> None:
+    """Every dotted path of `spec` names a module that exists and (for `module:name`) a name it defines, checked
+    without importing the env's code or its dependencies. A RegistryError of one line naming the entry otherwise."""
+    for field in fields(spec):
+        value = getattr(spec, field.name)
+        if not (field.name.endswith("_path") or field.name.endswith("_module")):
+            continue
+        module, _, attr = value.partition(":")
+        try:
+            source = _module_file(module)
+            if field.name.endswith("_path") and not attr:
+                raise LookupError("a path is 'module:name'")
+            if attr and not _defines(text := Path(source).read_text(encoding="utf-8"), attr):
+                shown = module.replace(".", "/") + ("/__init__.py" if source.endswith("__init__.py") else ".py")
+                raise LookupError(f"{shown} defines no {attr!r}" + _near(attr, _top_level_names(text)))
+        except LookupError as exc:
+            raise RegistryError(f"envs/registry.py: env {spec.name!r} {field.name}={value!r}: {exc}; "
+                                f"fix the entry (or the name in its folder)") from None
 
 
 @dataclass(frozen=True)
@@ -81,6 +163,8 @@ _SPECS = {
         episode_budget_tokens=768,
     ),
 }
+for _spec in _SPECS.values():  # a typo fails here, at import, rather than when a run first reaches the entry
+    check_spec(_spec)
 NAMES = tuple(_SPECS)  # the built-in envs: a new one is its folder plus its line above, nothing else
 
 

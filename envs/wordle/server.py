@@ -20,6 +20,7 @@ from uuid import uuid4
 
 from openenv.core.env_server.interfaces import Environment
 
+from envs.core import DATA_ROOT
 from envs.wordle.models import TextArenaAction, TextArenaMessage, TextArenaObservation, TextArenaState
 from envs.wordle.upstream_rewards import RewardProvider, build_reward_providers
 
@@ -37,9 +38,13 @@ def _shared_data() -> tuple:
     with _shared_lock:
         if _shared is not None:
             return _shared
+        import nltk
+
+        # build_data.py's NLTK data, baked into the image; first, so textarena's import finds it and downloads nothing
+        nltk.data.path.insert(0, str(DATA_ROOT / "wordle"))
         import textarena as ta
         from textarena.envs.utils.word_lists import EnglishDictionary
-        from textarena.envs.Wordle.env import WordleEnv  # needs NLTK_DATA (baked into the image)
+        from textarena.envs.Wordle.env import WordleEnv
         from textarena.wrappers import ActionFormattingWrapper, LLMObservationWrapper
 
         from envs.wordle.words import SECRET_WORDS

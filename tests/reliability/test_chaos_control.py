@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from bench import chaos, chaos_proxy
+from bench import chaos_proxy, chaos_stack
 from tests.helpers import ROOT, free_port
 
 
@@ -68,9 +68,9 @@ def test_the_proxy_container_mounts_only_its_file_and_has_limits(monkeypatch):
         return "127.0.0.1:5555" if args[:2] == ("docker", "port") else ""
 
     tokens = []
-    monkeypatch.setattr(chaos, "sh", sh)
-    monkeypatch.setattr(chaos, "RemoteProxy", lambda address, token: tokens.append(token) or address)
-    remote, url = chaos.proxy_container("p", "net", "tasks.env-echo:8000", 7, image="img")
+    monkeypatch.setattr(chaos_stack, "sh", sh)
+    monkeypatch.setattr(chaos_stack, "RemoteProxy", lambda address, token: tokens.append(token) or address)
+    remote, url = chaos_stack.proxy_container("p", "net", "tasks.env-echo:8000", 7, image="img")
     assert remote == "127.0.0.1:5555" and url == "http://127.0.0.1:5555"
     argv, env = next((a, e) for a, e in runs if a[:2] == ("docker", "run"))
     mounts = [argv[i + 1] for i, a in enumerate(argv) if a in ("-v", "--volume", "--mount")]

@@ -60,6 +60,7 @@ ASYNC_LOGS = {  # the keys TRL 1.16's AsyncGRPOTrainer logs for one step of a to
     "async/staleness_p50": 0.0, "async/staleness_p90": 1.0, "async/staleness_max": 1.0,
     "async/samples_at_lag/0": 5.0, "async/samples_at_lag/1": 3.0,
     "frac_reward_zero_std": 0.25,  # pushed by the stack's worker mixin (trainer.rollouts.zero_variance), as sync logs it
+    "rollout/env_s_total": 3.0, "rollout/scoring_s_total": 0.4,  # the worker's env and scoring seconds (async_run)
 }
 SYNC_LOGS = {  # what the sync GRPOTrainer logs for the same run (trl 1.16 grpo_trainer.py)
     "loss": 0.01, "grad_norm": 0.3, "learning_rate": 1e-5, "reward": 0.5, "reward_std": 0.2,
@@ -96,9 +97,9 @@ def test_an_async_step_has_every_tracker_key_of_a_sync_step_plus_staleness(tmp_p
     sync_row, _ = log_one(tmp_path / "sync", SYNC_LOGS, "sync", {"echo": EPISODES["echo"]})
     async_row, lines = log_one(tmp_path / "async", ASYNC_LOGS, "async")
     sync_keys, async_keys = set(trackers.view(sync_row)), set(trackers.view(async_row))
-    # TRL's sync-only bookkeeping (token count, a per-function std) and the sync-only step parts (env and scoring run
-    # inside the async worker, off the trainer's clock) are the only differences; the zero-std share is in both (#43).
-    sync_only = {"trl/num_tokens", "trl/rewards/EchoTool/std", "time/env_s", "time/scoring_s"}
+    # TRL's sync-only bookkeeping (token count, a per-function std) is the only difference; the zero-std share (#43)
+    # and every time/* key (#47) are in both.
+    sync_only = {"trl/num_tokens", "trl/rewards/EchoTool/std"}
     assert sync_keys - async_keys == sync_only
     assert {"reward/echo", "rollout/tool_calls_per_episode/echo", "rollout/episodes/echo", "time/generation_s",
             "time/training_s", "time/weight_sync_s", "time/step_s", "trl/rewards/EchoTool/mean"} <= async_keys
@@ -110,6 +111,36 @@ def test_an_async_step_has_every_tracker_key_of_a_sync_step_plus_staleness(tmp_p
     assert async_row["async/vllm_paused_s"] == pytest.approx(0.5)  # pause returned -> resume returned
     assert async_row["env/echo/episodes"] == 3 and async_row["env/echo/tool_failure_frequency"] == 0.0
     assert "lag p50 0 max 1 queue 5" in lines[0]
+
+
+def test_both_modes_step_records_carry_the_same_time_keys(tmp_path):
+    sync_row, _ = log_one(tmp_path / "sync", SYNC_LOGS, "sync", {"echo": EPISODES["echo"]})
+    async_row, lines = log_one(tmp_path / "async", ASYNC_LOGS, "async")
+    quiet = {k: v for k, v in ASYNC_LOGS.items() if k not in (async_metrics.ENV_SECONDS, async_metrics.SCORING_SECONDS)}
+    idle_row, _ = log_one(tmp_path / "idle", quiet, "async")  # the worker pushed nothing in the window
+
+    def time_keys(row):
+        return {k for k in row if k.startswith("time/")}
+
+    assert time_keys(sync_row) == time_keys(async_row) == time_keys(idle_row) == {
+        "time/step_s", "time/generation_s", "time/env_s", "time/scoring_s", "time/training_s", "time/weight_sync_s"}
+    # the worker's seconds per trainer step (one step in this window); the raw sums are not kept beside them
+    assert async_row["time/env_s"] == 3.0 and async_row["time/scoring_s"] == pytest.approx(0.4)
+    assert idle_row["time/env_s"] == 0.0 and idle_row["time/scoring_s"] == 0.0
+    assert not {async_metrics.ENV_SECONDS, async_metrics.SCORING_SECONDS} & set(async_row)
+    assert " env 3.00 " in lines[0]  # the progress line reads it as in sync mode
+    split = async_metrics.time_split(ASYNC_LOGS, None, steps=2)  # logging_steps=2: per step, as sync divides
+    assert split["time/env_s"] == 1.5 and split["time/scoring_s"] == pytest.approx(0.2)
+
+
+def test_the_report_says_an_async_runs_env_and_scoring_seconds_are_beside_the_step(tmp_path):
+    from trainer.after.report import summarize
+
+    async_row, _ = log_one(tmp_path / "async", ASYNC_LOGS, "async")
+    sync_row, _ = log_one(tmp_path / "sync", SYNC_LOGS, "sync", {"echo": EPISODES["echo"]})
+    [async_line] = [ln for ln in summarize([async_row]) if ln.startswith("step time")]
+    assert "env 3.00s (rollout worker, overlapped)" in async_line and "training 1.20s," in async_line
+    assert "overlapped" not in " ".join(summarize([sync_row]))
 
 
 def test_the_first_async_step_takes_its_wall_time_from_the_callback_and_the_queue_wait():

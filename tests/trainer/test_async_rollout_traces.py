@@ -105,6 +105,11 @@ def test_the_worker_sends_the_sync_per_env_figures_and_traces_one_group_per_poli
     assert record["env/echo/tool_failure_frequency"] == 0.0
     trained_rewards = [s.metrics["rewards/EchoTool"] for s in samples]
     assert min(trained_rewards) - 1e-9 <= record["env/echo/reward_mean"] <= max(trained_rewards) + 1e-9
+    # the step record's time/env_s and time/scoring_s: every group pushes its seconds (resets, calls, rewards; scoring)
+    groups = len(sink[async_metrics.SCORING_SECONDS])
+    assert groups == len(sink[async_metrics.ENV_SECONDS]) >= 2
+    split = async_metrics.time_split({k: _reduce_metric(k, v) for k, v in sink.items()}, None)
+    assert split["time/env_s"] > 0 and split["time/scoring_s"] > 0
 
     rows = traces.read(tmp_path / traces.ROLLOUTS_FILE)
     assert len(rows) == 2 and {r["step"] for r in rows} == {1} and {r["policy_version"] for r in rows} == {0}

@@ -17,6 +17,12 @@ from trainer.run.metrics import METRICS_FILE, read_metrics
 TIME_PARTS = ("generation", "env", "scoring", "training", "weight_sync")
 
 
+def _beside_the_step(rows) -> set[str]:
+    """The time parts that are not parts of the step: an async run's env and scoring seconds are the rollout
+    worker's, overlapped with training (trainer.run.async_metrics)."""
+    return {"env", "scoring"} if any(r.get("rollouts") == "async" for r in rows) else set()
+
+
 class ReportError(RuntimeError):
     pass
 
@@ -69,11 +75,12 @@ def summarize(rows) -> list[str]:
         lines.append(f"env {env}: reward {first:.3f} -> {last:.3f}")
     _, steps = series(rows, "time/step_s")
     if steps:
-        parts = []
+        parts, beside = [], _beside_the_step(rows)
         for part in TIME_PARTS:
             _, ys = series(rows, f"time/{part}_s")
             if ys:
-                parts.append(f"{part} {sum(ys) / len(ys):.2f}s")
+                parts.append(f"{part} {sum(ys) / len(ys):.2f}s" + (" (rollout worker, overlapped)" if part in beside
+                                                                   else ""))
         lines.append(f"step time {sum(steps) / len(steps):.2f}s on average: " + ", ".join(parts))
     return lines
 
@@ -126,10 +133,10 @@ def plot(rows, out_png: Path, title: str) -> None:
     ax.legend(handles=handles, loc="best", fontsize=8)
 
     ax = axes[1][1]
-    bottom = None
+    bottom, beside = None, _beside_the_step(rows)
     for part in TIME_PARTS:
         xs, ys = series(rows, f"time/{part}_s")
-        if not ys or not any(ys):
+        if not ys or not any(ys) or part in beside:  # the stack adds up to the step: only its own parts
             continue
         ax.bar(xs, ys, bottom=bottom, label=part, width=0.9)
         bottom = ys if bottom is None else [b + y for b, y in zip(bottom, ys)]

@@ -19,11 +19,15 @@ dict into the metrics.jsonl record a sync run writes, so metrics.jsonl, every tr
     rollout/infra_failures              episodes the env side ended (trainer.rollouts.infra_failures) among those the
                                         worker scored in the logging window; their samples are never trained
 
-Time split (sync: generation / env / scoring / training / weight_sync, one after another): in an async run
-generation, env calls and scoring overlap training in the rollout worker, so only what the trainer waited for is on
-its clock: time/generation_s = the wait on the rollout queue (0 when generation keeps up), time/training_s =
-forward + backward + optimizer, time/weight_sync_s = the push to vLLM, time/step_s = wall time between step ends.
-There is no time/env_s or time/scoring_s: the worker's env seconds are `trl/env/reset_s`, `trl/tools/latency_s`.
+Time split: the same time/* keys as a sync step (sync: generation / env / scoring / training / weight_sync, one
+after another, parts of time/step_s). In an async run generation, env calls and scoring overlap training in the
+rollout worker, so only what the trainer waited for is on its clock: time/generation_s = the wait on the rollout
+queue (0 when generation keeps up), time/training_s = forward + backward + optimizer, time/weight_sync_s = the push
+to vLLM, time/step_s = wall time between step ends. time/env_s and time/scoring_s are the worker's seconds, per
+trainer step: env calls (resets, each rollout's rounds of tool calls, env rewards; the sync binding's clock) and
+reward scoring of the episodes the worker finished in the logging window, summed over episodes, divided by the
+window's steps. Episodes run side by side and beside training, so they are not parts of time/step_s and may exceed
+it: read them against each other and against time/generation_s (the worker behind: the larger one is why).
 
 Per env (env/<env>/episodes, reward_mean, episode_length, tool_failure_frequency): the env binding counts episodes
 in the rollout worker's process; trainer.run.async_run sends them to the trainer as TRL metric rates (`episode_rates`).
@@ -46,6 +50,8 @@ LAG_PREFIX = "async/samples_at_lag/"
 EPISODES_SUFFIX = "/episodes_total"  # TRL sums a key whose last word is `total` (trl _reduce_metric)
 INFRA_TOTAL = "rollout/infra_failures_total"  # episodes the env side ended (trainer.rollouts.infra_failures), summed
 INFRA_SUFFIX = "/infra_failures_total"  # env/<env>/infra_failures_total: the same, per env
+ENV_SECONDS = "rollout/env_s_total"  # the worker's env seconds since its last push (summed: -> time/env_s)
+SCORING_SECONDS = "rollout/scoring_s_total"  # its reward-scoring seconds likewise (-> time/scoring_s)
 
 
 def _number(value: Any) -> float | None:
@@ -91,10 +97,10 @@ def episode_rates(episodes: dict[str, list[dict[str, float]]]) -> dict[str, Any]
     return out
 
 
-def time_split(logs: dict[str, Any], measured_step_s: float | None) -> dict[str, float]:
+def time_split(logs: dict[str, Any], measured_step_s: float | None, steps: int = 1) -> dict[str, float]:
     """The step-time keys of an async step (see the module docstring). `measured_step_s`: the callback's own clock
     (on_step_begin -> on_step_end, which starts after the batch was taken), used for the first step, which TRL gives
-    no wall time."""
+    no wall time. `steps`: the trainer steps in the logging window (the worker's seconds are per step)."""
     wait = _number(logs.get("perf/rollout_wait_s"))
     fwd_bwd, optimizer = _number(logs.get("perf/fwd_bwd_s")), _number(logs.get("perf/optimizer_s"))
     step = _number(logs.get("perf/step_s"))
@@ -107,6 +113,8 @@ def time_split(logs: dict[str, Any], measured_step_s: float | None) -> dict[str,
         out["time/generation_s"] = wait
     if fwd_bwd is not None:
         out["time/training_s"] = fwd_bwd + (optimizer or 0.0)
+    for raw, key in ((ENV_SECONDS, "time/env_s"), (SCORING_SECONDS, "time/scoring_s")):
+        out[key] = (_number(logs.get(raw)) or 0.0) / max(1, steps)  # no push in the window: none spent
     sync = _number(logs.get("perf/weight_sync_s"))
     if sync is not None:
         out["time/weight_sync_s"] = sync
@@ -117,6 +125,8 @@ def record(logs: dict[str, Any]) -> dict[str, Any]:
     """One async `logs` dict as the sync trainer's keys (+ async/...); everything else TRL logs is kept as it is."""
     out: dict[str, Any] = {}
     for key, value in logs.items():
+        if key in (ENV_SECONDS, SCORING_SECONDS):
+            continue  # time_split's, as time/env_s and time/scoring_s
         if key in RENAMED:
             out[RENAMED[key]] = value
         elif key.startswith("rewards/") and key.count("/") == 1:

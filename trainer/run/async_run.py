@@ -154,9 +154,11 @@ class TracedRollouts:
         ended = infra_failures.ended_by_env(episodes)
         if any(ended):  # the stack's reward functions say None for them, as in sync mode (they read `environments`)
             group.reward_kwargs["environments"] = episodes
+        start = time.perf_counter()
         samples = await super()._score_group(group)
+        scoring_s = time.perf_counter() - start
         flat = zero_variance.is_flat(zero_variance.group_rewards(group.completions, samples))
-        self._push_episode_counts(sum(ended), flat)
+        self._push_episode_counts(sum(ended), flat, scoring_s)
         try:
             self._trace(group, samples, episodes)
         except OSError as exc:  # a full disk must not stop generation; the trainer's checkpoints will say so
@@ -165,11 +167,24 @@ class TracedRollouts:
             ended = [True] * len(group.completions)
         return infra_failures.leave_out_samples(group.completions, samples, ended)
 
-    def _push_episode_counts(self, infra: int = 0, flat: bool = False) -> None:
+    async def _execute_tool_calls(self, tool_calls, tool_dict):
+        """A rollout's round of tool calls, its wall time added to the env seconds (as the sync loop adds a round's)."""
+        from trainer.run.metrics import STATS
+
+        start = time.perf_counter()
+        try:
+            return await super()._execute_tool_calls(tool_calls, tool_dict)
+        finally:
+            STATS.add_time("env", time.perf_counter() - start)
+
+    def _push_episode_counts(self, infra: int = 0, flat: bool = False, scoring_s: float = 0.0) -> None:
         from trainer.run.metrics import STATS  # this process's: the env binding records into it here
 
-        _, episodes = STATS.drain()
+        timers, episodes = STATS.drain()
         rates = async_metrics.episode_rates(episodes)
+        # the step record's time/env_s and time/scoring_s (trainer.run.async_metrics.time_split): summed by TRL
+        rates[async_metrics.ENV_SECONDS] = timers.get("env", 0.0)
+        rates[async_metrics.SCORING_SECONDS] = scoring_s
         # every group pushes the count, 0 included: each step record has rollout/infra_failures, as a sync one does
         rates[async_metrics.INFRA_TOTAL] = float(infra)
         rates[zero_variance.METRIC] = (float(flat), 1.0)  # a rate: the share of the groups scored in the window

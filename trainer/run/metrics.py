@@ -194,7 +194,7 @@ class MetricsCallback(TrainerCallback):
         step_s = sum(self._step_times) / steps if self._step_times else None
         self._step_times = []
         if self.rollouts.is_async:
-            self._log_record(self._async_record(logs, episodes, step_s, state.global_step), args, state)
+            self._log_record(self._async_record(logs, episodes, step_s, state.global_step, steps), args, state)
             return
         sync = timers.get("weight_sync", 0.0) / steps
         # TRL syncs weights inside its generation call (vLLM modes): report the two apart.
@@ -215,14 +215,14 @@ class MetricsCallback(TrainerCallback):
                 record["time/weight_sync_s"] = sync
         self._log_record(record, args, state)
 
-    def _async_record(self, logs, episodes, step_s, step) -> dict[str, Any]:
+    def _async_record(self, logs, episodes, step_s, step, steps=1) -> dict[str, Any]:
         from trainer.run import async_metrics
 
         record: dict[str, Any] = {"kind": "step", "step": step, "time": time.time(), "mode": self.mode,
                                   "rollouts": "async"}
         record.update({k: _clean(v) for k, v in async_metrics.record(logs).items()})
         record.update(summarize_episodes(episodes))  # none here unless the env binding ran in this process
-        record.update(async_metrics.time_split(logs, step_s))
+        record.update(async_metrics.time_split(logs, step_s, steps))
         stages.mark("first_generation", record.get("time/generation_s"),
                     "first scored rollouts reached the trainer (async rollout worker)")
         return record

@@ -1,0 +1,202 @@
+"""`make chaos`'s figures (bench/chaos.py): read from the run's step records, traces, trainer log and the injector's
+events, then printed beside their goals."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+
+from bench.chaos_faults import KINDS, Injector
+from bench.chaos_stack import RESET_TIMEOUT_S, TOOL_TIMEOUT_S, Trainer
+
+PING_S = 20 + 60  # the session client's keepalive: an idle socket nobody answers is closed within ping interval + timeout
+DIAGNOSIS = ("stalled:", "no reply", "reset failed", "connection lost", "env session failed", "left out of training")
+REPLAYED, REPLAY_FAILED = "reset was replayed", "could not start the episode again"  # envs.core.client lines
+
+
+# ---------------------------------------------------------------------------- figures
+def paired_wrong(rows: list[dict]) -> tuple[int, int]:
+    """(calls checked, calls whose reply is not their own request's): echo answers with the message it was sent."""
+    checked = wrong = 0
+    for row in rows:
+        for call in row.get("tool_calls", []):
+            if call.get("failed"):
+                continue
+            message = (call.get("arguments") or {}).get("message")
+            if not isinstance(message, str):
+                continue
+            checked += 1
+            result = call.get("result")
+            if call["tool"] == "echo_message":
+                ok = result == message
+            else:
+                try:
+                    ok = json.loads(result).get("message") == message
+                except (ValueError, AttributeError):
+                    ok = False
+            wrong += not ok
+    return checked, wrong
+
+
+def figures(args, trainer: Trainer, injector: Injector, killed_at: dict, slots: dict, wall_s: float,
+            generation_batch: int) -> dict:
+    from trainer.rollouts import traces as rollouts
+
+    rows = trainer.steps_logged()
+    steps = [r["step"] for r in rows]
+    traces = rollouts.read(trainer.out / "chaos" / rollouts.ROLLOUTS_FILE) \
+        if (trainer.out / "chaos" / rollouts.ROLLOUTS_FILE).exists() else []
+    checked, wrong = paired_wrong(traces)
+    infra = sum(int(r.get("rollout/infra_failures") or 0) for r in rows)
+    # sync: every step trains one generation batch; async: the worker's episodes scored in each step's logging window
+    # (env/echo/episodes), infra-ended ones included (their samples are dropped before the queue)
+    episodes = len(rows) * generation_batch if generation_batch else \
+        sum(int(r.get("env/echo/episodes") or 0) for r in rows)
+    state = json.loads((trainer.out / "chaos" / f"checkpoint-{args.steps}" / "trainer_state.json").read_text()) \
+        if (trainer.out / "chaos" / f"checkpoint-{args.steps}" / "trainer_state.json").exists() else {}
+    lost = sorted(set(range(1, args.steps + 1)) - set(steps))
+    repeated = sorted({s for s in steps if steps.count(s) > 1})
+    # stalls: a stopped server: the next step came within its bound; a half-open link: the trainer's side closed it
+    # within its bound (a call's TOOL_TIMEOUT_S, a reset's RESET_TIMEOUT_S, an idle socket's keepalive). Diagnosis:
+    # a line of the trainer's saying what failed, from the stall's start to its end (+5 s).
+    bounds = {"stop": TOOL_TIMEOUT_S + 5 + 2 * RESET_TIMEOUT_S + args.step_allowance_s,
+              "half_open": max(TOOL_TIMEOUT_S + 5, 2 * RESET_TIMEOUT_S, PING_S) + 5}
+    # A restart (the trainer killed, the vLLM twin killed) logs no step until the run is back, and none comes after
+    # the last: a stop inside a restart or after the last step is not timed by a next step (that would time the
+    # restart, or never end), it is listed apart.
+    restarts = [(e["time"], next((r["time"] for r in rows if r["time"] > e["time"]), time.time()))
+                for e in injector.events if e["kind"] in ("trainer_kill", "vllm_restart") and not e.get("error")]
+    if rows:
+        restarts.append((rows[-1]["time"], math.inf))
+    stalls, during_restart = [], []
+    for event in injector.events:
+        if event["kind"] not in bounds or event.get("error") or event.get("link", 1) is None:
+            continue
+        start = event["time"]
+        if event["kind"] == "stop" and any(a <= event.get("continued", start) and start <= b for a, b in restarts):
+            during_restart.append({"kind": "stop", "at": start})
+            continue
+        link = None
+        if event["kind"] == "stop":
+            after = [r["time"] for r in rows if r["time"] > start]
+            end = after[0] if after else None
+        else:
+            link = injector.proxy.frozen_link(event["link"])
+            end = link.client_gone_at if link is not None else None
+        took = None if end is None else end - start
+        window_end = (end if end is not None else time.time()) + 5
+        if event["kind"] == "stop":
+            window_end = max(window_end, event.get("continued", start) + 5)
+            backend = tuple(event["backend"]) if event.get("backend") else None
+            waited = injector.proxy.waited(backend, start, event.get("continued", window_end))
+        else:  # a frozen link: a request went into it (a ping does not count), or it was idle until closed
+            waited = bool(getattr(link, "waited", False)) if link is not None else True
+        diagnosed = [text for t, text in trainer.lines if start <= t <= window_end and any(d in text for d in DIAGNOSIS)]
+        stalls.append({"kind": event["kind"], "ended_after_s": took, "bound_s": bounds[event["kind"]],
+                       "within": took is not None and took <= bounds[event["kind"]], "waited": waited,
+                       "diagnosis": diagnosed[0][:240] if diagnosed else None})
+    return {
+        "wall_s": round(wall_s), "steps": args.steps, "replicas": args.replicas, "seed": args.seed, "rate": args.rate,
+        "faults": {k: sum(1 for e in injector.events if e["kind"] == k and not e.get("error")) for k in KINDS},
+        "trainer_kill": killed_at,
+        "calls_checked": checked, "replies_paired_wrong": wrong,
+        "episodes": episodes, "infra_failures": infra, "infra_share": infra / episodes if episodes else None,
+        "slots_held_at_end": slots,
+        "steps_lost": lost, "steps_repeated": repeated, "final_global_step": state.get("global_step"),
+        "stalls": stalls, "stalls_during_restart": during_restart,
+        "lost_by_cause": lost_by_cause(traces, rows, injector.events),
+        # saved only when the replay finished inside the rollout loop's bound (else the loop had given up on it)
+        "replayed": sum(replay_in_time(text) for _, text in trainer.lines),
+        "replay_failed": sum(REPLAY_FAILED in text for _, text in trainer.lines),
+        "rollouts": args.rollouts, "vllm_restart": vllm_restart_figure(injector.events, trainer.lines),
+    }
+
+
+def vllm_restart_figure(events: list[dict], lines: list[tuple[float, str]]) -> dict | None:
+    """The twin killed once (async): whether make rehearse stopped the trainer for it (exit 77), restarted vLLM, and
+    which checkpoint the run resumed from after it (None: no restart was injected)."""
+    kill = next((e for e in events if e["kind"] == "vllm_restart" and not e.get("error")), None)
+    if kill is None:
+        return None
+    after = [text for t, text in lines if t >= kill["time"]]
+    resumed = next((m for text in after if (m := re.search(r"resuming from \S+/checkpoint-(\d+)", text))), None)
+    return {"after_step": kill["after_step"],
+            "trainer_stopped": any("went away mid-run" in text for text in after),
+            "restarted": any("restarting the vllm service" in text for text in after),
+            "resumed_from": int(resumed.group(1)) if resumed else None}
+
+
+def replay_in_time(line: str) -> bool:
+    """A client line saying an episode was replayed inside the rollout loop's bound (else the loop gave up first)."""
+    m = re.search(r"([0-9.]+) s into the step", line) if REPLAYED in line else None
+    return m is not None and float(m.group(1)) < TOOL_TIMEOUT_S
+
+
+CAUSES = (("no reply within TOOL_TIMEOUT_S", "call past TOOL_TIMEOUT_S"), ("reset failed", "reset failed"),
+          ("SESSION_LOST", "session lost mid-episode"), ("connection lost", "connection lost mid-call"),
+          ("no reply", "no reply"), ("CAPACITY_REACHED", "no capacity"))
+
+
+def cause_of(reason: str) -> str:
+    return next((name for key, name in CAUSES if key in reason), "other")
+
+
+def lost_by_cause(traces: list[dict], rows: list[dict], events: list[dict]) -> dict[str, dict[str, int]]:
+    """Episodes the env side ended, by what the trainer saw (the trace's reason) and by the faults injected while
+    their step ran (between the step before's record and theirs): {reason: {faults: n}}."""
+    ends = {r["step"]: r["time"] for r in rows}
+    out: dict[str, dict[str, int]] = {}
+    for row in traces:
+        if not row.get("infra_failure"):
+            continue
+        step = row.get("step")
+        lo, hi = ends.get(step - 1, 0.0) if step else 0.0, ends.get(step, float("inf"))
+        kinds = sorted({e["kind"] for e in events if lo <= e["time"] <= hi and not e.get("error")}) or ["none"]
+        by = out.setdefault(cause_of(row["infra_failure"]), {})
+        by["+".join(kinds)] = by.get("+".join(kinds), 0) + 1
+    return out
+
+
+def print_figures(f: dict) -> None:
+    def line(name, value, goal, ok):
+        print(f"  {name:<44} {value:<28} goal {goal:<8} {'ok' if ok else 'MISSED'}")
+
+    mode = " (async rollouts)" if f.get("rollouts") == "async" else ""  # sync: the line as before
+    print(f"== chaos figures{mode}: {f['steps']} steps, {f['replicas']} replicas, seed {f['seed']}, rate {f['rate']}, "
+          f"{f['wall_s']} s; faults {f['faults']}; trainer killed {f['trainer_kill']}")
+    line("replies paired with the wrong request", f"{f['replies_paired_wrong']} of {f['calls_checked']} checked",
+         "0", f["replies_paired_wrong"] == 0)
+    share = f["infra_share"]
+    line("episodes lost to infrastructure", f"{f['infra_failures']} of {f['episodes']} ({(share or 0):.1%})", "<=1 %",
+         share is not None and share <= 0.01)
+    held = f["slots_held_at_end"]
+    line("session slots held at the end", f"{sum(held['held'].values())} ({held['after_s']:.0f} s after exit)", "0",
+         sum(held["held"].values()) == 0)
+    lr = len(f["steps_lost"]) + len(f["steps_repeated"])
+    line("optimizer steps lost/repeated (trainer kill)", f"{len(f['steps_lost'])}/{len(f['steps_repeated'])}, "
+         f"final step {f['final_global_step']}", "0", lr == 0 and f["final_global_step"] == f["steps"])
+    within = [s for s in f["stalls"] if s["within"]]
+    line("stalls ended within their bound", f"{len(within)} of {len(f['stalls'])}", "all",
+         len(within) == len(f["stalls"]))
+    # a stall nothing waited on (a stopped server no request reached, a frozen link closed idle): nothing to say
+    felt = [s for s in f["stalls"] if s.get("waited", True)]
+    diagnosed = [s for s in felt if s["diagnosis"]]
+    line("stalls diagnosed (one line each)", f"{len(diagnosed)} of {len(felt)} (+{len(f['stalls']) - len(felt)} "
+         "nothing waited on)", "all", len(diagnosed) == len(felt))
+    if f.get("stalls_during_restart"):
+        print(f"    + {len(f['stalls_during_restart'])} stop(s) during a restart (trainer or vLLM killed, no step until "
+              "the run is back) or after the last step: not timed")
+    for s in f["stalls"]:
+        took = "never" if s["ended_after_s"] is None else f"{s['ended_after_s']:.1f} s"
+        print(f"    {s['kind']}: ended after {took} (bound {s['bound_s']:.0f} s); "
+              f"{'waited on' if s.get('waited', True) else 'nothing waited on it'}; diagnosis: {s['diagnosis']}")
+    print(f"  episodes lost, by what ended them and the faults of their step: {json.dumps(f['lost_by_cause'])}")
+    print(f"  episodes saved by replaying their reset on a fresh session (lost before this fix): {f['replayed']}"
+          f" (a replay that failed: {f['replay_failed']})")
+    if f.get("rollouts") == "async":
+        v = f["vllm_restart"] or {}
+        line("vLLM twin killed mid-run, recovered", f"after step {v.get('after_step')}: resumed from checkpoint-"
+             f"{v.get('resumed_from')}" if v else "not injected", "yes",
+             bool(v) and v["restarted"] and v["resumed_from"] is not None and f["final_global_step"] == f["steps"])
