@@ -33,7 +33,10 @@ $(if $(strip $(foreach c,$(SHELL_OPERATORS),$(findstring $(c),$(value ARGS)))),$
 help: ## List every target with one line each
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
+# Python 3.10 to 3.13. tools/host_python.py first: an interpreter out of range, or one whose venv has no ensurepip
+# (Debian/Ubuntu without python3-venv), is one line naming what to install, not venv's message or pip's traceback.
 $(VENV)/.host-ok: pyproject.toml
+	@$(PYTHON) tools/host_python.py
 	@$(PYTHON) -m venv $(VENV)
 	@$(HOST_PY) -m pip install -q --upgrade pip >/dev/null
 	@$(HOST_PY) -m pip install -q -e . >/dev/null
@@ -132,10 +135,12 @@ chaos: $(VENV)/.test-ok ## A CPU training run through injected faults (env kills
 	@$(VENV)/bin/python bench/chaos.py $(ARGS)
 
 $(VENV)/.test-ok: $(VENV)/.host-ok pyproject.toml
+	@$(HOST_PY) tools/host_python.py --tests
 	@$(STACK) setup
-	@# torch's CPU build: the local wheel `setup` copied, else PyTorch's CPU index (PyPI's torch is CUDA)
+	@# torch's CPU build: the local wheel `setup` copied if it is this Python's (cp311...), else PyTorch's CPU index
+	@# (PyPI's torch is CUDA)
 	@$(HOST_PY) -m pip install -q --find-links .wheels \
-		$$(ls .wheels/torch-*.whl >/dev/null 2>&1 || echo --extra-index-url "$${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}") \
+		$$(ls .wheels/torch-*-$$($(HOST_PY) -c 'import sys; print("cp%d%d" % sys.version_info[:2])')-*.whl >/dev/null 2>&1 || echo --extra-index-url "$${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}") \
 		-e '.[test,trainer,env-server]'
 	@touch $@
 
