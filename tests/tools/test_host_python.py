@@ -85,3 +85,16 @@ def test_make_with_a_python_without_ensurepip_stops_with_one_line_naming_the_pac
                     f"(Debian/Ubuntu: sudo apt install python{HERE}-venv), or run make with "
                     "PYTHON=/path/to/another/python3"]
     assert not (tmp_path / ".venv").exists()  # nothing half-made for the next run to trip on
+
+
+@pytest.mark.parametrize("returncode, stdout", [(1, ""), (0, '""\n'), (0, "")])
+def test_an_engine_that_does_not_answer_is_named_whatever_the_cli_exits_with(monkeypatch, returncode, stdout):
+    """Debian trixie's docker CLI (26.1) exits 0 and prints "" when no engine answers (found by make check-python)."""
+    from tools import docker_host
+
+    stderr = "Cannot connect to the Docker daemon at unix:///var/run/docker.sock. Is the docker daemon running?\n"
+    monkeypatch.setattr(docker_host.shutil, "which", lambda name: "/usr/bin/docker")
+    monkeypatch.setattr(docker_host, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, returncode, stdout, stderr))
+    assert docker_host.check_docker().startswith("the Docker engine is not answering (Cannot connect to the Docker")
+    monkeypatch.setattr(docker_host, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 0, '"28.2.2"\n', ""))
+    assert docker_host.check_docker() is None
