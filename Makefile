@@ -168,7 +168,7 @@ test-host: $(VENV)/.test-ok ## The host-only tests alone: unit, compose config, 
 	@# two workers (pytest-xdist): many of these tests wait on timers and subprocesses, so two overlap well on 2 cores
 	@$(NO_ENGINE) $(VENV)/bin/python -m pytest -m "not docker" -n $${HOST_TEST_WORKERS:-2} $(PYTEST_ARGS)
 
-check-python: ## The host side on another Debian's Python in a container (SUITE=trixie: 3.13; TEST_VENV=1: make test's venv too; docs/tests.md "Other host Pythons")
+check-python: ## The host side on another Debian's Python in a container (trixie: 3.13, or SUITE=a later Debian; TEST_VENV=1: make test's venv too; docs/tests.md "Other host Pythons")
 	@bash .ci/check-python $(if $(SUITE),$(call shq,$(SUITE)),trixie)
 
 clean: $(VENV)/.host-ok ## Remove containers, volumes (outputs, models, caches) and the images built here
