@@ -23,17 +23,20 @@ RPAREN := )
 SHELL_OPERATORS := ; & | < > ` $(LPAREN) $(RPAREN)
 UNSAFE_VALUE = $(1) holds a newline or a '$$': make would expand or split it; pass the value without them
 UNSAFE_ARGS = ARGS holds a shell operator ($(SHELL_OPERATORS)); pass only options and values, quoted if they hold spaces
-$(foreach v,RUN CHECKPOINT PUSH STEP TASKS THRESHOLD ARGS,$(if \
+$(foreach v,RUN CHECKPOINT PUSH STEP TASKS THRESHOLD ARGS SUITE,$(if \
 	$(findstring $$,$(value $(v)))$(findstring $(NEWLINE),$(value $(v))),$(error $(call UNSAFE_VALUE,$(v)))))
 $(if $(strip $(foreach c,$(SHELL_OPERATORS),$(findstring $(c),$(value ARGS)))),$(error $(UNSAFE_ARGS)))
 
 .PHONY: help up train down logs ps config build test clean doctor report rollouts eval export baseline dashboard nccl-check gpu-smoke gpu-selfcheck rehearse soak bench test-host \
-	fleet-up fleet-ps fleet-logs fleet-down bench-fleet bench-learning bench-async chaos config-docs
+	fleet-up fleet-ps fleet-logs fleet-down bench-fleet bench-learning bench-async chaos config-docs check-python
 
 help: ## List every target with one line each
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
+# Python 3.10 to 3.13. tools/host_python.py first: an interpreter out of range, or one whose venv has no ensurepip
+# (Debian/Ubuntu without python3-venv), is one line naming what to install, not venv's message or pip's traceback.
 $(VENV)/.host-ok: pyproject.toml
+	@$(PYTHON) tools/host_python.py
 	@$(PYTHON) -m venv $(VENV)
 	@$(HOST_PY) -m pip install -q --upgrade pip >/dev/null
 	@$(HOST_PY) -m pip install -q -e . >/dev/null
@@ -135,10 +138,12 @@ chaos: $(VENV)/.test-ok ## A CPU training run through injected faults (env kills
 ENV_REQS := $(sort $(wildcard envs/*/requirements.txt))
 
 $(VENV)/.test-ok: $(VENV)/.host-ok pyproject.toml $(ENV_REQS)
+	@$(HOST_PY) tools/host_python.py --tests
 	@$(STACK) setup
-	@# torch's CPU build: the local wheel `setup` copied, else PyTorch's CPU index (PyPI's torch is CUDA)
+	@# torch's CPU build: the local wheel `setup` copied if it is this Python's (cp311...), else PyTorch's CPU index
+	@# (PyPI's torch is CUDA)
 	@$(HOST_PY) -m pip install -q --find-links .wheels \
-		$$(ls .wheels/torch-*.whl >/dev/null 2>&1 || echo --extra-index-url "$${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}") \
+		$$(ls .wheels/torch-*-$$($(HOST_PY) -c 'import sys; print("cp%d%d" % sys.version_info[:2])')-*.whl >/dev/null 2>&1 || echo --extra-index-url "$${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}") \
 		-e '.[test,trainer,env-server]' $(addprefix -r ,$(ENV_REQS))
 	@touch $@
 
@@ -169,6 +174,9 @@ test: $(VENV)/.test-ok ## Run every test: the host-only part (no engine reachabl
 test-host: $(VENV)/.test-ok ## The host-only tests alone: unit, compose config, in-process servers; no container (minutes)
 	@# two workers (pytest-xdist): many of these tests wait on timers and subprocesses, so two overlap well on 2 cores
 	@$(NO_ENGINE) $(VENV)/bin/python -m pytest -m "not docker" -n $${HOST_TEST_WORKERS:-2} $(PYTEST_ARGS)
+
+check-python: ## The host side on another Debian's Python in a container (trixie: 3.13, or SUITE=a later Debian; TEST_VENV=1: make test's venv too; docs/tests.md "Other host Pythons")
+	@bash .ci/check-python $(if $(SUITE),$(call shq,$(SUITE)),trixie)
 
 clean: $(VENV)/.host-ok ## Remove containers, volumes (outputs, models, caches) and the images built here
 	@$(STACK) clean

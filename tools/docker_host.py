@@ -64,7 +64,7 @@ def check_docker() -> str | None:
         return ("no `docker` command: install Docker Engine (https://docs.docker.com/engine/install/) "
                 "or, on a Debian CI machine, run `bash .ci/provision`")
     r = run(["docker", "info", "--format", "{{json .ServerVersion}}"])
-    if r.returncode != 0:
+    if r.returncode != 0 or r.stdout.strip() in ("", '""'):  # Debian trixie's CLI 26.1 exits 0, printing "", with no engine
         return ("the Docker engine is not answering (" + (r.stderr.strip().splitlines() or ["?"])[-1] + "): "
                 "start it (`sudo systemctl start docker`), check you may use it (`docker info`), "
                 "or on a Debian CI machine run `bash .ci/provision`")

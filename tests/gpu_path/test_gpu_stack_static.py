@@ -30,6 +30,8 @@ def pyproject_pins() -> dict[str, str]:
     pins = {}
     for spec in data["project"]["optional-dependencies"]["trainer"] + data["project"]["optional-dependencies"]["qlora"] + data["project"]["dependencies"]:
         req = Requirement(spec)
+        if req.marker and not req.marker.evaluate({"python_version": "3.11"}):  # the images' Python; a 3.10 host's pin
+            continue
         exact = [s.version for s in req.specifier if s.operator == "=="]
         if exact:
             pins[req.name.lower()] = exact[0]
