@@ -31,7 +31,7 @@ class EnvServer:
                    MAX_CONCURRENT_ENVS=str(capacity), SESSION_TIMEOUT_S="600", LOG_LEVEL="warning")
         self.proc = subprocess.Popen([sys.executable, "-m", "envs.serve"], cwd=ROOT, env=env,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 300  # only stops a hang: a loaded 2-core machine took over 60 s
         while True:
             try:
                 if requests.get(self.url + "/health", timeout=1).status_code == 200:
@@ -39,7 +39,8 @@ class EnvServer:
             except requests.RequestException:
                 pass
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"env server did not start: {self.proc.stderr.read().decode()[-2000:]}")
+                self.proc.kill()  # before reading: a live server's stderr pipe never ends
+                raise RuntimeError(f"env server did not start: {self.proc.communicate()[1].decode()[-2000:]}")
             time.sleep(0.2)
 
     def health(self) -> dict:
