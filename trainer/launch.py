@@ -13,7 +13,7 @@ import os
 import sys
 
 from contract.config import ConfigError, RunConfig
-from trainer.run import grpo_args
+from trainer.core import grpo_args
 
 RENDEZVOUS_PORT = 29500  # torch.distributed among the trainer's own processes (inside its container)
 # On SIGTERM the launcher (torchrun underneath) SIGKILLs its workers after TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s by

@@ -12,7 +12,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainer.run.metrics import METRICS_FILE, read_metrics
+from trainer.core.metrics import METRICS_FILE, read_metrics
 
 TIME_PARTS = ("generation", "env", "scoring", "training", "weight_sync")
 
