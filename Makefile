@@ -103,7 +103,7 @@ nccl-check: $(VENV)/.host-ok ## GPU hosts: NCCL broadcast as the weight sync doe
 	@$(STACK) nccl-check $(if $(FULL),--full) $(ARGS)
 
 gpu-selfcheck: ## GPU owners, no Docker, vLLM server or Hub: the trainer's CUDA path checked in a plain env (PYTHON=/path/to/python; docs/gpu-host.md "GPU self-check")
-	@$(PYTHON) -m trainer.gpu.selfcheck $(ARGS)
+	@$(PYTHON) -m trainer.gpu_selfcheck $(ARGS)
 
 rehearse: $(VENV)/.host-ok ## No GPU needed: TRAIN_MODE=gpu's layout on this CPU (vLLM CPU twin, trainer on CPU, weights by reload), sync or async by .env (docs/gpu-host.md "Rehearse the GPU layout on a laptop")
 	@$(STACK) rehearse $(ARGS)

@@ -62,7 +62,7 @@ def main() -> None:
     from envs.core.tool import close_session
     from envs.generic import GenericSpec
     from trainer.rollouts.envs_binding import bind
-    from trainer.run.metrics import RolloutStats
+    from trainer.core.metrics import RolloutStats
 
     proc, url = start_echo_server(2 * args.rollouts)
     try:

@@ -272,7 +272,7 @@ class Trainer:
             self.lines.append((time.time(), line.rstrip()))
 
     def steps_logged(self) -> list[dict]:
-        from trainer.run.metrics import read_metrics
+        from trainer.core.metrics import read_metrics
 
         return read_metrics(self.out / "chaos")
 
@@ -335,7 +335,7 @@ class Rehearsal:
         """The run's step records: once collected, from the run's folder (as the sync Trainer reads them); while it
         runs, read in its trainer container, the last good read while there is none (a restart) or the read failed
         (a container on its way out: its empty answer is not "no step")."""
-        from trainer.run.metrics import read_metrics
+        from trainer.core.metrics import read_metrics
 
         if self.collected:
             return read_metrics(self.out / "chaos")

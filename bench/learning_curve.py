@@ -45,7 +45,7 @@ def train(model: Path, url: str, out: Path, run: str, steps: int, seed: int, env
             "--env-urls", f"{env}={url}", "--run-name", run, "--max-steps", str(steps), "--seed", str(seed),
             "--save-steps", "10000", "--resume", "fresh", *extra]
     subprocess.run([sys.executable, "-m", "trainer.train", *argv], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-    from trainer.run.metrics import read_metrics
+    from trainer.core.metrics import read_metrics
 
     return read_metrics(out / run)
 

@@ -6,7 +6,7 @@ Builds the model from its published shape (random weights, fp32 master weights a
 and times TRL's own push iterator, `VLLMGeneration._iter_named_params` (what server mode streams over NCCL and
 colocate loads), read to the end with each tensor cast to bf16 as `trainer.gpu.push_in_served_dtype` does:
 full weights, LoRA (TRL merges the adapter into the base, reads, unmerges), and QLoRA's path
-(`trainer.run.lora.merged_weights`: base + B·A per layer, no merge). Bytes on the wire are the same for all three: every
+(`trainer.modeling.lora.merged_weights`: base + B·A per layer, no merge). Bytes on the wire are the same for all three: every
 base weight, merged, in vLLM's dtype; the adapter-only sync of the async trainer sends only the adapter (printed
 beside). Figures from one run, side by side; the NCCL transfer itself is not measured here (no GPU).
 
@@ -66,7 +66,7 @@ def served_pushes(url: str, host_dir: str, server_dir: str, peft_model, repeats:
     import torch
 
     from trainer.gpu.trl_hooks import reload_weights
-    from trainer.run.lora import merged_weights
+    from trainer.modeling.lora import merged_weights
 
     url = url.rstrip("/")
     adapter = full = float("inf")
@@ -117,7 +117,7 @@ def main() -> int:
     from transformers import Qwen3Config, Qwen3ForCausalLM
     from trl.generation.vllm_generation import VLLMGeneration
 
-    from trainer.run import lora
+    from trainer.modeling import lora
     from contract import memory
 
     torch.manual_seed(0)

@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 from envs.core.tool import close_session  # noqa: E402
 from tests.helpers import free_port, start_fixture  # noqa: E402
 from tests.trainer.scripted import make_trainer, run_batch, script  # noqa: E402
-from trainer.run.trl_privates import environment_pool  # noqa: E402
+from trainer.core.trl_privates import environment_pool  # noqa: E402
 
 GOAL_BATCH, GOAL_SHARE = 64, 0.8
 

@@ -162,7 +162,7 @@ class RunConfig(BaseSettings):
     report_to: str = Field(
         "tensorboard", description="Experiment trackers, a comma list: tensorboard (OUTPUT_DIR/<run>/tensorboard), "
         "trackio (local, OUTPUT_DIR/trackio; `make dashboard` serves its UI), wandb, mlflow; or none. Each shows the "
-        "same keys (reward first; trainer/run/trackers.py). trackio, wandb and mlflow are installed in the trainer "
+        "same keys (reward first; trainer/core/trackers.py). trackio, wandb and mlflow are installed in the trainer "
         "images only when named here (`make build`)."
     )
     wandb_mode: Literal["offline", "online"] = Field(
@@ -247,7 +247,7 @@ class RunConfig(BaseSettings):
 
     lora_r: int = Field(
         0, ge=0, description="LoRA rank: 0 trains every weight (full fine-tuning); N trains rank-N adapters on a frozen "
-        "base (trainer/run/lora.py). vLLM serves ranks up to 512 (its --max-lora-rank choices)."
+        "base (trainer/modeling/lora.py). vLLM serves ranks up to 512 (its --max-lora-rank choices)."
     )
     lora_alpha: float | None = Field(
         None, gt=0, description="LoRA scaling numerator (the update is alpha/r x B·A). Empty: 2 x LORA_R."
@@ -415,11 +415,11 @@ class RunConfig(BaseSettings):
 
     def known_train_mode(self, mode: str | None = None) -> str:
         """`mode` when given, else TRAIN_MODE. `auto` is resolved by whoever can count the GPUs (the host's plan; the
-        trainer's trainer.run.grpo_args.resolved_train_mode), never here: this module imports no ML library."""
+        trainer's trainer.core.grpo_args.resolved_train_mode), never here: this module imports no ML library."""
         mode = mode or self.train_mode
         if mode == "auto":
             raise ConfigError("TRAIN_MODE=auto is not resolved yet: resolve it first "
-                              "(trainer.run.grpo_args.resolved_train_mode) and pass the mode")
+                              "(trainer.core.grpo_args.resolved_train_mode) and pass the mode")
         return mode
 
     def mode(self, resolved: str | None = None) -> modes.TrainMode:
@@ -443,7 +443,7 @@ class RunConfig(BaseSettings):
     def model_path(self, mode: str | None = None) -> str:
         """What every trainer-side load reads: a hub model pinned to MODEL_REVISION as its snapshot folder in the
         local cache, once model-download has put it there. A download at a commit writes no `refs/main`, so a load
-        by name without a revision (TRL colocate's `LLM(model=model.name_or_path)`, trainer.gpu.sync_check) would
+        by name without a revision (TRL colocate's `LLM(model=model.name_or_path)`, trainer.sync_check) would
         look up `main` under HF_HUB_OFFLINE=1 and fail; a folder needs no lookup."""
         name = self.resolved_model_name(mode)
         if self.model_revision and is_hub_id(name):
@@ -511,7 +511,7 @@ class RunConfig(BaseSettings):
             raise
 
     def shared_trainer_kwargs(self, mode: str) -> dict[str, Any]:
-        """What GRPOConfig (ROLLOUTS=sync; trainer.run.grpo_args) and AsyncGRPOConfig (async) both take from the run's
+        """What GRPOConfig (ROLLOUTS=sync; trainer.core.grpo_args) and AsyncGRPOConfig (async) both take from the run's
         settings, so the two trainers read one list."""
         return dict(
             output_dir=self.run_dir,
@@ -530,7 +530,7 @@ class RunConfig(BaseSettings):
             logging_steps=self.logging_steps,
             seed=self.seed,
             data_seed=self.seed,
-            report_to="none",  # trainer.run.metrics writes JSONL + TensorBoard itself
+            report_to="none",  # trainer.core.metrics writes JSONL + TensorBoard itself
             disable_tqdm=True,  # one log line per step instead of progress bars in `docker logs`
             chat_template_kwargs=self.chat_template_kwargs(),
         )

@@ -1,7 +1,7 @@
 """What vLLM can serve of a run's LoRA settings (LORA_R > 0, LORA_TARGET_MODULES), standard library only:
 contract.config validates with it (RunConfig.lora_problem asks `problem` below: which settings cannot work together),
 and so does the host's `make doctor` through it. The adapter itself (peft, the 4-bit base, merging) is the trainer's:
-trainer.run.lora."""
+trainer.modeling.lora."""
 
 from __future__ import annotations
 

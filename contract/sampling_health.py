@@ -103,7 +103,7 @@ class Watch:
                       "nccl-check FULL=1` checks the sync). Warned once per run.")
 
 
-# ROLLOUTS=async: how off-policy the trained samples were (trainer.run.async_metrics writes these keys).
+# ROLLOUTS=async: how off-policy the trained samples were (trainer.core.async_metrics writes these keys).
 MAX_DROPPED_SHARE = 0.5  # more dropped as stale than trained: generation runs too far ahead (MAX_STALENESS too low)
 
 

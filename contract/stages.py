@@ -17,7 +17,7 @@ _lock = threading.Lock()
 
 def mark(stage: str, seconds: float | None = None, detail: str = "", **values) -> bool:
     """Print the stage's line the first time it is reached (on the main trainer process: RANK 0, as accelerate sets it,
-    the variable trainer.run.dist reads too); False (and silent) afterwards."""
+    the variable trainer.core.dist reads too); False (and silent) afterwards."""
     if int(os.environ.get("RANK", "0") or 0) != 0:
         return False
     with _lock:

@@ -1,5 +1,5 @@
 """Experiment tracker names (REPORT_TO) and where each keeps its data: what the run's settings accept, what the host's
-`make dashboard` serves, and what the trainer logs to (trainer.run.trackers). Standard library only."""
+`make dashboard` serves, and what the trainer logs to (trainer.core.trackers). Standard library only."""
 
 from __future__ import annotations
 

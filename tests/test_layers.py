@@ -1,5 +1,6 @@
 """The layers ARCHITECTURE.md draws: the host (tools/) and the trainer (trainer/) are siblings over the shared rules
-(contract/), which import no ML library. Read from every import statement, those inside functions too."""
+(contract/), which import no ML library; inside trainer/, its sub-packages on floors that import only down.
+Read from every import statement, those inside functions too."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# trainer/'s floors, top first: a module imports its own package and packages on lower floors only; packages on one
+# floor do not import each other. The entrypoints (trainer/*.py, `python -m trainer.X`) are the top floor.
+TRAINER_FLOORS = [("*.py",), ("after",), ("run",), ("async_grpo",), ("gpu", "rollouts"), ("core", "modeling")]
 ML_LIBRARIES = ("torch", "transformers", "trl", "peft", "accelerate", "vllm", "datasets", "bitsandbytes", "deepspeed")
 
 
@@ -36,6 +40,31 @@ def imported_modules(folder: str) -> list[tuple[str, int, str]]:
 def offenders(folder: str, forbidden: tuple[str, ...]) -> list[str]:
     return sorted({f"{file}:{line} imports {module}" for file, line, module in imported_modules(folder)
                    if module.split(".")[0] in forbidden})
+
+
+def trainer_unit(module: str) -> str | None:
+    """The floor unit of a module under trainer/: its sub-package, or "*.py" for a module at trainer/'s root."""
+    parts = module.split(".")
+    if len(parts) < 2 or parts[0] != "trainer":
+        return None
+    return parts[1] if (ROOT / "trainer" / parts[1]).is_dir() else "*.py"
+
+
+def imports_running_up(floors: list[tuple[str, ...]] = TRAINER_FLOORS) -> list[str]:
+    """Every import in trainer/ of a unit not on a lower floor than the importer's (its own unit excepted)."""
+    floor_of = {unit: n for n, units in enumerate(floors) for unit in units}
+    imports = imported_modules("trainer")
+    named = {(file, line, module) for file, line, module in imports}
+    found = set()
+    for file, line, module in imports:
+        here, there = trainer_unit(".".join(Path(file).with_suffix("").parts)), trainer_unit(module)
+        if there is None or there == here or floor_of.get(there, -1) > floor_of.get(here, -1):
+            continue
+        if any(f == file and n == line and m.startswith(module + ".") for f, n, m in named):
+            continue  # `from a.b import c`: named once, as a.b.c
+        found.add(f"{file}:{line} imports {module}, which runs up from {here} to {there} (tests/test_layers.py "
+                  f"TRAINER_FLOORS: move the code down or the import up)")
+    return sorted(found)
 
 
 def test_the_host_imports_nothing_from_the_trainer():
@@ -66,6 +95,29 @@ def test_the_scan_sees_imports_inside_functions(tmp_path, monkeypatch):
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
     assert offenders("pkg", ML_LIBRARIES + ("trainer",)) == ["pkg/m.py:2 imports torch", "pkg/m.py:3 imports trainer",
                                                              "pkg/m.py:3 imports trainer.train"]
+
+
+def test_trainer_sub_packages_import_only_down():
+    assert imports_running_up() == []
+
+
+def test_every_trainer_sub_package_has_a_floor():
+    packages = {p.parent.name for p in (ROOT / "trainer").glob("*/__init__.py")}
+    assert packages == {unit for units in TRAINER_FLOORS for unit in units} - {"*.py"}, \
+        "a new trainer/ sub-package: give it a floor in TRAINER_FLOORS (and ARCHITECTURE.md's picture)"
+
+
+def test_the_trainer_scan_names_an_import_running_up(tmp_path, monkeypatch):
+    for folder, text in {"low": "import os\n", "high": "from trainer.low import x\n", "": "from trainer import high\n"}.items():
+        (tmp_path / "trainer" / folder).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "trainer" / folder / ("__init__.py" if folder else "main.py")).write_text(text)
+    (tmp_path / "trainer" / "low" / "m.py").write_text("def f():\n    from trainer.high import y\n    import trainer.main\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    found = imports_running_up([("*.py",), ("high",), ("low",)])
+    assert [line.split(", which")[0] for line in found] == [
+        "trainer/low/m.py:2 imports trainer.high.y", "trainer/low/m.py:3 imports trainer.main"]
+    assert found[0].endswith("runs up from low to high (tests/test_layers.py TRAINER_FLOORS: move the code down or "
+                             "the import up)")
 
 
 @pytest.mark.parametrize("dockerfile", ["services/trainer/Dockerfile", "services/trainer/Dockerfile.cpu"])

@@ -114,7 +114,7 @@ def gpu_services(layout: gpu_layout.GpuLayout | None, cdi: bool) -> dict[str, di
 
 
 def add_lora_serving(services: dict[str, dict], cfg) -> dict[str, dict]:
-    """LORA_R with ROLLOUTS=async (contract/lora_rules.py, trainer/run/lora.py): the vllm service serves LoRA adapters. Its command becomes
+    """LORA_R with ROLLOUTS=async (contract/lora_rules.py, trainer/modeling/lora.py): the vllm service serves LoRA adapters. Its command becomes
     compose.yaml's flags plus the adapter ones, it may load adapters at run time, and it reads the trainer's adapter
     folders (`<run dir>/.vllm_lora/...`) read-only at the path the trainer writes them. The same on a GPU host and in
     `make rehearse` (whose twin runs the vllm service's command); `services` unchanged when the run needs none."""

@@ -12,7 +12,7 @@ on failure or timeout, a diagnosis naming the fix. Standard library only (host v
 
 The two containers get the GPUs, IPC and NCCL settings training gives vllm and trainer
 (tools/gpu_layout.py: one GPU each, or NCCL_FAST_PATH=1's shared layout), so the transport printed
-is the one training will use. `--full` runs trainer.gpu.sync_check in the trainer service: TRL's own
+is the one training will use. `--full` runs trainer.sync_check in the trainer service: TRL's own
 rendezvous, a push of the model's weights, a generation.
 """
 

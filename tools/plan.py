@@ -83,7 +83,7 @@ class StackPlan:
         services = compose_file.merge_services(envs, compose_file.gpu_services(self.layout, self.cdi))
         if self.rehearsal:
             services = compose_file.merge_services(services, rehearsal.services(envs.get("trainer", {}).get("depends_on", {})))
-        if self.spec.runs_vllm_service:  # LoRA adapters synced alone: vLLM's LoRA flags (trainer/run/lora.py)
+        if self.spec.runs_vllm_service:  # LoRA adapters synced alone: vLLM's LoRA flags (trainer/modeling/lora.py)
             services = compose_file.add_lora_serving(services, derive.run_config(self.values, self.mode))
         if not services:
             return {}

@@ -28,7 +28,7 @@ def report_download(model: str, revision: str | None, token: str | None, stop: t
     from huggingface_hub import HfApi
     from huggingface_hub.constants import HF_HUB_CACHE
 
-    from trainer.run.progress import Progress
+    from trainer.core.progress import Progress
 
     try:
         info = HfApi().model_info(model, revision=revision, token=token, files_metadata=True)

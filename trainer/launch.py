@@ -14,7 +14,7 @@ import sys
 
 from contract.config import ConfigError, RunConfig
 from contract.modes import as_mode
-from trainer.run import grpo_args
+from trainer.core import grpo_args
 
 RENDEZVOUS_PORT = 29500  # torch.distributed among the trainer's own processes (inside its container)
 # On SIGTERM the launcher (torchrun underneath) SIGKILLs its workers after TORCH_ELASTIC_SHUTDOWN_TIMEOUT (30 s by

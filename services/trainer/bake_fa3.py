@@ -1,7 +1,7 @@
-"""Bake TRL's FlashAttention-3 tree-attention kernel into the GPU trainer image (#31, trainer/run/tree_attention.py).
+"""Bake TRL's FlashAttention-3 tree-attention kernel into the GPU trainer image (#31, trainer/async_grpo/tree_attention.py).
 
 Run at image build time with the Hub reachable and KERNELS_CACHE set; at run time `kernels` reads it from there with
-HF_HUB_OFFLINE=1, and trainer/run/tree_attention.py uses it on a Hopper GPU. Loading the kernel's CUDA library may fail
+HF_HUB_OFFLINE=1, and trainer/async_grpo/tree_attention.py uses it on a Hopper GPU. Loading the kernel's CUDA library may fail
 on a build host without a GPU driver: the download is what matters, so this checks the cache, not the import. It
 checks for the build that fits this image's torch and CUDA (`kernels`' variant name, e.g.
 torch213-cxx11-cu130-x86_64-linux): with BAKE_FA3=1 and no such build on the Hub the image build fails here, loudly,

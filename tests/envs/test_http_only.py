@@ -234,7 +234,7 @@ def test_bound_as_trains_factory_the_bounds_apply_and_a_reaped_session_is_the_en
     left out of training), not the model's."""
     from envs.core.client import EnvServerError
     from trainer.rollouts import envs_binding
-    from trainer.run.metrics import RolloutStats
+    from trainer.core.metrics import RolloutStats
 
     url = served(stock_without(counter_env(), "/ws", "/schema"))
     spec = GenericSpec.discover("counter", url)

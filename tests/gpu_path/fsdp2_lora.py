@@ -3,8 +3,8 @@ used by test_master_weights.py.
 
     python -m torch.distributed.run --nproc_per_node 2 tests/gpu_path/fsdp2_lora.py MODEL_DIR OUT_DIR
 
-The model is the GPU path's (trainer.run.model, fp32 master weights) wrapped with the run's LoraConfig
-(trainer.run.lora.peft_config) and prepared by accelerate's own FSDP2 preparation, forced on CPU as in
+The model is the GPU path's (trainer.modeling.model, fp32 master weights) wrapped with the run's LoraConfig
+(trainer.modeling.lora.peft_config) and prepared by accelerate's own FSDP2 preparation, forced on CPU as in
 master_weights.py (accelerate keeps FSDP for GPU-type backends). One optimizer step moves the adapter, then:
   * sync (ROLLOUTS=sync): TRL's own VLLMGeneration.sync_weights in server mode merges the sharded adapter, streams
     every base weight (client recorded: test double for the NCCL broadcast) and unmerges;
@@ -53,8 +53,8 @@ def main(model_dir: Path, out: Path) -> None:
     from trl.experimental.async_grpo.async_grpo_trainer import save_lora_adapter
     from trl.generation.vllm_generation import VLLMGeneration
 
-    from trainer.run import lora
-    from trainer.run.model import load_model_and_tokenizer
+    from trainer.modeling import lora
+    from trainer.modeling.model import load_model_and_tokenizer
 
     cfg = run_config(model_dir).model_copy(update={"lora_r": LORA_R, "lora_alpha": LORA_ALPHA})
     base, _ = load_model_and_tokenizer(cfg, "gpu")

@@ -48,7 +48,7 @@ def load(model_dir: Path, dtype: str):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from trainer.run.model import load_model_and_tokenizer
+    from trainer.modeling.model import load_model_and_tokenizer
 
     cfg = run_config(model_dir)
     if dtype == "fp32":
@@ -60,7 +60,7 @@ def optimizer(model, cfg):
     """The optimizer HF's Trainer builds from the project's GRPOConfig (AdamW, fused, the GPU learning rate 1e-5)."""
     from transformers import Trainer
 
-    from trainer.run import grpo_args
+    from trainer.core import grpo_args
 
     args = grpo_args.grpo_config(cfg, "gpu")
     cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)

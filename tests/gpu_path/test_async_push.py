@@ -80,7 +80,7 @@ def test_async_push_without_a_served_dtype_goes_as_it_is_and_other_transfers_are
                                                                                               vllm_calls):
     import torch
 
-    from trainer.run.async_trainer import ReloadWeightTransfer
+    from trainer.async_grpo.async_trainer import ReloadWeightTransfer
 
     monkeypatch.setattr(push_state, "_STATE", {})
     sent: list = []
@@ -130,7 +130,7 @@ def test_a_refused_async_reset_stops_the_push_with_its_reason(tmp_path, monkeypa
 
 
 def test_the_async_reload_push_resets_the_prefix_cache_too(tmp_path, monkeypatch):
-    from trainer.run import async_trainer
+    from trainer.async_grpo import async_trainer
 
     monkeypatch.setattr(push_state, "_STATE", {})
     monkeypatch.setattr(trl_hooks, "reload_weights", lambda *a: 1)

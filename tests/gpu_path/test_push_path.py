@@ -13,7 +13,8 @@ import pytest
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 from contract.config import RunConfig  # noqa: E402
-from trainer.gpu import push_path, selfcheck  # noqa: E402
+from trainer import gpu_selfcheck as selfcheck  # noqa: E402
+from trainer.gpu import push_path  # noqa: E402
 
 
 def tiny_model(seed: int = 0):
@@ -29,7 +30,7 @@ def with_lora(model, cfg: RunConfig):
     import torch
     from peft import get_peft_model
 
-    from trainer.run import lora
+    from trainer.modeling import lora
 
     model = get_peft_model(model, lora.peft_config(cfg))
     with torch.no_grad():
@@ -107,7 +108,7 @@ def test_nccl_check_loads_the_model_as_training_holds_it(tmp_path):
     import torch
 
     tiny_model().save_pretrained(tmp_path)
-    from trainer.gpu.sync_check import training_model
+    from trainer.sync_check import training_model
 
     full = training_model(str(tmp_path), RunConfig.load([]), "cpu")
     assert next(full.parameters()).dtype == torch.float32 and not hasattr(full, "peft_config")  # fp32 masters

@@ -130,7 +130,7 @@ def rehearse(stack: EnvFileStack, **settings: str) -> str:
 
 def check_server_mode_log(log: str, rollouts: str = "sync", steps: int = 0) -> None:
     assert "make rehearse: TRAIN_MODE=gpu's services on CPU" in log  # the plan said what it runs
-    if rollouts == "async":  # TRL's AsyncGRPOTrainer, its WeightTransferProtocol by reload (trainer.run.async_trainer)
+    if rollouts == "async":  # TRL's AsyncGRPOTrainer, its WeightTransferProtocol by reload (trainer.async_grpo.async_trainer)
         assert "[train] ROLLOUTS=async: TRL's AsyncGRPOTrainer" in log
         assert "tree attention backend sdpa" in log  # the portable tree attention, no Hub kernel fetch
         assert "[weight-sync] WEIGHT_TRANSFER=reload (async): no NCCL group" in log  # the one stand-in, said so
@@ -234,7 +234,7 @@ print(len(pushed), 'adapter tensors, pushed == checkpoint')
 def test_make_rehearse_async_lora_pushes_the_adapter_alone_and_the_twin_serves_what_the_trainer_wrote(rehearsal,
                                                                                                        processes):
     """#32: ROLLOUTS=async with LORA_R=8 through `make rehearse`: the plan restarts the twin with the vllm service's
-    LoRA flags (trainer/run/lora.py), TRL's adapter-only sync writes <run>/.vllm_lora/trl-policy-v<N> and has the twin
+    LoRA flags (trainer/modeling/lora.py), TRL's adapter-only sync writes <run>/.vllm_lora/trl-policy-v<N> and has the twin
     load it by /v1/load_lora_adapter (no weight reload, no NCCL), the worker's requests name it, and after the run
     the newest served adapter is the run's last checkpoint, byte for byte, and serves other log-probs than the base.
     With 2 trainer processes (TRAINER_SHARDING=fsdp, as ROLLOUTS=async asks; on CPU accelerate runs them as DDP over

@@ -224,7 +224,8 @@ def test_rollouts_async_after_the_run__sigterm_resume_traces_report_export_eval(
     saves a complete checkpoint with TRL's rollout_state.json and exits 143; `make train` again resumes from it and
     logs every step once; its records carry the sync run's keys plus the staleness figures; then `make rollouts`,
     `make report`, `make export` and `make eval` (their modules, in the trainer image) work on its folder."""
-    from trainer.run import async_metrics, checkpoints, trackers
+    from trainer.core import async_metrics, trackers
+    from trainer.run import checkpoints
     from trainer.rollouts import traces
 
     network, twin, model_dir, weights = rehearsal_stack
@@ -294,7 +295,7 @@ def test_async_grpo_with_two_processes_trains_through_the_twin__weights_by_reloa
     """ROLLOUTS=async with 2 trainer processes (TRAINER_SHARDING=fsdp; on CPU accelerate runs them as DDP over gloo,
     keeping FSDP for GPU backends: FSDP2 itself is test_master_weights.py's): TRL's AsyncGRPOTrainer in the GPU trainer image, its
     spawned rollout worker generating through the twin against the echo server, optimizer steps, and weight pushes
-    by reload (trainer.run.async_trainer.ReloadWeightTransfer, TRL's WeightTransferProtocol: pause, write, reload,
+    by reload (trainer.async_grpo.async_trainer.ReloadWeightTransfer, TRL's WeightTransferProtocol: pause, write, reload,
     resume; the one stand-in, for TRL's NCCL client) that change the served model. One process is `make rehearse`'s
     (test_rehearse_command.py), on this image and the same twin flags."""
     network, twin, model_dir, weights = rehearsal_stack

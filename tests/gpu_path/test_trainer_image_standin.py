@@ -24,7 +24,7 @@ CHECK = textwrap.dedent("""
     from vllm.distributed.weight_transfer.packed_tensor import packed_nccl_broadcast_producer
     import trl.generation.vllm_client as client
     from trl import GRPOConfig, GRPOTrainer
-    import openenv, trainer.gpu, trainer.gpu.sync_check
+    import openenv, trainer.gpu, trainer.sync_check
     pins = dict(l.split("==") for l in open("/opt/base-constraints.txt").read().split())
     print(json.dumps({"pins": pins, "installed": {n: md.version(n) for n in pins}, "trl": trl.__version__,
                       "stateful_engine": client._HAS_STATEFUL_TRAINER_ENGINE}))

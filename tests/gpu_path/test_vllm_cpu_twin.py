@@ -227,10 +227,10 @@ def test_preflight_accepts_the_twins_routes_and_refuses_a_gpuless_trainer(vllm_c
 
 
 def test_nccl_check_full_passes_the_http_stages_then_fails_at_the_first_gpu_only_one(vllm_cpu):
-    """`make nccl-check FULL=1`'s program (trainer.gpu.sync_check) against the twin: the server stage passes
+    """`make nccl-check FULL=1`'s program (trainer.sync_check) against the twin: the server stage passes
     for real; the next stage needs a GPU on the server (stand-in: the twin has none) and stops the check
     with what to do, before any NCCL call could hang."""
-    out = subprocess.run([sys.executable, "-m", "trainer.gpu.sync_check", "--url", vllm_cpu.url, "--model", "tiny"],
+    out = subprocess.run([sys.executable, "-m", "trainer.sync_check", "--url", vllm_cpu.url, "--model", "tiny"],
                          cwd=ROOT, capture_output=True, text=True, timeout=300,
                          env={**os.environ, "VLLM_SERVER_TIMEOUT_S": "60"})
     assert out.returncode == 1, out.stdout + out.stderr
@@ -245,7 +245,7 @@ def test_nccl_check_full_passes_the_http_stages_then_fails_at_the_first_gpu_only
 def test_nccl_check_full_async_path_stops_at_the_same_gpu_stage(vllm_cpu, capsys):
     """ROLLOUTS=async's `make nccl-check FULL=1` path (TRL's async WeightTransferClient) against the twin: the same
     server stage passes, the same GPU stage stops it, before the async rendezvous."""
-    from trainer.gpu import sync_check
+    from trainer import sync_check
 
     assert sync_check.run(vllm_cpu.url, "tiny", 51216, 60, 60, rollouts="async") == 1
     lines = capsys.readouterr().out.splitlines()

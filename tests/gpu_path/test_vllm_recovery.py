@@ -266,7 +266,7 @@ def test_an_async_trainer_waiting_for_samples_stops_for_a_vllm_gone_or_restarted
     from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 
     from trainer.gpu.server import VLLMGone, VLLMRestarted, gone_line, went_away
-    from trainer.run.async_run import stop_on_env_or_vllm_down
+    from trainer.async_grpo.async_run import stop_on_env_or_vllm_down
 
     monkeypatch.setattr(trl_hooks, "_GUARD", {})
     worker = object.__new__(AsyncRolloutWorker)  # TRL's class (its __init__ wants vLLM installed)
@@ -300,7 +300,7 @@ def test_an_async_push_into_a_restarted_vllm_stops_before_it_and_a_batch_from_on
     from types import SimpleNamespace
 
     from trainer.gpu.server import VLLMRestarted
-    from trainer.run.async_run import AfterRun
+    from trainer.async_grpo.async_run import AfterRun
 
     monkeypatch.setattr(trl_hooks, "_GUARD", {})
     started, pushes, steps = [1796294967.7], [], []

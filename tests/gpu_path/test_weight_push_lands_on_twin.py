@@ -1,5 +1,5 @@
 """On the vLLM CPU twin (vLLM 0.31.0, the GPU service's flags), for real:
-- `make nccl-check FULL=1`'s routine (trainer.gpu.sync_check, trainer.gpu.weight_check) through the rehearsal's
+- `make nccl-check FULL=1`'s routine (trainer.sync_check, trainer.gpu.weight_check) through the rehearsal's
   reload path (WEIGHT_TRANSFER=reload: the trainer writes safetensors, vLLM reloads them; NCCL needs GPUs): perturbed
   weights change the served output and match the trainer's own forward, the originals pushed back give the same
   greedy tokens and the trainer's logprobs, and a layer that keeps its old tensors fails the check;
@@ -20,7 +20,7 @@ import pytest
 from tests.gpu_path.conftest import ensure_vllm_cpu_image, served_model, start_twin, stop_twin
 from tests.helpers import commit_download_cache
 from trainer.gpu import weight_check as wc
-from trainer.run import grpo_args
+from trainer.core import grpo_args
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -83,7 +83,7 @@ def reload_client(monkeypatch, trl_client_cls):
 
 
 def test_sync_check_proves_the_pushed_weights_land__reload_path(twin, penalised_model, reload_client, capsys):
-    from trainer.gpu import sync_check
+    from trainer import sync_check
 
     t, weights = twin
     rc = sync_check.run(t.url, str(penalised_model), 51216, 120, 300, reload_dir=str(weights))

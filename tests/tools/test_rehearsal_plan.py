@@ -72,7 +72,7 @@ LORA_ASYNC = "\nTRAIN_MODE=auto\nROLLOUTS=async\nLORA_R=8\nMAX_STALENESS=2\n"
 def test_lora_async_serves_adapters_with_the_same_flags_in_the_rehearsal_as_on_a_gpu_host(tmp_path, monkeypatch):
     """#32: LORA_R with ROLLOUTS=async syncs the adapter alone, so vLLM serves LoRA: its LoRA flags, the runtime
     adapter routes and the trainer's outputs (read-only, where TRL writes <run dir>/.vllm_lora) come from
-    trainer/run/lora.py, and the twin of `make rehearse` runs exactly the GPU host's vllm command."""
+    trainer/modeling/lora.py, and the twin of `make rehearse` runs exactly the GPU host's vllm command."""
     from tests.gpu_path.conftest import resolved
     from tests.gpu_path.test_gpu_layouts import host_with
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 
-from trainer.run import grpo_args
+from trainer.core import grpo_args
 
 
 def make_trainer(url: str, model_dir, out_dir, batch: int, *flags: str, stock_loop: bool = False):

@@ -14,8 +14,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from trainer.run import checkpoints, trackers
-from trainer.run.metrics import MetricsCallback, read_metrics
+from trainer.core import trackers
+from trainer.run import checkpoints
+from trainer.core.metrics import MetricsCallback, read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,7 +27,7 @@ def async_run(tmp_path_factory, tiny_model_dir):
     from trl.trainer.utils import add_fused_lm_head
 
     from tests.trainer.test_async_metrics import ASYNC_LOGS
-    from trainer.run import tree_attention
+    from trainer.async_grpo import tree_attention
 
     outputs = tmp_path_factory.mktemp("outputs")
     run = outputs / "asyncrun"

@@ -20,7 +20,7 @@ from trl.experimental.async_grpo import async_rollout_worker as trl_worker
 
 from tests.trainer.test_async_rollout_traces import run_loop
 from trainer.rollouts.rewards import unfinished_penalty
-from trainer.run.async_trainer import StackRolloutLoop
+from trainer.async_grpo.async_trainer import StackRolloutLoop
 
 CALL = '<tool_call>\n{"name": "read_page", "arguments": {"page": 1}}\n</tool_call><|im_end|>'
 PAGE = ("lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 40)[:2000]
@@ -211,7 +211,7 @@ def test_a_turn_the_budget_cuts_short_is_scored_unfinished(make_loop):
      'sure that `max_model_len` is no smaller than the number of text tokens.", "code": 400}}', 4096),
 ])
 def test_vllms_length_refusals_are_told_apart_and_name_the_limit(body, limit):
-    from trainer.run.async_budget import ContextFull, context_full, vllm_message
+    from trainer.async_grpo.async_budget import ContextFull, context_full, vllm_message
 
     assert context_full(400, body) and not context_full(500, body)
     assert not context_full(400, '{"error": {"message": "The model `x` does not exist.", "code": 404}}')

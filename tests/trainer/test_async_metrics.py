@@ -1,4 +1,4 @@
-"""ROLLOUTS=async after the run (trainer.run.async_metrics, the async path of trainer.run.metrics.MetricsCallback, the
+"""ROLLOUTS=async after the run (trainer.core.async_metrics, the async path of trainer.core.metrics.MetricsCallback, the
 smoke's async stages): an async step record carries every tracker key a sync step record does, plus the staleness
 figures, and TRL's own reduction of what the rollout worker sends gives the sync trainer's per-env figures."""
 
@@ -11,9 +11,9 @@ import pytest
 from trl.experimental.async_grpo.async_grpo_trainer import _reduce_metric
 
 from tools.commands import smoke
-from trainer.run import async_metrics, trackers
+from trainer.core import async_metrics, trackers
 from contract import sampling_health, stages
-from trainer.run.metrics import MetricsCallback, RolloutStats, read_metrics, summarize_episodes
+from trainer.core.metrics import MetricsCallback, RolloutStats, read_metrics, summarize_episodes
 
 EPISODES = {"echo": [{"reward": 1.0, "tool_calls": 1, "tool_failures": 0},
                      {"reward": 0.2, "tool_calls": 2, "tool_failures": 1},
@@ -174,7 +174,7 @@ def test_more_dropped_than_trained_fails_the_staleness_stage():
 
 
 def test_the_trainer_mixin_logs_lag_percentiles_of_what_trls_queue_dataset_recorded(tmp_path):
-    """trainer.run.async_run.AfterRun over TRL's real RolloutQueueDataset (which records each trained sample's lag and
+    """trainer.async_grpo.async_run.AfterRun over TRL's real RolloutQueueDataset (which records each trained sample's lag and
     drops the stale ones) and TRL's real AsyncGRPOTrainer.log (which averages them): the lags reach the callbacks as
     percentiles and a histogram, next to TRL's mean. The trainer object is built without its __init__ (no model,
     no vLLM): only what log() reads is set."""
@@ -187,7 +187,7 @@ def test_the_trainer_mixin_logs_lag_percentiles_of_what_trls_queue_dataset_recor
 
     from accelerate.state import PartialState
 
-    from trainer.run.async_run import AfterRun
+    from trainer.async_grpo.async_run import AfterRun
 
     PartialState()  # TRL's dataset logs its drops through accelerate's logger
 

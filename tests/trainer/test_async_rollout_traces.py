@@ -1,4 +1,4 @@
-"""trainer.run.async_run.TracedRolloutLoop: TRL 1.16's real async rollout loop (generate loop, env pool, get_reward,
+"""trainer.async_grpo.async_run.TracedRolloutLoop: TRL 1.16's real async rollout loop (generate loop, env pool, get_reward,
 scoring) against a real echo server with the stack's env factory (trainer.rollouts.envs_binding.EnvFactory), its vLLM
 requests replaced by scripted turns (the one stand-in: no vLLM runs in this test). What it sends the trainer, reduced
 the way TRL's trainer reduces it, gives the sync run's per-env figures; its traces fit rollouts.jsonl's schema and
@@ -19,11 +19,11 @@ from transformers import AutoTokenizer
 from trl.experimental.async_grpo.async_grpo_trainer import _reduce_metric
 
 from envs import registry
-from trainer.run import async_metrics
+from trainer.core import async_metrics
 from trainer.rollouts import traces
-from trainer.run.async_run import TracedRolloutLoop
+from trainer.async_grpo.async_run import TracedRolloutLoop
 from trainer.rollouts.envs_binding import EnvFactory, encode_row
-from trainer.run.metrics import STATS
+from trainer.core.metrics import STATS
 
 CALL = '<tool_call>\n{"name": "echo_message", "arguments": {"message": "hello"}}\n</tool_call><|im_end|>'
 ANSWER = "done<|im_end|>"
@@ -129,7 +129,7 @@ def test_the_worker_gets_a_traced_loop_class_it_can_pickle_by_name():
 
     from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, _AsyncRolloutLoop
 
-    from trainer.run.async_run import TracedRolloutLoop, TracedRollouts, use_traced_loop
+    from trainer.async_grpo.async_run import TracedRolloutLoop, TracedRollouts, use_traced_loop
 
     class Composed(TracedRollouts, _AsyncRolloutLoop):
         pass
@@ -228,7 +228,7 @@ def test_a_dead_env_in_the_rollout_worker_stops_the_trainer_with_the_sync_line(t
     from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 
     from trainer.rollouts import infra_failures
-    from trainer.run.async_run import stop_on_env_or_vllm_down
+    from trainer.async_grpo.async_run import stop_on_env_or_vllm_down
 
     monkeypatch.setattr(infra_failures, "WINDOWS", infra_failures.FailureWindow(window=8, min_episodes=4))
     loop = infra_loop(tmp_path, tiny_model_dir, "http://127.0.0.1:9", AlwaysDown, [])
@@ -252,7 +252,7 @@ def test_a_dead_env_in_the_rollout_worker_stops_the_trainer_with_the_sync_line(t
 def test_the_health_check_keeps_trls_report_for_other_failures_and_sees_a_silent_death_at_once():
     from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 
-    from trainer.run.async_run import stop_on_env_or_vllm_down
+    from trainer.async_grpo.async_run import stop_on_env_or_vllm_down
 
     worker = object.__new__(AsyncRolloutWorker)
     worker._failed_event, worker._exception_info_queue = threading.Event(), queue.Queue(maxsize=1)

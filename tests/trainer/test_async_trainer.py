@@ -1,6 +1,6 @@
 """ROLLOUTS=async without Docker: the layouts it refuses (one line each), everything it hands TRL's spawned rollout
 worker pickles and rebuilds in a fresh process (every env kind's factory, the reward functions, the stack's rollout
-loop), and the TRL privates trainer/run/async_trainer.py relies on still exist. The run itself:
+loop), and the TRL privates trainer/async_grpo/async_trainer.py relies on still exist. The run itself:
 tests/gpu_path/test_server_mode_rehearsal.py and test_rehearse_command.py."""
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ for name, factory in (loaded.items() if isinstance(loaded, dict) else [(None, lo
     cls = factory.bound
     assert cls is factory.bound  # one class per process: TRL keys env rewards by it
     print(name, factory.env_name, cls.__name__, ",".join(tool_method_names(cls)), callable(cls.get_reward),
-          factory.url, factory.stats is __import__("trainer.run.metrics").run.metrics.STATS)
+          factory.url, factory.stats is __import__("trainer.core.metrics").core.metrics.STATS)
 """
 
 
@@ -139,7 +139,7 @@ def test_the_reward_functions_pickle_and_keep_their_name():
 
 
 def test_the_stack_rollout_loop_and_reload_transfer_pickle_by_name():
-    from trainer.run import async_trainer
+    from trainer.async_grpo import async_trainer
 
     assert pickle.loads(pickle.dumps(async_trainer.StackRolloutLoop)) is async_trainer.StackRolloutLoop
     transfer = async_trainer.ReloadWeightTransfer("http://vllm:8000", "/weights", 30.0, "bfloat16")
@@ -147,7 +147,7 @@ def test_the_stack_rollout_loop_and_reload_transfer_pickle_by_name():
 
 
 def test_the_async_config_carries_the_sync_settings():
-    from trainer.run.async_trainer import build_async_config
+    from trainer.async_grpo.async_trainer import build_async_config
 
     cfg = RunConfig.load([], rollouts="async", train_mode="gpu", weight_transfer="reload", max_staleness=2,
                          max_steps=7, num_generations=4, per_device_train_batch_size=8, tool_timeout_s=9)
@@ -193,7 +193,7 @@ def stack_loop(tool_timeout_s: float):
     from collections import defaultdict
     from concurrent.futures import ThreadPoolExecutor
 
-    from trainer.run.async_trainer import StackRolloutLoop
+    from trainer.async_grpo.async_trainer import StackRolloutLoop
 
     loop = object.__new__(StackRolloutLoop)
     loop.tool_timeout_s, loop._tool_pool = tool_timeout_s, ThreadPoolExecutor(4)
@@ -221,14 +221,14 @@ def test_a_tool_call_past_tool_timeout_s_fails_with_the_sync_message_and_closes_
 
 
 # ---------------------------------------------------------------------------------------------- the pin
-# The TRL sources trainer/run/async_trainer.py relies on are pinned in trainer/run/trl_privates.py (tests/trainer/test_trl_privates.py).
+# The TRL sources trainer/async_grpo/async_trainer.py relies on are pinned in trainer/core/trl_privates.py (tests/trainer/test_trl_privates.py).
 
 
 def test_lora_async_unloads_the_policy_adapters_an_earlier_run_left_in_vllm(monkeypatch, capsys):
     """A fresh run numbers its adapters from v1 again; vLLM refuses a name it holds (400), so the earlier run's go."""
     import requests
 
-    from trainer.run.async_trainer import _unload_earlier_adapters
+    from trainer.async_grpo.async_trainer import _unload_earlier_adapters
 
     held = ["/models/base", "trl-policy-v3", "trl-policy-v4", "my-own-adapter"]
     unloaded = []

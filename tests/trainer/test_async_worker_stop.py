@@ -1,6 +1,6 @@
 """The end of an async run: TRL's rollout worker process exits by itself, at once, when the trainer stops it, instead
-of TRL's 15 s join and SIGTERM: its rollouts in flight are cancelled (trainer.run.async_trainer.StackRolloutLoop
-._run_loops) and its unread queues drained (trainer.run.async_run.drain_on_stop).
+of TRL's 15 s join and SIGTERM: its rollouts in flight are cancelled (trainer.async_grpo.async_trainer.StackRolloutLoop
+._run_loops) and its unread queues drained (trainer.async_grpo.async_run.drain_on_stop).
 
 A spawned process that has put more into a multiprocessing queue than its pipe holds cannot exit until someone reads
 the pipe (multiprocessing joins the queue's feeder thread at exit). TRL's worker puts samples ahead of the trainer,
@@ -27,7 +27,7 @@ def test_a_worker_with_unread_samples_exits_by_itself_when_stopped():
     from accelerate.state import PartialState
     from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
 
-    from trainer.run.async_run import drain_on_stop
+    from trainer.async_grpo.async_run import drain_on_stop
 
     PartialState()  # TRL's worker logs through accelerate's logger, as in the trainer
     ctx = mp.get_context("spawn")  # as TRL's worker
@@ -49,7 +49,7 @@ def test_a_stop_cancels_the_rollouts_in_flight_instead_of_finishing_them(monkeyp
     is still generating): the stop must end it, through TRL's own cancellation path, and not wait for it."""
     from trl.experimental.async_grpo.async_rollout_worker import _AsyncRolloutLoop
 
-    from trainer.run.async_trainer import StackRolloutLoop
+    from trainer.async_grpo.async_trainer import StackRolloutLoop
 
     entered, ended = asyncio.Event(), []
 

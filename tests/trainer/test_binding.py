@@ -17,7 +17,7 @@ from trainer.rollouts.envs_binding import (
     resolve_replicas,
     tool_method_names,
 )
-from trainer.run.metrics import RolloutStats
+from trainer.core.metrics import RolloutStats
 
 
 class FakeTool:

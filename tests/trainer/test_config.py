@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from contract.config import ENV_VARS, ConfigError, RunConfig, describe
-from trainer.run import grpo_args
+from trainer.core import grpo_args
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -195,7 +195,7 @@ def test_lora_settings_that_cannot_work_stop_with_one_line(monkeypatch, env, exp
 
 def test_lora_defaults_learning_rate_and_the_adapter_trl_gets(monkeypatch):
     from contract import lora_rules
-    from trainer.run import lora
+    from trainer.modeling import lora
 
     full = load(monkeypatch, TRAIN_MODE="cpu")
     assert (full.lora_r, full.training_method, lora.peft_config(full)) == (0, "full", None)

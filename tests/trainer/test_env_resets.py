@@ -147,4 +147,4 @@ def test_reset_all_is_bounded_by_tool_concurrency():
 
 
 # ---------------------------------------------------------------------------------------------- the pin
-# The TRL sources whose reset loop trainer/rollouts/rollout_loop.py runs ahead of it (GRPOTrainer._generate_and_score_completions) are pinned in trainer/run/trl_privates.py (tests/trainer/test_trl_privates.py).
+# The TRL sources whose reset loop trainer/rollouts/rollout_loop.py runs ahead of it (GRPOTrainer._generate_and_score_completions) are pinned in trainer/core/trl_privates.py (tests/trainer/test_trl_privates.py).

@@ -20,7 +20,7 @@ from contract import eval_report
 from trainer import train
 from trainer.after import export
 from trainer.run import run_info
-from trainer.run.metrics import read_metrics
+from trainer.core.metrics import read_metrics
 
 RUN = "exp"
 TRAINER_FILES = {"optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json", "training_args.bin"}

@@ -15,7 +15,7 @@ from contract import stages
 from contract.config import RunConfig
 from trainer.download_model import check_downloaded
 from tests.helpers import commit_download_cache
-from trainer.run import grpo_args
+from trainer.core import grpo_args
 
 THINK_OFF_SUFFIX = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
 
@@ -29,10 +29,10 @@ def rendered_generation_prompt(cfg: RunConfig, echo_server) -> str:
     """The first prompt exactly as GRPOTrainer tokenizes it for generation (its own _tokenize_prompts)."""
     from envs import registry
     from trainer.run.dataset import build_dataset
-    from trainer.run.model import load_model_and_tokenizer
+    from trainer.modeling.model import load_model_and_tokenizer
     from trainer.run.grpo_trainer import make_trainer_class
     from trainer.rollouts.envs_binding import build_factories
-    from trainer.run.metrics import STATS
+    from trainer.core.metrics import STATS
 
     model, tokenizer = load_model_and_tokenizer(cfg, "cpu")
     specs = {"echo": registry.get("echo")}

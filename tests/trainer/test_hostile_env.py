@@ -30,7 +30,7 @@ from trainer.rollouts import envs_binding
 from trainer.run import preflight
 from trainer.rollouts import traces
 from contract.config import RunConfig
-from trainer.run.metrics import RolloutStats
+from trainer.core.metrics import RolloutStats
 from trainer.run.preflight import PreflightReport
 
 GUARD_S = 120  # failure guard for "ends in bounded time": the slowest deadline below is 15 s

@@ -18,8 +18,8 @@ from envs.core.untrusted import UntrustedReply
 from trainer.rollouts import infra_failures
 from trainer.rollouts.envs_binding import ENV_UNAVAILABLE, bind
 from trainer.rollouts.infra_failures import EnvDown, FailureWindow, reason
-from trainer.run.metrics import RolloutStats
-from trainer.run import grpo_args
+from trainer.core.metrics import RolloutStats
+from trainer.core import grpo_args
 
 
 @pytest.mark.parametrize("exc", [

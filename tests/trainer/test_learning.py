@@ -14,7 +14,7 @@ import pytest
 from tests.helpers import LEARN_SEEDS
 from trainer.after import first_turn
 from trainer import train
-from trainer.run.metrics import read_metrics
+from trainer.core.metrics import read_metrics
 
 STEPS = 20
 

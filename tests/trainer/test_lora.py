@@ -17,8 +17,8 @@ from contract import eval_report
 from trainer import train
 from trainer.after import evaluate, export
 from trainer.after import first_turn
-from trainer.run import lora
-from trainer.run.metrics import read_metrics
+from trainer.modeling import lora
+from trainer.core.metrics import read_metrics
 
 STEPS = 20
 
@@ -94,7 +94,7 @@ def test_lora_with_two_trainer_processes(tmp_path, tiny_model_dir, echo_server):
 
 
 def test_qloras_push_without_merging_yields_exactly_what_trls_merge_then_read_yields(tiny_model_dir):
-    """Differential, on a plain LoRA model (no 4-bit kernels on CPU): trainer.run.lora.merged_weights, which QLoRA's
+    """Differential, on a plain LoRA model (no 4-bit kernels on CPU): trainer.modeling.lora.merged_weights, which QLoRA's
     pushes read, gives TRL 1.16's VLLMGeneration._iter_named_params tensors (merge, read, unmerge) name for name,
     under the base model's names, and leaves the model as it was."""
     from contextlib import contextmanager
@@ -131,8 +131,8 @@ def test_qloras_push_without_merging_yields_exactly_what_trls_merge_then_read_yi
     print(f"TRL's merge + unmerge moved the fp32 base by up to {drift:.1e} (rounding); merged_weights by 0")
 
 
-# The TRL privates trainer/run/lora.py relies on (VLLMGeneration._iter_named_params, _fix_param_name_to_vllm) are pinned in
-# trainer/run/trl_privates.py (tests/trainer/test_trl_privates.py).
+# The TRL privates trainer/modeling/lora.py relies on (VLLMGeneration._iter_named_params, _fix_param_name_to_vllm) are pinned in
+# trainer/core/trl_privates.py (tests/trainer/test_trl_privates.py).
 
 
 def _stand_in_params4bit(weight):
@@ -190,11 +190,11 @@ def test_qlora_adapters_stay_fp32_after_trls_init(tmp_path, tiny_model_dir, echo
     from contract.config import RunConfig
     from envs import registry
     from trainer.rollouts.envs_binding import build_factories
-    from trainer.run import grpo_args
+    from trainer.core import grpo_args
     from trainer.run.dataset import build_dataset
     from trainer.run.grpo_trainer import make_trainer_class
-    from trainer.run.metrics import STATS
-    from trainer.run.model import load_model_and_tokenizer
+    from trainer.core.metrics import STATS
+    from trainer.modeling.model import load_model_and_tokenizer
 
     cfg = RunConfig.load(lora_argv(tiny_model_dir, tmp_path, echo_server.url, "--lora-target-modules", "q_proj,v_proj"))
     model, tokenizer = load_model_and_tokenizer(cfg, "cpu")

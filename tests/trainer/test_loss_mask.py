@@ -9,7 +9,7 @@ Trained = completion_mask * tool_mask (what `_compute_loss` multiplies the per-t
 from __future__ import annotations
 
 import pytest
-from trainer.run import grpo_args
+from trainer.core import grpo_args
 
 CALL = '<tool_call>\n{"name": "echo_message", "arguments": {"message": "apple"}}\n</tool_call>'
 ANSWER = "Done."

@@ -6,7 +6,7 @@ import pytest
 
 from contract import memory
 from contract.config import RunConfig
-from trainer.run import grpo_args
+from trainer.core import grpo_args
 
 GIB = memory.GIB
 # Qwen3-0.6B's config.json (the shape numbers; the hub model has ~0.596B parameters with its tied embeddings)

@@ -1,4 +1,4 @@
-"""trainer.run.metrics (JSONL + TensorBoard records, resume dedupe) and trainer.report (PNG)."""
+"""trainer.core.metrics (JSONL + TensorBoard records, resume dedupe) and trainer.report (PNG)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from trainer.after import report
-from trainer.run.metrics import MetricsCallback, RolloutStats, read_metrics, summarize_episodes, truncate_metrics
+from trainer.core.metrics import MetricsCallback, RolloutStats, read_metrics, summarize_episodes, truncate_metrics
 
 
 def state(step, world_zero=True):

@@ -11,7 +11,7 @@ import os
 import pytest
 
 from contract.config import RunConfig
-from trainer.run import grpo_args
+from trainer.core import grpo_args
 
 
 @pytest.fixture
@@ -34,8 +34,8 @@ def test_the_sync_trainer_builds_on_one_gpu_when_the_process_sees_two(sees_two_g
     from trainer.rollouts.envs_binding import build_factories
     from trainer.run.dataset import build_dataset
     from trainer.run.grpo_trainer import make_trainer_class
-    from trainer.run.metrics import STATS
-    from trainer.run.model import load_model_and_tokenizer
+    from trainer.core.metrics import STATS
+    from trainer.modeling.model import load_model_and_tokenizer
 
     cfg = RunConfig.load(["--train-mode", "cpu", "--model-name", str(tiny_model_dir), "--env-name", "echo",
                           "--env-urls", f"echo={echo_server.url}", "--output-dir", str(tmp_path)])
@@ -50,7 +50,7 @@ def test_the_sync_trainer_builds_on_one_gpu_when_the_process_sees_two(sees_two_g
 
 def test_the_async_trainer_is_never_given_more_than_one_gpu(sees_two_gpus):
     """HF's Trainer wraps the model in nn.DataParallel exactly when args.n_gpu > 1 (Trainer._wrap_model)."""
-    from trainer.run.async_trainer import build_async_config
+    from trainer.async_grpo.async_trainer import build_async_config
 
     cfg = RunConfig.load([], rollouts="async", train_mode="gpu", weight_transfer="nccl")
     args = build_async_config(cfg, "gpu")
@@ -60,7 +60,7 @@ def test_the_async_trainer_is_never_given_more_than_one_gpu(sees_two_gpus):
 @pytest.mark.parametrize("visible, pinned", [(None, "0"), ("3,1", "3"), ("GPU-aa,GPU-bb", "GPU-aa"), ("2", "2"),
                                              ("", "")])
 def test_the_selfcheck_pins_itself_to_one_gpu_before_cuda_starts(monkeypatch, visible, pinned):
-    from trainer.gpu import selfcheck
+    from trainer import gpu_selfcheck as selfcheck
 
     if visible is None:
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)

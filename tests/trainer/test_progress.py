@@ -1,10 +1,10 @@
-"""Progress lines on long waits (trainer.run.progress): share, rate and ETA from a clock the test drives, and the
+"""Progress lines on long waits (trainer.core.progress): share, rate and ETA from a clock the test drives, and the
 model download's byte count (trainer.download_model.bytes_under)."""
 
 from __future__ import annotations
 
 from trainer.download_model import bytes_under
-from trainer.run.progress import Progress
+from trainer.core.progress import Progress
 
 
 class Clock:

@@ -21,7 +21,7 @@ MAX_STEPS = 4
 
 def test_two_ranks_server_mode_double_stay_in_step_and_keep_their_own_samples(echo_server, tiny_model_dir, tmp_path):
     from trainer.launch import launch_argv
-    from trainer.run.metrics import read_metrics
+    from trainer.core.metrics import read_metrics
 
     args = ["--train-mode", "cpu", "--model-name", str(tiny_model_dir), "--output-dir", str(tmp_path / "out"),
             "--run-name", "ranks", "--resume", "fresh", "--env-name", "echo", "--env-urls", f"echo={echo_server.url}",

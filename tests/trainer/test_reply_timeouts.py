@@ -19,7 +19,7 @@ from envs.echo.tool import EchoTool
 from tests.trainer.test_hostile_env import hostile, wait_all_closed
 from contract.config import RunConfig
 from trainer.rollouts.envs_binding import REPLY_GRACE_S, build_factories
-from trainer.run.metrics import RolloutStats
+from trainer.core.metrics import RolloutStats
 
 GUARD_S = 60  # failure guard only: every bound below is at most 10 s
 

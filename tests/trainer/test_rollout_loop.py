@@ -182,7 +182,7 @@ def test_the_batch_covers_every_decision_of_the_loop(both_loops):
 
 
 # ---------------------------------------------------------------------------------------------- the pin
-# The sources this loop copies or relies on are pinned in trainer/run/trl_privates.py (tests/trainer/test_trl_privates.py).
+# The sources this loop copies or relies on are pinned in trainer/core/trl_privates.py (tests/trainer/test_trl_privates.py).
 
 
 def test_trl_calls_the_loop_with_the_pinned_signature():

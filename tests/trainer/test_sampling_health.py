@@ -109,7 +109,7 @@ def test_masked_share_logged_by_the_trainer__stand_in_trainer_and_batch():
 
 
 def test_the_step_line_shows_the_ratio_only_where_vllm_generates():
-    from trainer.run.metrics import MetricsCallback
+    from trainer.core.metrics import MetricsCallback
 
     args = types.SimpleNamespace(max_steps=3)
     line = MetricsCallback._progress_line(row(2, 0.981, 0.05, reward=0.5), args)

@@ -12,7 +12,7 @@ from envs.generic import GenericSpec
 from envs.generic.interface import EnvInterface, action_tool, mcp_tools
 from envs.registry import get
 from trainer.rollouts.envs_binding import EnvFactory, tool_method_names
-from trainer.run.trl_privates import environment_pool
+from trainer.core.trl_privates import environment_pool
 
 URL = "http://127.0.0.1:9"  # never connected: constructing a tool instance opens no session
 
@@ -107,7 +107,7 @@ def test_the_functions_accept_any_object():
 
 def test_the_trainer_and_benches_reach_tool_instances_only_through_the_contract():
     """No module of trainer/ or bench/ spells a tool instance's private attributes (the bound class in
-    trainer/rollouts/envs_binding.py writes its own; TRL's env pool goes through trainer.run.trl_privates.environment_pool)."""
+    trainer/rollouts/envs_binding.py writes its own; TRL's env pool goes through trainer.core.trl_privates.environment_pool)."""
     import re
 
     from tests.helpers import ROOT

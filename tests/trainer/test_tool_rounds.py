@@ -62,7 +62,7 @@ def test_tool_concurrency_bounds_the_calls_in_flight(rendezvous, tiny_model_dir,
 
 
 def test_a_call_past_the_timeout_fails_and_its_session_is_replaced(rendezvous, tiny_model_dir, tmp_path):
-    from trainer.run.metrics import STATS
+    from trainer.core.metrics import STATS
     from trainer.rollouts.rollout_loop import TIMEOUT_ERROR
 
     url = rendezvous(HOLD_S="600")  # "hang" holds its call for 10 minutes

@@ -1,4 +1,4 @@
-"""Experiment trackers (trainer.run.trackers, REPORT_TO) on a real 2-step CPU run against a real echo server, all four on
+"""Experiment trackers (trainer.core.trackers, REPORT_TO) on a real 2-step CPU run against a real echo server, all four on
 at once: trackio holds the run's reward series and rollout tables, W&B's offline run (no network) and MLflow's file
 store hold the same rewards, TensorBoard's cards start with the reward and show trackio's keys; a tracker name that
 does not exist, or one not installed, stops the run with the fix."""
@@ -18,7 +18,7 @@ from contract.config import ENV_VARS
 from tests.trainer.conftest import ROOT
 from trainer.rollouts import traces
 from trainer import train
-from trainer.run import trackers
+from trainer.core import trackers
 
 RUN = "tracked"
 

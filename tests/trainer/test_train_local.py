@@ -18,7 +18,7 @@ from trainer import train
 from trainer.run.dataset import build_dataset
 from trainer.run.resume import prepare_run_dir
 from contract.config import RunConfig
-from trainer.run.metrics import read_metrics
+from trainer.core.metrics import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 

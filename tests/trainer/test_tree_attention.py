@@ -1,4 +1,4 @@
-"""trainer.run.tree_attention: TRL's async trainer's tree-packed forward, on CPU, equals the plain per-sample forward.
+"""trainer.async_grpo.tree_attention: TRL's async trainer's tree-packed forward, on CPU, equals the plain per-sample forward.
 
 Differential test: a tiny random Qwen3 (fp32, grouped-query attention), samples that share a prompt and, some of
 them, a first turn, packed by TRL's own `TreeRow` into one tree row; the per-token log-probs of the packed forward
@@ -86,7 +86,7 @@ def test_packed_tree_forward_equals_the_per_sample_forward(sliding_window, monke
     from trl.experimental.async_grpo import async_grpo_trainer
     from trl.experimental.async_grpo.packing import TreeRow
 
-    from trainer.run import tree_attention
+    from trainer.async_grpo import tree_attention
 
     monkeypatch.setattr(async_grpo_trainer, "register_tree_attention", async_grpo_trainer.register_tree_attention)
     assert tree_attention.install(backend=None) == "sdpa"  # no CUDA here
@@ -125,7 +125,7 @@ def test_packed_tree_forward_equals_the_per_sample_forward(sliding_window, monke
 
 def test_tree_mask_is_the_bottom_right_causal_rule_of_a_path():
     """Root segment [0, 1] with two children [2] and [3, 4]: each child sees the root and its own prefix only."""
-    from trainer.run.tree_attention import tree_mask
+    from trainer.async_grpo.tree_attention import tree_mask
 
     kv_index = torch.tensor([0, 1, 0, 1, 2, 0, 1, 3, 4])
     mask = tree_mask(kv_index, torch.tensor([0, 2, 3, 5]), torch.tensor([0, 2, 5, 9]), 5)
@@ -171,7 +171,7 @@ def test_the_varlen_kernel_call_and_the_sdpa_mask_agree__kernel_stand_in(sliding
 
     from trl.experimental.async_grpo.packing import TreeRow
 
-    from trainer.run.tree_attention import _varlen_tree_attention, sdpa_tree_attention
+    from trainer.async_grpo.tree_attention import _varlen_tree_attention, sdpa_tree_attention
 
     row = TreeRow()
     for sample in samples():
@@ -199,7 +199,7 @@ def test_install_keeps_trls_trainer_off_the_hub_kernel(monkeypatch):
     from transformers import AttentionInterface
     from trl.experimental.async_grpo import async_grpo_trainer, packing
 
-    from trainer.run import tree_attention
+    from trainer.async_grpo import tree_attention
 
     def no_hub():
         raise AssertionError("trl's _flash_attn (Hub kernel fetch) was called")
@@ -216,13 +216,13 @@ def test_install_keeps_trls_trainer_off_the_hub_kernel(monkeypatch):
 
 
 def test_choose_backend_without_cuda_says_why():
-    from trainer.run.tree_attention import choose_backend
+    from trainer.async_grpo.tree_attention import choose_backend
 
     assert choose_backend() == ("sdpa", "no CUDA device")
 
 
 # ---------------------------------------------------------------------------------------------- the pin
-# The TRL sources tree_attention.py follows are pinned in trainer/run/trl_privates.py (tests/trainer/test_trl_privates.py).
+# The TRL sources tree_attention.py follows are pinned in trainer/core/trl_privates.py (tests/trainer/test_trl_privates.py).
 
 
 def test_trls_trainer_registers_through_the_name_install_replaces():
@@ -285,7 +285,7 @@ def test_bake_fa3_names_the_variant_kernels_loads_and_refuses_a_torch_without_cu
 def test_a_hopper_gpu_whose_fa3_does_not_load_falls_back_to_sdpa_in_one_line(tmp_path, monkeypatch, capsys):
     import importlib.util
 
-    from trainer.run import tree_attention
+    from trainer.async_grpo import tree_attention
 
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -312,7 +312,7 @@ def test_a_hopper_gpu_whose_fa3_does_not_load_falls_back_to_sdpa_in_one_line(tmp
 
 
 def test_the_sync_trainer_says_which_attention_runs():
-    from trainer.run.model import attention_line
+    from trainer.modeling.model import attention_line
 
     model = tiny_qwen3(None)
     assert attention_line(model) == f"attention: {model.config._attn_implementation} (transformers' " \

@@ -1,4 +1,4 @@
-"""trainer/run/trl_privates.py: every TRL internal the stack relies on is pinned there, and holds on the installed TRL.
+"""trainer/core/trl_privates.py: every TRL internal the stack relies on is pinned there, and holds on the installed TRL.
 
 A TRL upgrade fails here with the list of what to re-check (each pin's `where` and `why`); the trainer's preflight
 runs the same check (without the source digests) and stops the run with one line.
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.run import trl_privates
-from trainer.run.trl_privates import PINS, Pin
+from trainer.core import trl_privates
+from trainer.core.trl_privates import PINS, Pin
 
 ROOT = Path(__file__).resolve().parents[2]
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -71,7 +71,7 @@ def test_every_trl_private_the_stack_names_is_pinned():
             for name in set(re.findall(r"\b(_[a-z][a-z0-9_]*)\b", line)):
                 if name in defined and name not in pinned:
                     unpinned.setdefault(name, []).append(f"{path.relative_to(ROOT)}:{number}")
-    assert not unpinned, f"TRL privates used but not pinned in trainer/run/trl_privates.py: {unpinned}"
+    assert not unpinned, f"TRL privates used but not pinned in trainer/core/trl_privates.py: {unpinned}"
 
 
 def test_a_moved_private_stops_the_run_with_one_line_naming_what_to_recheck(monkeypatch):
@@ -80,7 +80,7 @@ def test_a_moved_private_stops_the_run_with_one_line_naming_what_to_recheck(monk
 
     gone = Pin(trl_privates.GRPO, "_tool_call_loop_v2", "method", "trainer/rollouts/rollout_loop.py", "the tool loop we copy")
     other_kind = Pin(trl_privates.GRPO, "_generate", "coroutine", "trainer/evaluate.py", "overridden")
-    async_only = Pin(trl_privates.ASYNC_LOOP, "_nowhere", "attribute", "trainer/run/async_run.py", "not this run's")
+    async_only = Pin(trl_privates.ASYNC_LOOP, "_nowhere", "attribute", "trainer/async_grpo/async_run.py", "not this run's")
     monkeypatch.setattr(trl_privates, "PINS", PINS + (gone, other_kind, async_only))
     line = trl_privates.startup_problem("sync")
     assert line is not None and "\n" not in line
@@ -106,7 +106,7 @@ def test_preflight_says_the_pins_hold():
     report = preflight.PreflightReport()
     assert preflight.check_trl(RunConfig.load([]), report) == []
     assert report.ok == [f"trl {trl_privates.TRL_VERSION}: every TRL internal the trainer relies on is in place "
-                         "(trainer/run/trl_privates.py)"]
+                         "(trainer/core/trl_privates.py)"]
 
 
 def test_environment_pool_is_trls_own_dict_or_empty():

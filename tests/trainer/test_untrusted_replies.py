@@ -18,8 +18,8 @@ from envs.generic.tool import render_observation
 from tests.helpers import free_port
 from trainer.rollouts import envs_binding
 from trainer.rollouts import traces
-from trainer.run.metrics import RolloutStats
-from trainer.run.trackers import RunInfo
+from trainer.core.metrics import RolloutStats
+from trainer.core.trackers import RunInfo
 
 
 # ---------------------------------------------------------------------------------------------- text

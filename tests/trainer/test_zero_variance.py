@@ -153,8 +153,8 @@ def async_loop(tmp_path, tiny_model_dir, url, zero_std_groups: str, mixed: bool)
 
     from envs import registry
     from trainer.rollouts.envs_binding import EnvFactory, encode_row
-    from trainer.run.async_run import TracedRolloutLoop
-    from trainer.run.metrics import STATS
+    from trainer.async_grpo.async_run import TracedRolloutLoop
+    from trainer.core.metrics import STATS
 
     class Scripted(TracedRolloutLoop):
         calls = 0
@@ -215,7 +215,7 @@ def run_groups(loop, groups: int) -> tuple[list, dict]:
 @pytest.mark.parametrize("zero_std_groups", ["keep", "drop"])
 def test_async_logs_the_share_under_the_sync_key_and_drop_keeps_flat_groups_from_the_queue(
         zero_std_groups, tmp_path, tiny_model_dir, echo_server):
-    from trainer.run import async_metrics
+    from trainer.core import async_metrics
 
     samples, reduced = run_groups(async_loop(tmp_path, tiny_model_dir, echo_server.url, zero_std_groups, False), 2)
     record = async_metrics.record(reduced)

@@ -1,4 +1,4 @@
-"""TRL's own rendezvous and weight push into the running vllm service (trainer.gpu.sync_check, in the trainer
+"""TRL's own rendezvous and weight push into the running vllm service (trainer.sync_check, in the trainer
 service): `make nccl-check FULL=1`."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ def sync_check(prepared: Prepared) -> int:
         raise StackError("the vllm service is not running and healthy: start the stack first (`make up`), then "
                                "run `make nccl-check FULL=1` again")
     return prepared.compose("run", "--rm", "--no-deps", "trainer", *docker_host.TRAINER_PYTHON, "-m",
-                         "trainer.gpu.sync_check")
+                         "trainer.sync_check")
 
 
 def run(rest: list[str]) -> int:

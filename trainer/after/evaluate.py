@@ -43,11 +43,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from trainer.run import checkpoints, lora
+from trainer.modeling import lora
+from trainer.run import checkpoints
 from contract import eval_report
 from contract.config import ConfigError, RunConfig
-from trainer.run.progress import Progress
-from trainer.run import grpo_args
+from trainer.core.progress import Progress
+from trainer.core import grpo_args
 
 EVAL_SEED_BASE = 1_000_000_000  # far above SEED + DATASET_SIZE of any sensible run; collisions are skipped anyway
 DEFAULT_TASKS = 32
@@ -230,8 +231,8 @@ def play_model(cfg: RunConfig, mode: str, label: str, model_name: str,
     from trainer.rollouts.rewards import stop_token_ids, unfinished_penalty
     from trainer.run import preflight
     from trainer.run.grpo_trainer import make_trainer_class
-    from trainer.run.model import load_model_and_tokenizer
-    from trainer.run.trl_privates import environment_pool
+    from trainer.modeling.model import load_model_and_tokenizer
+    from trainer.core.trl_privates import environment_pool
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     import transformers

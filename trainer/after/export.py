@@ -23,10 +23,10 @@ from typing import Any
 
 from contract import eval_report
 from trainer.run import run_info
-from trainer.run.metrics import read_metrics
+from trainer.core.metrics import read_metrics
 from trainer.after.report import ReportError, find_run
 from trainer.run.checkpoints import CheckpointError, pick
-from trainer.run.lora import is_adapter
+from trainer.modeling.lora import is_adapter
 
 SECRET = Path("/run/secrets/hf_token")
 CARD_MARKER = "<!-- written by trainer.export -->"  # only a folder carrying it is replaced by a new export
@@ -75,7 +75,7 @@ def write_model(ckpt: Path, out: Path, dtype: str | None = None) -> None:
         raise ExportError(f"{run}/{ckpt.name}/{unreadable[0].name} is readable by the trainer's uid only (an older "
                           f"run); make it readable once: `docker run --rm -v grpo-stack_outputs:/outputs "
                           f"grpo-stack/trainer:cpu chmod -R a+r /outputs/{run}`, then export again")
-    from trainer.run import lora
+    from trainer.modeling import lora
 
     if lora.is_adapter(ckpt):  # a LoRA run: base + adapter, merged, in the base's published dtype
         import torch
@@ -113,7 +113,7 @@ def write_adapter(ckpt: Path, out: Path, info: dict[str, Any]) -> None:
     the pinned revision) when there is one, so a reader loads it on that base anywhere."""
     from transformers import AutoTokenizer
 
-    from trainer.run import lora
+    from trainer.modeling import lora
 
     if not lora.is_adapter(ckpt):
         raise ExportError(f"EXPORT_ADAPTER=1: {ckpt.name} holds full weights, not an adapter (the run trained with "

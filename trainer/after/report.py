@@ -12,14 +12,14 @@ import argparse
 import sys
 from pathlib import Path
 
-from trainer.run.metrics import METRICS_FILE, read_metrics
+from trainer.core.metrics import METRICS_FILE, read_metrics
 
 TIME_PARTS = ("generation", "env", "scoring", "training", "weight_sync")
 
 
 def _beside_the_step(rows) -> set[str]:
     """The time parts that are not parts of the step: an async run's env and scoring seconds are the rollout
-    worker's, overlapped with training (trainer.run.async_metrics)."""
+    worker's, overlapped with training (trainer.core.async_metrics)."""
     return {"env", "scoring"} if any(r.get("rollouts") == "async" for r in rows) else set()
 
 

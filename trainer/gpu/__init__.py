@@ -9,9 +9,13 @@ inside the functions that need them, so CPU runs and the host's `make doctor` ne
     watchdog     a deadline around blocking NCCL calls, with a diagnosis instead of a hang
     trl_hooks    TRL's rendezvous and weight sync, wrapped: clear errors, timings, watchdog, pushes cast to
                  the served dtype
-    preflight    all of the above checked before GRPOTrainer is built
+    server_checks  all of the above checked before GRPOTrainer is built (preflight_vllm)
     push_state   the weight-push marker: a run that left a push unfinished gets vLLM restarted before the next
-    sync_check   `make nccl-check FULL=1`: what training does, against the running vllm service
+    push_path    the weight push's path: what the sync trainer installs and what the checks push through
+    weight_check does a push land
+
+`make nccl-check FULL=1` (trainer.sync_check) and `make gpu-selfcheck` (trainer.gpu_selfcheck) are entrypoints at
+trainer/'s root, above this package.
 """
 
 from trainer.gpu.grpo_kwargs import describe_mode, grpo_vllm_kwargs

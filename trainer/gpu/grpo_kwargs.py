@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trainer.run import grpo_args
+from trainer.core import grpo_args
 
 if TYPE_CHECKING:
     from contract.config import RunConfig

@@ -7,8 +7,8 @@ ROLLOUTS=async streams `AsyncGRPOTrainer._streaming_iter` (FSDP2 `full_tensor()`
 `WeightTransferClient`, manifest and stream cast together (`trl_hooks.async_nccl_push`).
 
 `install` is what the sync trainer calls (trainer.run.grpo_trainer.build_sync_trainer); `generation` and
-`async_stream` give `make nccl-check FULL=1` (trainer.gpu.sync_check) and `make gpu-selfcheck`'s weight_iterator
-(trainer.gpu.selfcheck) TRL's own objects with the same hooks, so a check cannot be green on a path training does not
+`async_stream` give `make nccl-check FULL=1` (trainer.sync_check) and `make gpu-selfcheck`'s weight_iterator
+(trainer.gpu_selfcheck) TRL's own objects with the same hooks, so a check cannot be green on a path training does not
 take. Single-process: TRL's FSDP2/DeepSpeed branches run only under a launcher with several ranks.
 """
 
@@ -22,9 +22,9 @@ def install(trainer: Any, qlora: bool, served_dtype: str | None) -> str | None:
     """The stack's hooks on a trainer's push iterator: QLoRA's merged weights first, then the served-dtype cast (which
     casts what the first yields). Returns the dtype pushes are cast to, or None."""
     from trainer.gpu.trl_hooks import push_in_served_dtype
-    from trainer.run import lora
+    from trainer.modeling import lora
 
-    if qlora:  # a 4-bit base must not be re-quantized by a merge at every push (trainer.run.lora)
+    if qlora:  # a 4-bit base must not be re-quantized by a merge at every push (trainer.modeling.lora)
         lora.push_without_merging(trainer)
     return push_in_served_dtype(trainer, served_dtype)
 
@@ -33,7 +33,7 @@ def generation(model: Any, served_dtype: str | None, qlora: bool = False, client
     """TRL 1.16's VLLMGeneration in server mode, holding only what `sync_weights` and `_iter_named_params` read (the
     model, the accelerator, the distributed backend, the client; no engine), with `install`'s hooks on it. Its
     `sync_weights()` is training's push (metadata, `client.update_named_params`, the prefix-cache reset); its
-    `_iter_named_params()` is what that push streams. PINNED to those attributes (trainer/run/trl_privates.py)."""
+    `_iter_named_params()` is what that push streams. PINNED to those attributes (trainer/core/trl_privates.py)."""
     from accelerate import Accelerator
     from trl.distributed import DistributedBackend
     from trl.generation.vllm_generation import VLLMGeneration

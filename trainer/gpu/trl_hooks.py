@@ -227,7 +227,7 @@ def async_nccl_push(transfer: Any, served_dtype: str | None) -> bool:
     receive buffers by (`_weight_update_info["dtype_names"]`) from the parameters' dtype and streams them uncast: fp32
     master weights would go in fp32, twice the bytes, and TRL would warn at each start to load the model in bf16. The
     manifest and the stream are cast together, here, or not at all. Returns False for another transfer (reload casts
-    and marks its own pushes, trainer.run.async_trainer.ReloadWeightTransfer). PINNED to trl 1.16's
+    and marks its own pushes, trainer.async_grpo.async_trainer.ReloadWeightTransfer). PINNED to trl 1.16's
     `WeightTransferClient._weight_update_info`, `send_weights(iterator)` and `init_weight_transfer()`."""
     from trl.experimental.async_grpo.weight_transfer import WeightTransferClient
 
@@ -312,7 +312,7 @@ def use_weight_reload(folder: str, timeout_s: float) -> None:
 def reload_weights(base_url: str, folder: str | os.PathLike, named_params: Iterable[tuple[str, Any]],
                    timeout_s: float) -> int:
     """The weight push of WEIGHT_TRANSFER=reload, shared by the sync trainer (use_weight_reload) and the async one
-    (trainer.run.async_trainer.ReloadWeightTransfer): write `named_params` to `folder`/model.safetensors (a folder the
+    (trainer.async_grpo.async_trainer.ReloadWeightTransfer): write `named_params` to `folder`/model.safetensors (a folder the
     vLLM server mounts at the same path), then have vLLM reload them (its dev route /collective_rpc ->
     worker.reload_weights(weights_path=folder)). Returns how many tensors it wrote."""
     from pathlib import Path

@@ -5,7 +5,7 @@ every instance (one env-server session each) for the whole run. We:
   * give each instance the env service's URL: its session client spreads the sessions over the
     service's replicas or fleet tasks, least-loaded first, and re-resolves them as they change
     (envs.core.replicas; `replica_set` is that process-wide set, for the run's log);
-  * count tool calls / failures per episode and the seconds spent in reset/reward calls (trainer.run.metrics;
+  * count tool calls / failures per episode and the seconds spent in reset/reward calls (trainer.core.metrics;
     tool calls run concurrently, so trainer.rollouts.rollout_loop times each round's wall clock instead);
   * close the session when the rollout loop gives up on a call (TOOL_TIMEOUT_S): the rest of that
     episode's calls fail at once, and a late reply cannot reach the next episode;
@@ -40,7 +40,7 @@ from envs.core.replicas import ReplicaSet, ResolveError, resolve
 from envs.core.tool import close_session, infra_failure_of, session_of, trace_of
 from envs.core.untrusted import BadReward, check_reward, safe_text, strip_credentials
 from trainer.rollouts import infra_failures
-from trainer.run.metrics import STATS, RolloutStats
+from trainer.core.metrics import STATS, RolloutStats
 from trainer.rollouts.traces import Trace
 
 ENV_ROW_COLUMN = "env_row"

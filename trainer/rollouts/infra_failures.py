@@ -157,11 +157,11 @@ def leave_out_of_loss(trainer, output: dict) -> dict:
 # ---------------------------------------------------------------------------- the async trainer's side (ROLLOUTS=async)
 # TRL's rollout worker (a spawned process) scores each group (`_score_group`: NaN-aware, a row every reward function
 # left None gets advantage 0 and stays out of the group's mean and std) and queues one sample per training row.
-# trainer.run.async_run.TracedRollouts hands the reward functions the episodes (`environments`, as the sync trainer does:
+# trainer.async_grpo.async_run.TracedRollouts hands the reward functions the episodes (`environments`, as the sync trainer does:
 # the stack's say None for an env-ended one) and then drops those episodes' samples before the queue: never trained,
 # so no advantage and no tokens in the loss's normaliser (TRL's `global_n_tokens` counts the trained tokens of the
 # batch). The count goes to the trainer as `rollout/infra_failures_total` (summed per logging window, one push per
-# group, 0 included), which trainer.run.async_metrics.record writes as METRIC, per step as in sync mode.
+# group, 0 included), which trainer.core.async_metrics.record writes as METRIC, per step as in sync mode.
 def ended_by_env(episodes) -> list[bool]:
     """For each rollout of a group (its episode stand-in, or None without an env): whether the env side ended it."""
     return [infra_failure_of(episode) is not None for episode in episodes]

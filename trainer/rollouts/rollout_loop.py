@@ -26,7 +26,7 @@
 
 Everything else is TRL's: the messages and their order, tool masks, logprobs, call and failure
 counts, the overlong rollback and the iteration limit. tests/trainer/test_rollout_loop.py checks the
-result against TRL's own loop token for token, and trainer/run/trl_privates.py pins the TRL source this copy follows.
+result against TRL's own loop token for token, and trainer/core/trl_privates.py pins the TRL source this copy follows.
 Text only: a vision-language model (tool images) keeps TRL's loop.
 """
 
@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from envs.core.tool import abandon_session
-from trainer.run.trl_privates import TRL_VERSION, environment_pool  # noqa: F401  (the release this loop was copied from)
+from trainer.core.trl_privates import TRL_VERSION, environment_pool  # noqa: F401  (the release this loop was copied from)
 
 TIMEOUT_ERROR = ("Tool {name} timed out after {seconds:g} s and the env session was closed. "
                  "Stop calling tools and give your final answer.")
@@ -184,7 +184,7 @@ def make_rollout_loop_class(base: type) -> type:
     import torch
     from trl.chat_template_utils import parse_response
 
-    from trainer.run.metrics import STATS
+    from trainer.core.metrics import STATS
 
     class RolloutLoopTrainer(base):
         tool_runner: ToolRunner | None = None  # set by configure_rollouts; defaults on first use

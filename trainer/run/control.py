@@ -7,7 +7,7 @@ import signal
 from pathlib import Path
 
 from trainer.run import checkpoints
-from trainer.run.dist import log
+from trainer.core.dist import log
 
 
 def make_control_callback():
@@ -28,7 +28,7 @@ def make_control_callback():
                 "(run again to resume" + ("; Ctrl-C again to stop without saving)" if signum == signal.SIGINT else ")"))
 
         def on_step_end(self, args, state, control, **kwargs):
-            from trainer.run import dist
+            from trainer.core import dist
 
             if state.global_step >= state.max_steps:
                 control.should_save = True
@@ -60,7 +60,7 @@ def make_control_callback():
         def on_save(self, args, state, control, **kwargs):
             # The weights are saved owner-only (a temp file renamed); like the rest of the run folder they are for
             # readers under other uids too: `make export` runs as the host user, `vllm serve` as its own.
-            from trainer.run import dist
+            from trainer.core import dist
 
             dist.any_rank(False, args.device)  # a barrier: every process has written its files (rng_state_<rank>)
             if state.is_world_process_zero:

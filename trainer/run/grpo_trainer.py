@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from contract.config import RunConfig
-from trainer.run.dist import log
+from trainer.core.dist import log
 
 
 def make_trainer_class():
@@ -15,7 +15,7 @@ def make_trainer_class():
     from trainer.rollouts import infra_failures, zero_variance
     from contract import stages
     from trainer.gpu.trl_hooks import check_served_weights
-    from trainer.run.metrics import STATS
+    from trainer.core.metrics import STATS
     from trainer.rollouts.rollout_loop import make_rollout_loop_class
 
     class InstrumentedGRPOTrainer(make_rollout_loop_class(GRPOTrainer)):
@@ -24,7 +24,7 @@ def make_trainer_class():
 
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
-            from trainer.run import lora
+            from trainer.modeling import lora
 
             lora.keep_adapters_fp32(self.model)  # QLoRA: fp32 adapters, undoing TRL's bf16 cast (lora.py says why)
 
@@ -37,7 +37,7 @@ def make_trainer_class():
 
         def configure_traces(self, run_dir, every: int, samples: int, trackers=None) -> None:
             self._trace_dir, self._trace_every, self._trace_samples = run_dir, every, samples
-            self._trace_trackers = trackers  # trainer.run.trackers.Trackers: the traces as tables (trackio, W&B)
+            self._trace_trackers = trackers  # trainer.core.trackers.Trackers: the traces as tables (trackio, W&B)
 
         def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
             """TRL's, then (every TRACE_EVERY steps) a sample of the batch's rollouts to rollouts.jsonl (trainer.rollouts.traces).
@@ -125,8 +125,8 @@ def make_trainer_class():
 def build_sync_trainer(cfg: RunConfig, mode: str, model, tokenizer, dataset, factories, reward_funcs, callbacks,
                         training_args, server_max_model_len, served_dtype, trackers):
     """ROLLOUTS=sync: TRL's GRPOTrainer with the stack's rollout loop, traces and weight-sync hooks."""
-    from trainer.run import lora
-    from trainer.run.metrics import STATS
+    from trainer.modeling import lora
+    from trainer.core.metrics import STATS
 
     trainer = make_trainer_class()(
         model=model,

@@ -20,7 +20,7 @@ from envs.core import http_mcp, probe
 from envs.core.untrusted import log_text, one_line
 from contract.config import ConfigError, RunConfig
 from trainer.rollouts.envs_binding import BindingError, resolve_replicas
-from trainer.run import grpo_args
+from trainer.core import grpo_args
 
 # What the preflight line says of an env trained over MCP sessions over HTTP (envs.core.http_mcp).
 HTTP_MCP_NOTE = (" (MCP sessions over HTTP POST /mcp: the server has no /ws; one session per episode, created "
@@ -353,7 +353,7 @@ def check_lengths(cfg: RunConfig, mode: str, tokenizer, specs: dict,
     limit. The server's limit is the one it reports (server mode), else VLLM_MAX_MODEL_LEN, else the model's on CPU.
     MAX_COMPLETION_LENGTH bounds a whole episode in both modes, so no later turn asks for more: sync
     (trainer.rollouts.rollout_loop) ends an episode whose next input would not fit, async
-    (trainer.run.async_budget) asks each turn for what is left of the budget, iterations unlimited or not."""
+    (trainer.async_grpo.async_budget) asks each turn for what is left of the budget, iterations unlimited or not."""
     if not specs:
         return [], ""
     fix = "raise VLLM_MAX_MODEL_LEN (GPU memory permitting)"
@@ -437,7 +437,7 @@ def load_tokenizer(cfg: RunConfig, mode: str):
 def check_trackers(cfg: RunConfig, report: PreflightReport) -> list[str]:
     """REPORT_TO's trackers are installed (the images install them at build time), and W&B online has its key."""
     from contract import tracker_names
-    from trainer.run import trackers
+    from trainer.core import trackers
 
     problem = tracker_names.check_installed(cfg.trackers)
     if problem:
@@ -450,9 +450,9 @@ def check_trackers(cfg: RunConfig, report: PreflightReport) -> list[str]:
 
 
 def check_trl(cfg: RunConfig, report: PreflightReport) -> list[str]:
-    """The TRL internals this run's trainer relies on (trainer.run.trl_privates), on the installed TRL: one line naming
+    """The TRL internals this run's trainer relies on (trainer.core.trl_privates), on the installed TRL: one line naming
     each that moved and what to re-check."""
-    from trainer.run import trl_privates
+    from trainer.core import trl_privates
 
     problem = trl_privates.startup_problem(cfg.rollouts)
     if problem:
@@ -463,7 +463,7 @@ def check_trl(cfg: RunConfig, report: PreflightReport) -> list[str]:
                                f"{trl_privates.TRL_VERSION}: the TRL internals it relies on are there, but their code "
                                "may differ (tests/trainer/test_trl_privates.py names what changed)")
     else:
-        report.ok.append(f"trl {version}: every TRL internal the trainer relies on is in place (trainer/run/trl_privates.py)")
+        report.ok.append(f"trl {version}: every TRL internal the trainer relies on is in place (trainer/core/trl_privates.py)")
     return []
 
 

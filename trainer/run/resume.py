@@ -8,12 +8,12 @@ from pathlib import Path
 
 from contract.config import RunConfig
 from trainer.run import checkpoints
-from trainer.run.dist import log
+from trainer.core.dist import log
 
 
 def prepare_run_dir(cfg: RunConfig) -> tuple[str | None, int]:
     """Apply RESUME: fresh wipes the run folder; auto picks the last complete checkpoint and dedupes metrics."""
-    from trainer.run.metrics import truncate_metrics
+    from trainer.core.metrics import truncate_metrics
 
     run_dir = Path(cfg.run_dir)
     if cfg.resume == "fresh" and run_dir.exists():

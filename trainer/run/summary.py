@@ -7,12 +7,12 @@ from pathlib import Path
 from contract.config import RunConfig
 from envs.core.untrusted import log_text
 from trainer.run import checkpoints
-from trainer.run.dist import log
+from trainer.core.dist import log
 
 
 def print_env_sessions(cfg: RunConfig, factories) -> None:
     """One line per env: the sessions this process opened on its replicas (TRL's pool: one per rollout slot)."""
-    from trainer.run import dist
+    from trainer.core import dist
 
     bound = factories if isinstance(factories, dict) else {cfg.env_names[0]: factories}
     who = f"rank {dist.rank()}: " if dist.world_size() > 1 else ""  # every process opens its own sessions
@@ -22,7 +22,7 @@ def print_env_sessions(cfg: RunConfig, factories) -> None:
 
 
 def print_summary(cfg: RunConfig, step: int) -> None:
-    from trainer.run.metrics import read_metrics
+    from trainer.core.metrics import read_metrics
 
     rows = read_metrics(cfg.run_dir)
     tail = rows[-5:]

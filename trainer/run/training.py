@@ -13,12 +13,12 @@ import os
 import sys
 
 from contract.config import ConfigError, RunConfig
-from trainer.run import grpo_args
+from trainer.core import grpo_args
 from trainer.run.control import make_control_callback, stop_on_signals
 from trainer.run.dataset import build_dataset
-from trainer.run.dist import log
+from trainer.core.dist import log
 from trainer.run.grpo_trainer import build_sync_trainer
-from trainer.run.model import (attention_line, generation_config_of, load_model_and_tokenizer, load_tokenizer,
+from trainer.modeling.model import (attention_line, generation_config_of, load_model_and_tokenizer, load_tokenizer,
                                 published_dtype)
 from trainer.run.resume import prepare_run_dir
 from trainer.run.summary import print_env_sessions, print_summary
@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"[train] config error:\n{exc}", file=sys.stderr, flush=True)
         return 2
-    from trainer.run import trackers
+    from trainer.core import trackers
 
     trackers.prepare_env(cfg.trackers, cfg.output_dir)
     mode = grpo_args.resolved_train_mode(cfg)
@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     log(f"training: {cfg.training_description()}, learning rate {cfg.resolved_learning_rate(mode):g}")
 
-    from trainer.run import dist, preflight
+    from trainer.core import dist
+    from trainer.run import preflight
 
     dist.init(cfg.trainer_on_cpu(mode))
     problem = cfg.rollouts_problem(mode, dist.world_size())
@@ -97,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch  # noqa: F401  (heavy imports only after the cheap checks passed)
 
     from trainer.rollouts.envs_binding import build_factories
-    from trainer.run.metrics import STATS, MetricsCallback
-    from trainer.run.trackers import RunInfo, Trackers
+    from trainer.core.metrics import STATS, MetricsCallback
+    from trainer.core.trackers import RunInfo, Trackers
 
     if cfg.rollouts.is_async:
         model, tokenizer = None, load_tokenizer(cfg, mode)  # TRL's async trainer loads the model itself
@@ -131,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
     callbacks = [MetricsCallback(cfg.run_dir, STATS, resume_step=resume_step, mode=mode, trackers=trackers,
                                  rollouts=cfg.rollouts), control]
     if cfg.rollouts.is_async:
-        from trainer.run import async_trainer
+        from trainer.async_grpo import async_trainer
 
         trainer = async_trainer.build_trainer(cfg, mode, tokenizer=tokenizer, dataset=dataset, factories=factories,
                                               reward_funcs=reward_funcs, callbacks=callbacks,

@@ -1,4 +1,4 @@
-"""Per-step metrics: JSONL, then every tracker REPORT_TO names (trainer.run.trackers: TensorBoard by default).
+"""Per-step metrics: JSONL, then every tracker REPORT_TO names (trainer.core.trackers: TensorBoard by default).
 
 TRL already logs reward, reward_std, rewards/<EnvClass>/mean, tools/call_frequency,
 tools/failure_frequency and completions/* into the `logs` dict; we keep those and add what it does
@@ -26,7 +26,7 @@ from transformers import TrainerCallback
 
 from contract import sampling_health, stages
 from contract.modes import Rollouts, as_mode, as_rollouts
-from trainer.run.trackers import RunInfo, Trackers
+from trainer.core.trackers import RunInfo, Trackers
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -153,7 +153,7 @@ class MetricsCallback(TrainerCallback):
         self.stats = stats
         self.resume_step = resume_step
         self.mode = mode
-        # async: TRL's AsyncGRPOTrainer logs, mapped to these keys by trainer.run.async_metrics
+        # async: TRL's AsyncGRPOTrainer logs, mapped to these keys by trainer.core.async_metrics
         self.rollouts = as_rollouts(rollouts)
         self.print = print_fn
         # Opened lazily, at the first logged step: only the main process writes.
@@ -216,7 +216,7 @@ class MetricsCallback(TrainerCallback):
         self._log_record(record, args, state)
 
     def _async_record(self, logs, episodes, step_s, step, steps=1) -> dict[str, Any]:
-        from trainer.run import async_metrics
+        from trainer.core import async_metrics
 
         record: dict[str, Any] = {"kind": "step", "step": step, "time": time.time(), "mode": self.mode,
                                   "rollouts": "async"}
@@ -258,7 +258,7 @@ class MetricsCallback(TrainerCallback):
                 f"loss {f('loss', '{:.4f}')} step {f('time/step_s', '{:.2f}')}s "
                 f"(gen {f('time/generation_s', '{:.2f}')} env {f('time/env_s', '{:.2f}')} "
                 f"train {f('time/training_s', '{:.2f}')})"
-                # async: how far behind the trainer the trained samples were generated (trainer.run.async_metrics)
+                # async: how far behind the trainer the trained samples were generated (trainer.core.async_metrics)
                 + (f" lag p50 {f('async/staleness_p50', '{:.0f}')} max {f('async/staleness_max', '{:.0f}')}"
                    f" queue {f('async/queue_depth', '{:.0f}')}" if r.get("rollouts") == "async" else "")
                 # vLLM modes: how far vLLM's sampling is from the trainer's policy (contract.sampling_health)

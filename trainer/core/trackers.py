@@ -1,13 +1,13 @@
 """Experiment trackers (REPORT_TO): one mapping from our per-step record to every tracker, so all show the same keys.
 
-metrics.jsonl (trainer.run.metrics) stays the source of truth; each tracker gets `view(record)`, whose keys sort into
+metrics.jsonl (trainer.core.metrics) stays the source of truth; each tracker gets `view(record)`, whose keys sort into
 the order a reader wants them (TensorBoard orders its cards alphabetically by tag, the others by name too):
 
     reward, reward/<env>                                   the reward GRPO used, overall and per env
     rollout/tool_calls_per_episode[/<env>], rollout/tool_failures_per_episode[/<env>], rollout/tool_failure_rate,
     rollout/episodes/<env>                                 what the agent did per episode
     time/generation_s, time/env_s, time/training_s, ...    the step time split
-    async/staleness_p50, async/samples_at_lag/<k>, ...     ROLLOUTS=async only (trainer.run.async_metrics)
+    async/staleness_p50, async/samples_at_lag/<k>, ...     ROLLOUTS=async only (trainer.core.async_metrics)
     trl/<key>                                              everything else TRL logs (loss, kl, clip_ratio/..., ...)
 
 Trackers: tensorboard (OUTPUT_DIR/<run>/tensorboard), trackio (OUTPUT_DIR/trackio, `make dashboard`), wandb

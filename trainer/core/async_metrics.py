@@ -3,7 +3,7 @@
 TRL's `AsyncGRPOTrainer` (trl 1.16) logs its own key set. Most keys mean what the sync `GRPOTrainer`'s keys of the
 same name mean (reward, reward_std, tools/*, completions/*, kl, entropy, clip_ratio/*, loss); a few say the same
 thing under another name, and the step-time split is measured by other clocks. `record(logs)` turns one async `logs`
-dict into the metrics.jsonl record a sync run writes, so metrics.jsonl, every tracker (trainer.run.trackers) and
+dict into the metrics.jsonl record a sync run writes, so metrics.jsonl, every tracker (trainer.core.trackers) and
 `make report` read both modes the same way, plus what only an async run has:
 
     async/staleness_p50, _p90, _max     lag of the samples the trainer took from the queue to train in the logging
@@ -30,7 +30,7 @@ window's steps. Episodes run side by side and beside training, so they are not p
 it: read them against each other and against time/generation_s (the worker behind: the larger one is why).
 
 Per env (env/<env>/episodes, reward_mean, episode_length, tool_failure_frequency): the env binding counts episodes
-in the rollout worker's process; trainer.run.async_run sends them to the trainer as TRL metric rates (`episode_rates`).
+in the rollout worker's process; trainer.async_grpo.async_run sends them to the trainer as TRL metric rates (`episode_rates`).
 """
 
 from __future__ import annotations
@@ -80,9 +80,9 @@ def staleness_figures(lags: Iterable[float], max_staleness: int) -> dict[str, fl
 
 
 def episode_rates(episodes: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
-    """The env binding's episodes (trainer.run.metrics.RolloutStats.drain) as TRL metric values: rates as (sum, count)
+    """The env binding's episodes (trainer.core.metrics.RolloutStats.drain) as TRL metric values: rates as (sum, count)
     pairs, counts as `*_total`, so TRL's reduction over a logging window gives exactly the sync trainer's figures
-    (trainer.run.metrics.summarize_episodes)."""
+    (trainer.core.metrics.summarize_episodes)."""
     out: dict[str, Any] = {}
     for env, eps in sorted(episodes.items()):
         if not eps:

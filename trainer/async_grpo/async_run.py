@@ -3,19 +3,19 @@
 Two pieces, one per process of TRL's async design:
   * `AfterRun`, a mixin for the trainer subclass (`class X(AfterRun, AsyncGRPOTrainer)`), in the trainer process:
     the lag percentiles and histogram of the samples a step trained (from TRL's per-sample values before it
-    averages them: trainer.run.async_metrics), the traces the rollout worker wrote handed to the trackers' tables, and
+    averages them: trainer.core.async_metrics), the traces the rollout worker wrote handed to the trackers' tables, and
     the smoke's stages (rendezvous, first weight sync). `configure_traces(run_dir, every, samples, trackers)` has the
     sync trainer's signature, so trainer.train calls it the same way for both.
   * `TracedRollouts`, a mixin for TRL's rollout loop class in the spawned worker process (where the env sessions
     live; `TracedRolloutLoop` is TRL's loop with it, `use_traced_loop` puts it in the worker): every
-    scored group sends the env binding's episode counts (trainer.run.metrics.STATS of that process) to the trainer as TRL
+    scored group sends the env binding's episode counts (trainer.core.metrics.STATS of that process) to the trainer as TRL
     metric rates (env/<env>/...), an episode the env side ended is counted (rollout/infra_failures) and its samples
     are dropped before the queue (trainer.rollouts.infra_failures), a group whose completions all scored alike is
     counted (frac_reward_zero_std) and, with ZERO_STD_GROUPS=drop, dropped the same way (trainer.rollouts.zero_variance),
     and every TRACE_EVERY policy versions one group goes to rollouts.jsonl (trainer.rollouts.traces' schema, plus
     `policy_version`; `step` is policy_version + 1, the step a sync run would have traced these rollouts at).
 
-PINNED to trl 1.16.0 (trl/experimental/async_grpo; trainer/run/trl_privates.py lists each); re-check on a TRL upgrade:
+PINNED to trl 1.16.0 (trl/experimental/async_grpo; trainer/core/trl_privates.py lists each); re-check on a TRL upgrade:
   * async_grpo_trainer.py: `AsyncGRPOTrainer.log` reduces `self._metrics["train"]`, where `RolloutQueueDataset`
     appends one `sample/staleness_mean` value per trained sample; `_sync_weight` is the method the weight-sync
     callback calls (through `self`); `_TrainBeginCallback` calls `self.weight_transfer.init_weight_transfer()`.
@@ -34,14 +34,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # as trainer.run.async_trainer: ROLLOUTS=async is chosen on purpose
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # as trainer.async_grpo.async_trainer: ROLLOUTS=async is chosen on purpose
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, _AsyncRolloutLoop  # noqa: E402
 
 from contract import stages
 from envs.core.tool import detached
 from trainer.gpu import trl_hooks
 from trainer.rollouts import infra_failures, traces, zero_variance
-from trainer.run import async_metrics
+from trainer.core import async_metrics
 
 
 class AfterRun:
@@ -169,7 +169,7 @@ class TracedRollouts:
 
     async def _execute_tool_calls(self, tool_calls, tool_dict):
         """A rollout's round of tool calls, its wall time added to the env seconds (as the sync loop adds a round's)."""
-        from trainer.run.metrics import STATS
+        from trainer.core.metrics import STATS
 
         start = time.perf_counter()
         try:
@@ -178,11 +178,11 @@ class TracedRollouts:
             STATS.add_time("env", time.perf_counter() - start)
 
     def _push_episode_counts(self, infra: int = 0, flat: bool = False, scoring_s: float = 0.0) -> None:
-        from trainer.run.metrics import STATS  # this process's: the env binding records into it here
+        from trainer.core.metrics import STATS  # this process's: the env binding records into it here
 
         timers, episodes = STATS.drain()
         rates = async_metrics.episode_rates(episodes)
-        # the step record's time/env_s and time/scoring_s (trainer.run.async_metrics.time_split): summed by TRL
+        # the step record's time/env_s and time/scoring_s (trainer.core.async_metrics.time_split): summed by TRL
         rates[async_metrics.ENV_SECONDS] = timers.get("env", 0.0)
         rates[async_metrics.SCORING_SECONDS] = scoring_s
         # every group pushes the count, 0 included: each step record has rollout/infra_failures, as a sync one does
@@ -221,7 +221,7 @@ def use_traced_loop(worker: AsyncRolloutWorker, **trace_kwargs: Any) -> None:
     if not issubclass(loop_cls, TracedRollouts):
         if loop_cls is not _AsyncRolloutLoop:
             raise TypeError(f"the rollout worker runs {loop_cls.__qualname__}, which does not inherit "
-                            "trainer.run.async_run.TracedRollouts: declare it as `class "
+                            "trainer.async_grpo.async_run.TracedRollouts: declare it as `class "
                             f"{loop_cls.__name__}(TracedRollouts, ...)` (the worker pickles the class by name, so it "
                             "cannot be composed at run time)")
         worker._loop_cls = TracedRolloutLoop

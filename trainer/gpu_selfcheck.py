@@ -1,4 +1,4 @@
-"""GPU self-check without Docker, vLLM server or the Hub: `python -m trainer.gpu.selfcheck` (`make gpu-selfcheck`).
+"""GPU self-check without Docker, vLLM server or the Hub: `python -m trainer.gpu_selfcheck` (`make gpu-selfcheck`).
 
 Checks the trainer's CUDA path in a plain Python environment (torch, trl, transformers, accelerate, datasets,
 openenv; docs/gpu-host.md "GPU self-check"), one line each, `PASS` / `FAIL` / `SKIP (why)` with its figures:
@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
-from trainer.run import grpo_args
+from trainer.core import grpo_args
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here downloads
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
@@ -184,10 +184,10 @@ def check_trainer_loop(device, tiny: bool) -> Result:
     from trainer import tiny_model
     from contract.config import RunConfig, default
     from trainer.rollouts.envs_binding import build_factories
-    from trainer.run.metrics import STATS, MetricsCallback, read_metrics
-    from trainer.run.trackers import RunInfo, Trackers
+    from trainer.core.metrics import STATS, MetricsCallback, read_metrics
+    from trainer.core.trackers import RunInfo, Trackers
     from trainer.run.dataset import build_dataset
-    from trainer.run.model import load_model_and_tokenizer
+    from trainer.modeling.model import load_model_and_tokenizer
     from trainer.run.grpo_trainer import make_trainer_class
 
     with tempfile.TemporaryDirectory(prefix="selfcheck-") as tmp:
@@ -554,7 +554,7 @@ def pin_one_gpu(environ=os.environ) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     pinned = pin_one_gpu()  # before torch touches CUDA
-    p = argparse.ArgumentParser(prog="python -m trainer.gpu.selfcheck", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m trainer.gpu_selfcheck", description=__doc__.splitlines()[0])
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="auto: CUDA when present, else the CUDA checks SKIP; cpu: the same code at a tiny size")
     p.add_argument("--only", default=None, help=f"comma list of checks to run (of {', '.join(CHECKS)})")

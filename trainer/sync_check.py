@@ -1,6 +1,6 @@
 """`make nccl-check FULL=1`: do what training does against the running vllm service, stage by stage.
 
-    python -m trainer.gpu.sync_check [--url http://vllm:8000] [--model NAME]
+    python -m trainer.sync_check [--url http://vllm:8000] [--model NAME]
 
 Runs in the trainer container (`tools/nccl_check.py --full` starts it there): vLLM healthy with
 dev mode and NCCL weight transfer -> a GPU on both ends -> TRL's own
@@ -62,11 +62,11 @@ def human_bytes(n: float) -> str:
 
 
 def training_model(model_name: str, cfg: RunConfig | None, device: str):
-    """The model as training holds it when it pushes (trainer.run.model.load_model: fp32 master weights, QLoRA's 4-bit
+    """The model as training holds it when it pushes (trainer.modeling.model.load_model: fp32 master weights, QLoRA's 4-bit
     base), wrapped in the run's LoRA adapter as TRL's GRPOTrainer wraps it (`get_peft_model(model,
     lora.peft_config(cfg))`, adapters back in fp32). `cfg` None: the settings in the environment (RunConfig.load)."""
-    from trainer.run import lora
-    from trainer.run.model import load_model
+    from trainer.modeling import lora
+    from trainer.modeling.model import load_model
 
     cfg = cfg or RunConfig.load([])
     model = load_model(cfg, model_name)
@@ -344,7 +344,7 @@ def _run_async(url: str, model_name: str, group_port: int, server_timeout_s: flo
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.gpu.sync_check", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m trainer.sync_check", description=__doc__.splitlines()[0])
     parser.add_argument("--url", help="vLLM server (default: VLLM_SERVER_URL)")
     parser.add_argument("--model", help="model whose weights are pushed (default: MODEL_NAME)")
     args = parser.parse_args(argv)

@@ -13,7 +13,7 @@ trains) and protocols do the work; this module plugs the stack in where TRL leav
   and hands the rollout worker `StackRolloutLoop`.
 - WEIGHT_TRANSFER=nccl: TRL's own `WeightTransferClient`, its manifest and stream cast to vLLM's dtype together and
   each push marked in flight (trainer.gpu.trl_hooks.async_nccl_push), as the sync trainer's pushes are.
-- LORA_R: TRL's own adapter-only sync (trainer/run/lora.py says how); no weight-transfer backend is passed then
+- LORA_R: TRL's own adapter-only sync (trainer/modeling/lora.py says how); no weight-transfer backend is passed then
   (TRL probes vLLM's /server_info only without one), whatever WEIGHT_TRANSFER says: the adapter goes by a shared
   folder and HTTP on a GPU host and in the rehearsal alike.
 
@@ -35,8 +35,8 @@ from typing import Any
 
 from envs.core.tool import abandon_session
 from trainer.gpu import trl_hooks
-from trainer.run.async_budget import BudgetedRollouts, turn_cap
-from trainer.run.async_run import AfterRun, TracedRollouts, drain_on_stop, stop_on_env_or_vllm_down
+from trainer.async_grpo.async_budget import BudgetedRollouts, turn_cap
+from trainer.async_grpo.async_run import AfterRun, TracedRollouts, drain_on_stop, stop_on_env_or_vllm_down
 from contract.config import RunConfig
 
 logger = logging.getLogger("trainer.async")
@@ -45,11 +45,11 @@ logger = logging.getLogger("trainer.async")
 # the worker's `_loop_cls` and `_loop_kwargs`; `check_health` wrapped: `_failed_event`,
 # `_exception_info_queue`, `_process`; get_peak_flops_per_device;
 # LORA_R: `_lora_sync` read, `_lora_dir` and `_lora_name` logged, `_sync_weight_lora` does the push) are pinned in
-# trainer/run/trl_privates.py.
+# trainer/core/trl_privates.py.
 
 
 def build_async_config(cfg: RunConfig, mode: str):
-    """AsyncGRPOConfig with the sync trainer's settings (trainer.run.grpo_args.grpo_config) where both have them."""
+    """AsyncGRPOConfig with the sync trainer's settings (trainer.core.grpo_args.grpo_config) where both have them."""
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     kwargs: dict[str, Any] = dict(
@@ -62,7 +62,7 @@ def build_async_config(cfg: RunConfig, mode: str):
         request_timeout=int(cfg.generation_timeout_s),
         weight_sync_timeout=int(cfg.weight_sync_timeout_s),
         max_staleness=cfg.rollouts.max_staleness,
-        # fp32 master weights, as the sync trainer keeps (trainer.run.model.load_model_and_tokenizer says why)
+        # fp32 master weights, as the sync trainer keeps (trainer.modeling.model.load_model_and_tokenizer says why)
         dtype="float32",
         model_init_kwargs=cfg.model_load_kwargs(mode) or None,  # the pinned revision while MODEL_NAME is a hub id
     )
@@ -72,7 +72,7 @@ def build_async_config(cfg: RunConfig, mode: str):
         import torch
 
         kwargs.update(bf16=bool(torch.cuda.is_available() and torch.cuda.is_bf16_supported()))
-    from trainer.run.grpo_args import one_gpu_per_process
+    from trainer.core.grpo_args import one_gpu_per_process
 
     return one_gpu_per_process(AsyncGRPOConfig(**kwargs))  # never nn.DataParallel around the packed tree batches
 
@@ -150,7 +150,7 @@ class StackRolloutLoop(TracedRollouts, BudgetedRollouts, _rollout_loop_base()): 
       trainer sends them: the server's generation-config defaults would otherwise apply.
     - MAX_COMPLETION_LENGTH: a budget for the whole episode, tool results included, as in sync mode; a round that
       does not fit ends the episode (scored), and so does vLLM's 400 for the context length, never retried
-      (trainer.run.async_budget.BudgetedRollouts).
+      (trainer.async_grpo.async_budget.BudgetedRollouts).
     - `request_seeds=False` (the CPU rehearsal): no per-request `seed`. TRL seeds every request (so data-parallel
       engines do not draw alike); vLLM 0.31's CPU runner kills its engine on a seeded request
       (gpu_model_runner._bookkeeping_sync: "CPU Generator does not use offset"). The sync trainer sends none.
@@ -218,7 +218,7 @@ class StackRolloutLoop(TracedRollouts, BudgetedRollouts, _rollout_loop_base()): 
         payload = {**NEUTRAL_SAMPLING, **payload}
         if not self.request_seeds:
             payload.pop("seed", None)
-        cap = turn_cap()  # this episode's budget left (trainer.run.async_budget)
+        cap = turn_cap()  # this episode's budget left (trainer.async_grpo.async_budget)
         if cap is not None:
             payload["max_tokens"] = min(payload["max_tokens"], cap)
         return await self._retry(lambda: self._post_completion(payload, timeout), label=f"POST {path}",
@@ -242,7 +242,7 @@ def make_async_trainer_class():
     from trl.experimental.async_grpo import AsyncGRPOTrainer
     from trl.experimental.async_grpo import async_grpo_trainer as trl_async
 
-    class StackAsyncGRPOTrainer(AfterRun, AsyncGRPOTrainer):  # after-run hooks first (trainer.run.async_run)
+    class StackAsyncGRPOTrainer(AfterRun, AsyncGRPOTrainer):  # after-run hooks first (trainer.async_grpo.async_run)
         """TRL's AsyncGRPOTrainer; differs only where the stack needs it (module docstring)."""
 
         def __init__(self, *args, tool_timeout_s: float | None = None, tool_concurrency: int | None = None,
@@ -310,12 +310,12 @@ def build_trainer(cfg: RunConfig, mode: str, *, tokenizer, dataset, factories, r
                   served_dtype: str | None, served_model: str | None, server_max_model_len: int | None = None):
     """The async trainer for this run: tree attention installed first (TRL loads the model with it), the weight
     push by reload where WEIGHT_TRANSFER=reload (else TRL's own NCCL client)."""
-    from trainer.run import tree_attention
+    from trainer.async_grpo import tree_attention
 
     backend = tree_attention.install()
     print(f"[train] ROLLOUTS=async: TRL's AsyncGRPOTrainer, max staleness {cfg.rollouts.max_staleness}; tree attention "
           f"backend {backend}", flush=True)
-    from trainer.run import lora
+    from trainer.modeling import lora
 
     peft = lora.peft_config(cfg)
     weight_transfer = None

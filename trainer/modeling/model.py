@@ -33,7 +33,7 @@ def load_model(cfg: RunConfig, name: str, **load_kwargs):
     # ~0.004 (norm weights, most matrix entries). Pushes to vLLM are cast to its dtype (gpu.push_in_served_dtype).
     # QLoRA: the frozen base in 4 bits (bf16 for what stays unquantized); the adapters train in fp32 (TRL casts them to
     # bf16; lora.keep_adapters_fp32 casts them back before the optimizer exists).
-    from trainer.run import lora
+    from trainer.modeling import lora
 
     dtype = torch.bfloat16 if cfg.qlora else torch.float32
     return AutoModelForCausalLM.from_pretrained(name, dtype=dtype, **load_kwargs, **lora.quantization_kwargs(cfg))

@@ -6,7 +6,7 @@ model with `attn_implementation="tree_fa3"`, whose function fetches FlashAttenti
 this module's function under the same name and makes the trainer's `register_tree_attention()` (called in its
 `__init__`) register it again instead of TRL's, so TRL's kernel fetch never runs.
 
-What TRL hands the attention function (read from packing.py, pinned in trainer/run/trl_privates.py):
+What TRL hands the attention function (read from packing.py, pinned in trainer/core/trl_privates.py):
 the packed row's N tokens laid out as S contiguous segments; `tree_kv_index` lists, segment after segment, the
 packed positions of that segment's root-to-segment path (its ancestors, then its own tokens); `tree_cu_seqlens_q`
 / `_k` are the segment and path boundaries. TRL's kernel call is a varlen FlashAttention over the gathered K/V
@@ -212,7 +212,7 @@ def install(backend: str | None = None) -> str:
 
     if packing.TREE_ATTENTION != TREE_ATTENTION:
         raise RuntimeError(f"trl's tree attention is named {packing.TREE_ATTENTION!r}, this module registers "
-                           f"{TREE_ATTENTION!r}: update trainer/run/tree_attention.py for this trl version")
+                           f"{TREE_ATTENTION!r}: update trainer/async_grpo/tree_attention.py for this trl version")
     if backend is None:
         backend, why = choose_backend()
     elif backend not in ("fa3", "fa2", "sdpa"):

@@ -16,7 +16,7 @@ MAX_TOOL_CALLING_ITERATIONS an episode grew until vLLM refused its next turn (HT
     prompts) is `ContextFull`, which TRL's `_retry` does not retry: the turn is asked again once within the
     max_model_len vLLM's message names (later turns stay within it), else the episode ends the same way.
 
-PINNED to trl 1.16.0 (trainer/run/trl_privates.py): `_AsyncRolloutLoop._generate_one` (copied below; digest),
+PINNED to trl 1.16.0 (trainer/core/trl_privates.py): `_AsyncRolloutLoop._generate_one` (copied below; digest),
 `_generate_one_turn`, `_retry`, `_push_rollout_metrics`, `TurnRecord`, `_chain_to_sequences`.
 """
 
