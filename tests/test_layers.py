@@ -124,3 +124,14 @@ def test_the_trainer_scan_names_an_import_running_up(tmp_path, monkeypatch):
 def test_every_trainer_image_ships_the_contract(dockerfile):
     text = (ROOT / dockerfile).read_text()
     assert "COPY contract/ /app/contract/" in text and "COPY trainer/ /app/trainer/" in text
+
+
+MAX_SOURCE_LINES = 600  # a file past this does several things: split it by concern (as bench/chaos*.py)
+
+
+def test_no_source_file_is_over_600_lines():
+    tracked = subprocess.run(["git", "ls-files", "*.py", "*.sh", "Makefile", "Dockerfile*", "*/Dockerfile*"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.split()
+    long = [f"{name}: {n} lines" for name in tracked
+            if (ROOT / name).is_file() and (n := len((ROOT / name).read_text().splitlines())) > MAX_SOURCE_LINES]
+    assert long == [], f"over {MAX_SOURCE_LINES} lines, split by concern: {long}"
