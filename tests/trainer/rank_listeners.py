@@ -17,3 +17,6 @@ if state.is_main_process:
             print("LISTEN", line.split()[3], flush=True)
     print("GLOO_SOCKET_IFNAME", os.environ.get("GLOO_SOCKET_IFNAME"), flush=True)
 dist.barrier()
+# torch warns and gloo can abort ("terminate called without an active exception") when a process exits with its
+# group still up: close it first
+dist.destroy_process_group()
