@@ -122,6 +122,15 @@ def test_the_worker_sends_the_sync_per_env_figures_and_traces_one_group_per_poli
         assert row["rewards"]["EchoTool"] == row["env_reward"] == row["reward"]  # no other reward function
 
 
+def test_trace_samples_beyond_one_group_traces_more_groups_of_the_same_policy_version(traced_loop, tmp_path):
+    """TRACE_SAMPLES counts rollouts, as in sync mode: 4 of a version whose groups hold 2 are two groups' rollouts
+    (the chaos bench checks every traced call's reply; one group per version left it a handful to check)."""
+    traced_loop._trace_samples = 4
+    run_loop(traced_loop, samples_wanted=6)  # three groups of two or more, all of policy version 0
+    rows = traces.read(tmp_path / traces.ROLLOUTS_FILE)
+    assert len(rows) == 4 and {r["policy_version"] for r in rows} == {0}
+
+
 def test_the_worker_gets_a_traced_loop_class_it_can_pickle_by_name():
     """TRL's worker pickles its loop class into the spawned child: the traced loop is composed at module level, and
     a stack loop class that does not inherit TracedRollouts is refused with what to write."""

@@ -12,7 +12,7 @@ Two pieces, one per process of TRL's async design:
     metric rates (env/<env>/...), an episode the env side ended is counted (rollout/infra_failures) and its samples
     are dropped before the queue (trainer.rollouts.infra_failures), a group whose completions all scored alike is
     counted (frac_reward_zero_std) and, with ZERO_STD_GROUPS=drop, dropped the same way (trainer.rollouts.zero_variance),
-    and every TRACE_EVERY policy versions one group goes to rollouts.jsonl (trainer.rollouts.traces' schema, plus
+    and every TRACE_EVERY policy versions TRACE_SAMPLES rollouts go to rollouts.jsonl (trainer.rollouts.traces' schema, plus
     `policy_version`; `step` is policy_version + 1, the step a sync run would have traced these rollouts at).
 
 PINNED to trl 1.16.0 (trl/experimental/async_grpo; trainer/core/trl_privates.py lists each); re-check on a TRL upgrade:
@@ -131,7 +131,7 @@ class TracedRollouts:
         self.zero_std_groups = zero_std_groups  # ZERO_STD_GROUPS (trainer.rollouts.zero_variance)
         self._trace_dir = Path(trace_dir) if trace_dir else None
         self._trace_every, self._trace_samples = trace_every, trace_samples
-        self._traced_steps: set[int] = set()
+        self._traced_rows: dict[int, int] = {}  # step -> rollouts traced of its policy version
         self._episode_of: dict[int, SimpleNamespace] = {}  # id(completion list) -> its env episode, until scored
 
     def run(self) -> None:
@@ -193,10 +193,15 @@ class TracedRollouts:
         self._push_metrics(rates)
 
     def _trace(self, group, samples, episodes) -> None:
+        """Whole groups of every TRACE_EVERY-th policy version until TRACE_SAMPLES rollouts of it are traced (the
+        default, one group's worth: one group), as a sync step traces TRACE_SAMPLES rollouts of its batch."""
         step = group.model_version + 1
-        if not (self._trace_every and self._trace_dir) or step % self._trace_every or step in self._traced_steps:
+        if not (self._trace_every and self._trace_dir) or step % self._trace_every:
             return
-        self._traced_steps.add(step)
+        wanted = self._trace_samples or len(group.completions)
+        left = wanted - self._traced_rows.get(step, 0)
+        if left <= 0:
+            return
         first = {}
         for sample in samples:  # a conversation may fork into several training rows: one trace per conversation
             first.setdefault(id(sample.completion), sample)
@@ -205,10 +210,11 @@ class TracedRollouts:
             metrics = getattr(first.get(id(completion)), "metrics", {})
             per_func.append({k[len("rewards/"):]: v for k, v in metrics.items() if k.startswith("rewards/")})
             total.append(metrics.get("reward", math.nan))
-        rows = traces.rows(step, group.prompts, group.completions, episodes, per_func, total)
+        rows = traces.rows(step, group.prompts, group.completions, episodes, per_func, total)[:left]
         for row in rows:
             row["policy_version"] = group.model_version
-        traces.append(self._trace_dir, rows[: self._trace_samples or len(rows)])
+        self._traced_rows[step] = self._traced_rows.get(step, 0) + len(rows)
+        traces.append(self._trace_dir, rows)
 
 
 class TracedRolloutLoop(TracedRollouts, _AsyncRolloutLoop):

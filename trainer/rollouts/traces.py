@@ -10,9 +10,10 @@ group, so the rollouts compared with each other are seen together), one JSON obj
     an episode left out), rewards ({function: value}), infra_failure (why the env side ended the episode, which
     training then left out: trainer.rollouts.infra_failures; else null)
 
-ROLLOUTS=async: the rollout worker writes them (trainer.async_grpo.async_run), one group of each TRACE_EVERY-th policy version,
-with `policy_version` (how many weight updates the generating policy had) and `step` = policy_version + 1 (the step
-a sync run would have traced them at; the trainer may train them a few steps later, up to MAX_STALENESS).
+ROLLOUTS=async: the rollout worker writes them (trainer.async_grpo.async_run), TRACE_SAMPLES rollouts (groups as they
+are scored) of each TRACE_EVERY-th policy version, with `policy_version` (how many weight updates the generating policy
+had) and `step` = policy_version + 1 (the step a sync run would have traced them at; the trainer may train them a few
+steps later, up to MAX_STALENESS).
 
 `python -m trainer.rollouts --outputs /outputs [--run NAME] [--step N]` prints them readably (`make rollouts`).
 """
