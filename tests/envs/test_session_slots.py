@@ -115,3 +115,23 @@ def test_a_killed_trainer_process_frees_its_slots_within_a_bound(stock_server):
         if child.poll() is None:
             child.kill()
             child.wait()
+
+
+def test_the_sessions_are_closed_at_once_not_one_after_the_other(monkeypatch):
+    """Each close may wait out its bound on a slow link: closed one after the other, 32 sessions behind a slow link
+    took longer than TRL gives its rollout worker to exit. Every close here waits for all the others to have
+    started (a barrier): one after the other, the first would wait for ever (the barrier's deadline fails it)."""
+    n = 8
+    barrier = threading.Barrier(n, timeout=60)  # a hang guard: closes that run at once meet at once
+    closed = []
+
+    def close_session(instance):
+        barrier.wait()
+        closed.append(instance)
+
+    envs_binding.close_all_sessions()  # earlier tests' instances: not this run's
+    monkeypatch.setattr(envs_binding, "close_session", close_session)
+    with envs_binding._live_lock:
+        envs_binding._live.extend(range(n))
+    assert envs_binding.close_all_sessions() == n
+    assert sorted(closed) == list(range(n))

@@ -62,12 +62,21 @@ class BindingError(RuntimeError):
     pass
 
 
+CLOSE_THREADS = 64  # sessions closed at once at the end of a run
+
+
 def close_all_sessions() -> int:
-    """Close the env session of every bound instance this process made (a closed one is a no-op); how many."""
+    """Close the env session of every bound instance this process made (a closed one is a no-op); how many.
+    All at once: each close may wait out its bound on a slow or half-open link (SessionClient.close: 5 s for the
+    close handshake), and one after the other that was the bound times the sessions (an async run's 32+ sessions
+    behind a slow link outlasted TRL's 15 s for its rollout worker to exit, which then was killed)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     with _live_lock:
         instances, _live[:] = list(_live), []
-    for instance in instances:
-        close_session(instance)  # SessionClient.close: bounded, never raises
+    if instances:
+        with ThreadPoolExecutor(min(CLOSE_THREADS, len(instances)), thread_name_prefix="env-close") as pool:
+            list(pool.map(close_session, instances))  # SessionClient.close: bounded, never raises
     return len(instances)
 
 
