@@ -3,6 +3,7 @@
 One project for the module (model-init runs once; its `models` volume is reused):
   * smoke: a few GRPO steps; from metrics.jsonl, tools were called (> 0 per episode) and paid a reward
     (> 0); a checkpoint and TensorBoard events are written; `trainer.report` renders a PNG;
+  * `make gpu-smoke`'s verdict table on the CPU profile, on this project's stack;
   * kill and resume, with 2 trainer processes: SIGKILL mid-run, run again: it says it resumes from the last
     checkpoint (dropping the records logged after it), and every step appears exactly once in metrics.jsonl with
     global_step == MAX_STEPS (one process killed and resumed: the sync chaos test, tests/reliability/test_chaos.py).
@@ -161,6 +162,23 @@ def test_cpu_smoke_tools_called_and_rewarded(project, tmp_path):
     # a second `make train` with the same MAX_STEPS has nothing left to do, and says so
     again = project.train("--max-steps", "6")
     assert "already finished: step 6 >= MAX_STEPS=6" in again.stdout
+
+
+def test_smoke_run_on_the_cpu_profile_passes_every_stage_of_this_mode(project):
+    """`make gpu-smoke`'s machinery run for real on the CPU profile (`python -m tools smoke`, driven by this module's
+    env file as a user's `.env`: its stack and model volume, no second project): the stage lines come from a real
+    trainer in a real container, and the verdict table passes every stage this mode has. The GPU-only stages (model
+    download, vLLM healthy, rendezvous, weight sync) are checked on recorded logs in
+    tests/gpu_path/test_gpu_host_checks.py."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TRAIN_MODE", "ENV_NAME", "COMPOSE_PROFILES")}
+    r = subprocess.run([sys.executable, "-m", "tools", "smoke"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=1200, env=dict(env, STACK_ENV_FILE=str(project.env_file)))
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    table = r.stdout.split("[stack] smoke run, mode cpu")[1]
+    for title in ("first generation", "first optimizer step", "tool calls per episode"):
+        assert f"  pass {title}" in table
+    assert "FAIL" not in table and "smoke: PASSED" in table
+    assert "training steps with `trainer-cpu` (mode cpu, ROLLOUTS=sync), run smoke-cpu" in r.stdout
 
 
 def test_two_trainer_processes_train_once_per_step_and_resume_after_a_kill(project):
