@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/learning_curve.py [--seeds 42,7] [--model DIR]
     .venv/bin/python bench/learning_curve.py --compare-zero-std [--envs echo,catch] [--steps 30] [--seeds 42,7]
+    .venv/bin/python bench/learning_curve.py --compare-zero-std --envs catch --model DIR  (DIR from
+        `python -m trainer.tiny_model --warm-on catch --out DIR`: the echo-warmed model never calls catch's tool)
 
 For each seed, with the CPU profile's defaults (the tiny model from `trainer.tiny_model`, the real echo server
 on loopback, the trainer's own `trainer.train`):
@@ -10,9 +12,9 @@ on loopback, the trainer's own `trainer.train`):
     share of completions cut at the token budget over the run;
   * greedy exact first calls on held-out rows (trainer.after.first_turn) of the base model and of each run's end.
 With --compare-zero-std, instead: ZERO_STD_GROUPS=keep vs drop (#43), the same seed, model and env per pair, each
-env served in-process on loopback: per run the mean env reward of steps 1-10, 11-20, ..., the mean share of flat
-groups (frac_reward_zero_std) and, at the end, greedy exact first calls where the env's expert first call can be read
-from its prompt (FIRST_CALL_ENVS), else the mean reward of the last 10 steps.
+env served in-process on loopback (with the episode settings of EPISODE_ARGS): per run the mean env reward of steps
+1-10, 11-20, ..., the mean share of flat groups (frac_reward_zero_std) and, at the end, greedy exact first calls where
+the env's expert first call can be read from its prompt (FIRST_CALL_ENVS), else the mean reward of the last 10 steps.
 A benchmark, not a test: it prints figures beside the goals and never fails on them.
 """
 
@@ -36,6 +38,10 @@ WINDOW = 10  # steps per point of the compared reward curves
 # Envs whose expert first call can be read from the prompt trainer.after.first_turn renders (echo's word); catch's
 # needs the reset board, which that prompt lacks, and wordle's is the hidden secret.
 FIRST_CALL_ENVS = ("echo",)
+# What a whole episode of an env needs beyond the CPU defaults (256 tokens, 4 tool rounds: echo's one call fits).
+# Catch: the game ends after 9 moves, one call per turn in the warm-start's demos, ~310 tokens with its tiny model's
+# tokenizer; under the defaults no game ever ends, so every reward is 0 whatever the model does.
+EPISODE_ARGS = {"catch": ("--max-completion-length", "768", "--max-tool-calling-iterations", "9")}
 
 
 def train(model: Path, url: str, out: Path, run: str, steps: int, seed: int, env: str = "echo",
@@ -95,10 +101,13 @@ def compare_zero_std(model: Path, out: Path, envs: list[str], seeds: list[int], 
             print(f"{env}: skipped, its server does not start on this host: {type(exc).__name__}: {why}")
             continue
         with stack:
+            if env in EPISODE_ARGS:
+                print(f"{env}: {' '.join(EPISODE_ARGS[env])}")
             for seed in seeds:
                 for mode in ("keep", "drop"):
                     run = f"{env}-s{seed}-{mode}"
-                    records = train(model, url, out, run, steps, seed, env, ("--zero-std-groups", mode))
+                    records = train(model, url, out, run, steps, seed, env,
+                                    ("--zero-std-groups", mode, *EPISODE_ARGS.get(env, ())))
                     if base is None:
                         last = mean([r[f"env/{env}/reward_mean"] for r in records[-WINDOW:]])
                         end = f"reward of the last {WINDOW} steps {last:.3f}"

@@ -142,10 +142,10 @@ class RunConfig(BaseSettings):
     )
     temperature: float = Field(1.0, gt=0, le=2, description="Sampling temperature for rollouts (vLLM refuses above 2).")
     unfinished_penalty: float = Field(
-        1.0, ge=0, le=100, description="Reward taken from an episode cut at MAX_COMPLETION_LENGTH before the model "
-        "ended it: a turn cut mid-generation (an episode whose next round would not fit ends on the model's own stop "
-        "token, unpenalised, in both modes). Logged as rewards/unfinished/mean; 0 turns it off. Without it, turns "
-        "after the env has decided the reward can ramble to the cap unpunished."
+        1.0, ge=0, le=100, description="Reward taken from an episode a budget ended before the model ended it, in both "
+        "modes: a turn cut at MAX_COMPLETION_LENGTH or the server's max_model_len, or a tool-calling turn whose round "
+        "did not fit or came after MAX_TOOL_CALLING_ITERATIONS. Logged as rewards/unfinished/mean; 0 turns it off. "
+        "Without it, turns after the env has decided the reward can ramble to the cap unpunished."
     )
     zero_std_groups: Literal["keep", "drop"] = Field(
         "keep", description="Groups whose completions all scored the same (advantage 0; their share is logged as "

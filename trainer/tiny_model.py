@@ -1,6 +1,6 @@
 """CPU profile's init job: make a tiny tool-calling Qwen3 locally (no hub), warm-started on the run's envs.
 
-    python -m trainer.tiny_model --out /models/tiny-qwen3 [--env echo,connect4]
+    python -m trainer.tiny_model --out /models/tiny-qwen3 [--env echo,connect4] [--warm-on catch]
 
 Idempotent: a complete model (marker file written last) for the same envs' tools is left alone. Steps:
  1. conversations: each warm-start env's `make_dataset` rows, solved with its `demo_calls`, the tool
@@ -79,6 +79,16 @@ def warm_start_specs(cfg) -> dict:
     if not specs or any(registry.is_builtin(n) for n in cfg.env_names):
         specs = {"echo": registry.get("echo"), **specs}
     return specs
+
+
+def builtin_specs(names: str) -> dict:
+    """name -> spec of the built-in envs `names` (comma-separated) names; a ValueError naming the valid ones."""
+    from envs import registry
+
+    picked = [n.strip().lower() for n in names.split(",") if n.strip()]
+    if not picked:
+        raise ValueError(f"--warm-on takes built-in envs, comma-separated ({', '.join(registry.names())}); got {names!r}")
+    return {n: registry.get(n) for n in picked}
 
 
 def tools_fingerprint(specs: dict) -> str:
@@ -373,13 +383,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tool-share", type=float, default=TOOL_SHARE,
                    help=f"share of the second phase's demos that call the tool (default {TOOL_SHARE}; 1: no second phase)")
     p.add_argument("--force", action="store_true", help="rebuild even if a complete model is there")
+    p.add_argument("--warm-on", default=None,
+                   help="built-in envs to warm-start on instead of echo, comma-separated (e.g. catch: built-ins "
+                        "otherwise share echo's warm-start, and the model never calls another env's tools)")
     args = p.parse_args(argv)
     out = Path(args.out)
+    try:
+        warm_on = builtin_specs(args.warm_on) if args.warm_on is not None else None
+    except ValueError as exc:
+        p.error(str(exc))
     from contract.config import RunConfig
 
     cfg = RunConfig.load([] if args.env is None else ["--env-name", args.env])
     try:
-        specs = warm_start_specs(cfg)
+        specs = warm_on or warm_start_specs(cfg)
     except Exception as exc:  # noqa: BLE001 - InterfaceError / UnsupportedSchema: one line, with the env
         from trainer.run.preflight import image_hint
 

@@ -23,6 +23,7 @@ from trainer.rollouts.rewards import unfinished_penalty
 from trainer.async_grpo.async_trainer import StackRolloutLoop
 
 CALL = '<tool_call>\n{"name": "read_page", "arguments": {"page": 1}}\n</tool_call><|im_end|>'
+ANSWER = "Done.<|im_end|>"
 PAGE = ("lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 40)[:2000]
 
 
@@ -40,12 +41,14 @@ class ClientError(Exception):
 
 
 class StubVLLM:
-    """An aiohttp session's `post` to vLLM's /v1/completions: the scripted turn (a read_page call) cut at max_tokens,
-    or vLLM 0.31's 400 when prompt + max_tokens passes max_model_len."""
+    """An aiohttp session's `post` to vLLM's /v1/completions: the scripted turn (`turns[k]` for the episode's k-th
+    turn, the last one repeated; a read_page call by default) cut at max_tokens, or vLLM 0.31's 400 when prompt +
+    max_tokens passes max_model_len."""
 
-    def __init__(self, tokenizer, max_model_len: int) -> None:
+    def __init__(self, tokenizer, max_model_len: int, turns: tuple[str, ...] = (CALL,)) -> None:
         self.max_model_len = max_model_len
-        self.turn = tokenizer.encode(CALL, add_special_tokens=False)
+        self.tokenizer = tokenizer
+        self.turns = [tokenizer.encode(turn, add_special_tokens=False) for turn in turns]
         self.requests: list[tuple[int, int, int]] = []  # (prompt tokens, max_tokens, status)
         self.payloads: list[dict] = []
 
@@ -59,7 +62,8 @@ class StubVLLM:
                        f"({max_tokens} > {self.max_model_len} - {prompt}).")
             self.requests.append((prompt, max_tokens, 400))
             return Reply(400, {"error": {"message": message, "type": "BadRequestError", "param": None, "code": 400}})
-        ids = self.turn[:max_tokens]
+        turn = self.tokenizer.decode(json["prompt"]).count("<|im_start|>assistant") - 1
+        ids = self.turns[min(turn, len(self.turns) - 1)][:max_tokens]
         self.requests.append((prompt, max_tokens, 200))
         return Reply(200, {"choices": [{"token_ids": ids, "logprobs": {"token_logprobs": [-0.5] * len(ids)}}]})
 
@@ -94,7 +98,8 @@ def make_loop(tiny_model_dir, monkeypatch):
     monkeypatch.setattr(trl_worker, "_RETRYABLE_HTTP_ERRORS", (ClientError,), raising=False)
     loops = []
 
-    def make(budget: int, server_max_model_len: int, known_max_model_len: int | None):
+    def make(budget: int, server_max_model_len: int, known_max_model_len: int | None, iterations: int | None = None,
+             turns: tuple[str, ...] = (CALL,)):
         tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
         stop = tokenizer.convert_tokens_to_ids("<|im_end|>")
         rows = [{"prompt": [{"role": "user", "content": f"Summarise document {k}."}]} for k in range(4)]
@@ -104,9 +109,9 @@ def make_loop(tiny_model_dir, monkeypatch):
             eos_token_ids=[stop], rollout_buffer=queue.Queue(), model_version_value=SimpleNamespace(value=0),
             heartbeat_value=SimpleNamespace(value=0.0), failed_event=threading.Event(),
             exception_info_queue=queue.Queue(), metrics_queue=queue.Queue(), num_generations=2,
-            max_inflight_tasks=2, max_tokens=budget, max_tool_calling_iterations=None,
+            max_inflight_tasks=2, max_tokens=budget, max_tool_calling_iterations=iterations,
             max_model_len=known_max_model_len)
-        loop.session = StubVLLM(loop.tokenizer, server_max_model_len)
+        loop.session = StubVLLM(loop.tokenizer, server_max_model_len, turns)
         loops.append(loop)
         return loop
 
@@ -202,6 +207,23 @@ def test_a_turn_the_budget_cuts_short_is_scored_unfinished(make_loop):
     for sample in episodes_of(loop):
         assert sample.metrics["rewards/unfinished"] == -1.0
         assert len(sample.input_ids) - first <= second - first + 10
+
+
+@pytest.mark.parametrize("budget, iterations, turns, calls, charged", [
+    (4000, None, (CALL,), 3, -1.0),  # the third round's results would outgrow the budget: rolled back, episode ended
+    (8000, 1, (CALL,), 2, -1.0),  # MAX_TOOL_CALLING_ITERATIONS reached: the second turn's call never runs
+    (8000, None, (CALL, ANSWER), 2, 0.0),  # the model answered after its call: its own end, not the budget's
+    (8000, 1, (ANSWER,), 1, 0.0),  # no call at all
+])
+def test_an_episode_is_charged_unfinished_when_a_budget_ended_it_and_only_then(make_loop, budget, iterations, turns,
+                                                                              calls, charged):
+    """As in sync mode (tests/trainer/test_rewards.py): an episode that ends on a tool-calling turn (that turn ends in
+    a stop token) ended because of a budget, and is charged as a turn cut at the budget is."""
+    loop = make_loop(budget, server_max_model_len=16384, known_max_model_len=None, iterations=iterations, turns=turns)
+    run_loop(loop, samples_wanted=4)
+    for sample in episodes_of(loop):
+        assert len([m for m in sample.completion if m["role"] == "assistant"]) == calls
+        assert sample.metrics["rewards/unfinished"] == charged
 
 
 @pytest.mark.parametrize("body, limit", [

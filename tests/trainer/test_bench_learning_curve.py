@@ -22,3 +22,15 @@ def test_compare_row_prints_the_curve_the_flat_share_and_the_end_figure():
     assert line.split() == ["echo", "42", "drop", "0.500", "1.000", "|", "0.50", "|", "greedy", "0.00", "->", "1.00"]
     # a run whose records lack the key (an old trainer) shows nan, not a crash
     assert "nan" in compare_row("echo", 7, "keep", [{"env/echo/reward_mean": 0.2}], "x")
+
+
+def test_catch_runs_with_room_for_a_whole_game():
+    """Under the CPU defaults (256 tokens, 4 tool rounds) no catch game ends (9 moves), so every reward is 0."""
+    from bench.learning_curve import EPISODE_ARGS
+    from contract.config import RunConfig
+    from envs import registry
+    from envs.catch.task import ROWS
+
+    cfg = RunConfig.load(["--env-name", "catch", *EPISODE_ARGS["catch"]])
+    assert cfg.max_tool_calling_iterations >= ROWS - 1  # one move per row the ball falls
+    assert cfg.max_completion_length >= registry.get("catch").episode_budget_tokens

@@ -106,7 +106,7 @@ def scripted_generation(tokenizer, record: list):
     return generate
 
 
-def build(trainer_cls, tiny_model_dir, tmp_path, record):
+def build(trainer_cls, tiny_model_dir, tmp_path, record, reward_funcs=None):
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig
@@ -118,8 +118,9 @@ def build(trainer_cls, tiny_model_dir, tmp_path, record):
                       num_generations=2, max_completion_length=MAX_COMPLETION_LENGTH,
                       max_tool_calling_iterations=MAX_ITERATIONS, report_to=[], logging_steps=1,
                       chat_template_kwargs={"enable_thinking": False})
+    reward_funcs = reward_funcs(model, tokenizer) if reward_funcs else None
     trainer = trainer_cls(model=model, args=args, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-                          environment_factory=ScriptedTools)
+                          environment_factory=ScriptedTools, reward_funcs=reward_funcs)
     trainer._generate_single_turn = scripted_generation(tokenizer, record)
     return trainer, rows
 

@@ -38,6 +38,19 @@ def test_tiny_model_is_idempotent(tiny_model_dir, capsys):
     assert (tiny_model_dir / "model.safetensors").stat().st_mtime_ns == before
 
 
+def test_warm_on_picks_the_built_in_envs_to_warm_start_on(tmp_path, capsys):
+    """--warm-on catch: the demos are catch's (built-ins otherwise share echo's, and the model never calls another env's
+    tools); a name that is not a built-in env stops with one line naming the valid ones, before any work."""
+    import pytest
+
+    assert list(tiny_model.builtin_specs("catch")) == ["catch"]
+    assert tiny_model.tools_fingerprint(tiny_model.builtin_specs("catch")) != tiny_model.BUILTIN_FINGERPRINT
+    with pytest.raises(SystemExit) as exited:
+        tiny_model.main(["--out", str(tmp_path / "m"), "--warm-on", "chess"])
+    assert exited.value.code == 2 and not (tmp_path / "m").exists()
+    assert "error: Unknown environment 'chess'; valid choices: echo, wordle, catch." in capsys.readouterr().err
+
+
 def test_baseline_random_vs_scripted(echo_server, capsys):
     import os
 

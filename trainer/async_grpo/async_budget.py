@@ -10,8 +10,8 @@ MAX_TOOL_CALLING_ITERATIONS an episode grew until vLLM refused its next turn (HT
     stack's `_post` from the task-local `turn_cap()`), so a turn that runs out is cut as sync cuts it (no stop token:
     the unfinished penalty applies);
   * a round whose tool results leave nothing ends the episode with those results rolled back, as the sync loop rolls
-    back a round that does not fit: the episode ends on the turn that made the calls and is scored like any other
-    (that turn ends in a stop token, so, as in sync, the unfinished penalty does not apply);
+    back a round that does not fit: the episode ends on the turn that made the calls and is scored (as in sync, the
+    unfinished penalty applies: trainer.rollouts.rewards.budget_ended reads that last turn's calls);
   * a 400 for the context length (max_model_len not known here, or a reset observation longer than preflight's
     prompts) is `ContextFull`, which TRL's `_retry` does not retry: the turn is asked again once within the
     max_model_len vLLM's message names (later turns stay within it), else the episode ends the same way.

@@ -80,7 +80,8 @@ PINS: tuple[Pin, ...] = (
         "overridden (generation timer) and called for each tool round with num_generations=1",
         "self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images="),
     Pin(GRPO, "_calculate_rewards", "method", "trainer/run/grpo_trainer.py, trainer/rollouts/infra_failures.py",
-        "overridden: rows of infra-ended episodes set to NaN (TRL's nan-aware baseline), traces written",
+        "overridden: rows of infra-ended episodes set to NaN (TRL's nan-aware baseline), traces written; reward "
+        "functions get `completions`, each episode's messages (trainer/rollouts/rewards.py reads the last one)",
         "self, inputs, prompts, completions, completion_ids_list"),
     Pin(GRPO, "_load_optimizer_and_scheduler", "method", "trainer/run/grpo_trainer.py",
         "overridden: several CPU ranks load the optimizer state on `cpu`, not `cpu:<rank>`", "self, checkpoint"),
@@ -191,7 +192,8 @@ PINS: tuple[Pin, ...] = (
         "read: max_completion_length, TRL's per-turn cap, which BudgetedRollouts applies to the whole episode"),
     Pin(ASYNC_LOOP, "_score_group", "coroutine", "trainer/async_grpo/async_run.py",
         "overridden: RolloutSamples whose `completion` is the group's list object; reward funcs get "
-        "`**group.reward_kwargs` (TracedRollouts adds `environments`), samples' `completion` is the group's list "
+        "`**group.reward_kwargs` (TracedRollouts adds `environments`) and `completions`, each episode's messages "
+        "(trainer/rollouts/rewards.py reads the last one), samples' `completion` is the group's list "
         "(infra_failures.leave_out_samples)", "self, group",
         "41085b660a42b4854930aae7aa0e8e5330d006b50567a11915c781f1fa12ef63"),
     Pin(ASYNC_LOOP, "run", "method", "trainer/async_grpo/async_run.py",
