@@ -207,7 +207,9 @@ def main() -> None:
         for e in envs:
             image = args.image_format.format(env=e, short=e.removesuffix("_env"))
             row = run_env(e, image, f"{args.project_prefix}{e}", args.steps, args.timeout, workdir)
-            print(f"{e}: {row.result} ({row.wall_s:.0f} s){' - ' + row.error if row.error else ''}", flush=True)
+            share = "-" if row.acceptance is None else f"{row.acceptance:.0%}"
+            print(f"{e}: {row.result} ({row.wall_s:.0f} s; {row.steps} steps, {row.tool_calls:.2f} tool calls/episode, "
+                  f"demo calls accepted {share}){' - ' + row.error if row.error else ''}", flush=True)
             rows.append(row)
     print(table(rows))
     if args.json:
