@@ -37,7 +37,7 @@ from envs import naming  # noqa: E402
 TABLE = ROOT / "docs" / "upstream-envs.json"
 ACCEPTANCE_GOAL = 0.9
 DEMO_EPISODES = 20
-ERROR_WORDS = re.compile(r"error|failed|cannot|stalled|unhealthy|refused|not an openenv|traceback", re.I)
+ERROR_WORDS = re.compile(r"\b(?:error|failed|cannot|stalled|unhealthy|refused|not an openenv|traceback)\b", re.I)
 
 
 @dataclass
@@ -105,12 +105,12 @@ def parse_train(row: Row, out: str) -> None:
 
 
 def first_error(out: str) -> str:
-    for line in out.splitlines():
-        line = line.strip()
-        if line and ERROR_WORDS.search(line) and not line.startswith(("#", "[preflight] ok")):
-            return line[:300]
-    tail = [line for line in out.splitlines() if line.strip()]
-    return tail[-1][:300] if tail else ""
+    lines = [line.strip() for line in out.splitlines() if line.strip()]
+    for i, line in enumerate(lines):
+        if ERROR_WORDS.search(line) and not line.startswith(("#", "[preflight] ok", "time=")):
+            detail = f" {lines[i + 1]}" if line.endswith(":") and i + 1 < len(lines) else ""  # `[preflight] FAILED:`
+            return (line + detail)[:300]
+    return lines[-1][:300] if lines else ""
 
 
 def env_url(envfile: Path, name: str) -> str | None:
