@@ -232,3 +232,38 @@ def test_demo_calls_keep_to_the_values_an_action_docstring_lists():
     assert values(SnakeAction, "action") == {0, 1, 2}
     assert values(Bounded, "level") == {1, 2}  # a field's own description
     assert values(Bounded, "column") == {3, 4, 5}  # its schema's range, not the docstring's list
+
+
+def test_warm_start_demos_make_no_call_after_the_episode_is_done():
+    """Upstream reasoning_gym_env ends its episode on the first answer; a demo of two calls had its second refused
+    ("The episode is over"), 29 % of demo calls (bench/upstream_envs.py), and taught calling after `done`. Now a demo
+    stops at the call that ends the episode."""
+    from envs.generic.tool import EPISODE_OVER
+    from trainer.tiny_model import build_conversations
+
+    class OneShot:  # as the generic tool class answers: the done step's text ends with EPISODE_OVER, then it raises
+        def __init__(self, url):
+            self.done = False
+
+        def reset(self, **kwargs):
+            self.done = False
+            return "question: 2+2?"
+
+        def answer(self, answer: str) -> str:
+            if self.done:
+                raise RuntimeError(EPISODE_OVER)
+            self.done = True
+            return f"correct\n{EPISODE_OVER}"
+
+    class Spec:
+        tool_class = OneShot
+
+        def make_dataset(self, n, seed):
+            return [{"prompt": [{"role": "user", "content": "answer"}], "reset_kwargs": {"seed": i}} for i in range(n)]
+
+        def demo_calls(self, row, observation=None):
+            return [("answer", {"answer": "4"}), ("answer", {"answer": "5"})]
+
+    demos = build_conversations("oneshot", Spec(), "http://unused", 4, 0)
+    results = [m["content"] for d in demos for m in d.messages if m["role"] == "tool"]
+    assert results == [f"correct\n{EPISODE_OVER}"] * 4, results
