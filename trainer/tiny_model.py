@@ -154,6 +154,7 @@ def build_conversations(name: str, spec, url: str, n: int, seed: int) -> list[De
     """Demo episodes: prompt -> assistant tool call(s) -> real tool result(s) -> short final answer,
     each with the tool functions it was rendered with."""
     from envs.core.tool import close_session
+    from envs.generic.tool import EPISODE_OVER
 
     rows = spec.make_dataset(n, seed)
     rows = [rows[i % len(rows)] for i in range(n)]  # a prompts file may hold fewer rows
@@ -177,6 +178,8 @@ def build_conversations(name: str, spec, url: str, n: int, seed: int) -> list[De
                 messages.append({"role": "assistant", "content": "", "tool_calls": [
                     {"type": "function", "function": {"name": tool_name, "arguments": args}}]})
                 messages.append({"role": "tool", "name": tool_name, "content": content})
+                if content.endswith(EPISODE_OVER):  # no call after `done`: the env would refuse it (reasoning_gym)
+                    break
             messages.append({"role": "assistant", "content": "Done."})
             first = {"name": expert[0][0], "arguments": expert[0][1]} if expert else None
             convs.append(Demo(messages, prompt, tools, first))

@@ -102,6 +102,9 @@ LEGAL_FIELD = re.compile(r"(?i)legal|valid|available|allowed|possible")
 # Argument names that choose the action, for matching an observation's legal actions to a parameter.
 CHOICE_PARAM = re.compile(r"(?i)action|move|choice|column|col$|row$|index|cell|position|option|id$")
 MAX_DEMO_ITEMS = 3
+# Values an action's docstring lists for a field when its schema publishes none (upstream snake_env: "action: int in
+# [0, 1, 2]"; the server raises on 3-9). Only a listed set counts, never a guessed range.
+DOC_VALUES = r"(?:\bin|\bone of)\s*\[([^\[\]]{1,200})\]"
 
 
 def _scalar_ok(value: Any, kind: Any) -> bool:
@@ -220,6 +223,26 @@ def legal_choices(observation: dict | str | None) -> dict[str, list]:
     return out
 
 
+def documented_values(tool: ToolSpec, param: Param) -> list | None:
+    """The values `param`'s description, or a `<name>: <type> in [a, b, c]` line of the tool's description, lists; None
+    when the schema already bounds it (enum, range, examples, default) or no such list parses as its type."""
+    schema = _plain(param.schema if isinstance(param.schema, dict) else {})
+    kind = _kind(schema)
+    published = ("enum", "const", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "examples", "example")
+    if kind not in ("integer", "string") or any(k in schema for k in published) or schema.get("default") is not None:
+        return None
+    found = re.search(DOC_VALUES, param.description or "") or re.search(
+        rf"\b{re.escape(param.name)}\s*(?:\([^)]{{0,40}}\))?\s*:\s*\w{{0,10}}\s*{DOC_VALUES}", tool.description or "")
+    if not found:
+        return None
+    items = [i.strip().strip("'\"") for i in found.group(1).split(",")]
+    try:
+        values = [int(i) for i in items] if kind == "integer" else items
+    except ValueError:
+        return None
+    return values if values and all(v != "" for v in values) else None
+
+
 def _legal_for(tool: ToolSpec, legal: dict[str, list]) -> dict[str, list]:
     """Which parameter of `tool` the observation's legal actions are for: one whose type matches, preferring a name
     that chooses an action (action_id, move, column...), else the tool's only required parameter of that type."""
@@ -245,6 +268,9 @@ def demo_calls(interface: EnvInterface, rng: random.Random,
     for _ in range(rng.randint(1, 2)):
         tool = rng.choice(interface.tools)
         choices = _legal_for(tool, legal) if legal else {}
+        for p in tool.params:
+            if p.name not in choices and (listed := documented_values(tool, p)):
+                choices[p.name] = listed
         args = {}
         for p in tool.params:
             schema = _plain(p.schema if isinstance(p.schema, dict) else {})

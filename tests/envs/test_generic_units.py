@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from pydantic import Field
 
 from envs.generic.interface import action_tool_name
 from envs.generic.tool import render_observation
@@ -189,3 +190,80 @@ def test_warm_start_demos_on_a_learned_env_are_accepted():
     results = [m["content"] for d in demos for m in d.messages if m["role"] == "tool"]
     errors = [r for r in results if r.startswith("{") and "error" in json.loads(r)]
     assert results and not errors, f"{len(errors)}/{len(results)} demo calls refused: {errors[:2]}"
+
+
+def test_demo_calls_keep_to_the_values_an_action_docstring_lists():
+    """Upstream snake_env's action (#45 item 6): `action: int` with no bounds in its schema, its docstring says
+    `action: int in [0, 1, 2]`, and the server raises `9` (a KeyError) for anything else. Before: demo calls picked
+    0-9, so 7 of 10 were refused (bench/upstream_envs.py: 82 % tool failures in 3 steps). A schema's own bound wins."""
+    from openenv.core.env_server.types import Action
+
+    from envs.generic.interface import EnvInterface, action_tool
+    from envs.generic.task import demo_calls
+
+    class SnakeAction(Action):
+        """
+        Action for the Snake environment.
+
+        For single snake (observer='snake'):
+            action: int in [0, 1, 2]
+                0 = noop (continue in same direction)
+                1 = turn left (90 degrees)
+
+        For single snake (observer='human'):
+            action: int in [0, 1, 2, 3, 4]
+        """
+
+        action: int
+
+    class Bounded(Action):
+        """Attributes:
+            level: one of [1, 2]
+            column: int in [0, 1]
+        """
+
+        level: int
+        column: int = Field(ge=3, le=5)
+
+    def values(action, field):
+        interface = EnvInterface("action", (action_tool(action.model_json_schema()),))
+        return {demo_calls(interface, random.Random(seed))[0][1][field] for seed in range(100)}
+
+    assert values(SnakeAction, "action") == {0, 1, 2}
+    assert values(Bounded, "level") == {1, 2}  # a field's own description
+    assert values(Bounded, "column") == {3, 4, 5}  # its schema's range, not the docstring's list
+
+
+def test_warm_start_demos_make_no_call_after_the_episode_is_done():
+    """Upstream reasoning_gym_env ends its episode on the first answer; a demo of two calls had its second refused
+    ("The episode is over"), 29 % of demo calls (bench/upstream_envs.py), and taught calling after `done`. Now a demo
+    stops at the call that ends the episode."""
+    from envs.generic.tool import EPISODE_OVER
+    from trainer.tiny_model import build_conversations
+
+    class OneShot:  # as the generic tool class answers: the done step's text ends with EPISODE_OVER, then it raises
+        def __init__(self, url):
+            self.done = False
+
+        def reset(self, **kwargs):
+            self.done = False
+            return "question: 2+2?"
+
+        def answer(self, answer: str) -> str:
+            if self.done:
+                raise RuntimeError(EPISODE_OVER)
+            self.done = True
+            return f"correct\n{EPISODE_OVER}"
+
+    class Spec:
+        tool_class = OneShot
+
+        def make_dataset(self, n, seed):
+            return [{"prompt": [{"role": "user", "content": "answer"}], "reset_kwargs": {"seed": i}} for i in range(n)]
+
+        def demo_calls(self, row, observation=None):
+            return [("answer", {"answer": "4"}), ("answer", {"answer": "5"})]
+
+    demos = build_conversations("oneshot", Spec(), "http://unused", 4, 0)
+    results = [m["content"] for d in demos for m in d.messages if m["role"] == "tool"]
+    assert results == [f"correct\n{EPISODE_OVER}"] * 4, results
