@@ -16,9 +16,12 @@ import multiprocessing as mp
 
 
 def unread_samples_child(rollout_buffer, metrics_queue, stop_event) -> None:
-    """What TRL's worker leaves behind at a run's end: 4 MiB of samples no one has read, a metric, then a stop."""
-    for _ in range(64):
-        rollout_buffer.put(b"x" * 65536)
+    """What TRL's worker leaves behind at a run's end: a backlog of samples no one has read (an async `make rehearse`
+    of 3-4 steps ended with 350-710 queued, 400-470 of them still in the worker's own buffer when it stopped), a
+    metric, then a stop. 1,500 of 4 KiB: more than a drain slowed to ~20 reads/s (one timed wait on the empty metrics
+    queue between two samples, as before 2026-12-06) gets through in TRL's 15 s."""
+    for _ in range(1500):
+        rollout_buffer.put(b"x" * 4096)
     metrics_queue.put({"rollout/inflight": 1.0})
     stop_event.wait()
 

@@ -247,14 +247,21 @@ def drain_on_stop(worker: AsyncRolloutWorker) -> None:
     original = worker.stop
 
     def drain(stopped: threading.Event) -> None:
+        # Each queue read until empty before a short wait: a timed wait on an empty queue between two reads of the
+        # other held the reads to ~20 samples/s, slower than a worker's backlog (hundreds) drains in 15 s.
         while not stopped.is_set():
+            read = False
             for q in (worker.rollout_buffer, worker.metrics_queue):
                 try:
-                    q.get(timeout=0.05)
+                    while True:
+                        q.get_nowait()
+                        read = True
                 except queue.Empty:
                     continue
                 except (OSError, ValueError, EOFError):  # closed: nothing more will come
                     return
+            if not read:
+                stopped.wait(0.02)
 
     def stop() -> None:
         stopped = threading.Event()
