@@ -154,14 +154,56 @@ def stop_twin(twin: Twin) -> None:
     subprocess.run(["docker", "rm", "-f", twin.name], capture_output=True)
 
 
-@pytest.fixture(scope="module")
-def vllm_cpu(docker, gpu_config, twin_hf_cache):
-    ensure_vllm_cpu_image()
-    twin = start_twin(gpu_config, twin_hf_cache)
+def _docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["docker", *args], capture_output=True, text=True, check=check)
+
+
+@pytest.fixture(scope="session")
+def served_config(tmp_path_factory) -> dict:
+    """The GPU compose config for .env.example with VLLM_MAX_MODEL_LEN=512: the longest echo episode is ~410 tokens
+    (preflight prints it), and ROLLOUTS=async packs each step up to the server's max_model_len in tokens (TRL's
+    token_budget): ~500 samples a step at the default 4096 on a 2-core machine, ~8x fewer at 512. No test here is a
+    learning check, so the smallest length every episode fits is the right one. The twin runs this config's exact
+    command."""
+    env_file = tmp_path_factory.mktemp("served-config") / "stack.env"
+    env_file.write_text((ROOT / ".env.example").read_text() + "\nVLLM_MAX_MODEL_LEN=512\n")
+    config = compose_config("gpu", "echo", env_file=str(env_file))
+    assert "--max-model-len=512" in config["services"]["vllm"]["command"]
+    return config
+
+
+@pytest.fixture(scope="session")
+def rehearsal_stack(served_config, tiny_model_dir, twin_hf_cache, tmp_path_factory):
+    """A network with an echo env server and the twin (served_config's command), and a weights folder both the twin
+    and the trainer mount: test_server_mode_rehearsal.py's stack, and the twin of every module that needs only the
+    vllm service's command line (vllm_cpu). One twin start for them all; a test that restarts it updates its URL."""
+    build = ensure_trainer_standin_image()
+    assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
+    from tests.helpers import build_images
+    from tools.images import local_env_image
+
+    build_images("env-server")
+    network = f"grpo-test-rehearsal-{uuid.uuid4().hex[:8]}"
+    weights = tmp_path_factory.mktemp("weights")
+    weights.chmod(0o777)  # the trainer (uid 10001) writes, the twin (uid 10001) reads
+    _docker("network", "create", "--label", "grpo-test=1", network)
+    env_name = f"{network}-env"
+    _docker("run", "-d", "--name", env_name, "--label", "grpo-test=1", "--network", network,
+            "--network-alias", "env-echo", "-e", "ENV_NAME=echo", "-e", "MAX_CONCURRENT_ENVS=64", local_env_image())
+    twin = start_twin(served_config, twin_hf_cache, docker_args=("--network", network, "--network-alias", "vllm",
+                                                                 "-v", f"{weights}:/weights:ro"))
     try:
-        yield twin
+        yield network, twin, tiny_model_dir, weights
     finally:
         stop_twin(twin)
+        _docker("rm", "-f", env_name, check=False)
+        _docker("network", "rm", network, check=False)
+
+
+@pytest.fixture(scope="module")
+def vllm_cpu(docker, rehearsal_stack) -> Twin:
+    """The twin with the vllm service's command line: rehearsal_stack's, started once per session."""
+    return rehearsal_stack[1]
 
 
 @pytest.fixture

@@ -22,62 +22,13 @@ import uuid
 import pytest
 import requests
 
-from tests.gpu_path.conftest import (
-    TRAINER_STANDIN_IMAGE,
-    VLLM_CPU_IMAGE,
-    ensure_trainer_standin_image,
-    published_url,
-    served_model,
-    start_twin,
-    stop_twin,
-    wait_until_healthy,
-)
-from tests.helpers import ROOT, build_images, compose_config
-from tools.images import local_env_image
+from tests.gpu_path.conftest import TRAINER_STANDIN_IMAGE, VLLM_CPU_IMAGE, published_url, served_model, wait_until_healthy
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def docker(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     return subprocess.run(["docker", *args], capture_output=True, text=True, check=check)
-
-
-@pytest.fixture(scope="module")
-def served_config(tmp_path_factory) -> dict:
-    """The GPU compose config for .env.example with VLLM_MAX_MODEL_LEN=512: the longest echo episode is ~410 tokens
-    (preflight prints it), and ROLLOUTS=async packs each step up to the server's max_model_len in tokens (TRL's
-    token_budget): ~500 samples a step at the default 4096 on a 2-core machine, ~8x fewer at 512. No test here is a
-    learning check, so the smallest length every episode fits is the right one. The twin runs this config's exact
-    command."""
-    env_file = tmp_path_factory.mktemp("served-config") / "stack.env"
-    env_file.write_text((ROOT / ".env.example").read_text() + "\nVLLM_MAX_MODEL_LEN=512\n")
-    config = compose_config("gpu", "echo", env_file=str(env_file))
-    assert "--max-model-len=512" in config["services"]["vllm"]["command"]
-    return config
-
-
-@pytest.fixture(scope="module")
-def rehearsal_stack(served_config, tiny_model_dir, twin_hf_cache, tmp_path_factory):
-    """A network with an echo env server and the twin, and a weights folder both the twin and the trainer mount."""
-    build = ensure_trainer_standin_image()
-    assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
-    build_images("env-server")
-    network = f"grpo-test-rehearsal-{uuid.uuid4().hex[:8]}"
-    weights = tmp_path_factory.mktemp("weights")
-    weights.chmod(0o777)  # the trainer (uid 10001) writes, the twin (uid 10001) reads
-    docker("network", "create", "--label", "grpo-test=1", network)
-    env_name = f"{network}-env"
-    docker("run", "-d", "--name", env_name, "--label", "grpo-test=1", "--network", network,
-           "--network-alias", "env-echo", "-e", "ENV_NAME=echo", "-e", "MAX_CONCURRENT_ENVS=64",
-           local_env_image())
-    twin = start_twin(served_config, twin_hf_cache, docker_args=("--network", network, "--network-alias", "vllm",
-                                                               "-v", f"{weights}:/weights:ro"))
-    try:
-        yield network, twin, tiny_model_dir, weights
-    finally:
-        stop_twin(twin)
-        docker("rm", "-f", env_name, check=False)
-        docker("network", "rm", network, check=False)
 
 
 PROMPT = [11, 12, 13, 14, 15]
