@@ -65,6 +65,27 @@ def test_unresolvable_env_host():
     assert "fix ENV_URLS" in errors[0]
 
 
+def test_a_name_that_resolves_within_the_grace_period_passes(echo_server, monkeypatch):
+    """Replicas just created can be healthy a moment before Docker's DNS answers for every name: preflight asks again
+    within its grace period instead of stopping the run."""
+    from trainer.rollouts.envs_binding import BindingError
+
+    answers = [BindingError("cannot resolve 'env-echo' (Name or service not known)")] * 2 + [[echo_server.url]]
+    asked = []
+
+    def resolve_replicas(url):
+        asked.append(url)
+        answer = answers[len(asked) - 1]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    monkeypatch.setattr(preflight, "resolve_replicas", resolve_replicas)
+    report = PreflightReport()
+    assert preflight.check_env_servers(cfg_for(), report, wait_s=30) == []
+    assert len(asked) == 3 and report.replicas["echo"] == [echo_server.url]
+
+
 def test_default_service_name_not_running():
     # outside compose `env-echo` does not resolve: the fix names the profile
     errors = preflight.check_env_servers(cfg_for(), PreflightReport(), wait_s=0)

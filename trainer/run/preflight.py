@@ -107,6 +107,19 @@ def resolve_envs(cfg: RunConfig) -> PreflightReport:
     return report
 
 
+def resolve_within(url: str, deadline: float) -> list[str]:
+    """The replicas behind `url`, asking Docker's DNS again until `deadline`: replicas just created can be healthy a
+    moment before every name answers (seen: 'cannot resolve env-maze_env' with its 8 containers healthy, the same
+    run passing when started again)."""
+    while True:
+        try:
+            return resolve_replicas(url)
+        except BindingError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(1.0)
+
+
 def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 20.0,
                       num_processes: int = 1, check_seeds: bool = True) -> list[str]:
     """Each env: healthy, its interface learned, capacity for the sessions this trainer opens, and (`check_seeds`,
@@ -119,8 +132,9 @@ def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 2
         where = ("`make logs` for ENV_URLS" if name in cfg.env_url_overrides else
                  f"`make fleet-logs` for the fleet's env-{name}" if cfg.env_fleet == "swarm" else
                  f"`make logs` for the env-{name} service")
-        try:
-            replicas = resolve_replicas(url)
+        deadline = time.monotonic() + wait_s  # a server that was just (re)started gets a short grace period
+        try:  # its name too, where Docker gives it (a host named in ENV_URLS is the user's: a typo fails at once)
+            replicas = resolve_within(url, time.monotonic() if name in cfg.env_url_overrides else deadline)
         except BindingError as exc:
             if name in cfg.env_url_overrides:
                 fix = "fix ENV_URLS, or start that server where the trainer can reach it"
@@ -132,10 +146,9 @@ def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 2
             errors.append(f"env {name}: {exc} at {url}: {fix}")
             continue
         report.replicas[name] = replicas
-        deadline = time.monotonic() + wait_s
         results = {}
         pending = list(replicas)
-        while True:  # a server that was just (re)started gets a short grace period
+        while True:
             for rep in list(pending):
                 results[rep] = probe_server(rep)
                 if results[rep][0]:
