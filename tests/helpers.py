@@ -188,14 +188,16 @@ def free_port() -> int:
 
 
 def start_fixture(name: str, port: int, **env: str) -> subprocess.Popen:
-    """Serve tests/fixtures/envs/<name> with uvicorn on 127.0.0.1:port; return once /health answers."""
+    """Serve tests/fixtures/envs/<name> with uvicorn on 127.0.0.1:port; return once /health answers. A server that
+    exits fails at once; the deadline is only a hang guard: under a CPU burner the host part, at its low priority,
+    once took more than 120 s to start three of these side by side (the test then failed, nothing was wrong)."""
     import requests
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "app:app", "--host", "127.0.0.1", "--port", str(port), "--log-level",
          "warning"], cwd=FIXTURE_ENVS / name, env=dict(os.environ, **env), stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 900
     while True:
         try:
             requests.get(f"http://127.0.0.1:{port}/health", timeout=2)
