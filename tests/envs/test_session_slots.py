@@ -48,7 +48,7 @@ def stock_server():
                             cwd=ROOT, env=dict(os.environ, MAX_CONCURRENT_ENVS=str(CAP)),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 900  # a hang guard only: a server that exits fails at once
     try:
         while True:
             try:
