@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, compose_config
-from tools.images import TRAINER_REHEARSE_BUILD, TWIN_BUILD, image_of
+from tests.helpers import ROOT, build_images, compose_config
+from tools.images import TRAINER_REHEARSE_BUILD, TWIN_BUILD, image_of, local_env_image
 
 VLLM_CPU_IMAGE = image_of(TWIN_BUILD)
 HEALTH_TIMEOUT_S = float(os.environ.get("VLLM_CPU_HEALTH_TIMEOUT_S", "600"))
@@ -179,9 +179,6 @@ def rehearsal_stack(served_config, tiny_model_dir, twin_hf_cache, tmp_path_facto
     vllm service's command line (vllm_cpu). One twin start for them all; a test that restarts it updates its URL."""
     build = ensure_trainer_standin_image()
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
-    from tests.helpers import build_images
-    from tools.images import local_env_image
-
     build_images("env-server")
     network = f"grpo-test-rehearsal-{uuid.uuid4().hex[:8]}"
     weights = tmp_path_factory.mktemp("weights")
