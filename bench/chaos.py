@@ -101,9 +101,10 @@ def run(args) -> dict:
                 injector.fault_vllm_restart(trainer, done[-1]["step"])
             if rehearsal and vllm_killed and time.monotonic() - vllm_killed > args.vllm_bound_s and not any(
                     "restarting the vllm service" in text for _, text in trainer.lines):
+                seen = last_lines(trainer)
                 trainer.kill()  # a stall past its bound: one line, not a wait for ever
                 raise SystemExit(f"the trainer did not stop for the killed vLLM twin within {args.vllm_bound_s:.0f} s "
-                                 f"(no exit 77, no restart): see {work}")
+                                 f"(no exit 77, no restart): see {work}; the trainer's last lines:\n{seen}")
             # async: the trainer kill once the vLLM restart was recovered from (a step logged after the resume)
             recovered = not rehearsal or (vllm_killed and any("resuming from" in text for _, text in trainer.lines))
             if args.kill_after and not killed_at and recovered and done and done[-1]["step"] >= args.kill_after:
@@ -115,16 +116,17 @@ def run(args) -> dict:
                     injector.record("trainer_kill", after_step=last)
                     trainer.start("auto")
             if time.monotonic() > deadline:
+                seen = last_lines(trainer)  # before the kill: which container was still up
                 trainer.kill()
-                raise SystemExit(f"the run did not finish in {args.guard_s} s (a hang): see {work}")
+                raise SystemExit(f"the run did not finish in {args.guard_s} s (a hang): see {work}; "
+                                 f"the trainer's last lines:\n{seen}")
             time.sleep(0.5)
         injector.end()
         exit_code = trainer.proc.returncode
         if rehearsal:
             trainer.collect()
         if exit_code != 0:
-            tail = "\n".join(text for _, text in trainer.lines[-30:])
-            raise SystemExit(f"the trainer exited {exit_code}:\n{tail}")
+            raise SystemExit(f"the trainer exited {exit_code}:\n{last_lines(trainer)}")
         proxy.close()  # frozen links stay: the servers must free their slots by themselves
         start = time.monotonic()
         while True:  # until every replica shows no session, or the bound
@@ -149,6 +151,14 @@ def run(args) -> dict:
             if isinstance(trainer, Rehearsal):
                 trainer.down()
             envs.down()
+
+
+def last_lines(trainer, n: int = 60) -> str:
+    """What a failed run ends with: the trainer's own last lines (its work folder may be gone with the test's); for a
+    rehearsal still running (a hang), its threads' stacks and containers too (Rehearsal.state)."""
+    lines = "\n".join(text for _, text in trainer.lines[-n:])
+    state = getattr(trainer, "state", None)
+    return lines + (f"\n{state()}" if state and trainer.proc.poll() is None else "")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -353,6 +353,27 @@ class Rehearsal:
                 self._rows = [r for r in rows if r.get("kind") == "step"]
         return self._rows
 
+    def state(self) -> str:
+        """What a hang message shows beside the command's last lines: each thread's stack in every process of the
+        trainer container (trainer.core.hang_dump: SIGUSR1), then the project's containers and their status."""
+        from trainer.core import hang_dump
+
+        container = self.container("trainer")
+        if container:
+            seen = len(self.lines)
+            sh("docker", "exec", container, "sh", "-c", hang_dump.SIGNAL_HANDLERS, check=False, timeout=60)
+            deadline = time.monotonic() + 20  # the stacks come through the command's output pipe
+            while time.monotonic() < deadline and not any("most recent call first" in text
+                                                          for _, text in self.lines[seen:]):
+                time.sleep(0.5)
+            time.sleep(2)  # the rest of the dump after its first line (a diagnosis after a hang, not a test's wait)
+            stacks = "\n".join(text for _, text in self.lines[seen:])
+        else:
+            stacks = "(no trainer container)"
+        containers = sh("docker", "ps", "-a", "--filter", f"label=com.docker.compose.project={self.project.name}",
+                        "--format", "{{.Names}} {{.Status}}", check=False, timeout=60)
+        return f"stacks (SIGUSR1):\n{stacks}\ncontainers:\n{containers}"
+
     def kill(self) -> None:
         """SIGKILL the trainer container mid-step; the command, its trainer gone, exits."""
         container = self.container("trainer")

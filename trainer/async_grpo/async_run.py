@@ -137,8 +137,10 @@ class TracedRollouts:
     def run(self) -> None:
         """TRL's worker loop, then every env session this process opened closed, however the loop ended (a stop, an
         error; in-flight rollouts' envs included, which TRL's pool never gets back)."""
+        from trainer.core import hang_dump
         from trainer.rollouts.envs_binding import sessions_closed
 
+        hang_dump.install()  # this is the worker's own (spawned) process
         with sessions_closed("rollout worker"):
             super().run()
 

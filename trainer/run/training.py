@@ -13,7 +13,7 @@ import os
 import sys
 
 from contract.config import ConfigError, RunConfig
-from trainer.core import grpo_args
+from trainer.core import grpo_args, hang_dump
 from trainer.run.control import make_control_callback, stop_on_signals
 from trainer.run.dataset import build_dataset
 from trainer.core.dist import log
@@ -26,6 +26,7 @@ from trainer.run.summary import print_env_sessions, print_summary
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    hang_dump.install()
     try:
         cfg = RunConfig.load(argv)
     except ConfigError as exc:
