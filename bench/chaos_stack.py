@@ -281,6 +281,18 @@ class Trainer:
         self.proc.wait()
 
 
+TWIN_STATE = """
+import urllib.request as u
+for route in ("/is_paused", "/metrics"):
+    try:
+        text = u.urlopen("http://vllm:8000" + route, timeout=10).read().decode()
+    except Exception as exc:
+        text = f"{type(exc).__name__}: {exc}"
+    print(route, "\\n".join(line for line in text.splitlines() if route == "/is_paused" or line.startswith(
+        ("vllm:num_requests", "vllm:generation_tokens_total", "vllm:prompt_tokens_total", "process_start_time"))))
+"""
+
+
 class Rehearsal:
     """`python -m tools rehearse` with ROLLOUTS=async (TRL's AsyncGRPOTrainer in the trainer container, on the vLLM
     CPU twin) on a Compose project of its own, its ENV_URLS at the chaos proxy's container; Trainer's interface: the
@@ -368,11 +380,16 @@ class Rehearsal:
                 time.sleep(0.5)
             time.sleep(2)  # the rest of the dump after its first line (a diagnosis after a hang, not a test's wait)
             stacks = "\n".join(text for _, text in self.lines[seen:])
+            # the twin as the trainer sees it (agentnet only): paused? requests waiting, tokens made so far
+            twin = sh("docker", "exec", container, "python3", "-c", TWIN_STATE, check=False, timeout=60)
         else:
-            stacks = "(no trainer container)"
+            stacks = twin = "(no trainer container)"
+        vllm = self.container("vllm")
+        twin_log = sh("docker", "logs", "--tail", "30", vllm, check=False, timeout=60) if vllm else "(no vllm container)"
         containers = sh("docker", "ps", "-a", "--filter", f"label=com.docker.compose.project={self.project.name}",
                         "--format", "{{.Names}} {{.Status}}", check=False, timeout=60)
-        return f"stacks (SIGUSR1):\n{stacks}\ncontainers:\n{containers}"
+        return (f"stacks (SIGUSR1):\n{stacks}\nthe twin:\n{twin}\nits last lines:\n{twin_log}\n"
+                f"containers:\n{containers}")
 
     def kill(self) -> None:
         """SIGKILL the trainer container mid-step; the command, its trainer gone, exits."""
