@@ -206,7 +206,8 @@ class RunConfig(BaseSettings):
     weight_sync_timeout_s: float = Field(300.0, gt=0, description="Fail a weight sync that takes longer (with a diagnosis).")
     generation_timeout_s: float = Field(
         600.0, gt=0, description="Server mode: fail a generation request to vLLM that takes longer (vLLM hung?), with "
-        "a diagnosis (exit 75), instead of waiting forever."
+        "a diagnosis (exit 75), instead of waiting forever. ROLLOUTS=async: the trainer waits at most this long for "
+        "a sample, then says why (vLLM paused or stuck: exit 77, restarted and resumed; still generating: it waits on)."
     )
     weight_transfer: Literal["nccl", "reload"] = Field(
         "nccl", description="How TRAIN_MODE=gpu pushes new weights into the vLLM server. nccl: GPU to GPU (the real "

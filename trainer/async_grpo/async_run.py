@@ -278,16 +278,63 @@ def drain_on_stop(worker: AsyncRolloutWorker) -> None:
     worker.stop = stop
 
 
-def stop_on_env_or_vllm_down(worker: AsyncRolloutWorker) -> None:
+def stop_on_env_or_vllm_down(worker: AsyncRolloutWorker, vllm_url: str | None = None,
+                             no_sample_s: float | None = None) -> None:
     """TRL's health check of its rollout worker (called by the trainer every 5 s while its sample queue is empty), made
     to say what stopped the worker in one line: a dead env (trainer.rollouts.infra_failures.EnvDown, raised by the env
     binding in the worker) stops the run as in sync mode (trainer.train: exit 6), a worker process that died without a
     word (killed, out of memory) is noticed at once, not after `heartbeat_stale_after_s` (300 s), and a vLLM that is
     gone or restarted stops it at once (trainer.gpu.trl_hooks.check_vllm_there: exit 77, `make train` restarts vLLM
-    and resumes), where TRL's worker would retry its generations for minutes and the run print nothing."""
+    and resumes), where TRL's worker would retry its generations for minutes and the run print nothing.
+
+    With `no_sample_s` (GENERATION_TIMEOUT_S), a wait that long for one sample is not waited out: TRL's worker retries a
+    generation that times out up to 90 times, so a vLLM that takes requests and answers none (left paused, its engine
+    stuck) held the run silent for hours. vLLM at `vllm_url` paused, or holding requests with no token made during the
+    wait: VLLMGone (exit 77: restarted, resumed). vLLM idle: the worker is stuck, RuntimeError saying so. vLLM still
+    making tokens (very long episodes): the wait goes on."""
     import queue
 
+    from trainer.gpu.server import VLLMGone, activity
+
     original = worker.check_health
+    wait: dict[str, Any] = {}  # this wait for a sample: when it began, vLLM's token count then
+
+    buffer = getattr(worker, "rollout_buffer", None)
+    if no_sample_s and vllm_url and buffer is not None:
+        take = buffer.get
+
+        def get_sample(*args: Any, **kwargs: Any) -> Any:
+            sample = take(*args, **kwargs)
+            wait.clear()  # a sample came: the next empty poll starts a new wait
+            return sample
+
+        buffer.get = get_sample  # the instance's own (multiprocessing pickles a Queue without it)
+
+    def check_waited() -> None:
+        now = time.monotonic()
+        if not wait:
+            wait.update(since=now, tokens=activity(vllm_url).get("tokens"))
+            return
+        waited = now - wait["since"]
+        if waited < no_sample_s:
+            return
+        seen = activity(vllm_url)
+        held = seen.get("running", 0.0) + seen.get("waiting", 0.0)
+        tokens = seen.get("tokens")
+        if seen.get("paused"):
+            raise VLLMGone(f"it stayed paused while the trainer waited {waited:.0f} s for a sample (a weight sync left "
+                           "unfinished?)")
+        if held and tokens is not None and tokens == wait["tokens"]:
+            raise VLLMGone(f"it holds {held:.0f} request(s) and made no token while the trainer waited {waited:.0f} s "
+                           "for a sample (its engine stuck)")
+        if tokens is not None and tokens != wait["tokens"]:
+            print(f"[async] no sample for {waited:.0f} s, but vLLM is generating ({tokens - (wait['tokens'] or 0):.0f} "
+                  "tokens meanwhile): waiting on (long episodes?)", flush=True)
+            wait.update(since=now, tokens=tokens)
+            return
+        raise RuntimeError(f"no sample reached the trainer in {waited:.0f} s (GENERATION_TIMEOUT_S) and vLLM at "
+                           f"{vllm_url} holds no request: the rollout worker is stuck (its stacks: trainer.core."
+                           "hang_dump); resume with `make train`")
 
     def check_health(stale_after_s: float) -> None:
         if worker._failed_event.is_set():
@@ -306,6 +353,8 @@ def stop_on_env_or_vllm_down(worker: AsyncRolloutWorker) -> None:
                                    f"{process.exitcode} without a reason (killed? out of memory?); its env sessions "
                                    "and queued samples are gone: check memory, then resume")
         trl_hooks.check_vllm_there()
+        if no_sample_s and vllm_url:
+            check_waited()
         original(stale_after_s)
 
     worker.check_health = check_health

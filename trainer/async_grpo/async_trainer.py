@@ -261,7 +261,8 @@ def make_async_trainer_class():
             worker = self.rollout_worker
             if isinstance(worker, trl_async.AsyncRolloutWorker):  # rank 0: the worker is spawned at train begin
                 worker._loop_cls = StackRolloutLoop
-                stop_on_env_or_vllm_down(worker)  # a dead env (exit 6) or vLLM (77): one line
+                # a dead env (exit 6) or vLLM (77): one line; no sample in GENERATION_TIMEOUT_S: never a silent wait
+                stop_on_env_or_vllm_down(worker, self.args.vllm_server_base_url, float(self.args.request_timeout))
                 drain_on_stop(worker)  # the worker exits at the run's end, not 15 s later
                 worker._loop_kwargs.update(tool_timeout_s=tool_timeout_s, tool_concurrency=tool_concurrency,
                                            request_seeds=request_seeds, zero_std_groups=zero_std_groups,

@@ -113,6 +113,28 @@ def unreachable(url: str, session=None) -> str | None:
     return None
 
 
+def activity(url: str, session=None) -> dict:
+    """What the vLLM server at `url` is doing: paused (its dev route /is_paused), requests running and waiting, tokens
+    made so far (its /metrics). A key is missing where the server does not say."""
+    session = session or _session()
+    seen: dict = {}
+    try:
+        seen["paused"] = bool(session.get(f"{url}/is_paused", timeout=10).json()["is_paused"])
+    except Exception:  # noqa: BLE001 - no dev routes, or no answer: not said
+        pass
+    wanted = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
+              "vllm:generation_tokens_total": "tokens"}
+    try:
+        for line in session.get(f"{url}/metrics", timeout=10).text.splitlines():
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            if name in wanted:
+                key = wanted[name]
+                seen[key] = seen.get(key, 0.0) + float(line.rsplit(" ", 1)[1])  # summed over engines
+    except Exception:  # noqa: BLE001
+        pass
+    return seen
+
+
 def went_away(exc: BaseException, url: str, session=None) -> str | None:
     """Why a run that failed with `exc` failed because the vLLM server at `url` went away (it died, was stopped or
     restarted: the weights pushed to it went with it), or None when the failure is something else. Gone means a
