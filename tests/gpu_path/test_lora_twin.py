@@ -48,7 +48,7 @@ def exports(tmp_path_factory, tiny_model_dir):
     return root
 
 
-def serve(model_dir, mounts: dict[str, str], *flags: str, env: tuple[str, ...] = ()) -> Twin:
+def start(model_dir, mounts: dict[str, str], *flags: str, env: tuple[str, ...] = ()) -> Twin:
     ensure_vllm_cpu_image()
     name = f"grpo-test-lora-twin-{uuid.uuid4().hex[:8]}"
     volumes = [arg for src, dst in mounts.items() for arg in ("-v", f"{src}:{dst}:ro")]
@@ -56,11 +56,12 @@ def serve(model_dir, mounts: dict[str, str], *flags: str, env: tuple[str, ...] =
     subprocess.run(["docker", "run", "-d", "--name", name, "--label", "grpo-test=1", "-p", "127.0.0.1::8000",
                     "--shm-size", "1g", *volumes, *environment, VLLM_CPU_IMAGE, model_dir, *SERVE_FLAGS, *flags],
                    check=True, capture_output=True)
-    twin = Twin(name, published_url(name), [model_dir], 0.0)
-    t0 = time.monotonic()
+    return Twin(name, published_url(name), [model_dir], 0.0)
+
+
+def healthy(twin: Twin, since: float) -> None:
     wait_until_healthy(twin)
-    print(f"\n[vllm-cpu] {model_dir} {' '.join(flags)} healthy after {time.monotonic() - t0:.0f}s")
-    return twin
+    print(f"\n[vllm-cpu] {twin.command[0]} healthy {time.monotonic() - since:.0f}s after its start")
 
 
 def logprobs(twin: Twin, model: str) -> list[float]:
@@ -72,10 +73,14 @@ def logprobs(twin: Twin, model: str) -> list[float]:
 
 def test_the_twin_serves_the_adapter_at_start_and_by_load_lora_adapter_and_the_merged_export_matches(
         docker, tiny_model_dir, exports):
-    twin = serve("/models/base", {str(tiny_model_dir): "/models/base", str(exports / "adapter"): "/adapters/lora"},
+    # both twins start at once: their cold starts (mostly one core each) overlap instead of following each other
+    t0 = time.monotonic()
+    twin = start("/models/base", {str(tiny_model_dir): "/models/base", str(exports / "adapter"): "/adapters/lora"},
                  "--enable-lora", "--max-lora-rank=8", "--lora-modules", "lora=/adapters/lora",
                  env=("VLLM_ALLOW_RUNTIME_LORA_UPDATING=True",))
+    merged = start("/models/merged", {str(exports / "merged"): "/models/merged"})
     try:
+        healthy(twin, t0)
         base = logprobs(twin, "/models/base")
         adapted = logprobs(twin, "lora")
         assert requests.post(f"{twin.url}/v1/completions", timeout=60, json={
@@ -84,18 +89,16 @@ def test_the_twin_serves_the_adapter_at_start_and_by_load_lora_adapter_and_the_m
                           json={"lora_name": "pushed", "lora_path": "/adapters/lora"})
         assert r.status_code == 200, r.text[:500]
         pushed = logprobs(twin, "pushed")
-    finally:
         stop_twin(twin)
-    print(f"base {base}\nbase + adapter {adapted}")
-    assert adapted != base, "the adapter did not change the served output"
-    assert pushed == pytest.approx(adapted, abs=1e-5)  # loaded at run time = loaded at start
-
-    merged = serve("/models/merged", {str(exports / "merged"): "/models/merged"})
-    try:
+        healthy(merged, t0)
         served_merged = logprobs(merged, "/models/merged")
         chat = chat_through_the_folders_template(merged, "/models/merged")
     finally:
+        stop_twin(twin)
         stop_twin(merged)
+    print(f"base {base}\nbase + adapter {adapted}")
+    assert adapted != base, "the adapter did not change the served output"
+    assert pushed == pytest.approx(adapted, abs=1e-5)  # loaded at run time = loaded at start
     print(f"merged export {served_merged}")
     assert served_merged == pytest.approx(adapted, abs=1e-3)  # base + adapter == the merged standalone folder
     assert 1 <= chat["usage"]["completion_tokens"] <= 4
