@@ -101,6 +101,16 @@ def test_a_vllm_still_generating_is_waited_on_and_an_idle_one_means_a_stuck_work
         worker.check_health(300.0)
 
 
+def test_a_vllm_that_answers_nothing_stops_the_wait_as_a_vllm_gone():
+    from trainer.gpu.server import VLLMGone
+
+    with stub_http_server(FakeVLLM) as url:
+        worker = waiting_worker(url)
+        worker.check_health(300.0)
+    with pytest.raises(VLLMGone, match="answered neither"):  # its port closed now: nothing answers
+        worker.check_health(300.0)
+
+
 def test_a_sample_taken_starts_the_next_wait_afresh(vllm):
     worker = waiting_worker(vllm)
     worker.check_health(300.0)

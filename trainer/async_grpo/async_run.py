@@ -321,17 +321,20 @@ def stop_on_env_or_vllm_down(worker: AsyncRolloutWorker, vllm_url: str | None = 
         seen = activity(vllm_url)
         held = seen.get("running", 0.0) + seen.get("waiting", 0.0)
         tokens = seen.get("tokens")
+        if not seen:
+            raise VLLMGone(f"it answered neither /is_paused nor /metrics while the trainer waited {waited:.0f} s for a "
+                           "sample")
         if seen.get("paused"):
             raise VLLMGone(f"it stayed paused while the trainer waited {waited:.0f} s for a sample (a weight sync left "
                            "unfinished?)")
-        if held and tokens is not None and tokens == wait["tokens"]:
-            raise VLLMGone(f"it holds {held:.0f} request(s) and made no token while the trainer waited {waited:.0f} s "
-                           "for a sample (its engine stuck)")
         if tokens is not None and tokens != wait["tokens"]:
             print(f"[async] no sample for {waited:.0f} s, but vLLM is generating ({tokens - (wait['tokens'] or 0):.0f} "
                   "tokens meanwhile): waiting on (long episodes?)", flush=True)
             wait.update(since=now, tokens=tokens)
             return
+        if held:
+            raise VLLMGone(f"it holds {held:.0f} request(s) and made no token while the trainer waited {waited:.0f} s "
+                           "for a sample (its engine stuck)")
         raise RuntimeError(f"no sample reached the trainer in {waited:.0f} s (GENERATION_TIMEOUT_S) and vLLM at "
                            f"{vllm_url} holds no request: the rollout worker is stuck (its stacks: trainer.core."
                            "hang_dump); resume with `make train`")
