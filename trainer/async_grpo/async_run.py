@@ -313,7 +313,7 @@ def stop_on_env_or_vllm_down(worker: AsyncRolloutWorker, vllm_url: str | None = 
     def check_waited() -> None:
         now = time.monotonic()
         if not wait:
-            wait.update(since=now, tokens=activity(vllm_url).get("tokens"))
+            wait.update(since=now, tokens=activity(vllm_url, paused=False).get("tokens"))  # each wait: one request
             return
         waited = now - wait["since"]
         if waited < no_sample_s:

@@ -113,13 +113,14 @@ def unreachable(url: str, session=None) -> str | None:
     return None
 
 
-def activity(url: str, session=None) -> dict:
-    """What the vLLM server at `url` is doing: paused (its dev route /is_paused), requests running and waiting, tokens
-    made so far (its /metrics). A key is missing where the server does not say."""
+def activity(url: str, session=None, paused: bool = True) -> dict:
+    """What the vLLM server at `url` is doing: paused (its dev route /is_paused; asked only with `paused`), requests
+    running and waiting, tokens made so far (its /metrics). A key is missing where the server does not say."""
     session = session or _session()
     seen: dict = {}
     try:
-        seen["paused"] = bool(session.get(f"{url}/is_paused", timeout=10).json()["is_paused"])
+        if paused:
+            seen["paused"] = bool(session.get(f"{url}/is_paused", timeout=10).json()["is_paused"])
     except Exception:  # noqa: BLE001 - no dev routes, or no answer: not said
         pass
     wanted = {"vllm:num_requests_running": "running", "vllm:num_requests_waiting": "waiting",
