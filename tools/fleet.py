@@ -61,8 +61,9 @@ def swarm_problem() -> str | None:
     return swarm_role()[1]
 
 
-def init_local_swarm() -> bool:
-    """Make this engine a one-node swarm when it is in none; True when it did (leave it with leave_local_swarm)."""
+@contextlib.contextmanager
+def local_swarm():
+    """A one-node swarm for tests and benchmarks: this engine's, or one initialised now and left on exit."""
     state = json.loads(run(["docker", "info", "--format", "{{json .Swarm}}"]).stdout or "{}")
     created = state.get("LocalNodeState") != "active"
     if created and run(["docker", "swarm", "init"]).returncode != 0:  # several addresses: the default route's
@@ -75,25 +76,11 @@ def init_local_swarm() -> bool:
     problem = swarm_problem()
     if problem:
         raise StackError(problem)
-    return created
-
-
-def leave_local_swarm() -> None:
-    """`docker swarm leave --force`. It also drops the DNS names of every container then on a user-defined network
-    (this engine, 2026-12-06: names that resolved before no longer do; a container started after resolves), so never
-    while another stack runs: `make test` holds one swarm for all its tests (tests/session_swarm.py)."""
-    run(["docker", "swarm", "leave", "--force"], timeout=120)
-
-
-@contextlib.contextmanager
-def local_swarm():
-    """A one-node swarm for tests and benchmarks: this engine's, or one initialised now and left on exit."""
-    created = init_local_swarm()
     try:
         yield created
     finally:
         if created:
-            leave_local_swarm()
+            run(["docker", "swarm", "leave", "--force"], timeout=120)
 
 
 def require_manager() -> None:
