@@ -167,11 +167,10 @@ test: $(VENV)/.test-ok ## Run every test: the host-only part (no engine reachabl
 	@# The tiny model all three use is made once, first (TINY_MODEL_DIR: one made earlier, or where to make it).
 	@# The host part runs at low priority (LOW_PRIORITY): the container lanes are the longer, and CPU-bound, so they
 	@# get the cores first. Plain nice alone does nothing there: the kernel splits CPU time between sessions first.
-	@# Its two workers (HOST_TEST_WORKERS, as make test-host) take up whatever the lanes leave, to the last core.
 	@tmp=$$(mktemp -d -t grpo-tests.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; host_log=$$tmp/host-tests.log; \
 	lane_log=$$tmp/other-lane.log; export TINY_MODEL_DIR=$${TINY_MODEL_DIR:-$$tmp/tiny-qwen3}; \
 	$(VENV)/bin/python -c 'import sys; from pathlib import Path; from tests.helpers import make_tiny_model; make_tiny_model(Path(sys.argv[1]))' "$$TINY_MODEL_DIR" || exit 1; \
-	{ $(call PYTEST_SOME,-m "not docker" -n $${HOST_TEST_WORKERS:-2},$(LOW_PRIORITY) $(NO_ENGINE) nice -n 5) >$$host_log 2>&1; echo $$? >$$host_log.rc; } & host=$$!; \
+	{ $(call PYTEST_SOME,-m "not docker",$(LOW_PRIORITY) $(NO_ENGINE) nice -n 5) >$$host_log 2>&1; echo $$? >$$host_log.rc; } & host=$$!; \
 	{ $(call PYTEST_SOME,-m "docker and not twin_lane") >$$lane_log 2>&1; echo $$? >$$lane_log.rc; } & lane=$$!; \
 	trap 'kill $$host $$lane 2>/dev/null; rm -rf "$$tmp"' INT TERM; \
 	rc=0; $(call PYTEST_SOME,-m "docker and twin_lane") || rc=1; wait $$lane; wait $$host; \
