@@ -8,26 +8,13 @@ import pytest
 from tests.helpers import docker_ready, make_tiny_model
 
 
-# `make test` runs the container tests as two pytest processes at once (lanes), so that one lane's serial waits (a
-# twin's cold start, a trainer's imports, one core busy) overlap the other's. The twin lane: these modules, which share
-# session fixtures (tests/gpu_path's vLLM twins; the reliability env stack of soak, fuzz and security); the other lane:
-# every other container test. Each module stays whole in one lane, so its fixtures start once. Split by measured
-# time (docs/tests.md).
-TWIN_LANE = ("gpu_path/", "reliability/test_soak.py", "reliability/test_fuzz_ws.py",
-             "reliability/test_security_runtime.py")
-TESTS = Path(__file__).parent
-
-
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
     """A test that asks for the engine (the `docker` fixture, itself or through another fixture) carries the `docker`
-    marker, so `-m "not docker"` (make test-host, run with no engine reachable) never needs one; a container test
-    of a TWIN_LANE module also carries `twin_lane`."""
+    marker, so `-m "not docker"` (make test-host, run with no engine reachable) never needs one."""
     for item in items:
         if "docker" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("docker"):
             item.add_marker(pytest.mark.docker)
-        if item.get_closest_marker("docker") and item.path.relative_to(TESTS).as_posix().startswith(TWIN_LANE):
-            item.add_marker(pytest.mark.twin_lane)
 
 
 @pytest.fixture(scope="session")
