@@ -239,3 +239,17 @@ def test_vllms_length_refusals_are_told_apart_and_name_the_limit(body, limit):
     assert not context_full(400, '{"error": {"message": "The model `x` does not exist.", "code": 404}}')
     assert ContextFull(vllm_message(body)).max_model_len == limit
     assert ContextFull("Bad Request").max_model_len is None
+
+
+def test_a_group_that_calls_no_tool_counts_0_calls_in_the_step_figures(make_loop):
+    """TRL's worker stamps tools/call_frequency and tools/failure_frequency only on groups that made a call and
+    averages each key over the samples carrying it: a group of plain answers was left out (steps of such groups alone
+    logged no tool figures; #46 item 3). The stack's loop stamps 0 on them (trainer.core.async_metrics.with_tool_metrics);
+    a calling group keeps TRL's counts."""
+    answering = make_loop(4000, server_max_model_len=8192, known_max_model_len=8192, turns=(ANSWER,))
+    run_loop(answering, samples_wanted=4)
+    for sample in episodes_of(answering):
+        assert sample.metrics["tools/call_frequency"] == 0.0 and sample.metrics["tools/failure_frequency"] == 0.0
+    calling = make_loop(4000, server_max_model_len=8192, known_max_model_len=8192, iterations=1, turns=(CALL, ANSWER))
+    run_loop(calling, samples_wanted=4)
+    assert all(sample.metrics["tools/call_frequency"] == 1.0 for sample in episodes_of(calling))

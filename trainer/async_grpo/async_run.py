@@ -157,7 +157,7 @@ class TracedRollouts:
         if any(ended):  # the stack's reward functions say None for them, as in sync mode (they read `environments`)
             group.reward_kwargs["environments"] = episodes
         start = time.perf_counter()
-        samples = await super()._score_group(group)
+        samples = async_metrics.with_tool_metrics(await super()._score_group(group))
         scoring_s = time.perf_counter() - start
         flat = zero_variance.is_flat(zero_variance.group_rewards(group.completions, samples))
         self._push_episode_counts(sum(ended), flat, scoring_s)

@@ -54,6 +54,22 @@ ENV_SECONDS = "rollout/env_s_total"  # the worker's env seconds since its last p
 SCORING_SECONDS = "rollout/scoring_s_total"  # its reward-scoring seconds likewise (-> time/scoring_s)
 
 
+TOOL_KEYS = ("tools/call_frequency", "tools/failure_frequency")  # TRL stamps them per sample, per group
+
+
+def with_tool_metrics(samples: list) -> list:
+    """TRL's rollout worker stamps tools/call_frequency and tools/failure_frequency on a group's samples only when
+    the group made at least one tool call; a group that made none carries neither key. TRL averages each key over
+    the samples that carry it, so those groups were left out of the step's tool-call figures (a step of such groups
+    alone logged none: with a fixed sample count per step, steps of the untrained model lost the keys; packed by
+    token budget, the figure overstated calls per episode). Their true values are 0 calls and 0 failures: stamped
+    here, on the samples of `_score_group`, so every trained sample counts."""
+    for sample in samples:
+        for key in TOOL_KEYS:
+            sample.metrics.setdefault(key, 0.0)
+    return samples
+
+
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
         return None
