@@ -123,7 +123,7 @@ bench: $(VENV)/.test-ok ## Env-server figures next to their goals: Wordle, echo 
 bench-learning: $(VENV)/.test-ok ## The CPU profile's learning curve on echo (seeds 42 and 7) next to its goals (a few minutes)
 	@$(VENV)/bin/python bench/learning_curve.py $(ARGS)
 
-bench-async: $(VENV)/.test-ok ## Sync vs async rollouts on make rehearse, slow env (250 ms tool calls) and instant: steps/min, tokens/s, vLLM busy, reward (ARGS="--steps 12")
+bench-async: $(VENV)/.test-ok ## Which learns sooner, sync or async rollouts, on make rehearse (twin and trainer on CPU sets of their own), slow env (250 ms tool calls) and instant, 2 seeds: time to learn, samples/min, busy shares, staleness, reward plots (ARGS="--seeds 42 --max-steps 20")
 	@$(VENV)/bin/python bench/async_figures.py $(ARGS)
 
 bench-upstream: $(VENV)/.test-ok ## Upstream OpenEnv images you built (openenv build) trained 3 CPU steps each through .env alone: one table (docs/upstream-envs.json; ARGS="--envs connect4_env")

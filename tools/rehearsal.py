@@ -6,7 +6,9 @@ differs, each for want of a GPU:
     that the CPU profile's `model-init` makes, instead of MODEL_NAME from the Hub;
   * `trainer` runs the GPU trainer's Dockerfile built on the twin (`trainer-rehearse-image`), on CPU, and pushes
     weights by WEIGHT_TRANSFER=reload through a `weights` volume both mount, instead of an NCCL broadcast;
-  * neither reserves a GPU, and `model-download` (the Hub) is not needed.
+  * neither reserves a GPU, and `model-download` (the Hub) is not needed;
+  * REHEARSE_VLLM_CPUSET and REHEARSE_TRAINER_CPUSET (environment variables, e.g. 0 and 1) put the twin and the
+    trainer on CPU sets of their own, so generation and training overlap as on two GPUs (`make bench-async`).
 With LORA_R and ROLLOUTS=async nothing here changes: the adapter goes by TRL's own sync (a folder on the outputs
 volume and /v1/load_lora_adapter) exactly as on a GPU host, and the twin gets the vllm service's LoRA flags from the
 same place (tools/compose_file.add_lora_serving).
@@ -42,6 +44,8 @@ def services(env_depends: dict[str, dict]) -> dict[str, dict]:
             # the tiny model, and the trainer's pushes; no Hub cache (nothing is downloaded)
             "volumes": Override(["models:/models:ro", f"{WEIGHTS_VOLUME}:{weights}:ro"]),
             "mem_limit": "${VLLM_CPU_MEM_LIMIT:-6g}",
+            # two emulated devices: the twin and the trainer on CPU sets of their own (empty: every core for both)
+            "cpuset": "${REHEARSE_VLLM_CPUSET:-}",
             "shm_size": "1g",
             "deploy": Reset(),
             "depends_on": OverrideMap({"model-init": {"condition": "service_completed_successfully"}}),
@@ -52,6 +56,7 @@ def services(env_depends: dict[str, dict]) -> dict[str, dict]:
                             "MODEL_NAME": CPU_DEFAULT_MODEL, "MODEL_REVISION": ""},
             "volumes": ["models:/models:ro", f"{WEIGHTS_VOLUME}:{weights}"],
             "mem_limit": "${TRAINER_CPU_MEM_LIMIT:-8g}",
+            "cpuset": "${REHEARSE_TRAINER_CPUSET:-}",
             "deploy": Reset(),
             "depends_on": OverrideMap({**env_depends, "vllm": healthy}),
         },

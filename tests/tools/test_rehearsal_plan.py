@@ -106,3 +106,14 @@ def test_lora_async_with_data_parallel_vllm_stops_with_one_line(tmp_path, monkey
     err = str(raised.value).strip().splitlines()  # the CLI prints it once (tools/cli.py)
     assert len(err) == 1 and "LORA_R with ROLLOUTS=async and vLLM data parallel" in err[0], err
     assert "VLLM_PARALLEL=tensor" in err[0]
+
+
+def test_the_twin_and_the_trainer_get_cpu_sets_of_their_own_only_when_asked(tmp_path, monkeypatch):
+    """Two emulated devices (make bench-async --cpusets): REHEARSE_VLLM_CPUSET and REHEARSE_TRAINER_CPUSET become
+    Compose's cpuset of the twin and of the trainer; unset, both may use every core (no cpuset key at all)."""
+    config, _ = rehearsal_config(tmp_path, monkeypatch)
+    assert "cpuset" not in config["services"]["vllm"] and "cpuset" not in config["services"]["trainer"]
+    monkeypatch.setenv("REHEARSE_VLLM_CPUSET", "0")
+    monkeypatch.setenv("REHEARSE_TRAINER_CPUSET", "1")
+    config, _ = rehearsal_config(tmp_path, monkeypatch)
+    assert config["services"]["vllm"]["cpuset"] == "0" and config["services"]["trainer"]["cpuset"] == "1"
