@@ -241,6 +241,12 @@ class RunConfig(BaseSettings):
         "lag the trained policy and still be trained on; older ones are dropped (TRL's default, 4; 0 = strictly "
         "on-policy). Another value with ROLLOUTS=sync is refused (it would be ignored)."
     )
+    async_step_samples: Literal["packed", "batch"] = Field(
+        "packed", description="ROLLOUTS=async: what one optimizer step trains. packed: TRL's default, as many finished "
+        "samples as fit in vLLM's max_model_len tokens (dozens to hundreds of short episodes); batch: "
+        "PER_DEVICE_TRAIN_BATCH_SIZE x GRADIENT_ACCUMULATION_STEPS x processes samples, as a sync step, for "
+        "comparisons step by step (make bench-async). Another value with ROLLOUTS=sync is refused."
+    )
     trainer_sharding: Literal["ddp", "zero3", "fsdp"] = Field(
         "ddp", description="How several trainer processes share the model: ddp (a full copy each), zero3 "
         "(DeepSpeed ZeRO-3; needs DeepSpeed in the image) or fsdp (PyTorch FSDP2), for models that do not fit one GPU."

@@ -167,6 +167,13 @@ class AsyncRollouts(Variant):
     name: ClassVar[str] = "async"
     is_async: ClassVar[bool] = True
     max_staleness: int = DEFAULT_MAX_STALENESS  # RunConfig's MAX_STALENESS, validated there
+    async_step_samples: str = "packed"  # RunConfig's ASYNC_STEP_SAMPLES: packed (TRL's token budget) or batch
+
+    @property
+    def token_budget(self) -> int | None:
+        """TRL's AsyncGRPOConfig.token_budget: None packs each step up to vLLM's max_model_len in tokens; 0 trains a
+        fixed count, per_device_train_batch_size x gradient_accumulation_steps x processes, as a sync step does."""
+        return 0 if self.async_step_samples == "batch" else None
 
     def problem(self, mode: TrainMode | None, processes: int | None, sharding: str) -> str | None:
         """Why this cannot run in `mode` with `processes` trainer processes (None: not known yet; the launcher asks

@@ -156,6 +156,18 @@ def test_the_async_config_carries_the_sync_settings():
     assert args.vllm_server_base_url == cfg.vllm_server_url and args.dtype == "float32"
     assert args.use_cpu and not args.bf16  # the rehearsal trains on CPU
     assert args.chat_template_kwargs == {"enable_thinking": False}
+    assert args.token_budget is None  # ASYNC_STEP_SAMPLES=packed: TRL fills in vLLM's max_model_len
+
+
+def test_async_step_samples_batch_trains_a_sync_steps_count():
+    """ASYNC_STEP_SAMPLES=batch: TRL's fixed-count batcher (token_budget 0), per_device_train_batch_size x
+    gradient_accumulation_steps x processes samples a step, as a sync step; refused with ROLLOUTS=sync."""
+    from trainer.async_grpo.async_trainer import build_async_config
+
+    cfg = RunConfig.load([], rollouts="async", train_mode="gpu", weight_transfer="reload", async_step_samples="batch")
+    assert build_async_config(cfg, "gpu").token_budget == 0
+    with pytest.raises(ConfigError, match="ASYNC_STEP_SAMPLES=batch is a setting of ROLLOUTS=async"):
+        RunConfig.load([], rollouts="sync", async_step_samples="batch")
 
 
 class SlowEnv:

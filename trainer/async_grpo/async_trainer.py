@@ -62,6 +62,7 @@ def build_async_config(cfg: RunConfig, mode: str):
         request_timeout=int(cfg.generation_timeout_s),
         weight_sync_timeout=int(cfg.weight_sync_timeout_s),
         max_staleness=cfg.rollouts.max_staleness,
+        token_budget=cfg.rollouts.token_budget,  # ASYNC_STEP_SAMPLES: packed (None: max_model_len) or batch (0)
         # fp32 master weights, as the sync trainer keeps (trainer.modeling.model.load_model_and_tokenizer says why)
         dtype="float32",
         model_init_kwargs=cfg.model_load_kwargs(mode) or None,  # the pinned revision while MODEL_NAME is a hub id
