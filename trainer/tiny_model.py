@@ -107,11 +107,26 @@ def tools_fingerprint(specs: dict) -> str:
 
 @dataclass
 class Demo:
-    """One warm-start conversation; `expert_call` is the env's first demo call ({"name", "arguments"})."""
+    """One warm-start conversation; `expert_call` is the env's first demo call ({"name", "arguments"});
+    `refused_draws`: calls the env refused and another draw replaced (an env learned from its server)."""
     messages: list[dict]
     prompt: list[dict]
     tools: list
     expert_call: dict | None
+    refused_draws: int = 0
+
+
+REDRAWS = 4  # another draw for a call the env refused, at most this many times per call: a refused call is no demo
+
+
+def is_refusal(result: str) -> bool:
+    """A tool result that is the env's refusal: `{"error": ...}`, as the tool classes return it."""
+    if not result.startswith("{"):
+        return False
+    try:
+        return "error" in json.loads(result)
+    except ValueError:
+        return False
 
 
 # ---------------------------------------------------------------------------- in-process env server
@@ -168,13 +183,20 @@ def build_conversations(name: str, spec, url: str, n: int, seed: int) -> list[De
             if isinstance(obs, str):  # TRL appends a reset() string to the last user message
                 messages[-1]["content"] = messages[-1]["content"] + obs
             prompt = [dict(m) for m in messages]
-            expert = list(spec.demo_calls(row, observation=obs if isinstance(obs, str) else None))
-            for tool_name, args in expert:
-                try:
-                    result = getattr(tool, tool_name)(**args)
-                    content = result if isinstance(result, str) else json.dumps(result)
-                except Exception as exc:  # noqa: BLE001 - TRL feeds errors back the same way
-                    content = json.dumps({"error": str(exc)})
+            observation = obs if isinstance(obs, str) else None
+            expert = list(spec.demo_calls(row, observation=observation))
+            # an env learned from its server: a call it refuses is drawn again (the schema left its shape open)
+            another_call = getattr(spec, "another_call", None)
+            refused = 0
+            for k, (tool_name, args) in enumerate(expert):
+                content = play(tool, tool_name, args)
+                for attempt in range(1, REDRAWS + 1 if another_call else 1):
+                    if not is_refusal(content):
+                        break
+                    refused += 1
+                    tool_name, args = another_call(row, attempt, observation)
+                    content = play(tool, tool_name, args)
+                expert[k] = (tool_name, args)
                 messages.append({"role": "assistant", "content": "", "tool_calls": [
                     {"type": "function", "function": {"name": tool_name, "arguments": args}}]})
                 messages.append({"role": "tool", "name": tool_name, "content": content})
@@ -182,10 +204,19 @@ def build_conversations(name: str, spec, url: str, n: int, seed: int) -> list[De
                     break
             messages.append({"role": "assistant", "content": "Done."})
             first = {"name": expert[0][0], "arguments": expert[0][1]} if expert else None
-            convs.append(Demo(messages, prompt, tools, first))
+            convs.append(Demo(messages, prompt, tools, first, refused))
     finally:
         close_session(tool)
     return convs
+
+
+def play(tool, name: str, args: dict) -> str:
+    """One demo call on the env, its result as the model reads it (an exception as TRL feeds it back)."""
+    try:
+        result = getattr(tool, name)(**args)
+        return result if isinstance(result, str) else json.dumps(result)
+    except Exception as exc:  # noqa: BLE001 - TRL feeds errors back the same way
+        return json.dumps({"error": str(exc)})
 
 
 def all_conversations(specs: dict, cfg, n: int, seed: int) -> list[Demo]:

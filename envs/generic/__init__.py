@@ -49,6 +49,13 @@ class GenericSpec:
         rng = random.Random(repr(sorted(row.get("reset_kwargs", {}).items())))
         return demo_calls(self.interface, rng, observation)
 
+    def another_call(self, row: dict, attempt: int, observation: str | None = None) -> tuple[str, dict]:
+        """One more draw of a demo call, for one the env refused (the warm-start keeps only calls the env accepts:
+        a schema that leaves a shape open, e.g. an array's length, is learned from the env's replies). The first is
+        the minimal call (fewest array items, no unpublished optional argument), later ones random again."""
+        rng = random.Random(repr((sorted(row.get("reset_kwargs", {}).items()), attempt)))
+        return demo_calls(self.interface, rng, observation, minimal=attempt == 1)[0]
+
     def baseline_action(self, rng: random.Random, observation_text: str) -> tuple[str, dict]:
         """A call the schema allows, choosing among the observation's legal actions where it lists them."""
         return demo_calls(self.interface, rng, observation_text)[0]

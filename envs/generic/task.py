@@ -161,9 +161,10 @@ def _number(schema: dict, rng: random.Random, integer: bool) -> Any:
     return round(rng.uniform(float(low), max(float(low), float(high))), 2)
 
 
-def synthetic_value(param: Param, rng: random.Random, legal: list | None = None) -> Any:
+def synthetic_value(param: Param, rng: random.Random, legal: list | None = None, minimal: bool = False) -> Any:
     """A value for `param` its schema allows: one of `legal` (the observation's legal actions) when given, else the
-    schema's enum, examples or default, else a value in its range / of its length."""
+    schema's enum, examples or default, else a value in its range / of its length (`minimal`: an array of its
+    fewest items)."""
     schema = _plain(param.schema if isinstance(param.schema, dict) else {})
     kind = _kind(schema)
     if legal:
@@ -189,12 +190,12 @@ def synthetic_value(param: Param, rng: random.Random, legal: list | None = None)
     if kind == "array":
         item = Param("item", None, "", True, schema.get("items") if isinstance(schema.get("items"), dict) else {})
         low = int(schema.get("minItems", 1))
-        high = max(low, min(int(schema.get("maxItems", 2)), low + MAX_DEMO_ITEMS))
-        return [synthetic_value(item, rng) for _ in range(rng.randint(low, high))]
+        high = low if minimal else max(low, min(int(schema.get("maxItems", 2)), low + MAX_DEMO_ITEMS))
+        return [synthetic_value(item, rng, minimal=minimal) for _ in range(rng.randint(low, high))]
     if kind == "object":
         props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
         required = set(schema.get("required") or ())
-        return {k: synthetic_value(Param(k, None, "", True, v if isinstance(v, dict) else {}), rng)
+        return {k: synthetic_value(Param(k, None, "", True, v if isinstance(v, dict) else {}), rng, minimal=minimal)
                 for k, v in props.items() if k in required}
     word = rng.choice(WORDS)
     low, high = int(schema.get("minLength", 0)), schema.get("maxLength")
@@ -259,10 +260,12 @@ def _legal_for(tool: ToolSpec, legal: dict[str, list]) -> dict[str, list]:
     return out
 
 
-def demo_calls(interface: EnvInterface, rng: random.Random,
-               observation: dict | str | None = None) -> list[tuple[str, dict]]:
+def demo_calls(interface: EnvInterface, rng: random.Random, observation: dict | str | None = None,
+               minimal: bool = False) -> list[tuple[str, dict]]:
     """One or two calls of the env's tools that the schema (and the observation's legal actions) allow: required
-    arguments always, optional ones that publish a default or examples too, others sometimes."""
+    arguments always, optional ones that publish a default or examples too, others sometimes. `minimal`: no optional
+    argument without a published value, arrays of their fewest items (a shape the schema leaves open, tried first
+    after the env refused a call)."""
     legal = legal_choices(observation)
     calls = []
     for _ in range(rng.randint(1, 2)):
@@ -275,7 +278,7 @@ def demo_calls(interface: EnvInterface, rng: random.Random,
         for p in tool.params:
             schema = _plain(p.schema if isinstance(p.schema, dict) else {})
             published = schema.get("default") is not None or "examples" in schema or "example" in schema
-            if p.required or p.name in choices or published or rng.random() < 0.5:
-                args[p.name] = synthetic_value(p, rng, choices.get(p.name))
+            if p.required or p.name in choices or published or (not minimal and rng.random() < 0.5):
+                args[p.name] = synthetic_value(p, rng, choices.get(p.name), minimal=minimal)
         calls.append((tool.name, args))
     return calls

@@ -267,3 +267,42 @@ def test_warm_start_demos_make_no_call_after_the_episode_is_done():
     demos = build_conversations("oneshot", Spec(), "http://unused", 4, 0)
     results = [m["content"] for d in demos for m in d.messages if m["role"] == "tool"]
     assert results == [f"correct\n{EPISODE_OVER}"] * 4, results
+
+
+def test_warm_start_draws_again_a_demo_call_the_env_refuses():
+    """Upstream finrl_env's action (#45 item 6): `actions: list[float]`, no length in its schema, and the server wants
+    exactly stock_dim (1) values ("Action dimension mismatch: expected 1, got 2"). Demo arrays of 1-2 items were
+    refused about half the time (46 % accepted, bench/upstream_envs.py). A call the env refuses is no demo: the
+    warm-start draws another (GenericSpec.another_call, up to REDRAWS times) and keeps the accepted one."""
+    from openenv.core.env_server.types import Action
+
+    from envs.generic import GenericSpec
+    from envs.generic.interface import EnvInterface, action_tool
+    from trainer.tiny_model import REDRAWS, build_conversations, is_refusal
+
+    class FinAction(Action):
+        actions: list[float]
+
+    spec = GenericSpec("finrl", EnvInterface("action", (action_tool(FinAction.model_json_schema()),)))
+    (tool_name,) = [t.name for t in spec.interface.tools]
+
+    class StockDimOne:  # the tool class's surface: reset, and the action tool raising as the env refuses
+        def __init__(self, url):
+            pass
+
+        def reset(self, **kwargs):
+            return "cash: 1000"
+
+    setattr(StockDimOne, tool_name, lambda self, actions: "ok" if len(actions) == 1 else (_ for _ in ()).throw(
+        ValueError(f"Action dimension mismatch: expected 1, got {len(actions)}")))
+
+    class Spec:  # GenericSpec's draws, the env above
+        tool_class = StockDimOne
+        make_dataset, demo_calls, another_call = spec.make_dataset, spec.demo_calls, spec.another_call
+
+    demos = build_conversations("finrl", Spec(), "http://unused", 20, 0)
+    results = [m["content"] for d in demos for m in d.messages if m["role"] == "tool"]
+    assert results and not [r for r in results if is_refusal(r)], results
+    assert sum(d.refused_draws for d in demos) > 0  # the schema alone drew 2-item arrays: some were drawn again
+    assert all(len(d.expert_call["arguments"]["actions"]) == 1 for d in demos)
+    assert REDRAWS >= 3
