@@ -1,7 +1,7 @@
 """`make bench-async`: which learns sooner, sync or async rollouts, on `make rehearse`: side by side in one run, the
 same seeds, env and model, with a slow env (each tool call 250 ms) and the instant one.
 
-    .venv/bin/python bench/async_figures.py [--seeds 42,7] [--envs slow,instant] [--max-steps 12] [--bar 0.8]
+    .venv/bin/python bench/async_figures.py [--seeds 42,7] [--envs slow,instant] [--max-steps 24] [--bar 0.8]
                                             [--check-every 1] [--staleness 1,2] [--cpusets auto] [--model DIR]
 
 Each run is `python -m tools rehearse` itself (the vLLM CPU twin as the vllm service, the trainer on CPU, weights by
@@ -21,10 +21,12 @@ as on a GPU host; the output says which cores each got. Per run:
   * staleness (async: lag p50/p90/max of the trained samples, dropped stale) and the importance-sampling ratio;
   * the reward of the last 3 steps, and reward against trained samples and against wall-clock, one plot per env
     (reports/bench-async-<env>.png).
-A step's size differs by mode (async packs samples up to the token budget, sync trains its generation batch), so
-everything is compared per trained sample or per second, never per step. `--staleness` adds async runs on the slow
-env (first seed) at each MAX_STALENESS. Goals printed beside: on the slow env async learns in at most 2/3 of sync's
-time on each seed, its final reward within the spread of sync's seeds, and its trainer waits at most 20 % of the run.
+Equal work per step: the async runs train a sync step's sample count (ASYNC_STEP_SAMPLES=batch; `--async-step-samples
+packed` packs each step up to max_model_len as TRL does by default, dozens of samples), and a low learning rate
+(--learning-rate 6e-5) makes learning take several steps. Figures are per trained sample or per second. `--staleness`
+adds async runs on the slow env (first seed) at each MAX_STALENESS. Goals printed beside: on the slow env async learns
+in at most 2/3 of sync's time on each seed, its final reward within the spread of sync's seeds, and its trainer waits
+at most 20 % of the run.
 A benchmark, not a test: it prints the figures and never fails on them.
 """
 
@@ -464,7 +466,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", default="42,7", help="SEED of each run pair (comma-separated)")
     p.add_argument("--envs", default="slow,instant", help="slow (tool calls take --delay), instant, or both")
-    p.add_argument("--max-steps", type=int, default=12, help="MAX_STEPS of every run (a run may learn before)")
+    p.add_argument("--max-steps", type=int, default=24, help="MAX_STEPS of every run (a run may learn before)")
     p.add_argument("--bar", type=float, default=0.8, help="the learning check's bar (greedy exact first calls)")
     p.add_argument("--check-every", type=int, default=1, help="steps between two learning checks (checkpoints)")
     p.add_argument("--delay", type=float, default=0.25, help="seconds the slow env takes per tool call")
@@ -472,6 +474,11 @@ def main() -> None:
                    "MAX_STALENESS values, e.g. 1,2 (the default's is among the main runs)")
     p.add_argument("--cpusets", default="auto", help="auto (twin and trainer on halves of the cores), none, or "
                    "VLLM:TRAINER cpuset lists")
+    p.add_argument("--async-step-samples", choices=("batch", "packed"), default="batch",
+                   help="ASYNC_STEP_SAMPLES of the async runs: batch (a sync step's sample count: equal work per step, "
+                   "the default here) or packed (as many as fit in max_model_len)")
+    p.add_argument("--learning-rate", default="6e-5", help="LEARNING_RATE of every run (low enough that learning "
+                   "takes several steps: about 6 for sync here; at the CPU default the tiny model learns echo in 2)")
     p.add_argument("--processes", type=int, default=1, help="TRAINER_PROCESSES of every run")
     p.add_argument("--only", choices=("sync", "async"), default=None, help="run one rollout mode only")
     p.add_argument("--model", type=Path, default=None, help="a tiny model already made (trainer.tiny_model) to start "
@@ -500,7 +507,7 @@ def main() -> None:
     # holds dozens of samples rather than hundreds; every figure is per sample or per second anyway
     settings = {"ENV_NAME": "echo", "MAX_STEPS": str(args.max_steps), "RESUME": "fresh", "LOGGING_STEPS": "1",
                 "TRACE_EVERY": "0", "DATASET_SIZE": "64", "TRAINER_PROCESSES": str(args.processes),
-                "VLLM_SERVER_TIMEOUT_S": "900", "VLLM_MAX_MODEL_LEN": "512"}
+                "VLLM_SERVER_TIMEOUT_S": "900", "VLLM_MAX_MODEL_LEN": "512", "LEARNING_RATE": args.learning_rate}
     plan = [(env, mode, seed, None) for env in envs for seed in seeds for mode in modes]
     if "async" in modes and "slow" in envs:
         plan += [("slow", "async", seeds[0], s) for s in sweep]
@@ -517,6 +524,7 @@ def main() -> None:
                       f"{delays[env] * 1000:.0f} ms, seed {seed}", flush=True)
                 extra = {"ENV_STEP_DELAY_S": str(delays[env]), "SEED": str(seed),
                          **({"ROLLOUTS": mode} if async_available() else {}),
+                         **({"ASYNC_STEP_SAMPLES": args.async_step_samples} if mode == "async" else {}),
                          **({"MAX_STALENESS": str(staleness)} if staleness else {})}
                 f = one_run(project, run, extra, args.check_every, args.bar, args.logs)
                 if f:
