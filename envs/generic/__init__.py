@@ -51,10 +51,11 @@ class GenericSpec:
 
     def another_call(self, row: dict, attempt: int, observation: str | None = None) -> tuple[str, dict]:
         """One more draw of a demo call, for one the env refused (the warm-start keeps only calls the env accepts:
-        a schema that leaves a shape open, e.g. an array's length, is learned from the env's replies). The first is
-        the minimal call (fewest array items, no unpublished optional argument), later ones random again."""
+        a schema that leaves a shape open, e.g. an array's length, is learned from the env's replies). The first two
+        are minimal (arrays of their fewest items, with every optional argument, then with only those the schema
+        gives a value), later ones random again."""
         rng = random.Random(repr((sorted(row.get("reset_kwargs", {}).items()), attempt)))
-        return demo_calls(self.interface, rng, observation, minimal=attempt == 1)[0]
+        return demo_calls(self.interface, rng, observation, minimal={1: "all", 2: "required"}.get(attempt))[0]
 
     def baseline_action(self, rng: random.Random, observation_text: str) -> tuple[str, dict]:
         """A call the schema allows, choosing among the observation's legal actions where it lists them."""

@@ -99,6 +99,8 @@ def make_dataset(n: int, seed: int, env_name: str, instruction: str | None = Non
 # Demo (warm-start) and baseline calls should be calls the env accepts: what the schema publishes (enum, examples,
 # default, minimum/maximum, lengths) and, where the observation lists them, the legal actions.
 LEGAL_FIELD = re.compile(r"(?i)legal|valid|available|allowed|possible")
+# A 0/1 list over the action ids, 1 where the action is legal (PettingZoo's and upstream sumo_rl_env's action_mask)
+MASK_FIELD = re.compile(r"(?i)(?:action|legal|valid)_?mask")
 # Argument names that choose the action, for matching an observation's legal actions to a parameter.
 CHOICE_PARAM = re.compile(r"(?i)action|move|choice|column|col$|row$|index|cell|position|option|id$")
 MAX_DEMO_ITEMS = 3
@@ -210,7 +212,7 @@ def legal_choices(observation: dict | str | None) -> dict[str, list]:
         parsed = {}
         for line in observation.splitlines():
             name, sep, value = line.partition(": ")
-            if sep and LEGAL_FIELD.search(name) and value.startswith("["):
+            if sep and (LEGAL_FIELD.search(name) or MASK_FIELD.search(name)) and value.startswith("["):
                 try:
                     parsed[name] = json.loads(value)
                 except ValueError:
@@ -218,7 +220,10 @@ def legal_choices(observation: dict | str | None) -> dict[str, list]:
         observation = parsed
     out = {}
     for name, value in (observation or {}).items():
-        if LEGAL_FIELD.search(str(name)) and isinstance(value, list) and value and \
+        if MASK_FIELD.search(str(name)) and isinstance(value, list) and value and \
+                all(v in (0, 1) for v in value) and any(value):
+            out[str(name)] = [i for i, v in enumerate(value) if v]  # the ids it marks legal
+        elif LEGAL_FIELD.search(str(name)) and isinstance(value, list) and value and \
                 all(isinstance(v, (int, str)) and not isinstance(v, bool) for v in value):
             out[str(name)] = value
     return out
@@ -261,11 +266,11 @@ def _legal_for(tool: ToolSpec, legal: dict[str, list]) -> dict[str, list]:
 
 
 def demo_calls(interface: EnvInterface, rng: random.Random, observation: dict | str | None = None,
-               minimal: bool = False) -> list[tuple[str, dict]]:
+               minimal: str | None = None) -> list[tuple[str, dict]]:
     """One or two calls of the env's tools that the schema (and the observation's legal actions) allow: required
-    arguments always, optional ones that publish a default or examples too, others sometimes. `minimal`: no optional
-    argument without a published value, arrays of their fewest items (a shape the schema leaves open, tried first
-    after the env refused a call)."""
+    arguments always, optional ones that publish a default or examples too, others sometimes. `minimal` (the shapes
+    tried first after the env refused a call, where the schema leaves them open): arrays of their fewest items, with
+    every optional argument ("all") or with none that publishes no value ("required")."""
     legal = legal_choices(observation)
     calls = []
     for _ in range(rng.randint(1, 2)):
@@ -278,7 +283,8 @@ def demo_calls(interface: EnvInterface, rng: random.Random, observation: dict | 
         for p in tool.params:
             schema = _plain(p.schema if isinstance(p.schema, dict) else {})
             published = schema.get("default") is not None or "examples" in schema or "example" in schema
-            if p.required or p.name in choices or published or (not minimal and rng.random() < 0.5):
-                args[p.name] = synthetic_value(p, rng, choices.get(p.name), minimal=minimal)
+            sometimes = minimal == "all" or (minimal is None and rng.random() < 0.5)
+            if p.required or p.name in choices or published or sometimes:
+                args[p.name] = synthetic_value(p, rng, choices.get(p.name), minimal=minimal is not None)
         calls.append((tool.name, args))
     return calls

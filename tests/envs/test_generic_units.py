@@ -306,3 +306,68 @@ def test_warm_start_draws_again_a_demo_call_the_env_refuses():
     assert sum(d.refused_draws for d in demos) > 0  # the schema alone drew 2-item arrays: some were drawn again
     assert all(len(d.expert_call["arguments"]["actions"]) == 1 for d in demos)
     assert REDRAWS >= 3
+
+
+def test_warm_start_tries_an_optional_array_at_its_fewest_items_after_a_refusal():
+    """Upstream dm_control_env's action (#45 item 6): an optional `values: list[float]` that cartpole needs with
+    exactly 1 item; random draws omit it or give 1-2 items (71 % accepted with random redraws). The first redraw
+    gives every argument at its fewest items."""
+    from typing import Optional
+
+    from openenv.core.env_server.types import Action
+
+    from envs.generic import GenericSpec
+    from envs.generic.interface import EnvInterface, action_tool
+    from trainer.tiny_model import build_conversations, is_refusal
+
+    class ControlAction(Action):
+        values: Optional[list[float]] = None
+
+    spec = GenericSpec("dm_control", EnvInterface("action", (action_tool(ControlAction.model_json_schema()),)))
+    (tool_name,) = [t.name for t in spec.interface.tools]
+
+    class CartpoleNeedsOne:
+        def __init__(self, url):
+            pass
+
+        def reset(self, **kwargs):
+            return "position: 0.1"
+
+    def act(self, values=None):
+        if values is None or len(values) != 1:
+            raise ValueError(f"expected 1 action value, got {values}")
+        return "ok"
+
+    setattr(CartpoleNeedsOne, tool_name, act)
+
+    class Spec:
+        tool_class = CartpoleNeedsOne
+        make_dataset, demo_calls, another_call = spec.make_dataset, spec.demo_calls, spec.another_call
+
+    demos = build_conversations("dm_control", Spec(), "http://unused", 20, 0)
+    results = [m["content"] for d in demos for m in d.messages if m["role"] == "tool"]
+    assert results and not [r for r in results if is_refusal(r)], results
+
+
+def test_an_action_mask_in_the_observation_names_the_legal_action_ids():
+    """Upstream sumo_rl_env (#45 item 6): `phase_id: int` unbounded in its schema, the observation's `action_mask`
+    marks the legal phases with 1 ("Invalid phase_id: 9. Valid range: [0, 1]": 25 % of demo calls accepted). A 0/1
+    list under an *action_mask* / *legal_mask* name is read as the ids it marks."""
+    from openenv.core.env_server.types import Action
+
+    from envs.generic.interface import EnvInterface, action_tool
+    from envs.generic.task import demo_calls, legal_choices
+
+    assert legal_choices({"action_mask": [1, 1, 0, 0]}) == {"action_mask": [0, 1]}
+    assert legal_choices("action_mask: [0, 1, 1]\nscore: 3") == {"action_mask": [1, 2]}
+    assert legal_choices({"action_mask": [0, 0]}) == {}  # nothing legal: no choice to make from it
+    assert legal_choices({"legal_actions": [3, 5]}) == {"legal_actions": [3, 5]}  # a list of ids, as before
+
+    class SumoAction(Action):
+        phase_id: int
+        ts_id: str = "0"
+
+    interface = EnvInterface("action", (action_tool(SumoAction.model_json_schema()),))
+    chosen = {call[1]["phase_id"] for seed in range(30)
+              for call in demo_calls(interface, random.Random(seed), {"action_mask": [1, 1, 0, 0, 0, 0, 0, 0, 0, 0]})}
+    assert chosen == {0, 1}
