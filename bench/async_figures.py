@@ -138,9 +138,11 @@ class Project:
         """`python -m tools ARGS` on this project; its output goes to `log` (else to this terminal)."""
         run_env = {k: v for k, v in os.environ.items() if k not in ("TRAIN_MODE", "ENV_NAME", "COMPOSE_PROFILES")}
         run_env.update(STACK_ENV_FILE=str(self.env_file), **self.env, **(env or {}))
-        with open(log, "w") if log else open(os.devnull, "w") as out:
-            return subprocess.call([sys.executable, "-m", "tools", *args], cwd=ROOT, env=run_env,
-                                   stdout=out if log else None, stderr=subprocess.STDOUT if log else None)
+        cmd = [sys.executable, "-m", "tools", *args]
+        if log is None:
+            return subprocess.call(cmd, cwd=ROOT, env=run_env)
+        with open(log, "w") as out:
+            return subprocess.call(cmd, cwd=ROOT, env=run_env, stdout=out, stderr=subprocess.STDOUT)
 
     def vllm_container(self) -> str | None:
         ids = subprocess.run(["docker", "ps", "-q", "--filter", f"label=com.docker.compose.project={self.name}",
