@@ -124,11 +124,12 @@ def cpusets(spec: str) -> dict[str, str]:
 class Project:
     """One Compose project driven by `python -m tools` with its own env file (never your .env or stack)."""
 
-    def __init__(self, folder: Path, settings: dict[str, str], env: dict[str, str], name: str | None = None):
+    def __init__(self, folder: Path, settings: dict[str, str], name: str | None = None,
+                 env: dict[str, str] | None = None):
         from tools.errors import parse_env_file
 
         self.name = name or f"grpo-bench-async-{uuid.uuid4().hex[:6]}"
-        self.env = env  # the process environment of every `tools` command (the CPU sets)
+        self.env = env or {}  # the process environment of every `tools` command (the CPU sets)
         values = {**parse_env_file(ROOT / ".env.example"), **settings, "COMPOSE_PROJECT_NAME": self.name,
                   "TRAIN_MODE": "cpu"}  # rehearse ignores TRAIN_MODE; `down` then probes no GPU
         self.env_file = folder / f"{self.name}.env"
@@ -516,7 +517,7 @@ def main() -> None:
     results: dict[tuple, dict] = {}
     args.logs.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
-        project = Project(Path(tmp), settings, sets)
+        project = Project(Path(tmp), settings, env=sets)
         try:
             if args.model:
                 project.seed_model(args.model)
