@@ -151,13 +151,12 @@ class Project:
                              capture_output=True, text=True).stdout.split()
         return ids[0] if ids else None
 
-    def beside_twin(self, *cmd: str, name: str | None = None, detach: bool = False) -> subprocess.CompletedProcess:
+    def beside_twin(self, *cmd: str) -> subprocess.CompletedProcess:
         """A command in the trainer's image on the twin's network, the models and outputs volumes read-only, on the
         twin's CPU set (what it asks of the twin is generation)."""
         cpuset = self.env.get("REHEARSE_VLLM_CPUSET")
-        return subprocess.run(["docker", "run", *(["-d"] if detach else []), "--rm", *(["--name", name] if name else []),
-                               "--network", f"{self.name}_agentnet", *(["--cpuset-cpus", cpuset] if cpuset else []),
-                               "-v", f"{self.name}_models:/models:ro", "-v", f"{self.name}_outputs:/outputs:ro",
+        return subprocess.run(["docker", "run", "--rm", "--network", f"{self.name}_agentnet",
+                               *(["--cpuset-cpus", cpuset] if cpuset else []), "-v", f"{self.name}_models:/models:ro", "-v", f"{self.name}_outputs:/outputs:ro",
                                READER_IMAGE, *cmd], capture_output=True, text=True)
 
     def read(self, path: str) -> str:
