@@ -309,9 +309,10 @@ class Rehearsal:
             "TRAINER_PROCESSES": "1", "MAX_STEPS": str(steps), "SAVE_STEPS": "2", "LOGGING_STEPS": "1",
             "TOOL_TIMEOUT_S": str(TOOL_TIMEOUT_S), "RESET_TIMEOUT_S": str(RESET_TIMEOUT_S), "TRACE_EVERY": "1",
             "TRACE_SAMPLES": "64", "SEED": str(seed), "REPORT_TO": "none", "VLLM_SERVER_TIMEOUT_S": "600",
-            # TRL's async trainer fills a step up to max_model_len tokens: ~500 samples a step at 4096 on the CPU twin;
-            # 512 holds the longest echo episode (~410 tokens) and makes a step ~8x smaller (faults, not learning)
-            "VLLM_MAX_MODEL_LEN": "512"},
+            # faults, not learning: a step of PER_DEVICE_TRAIN_BATCH_SIZE samples, as a sync one (ASYNC_STEP_SAMPLES=batch;
+            # packed fills a step up to max_model_len tokens: ~120 samples at 512, ~500 at 4096 on the CPU twin); 512
+            # holds the longest echo episode (~410 tokens)
+            "ASYNC_STEP_SAMPLES": "batch", "VLLM_MAX_MODEL_LEN": "512"},
             name=f"{project}-rehearse")
         # the trainer reaches the proxy on its envnet: made here, labelled as Compose makes it, so the proxy can join
         # it before the run starts (Compose then takes it as its own)

@@ -244,9 +244,11 @@ def test_make_rehearse_async_lora_pushes_the_adapter_alone_and_the_twin_serves_w
     With 1 process the run then resumes for a 4th step. Last in this module: the twin keeps the LoRA flags after it."""
     run = f"rehearsal-lora-async-{processes}"
     sharding = {"TRAINER_SHARDING": "fsdp"} if processes == "2" else {}
-    # MAX_STALENESS=2: versions v2..v4 stay loaded (--max-loras=4); groups of 8 so a step moves the adapter
+    # MAX_STALENESS=2: versions v2..v4 stay loaded (--max-loras=4); groups of 8 so a step moves the adapter;
+    # ASYNC_STEP_SAMPLES=batch: 8 samples a step per process (packed: dozens), the adapter's path is the subject here
     settings = dict(TRAINER_PROCESSES=processes, **sharding, RUN_NAME=run, ROLLOUTS="async", LORA_R="8",
-                    MAX_STALENESS="2", LEARNING_RATE="2e-3", NUM_GENERATIONS="8", PER_DEVICE_TRAIN_BATCH_SIZE="8")
+                    MAX_STALENESS="2", LEARNING_RATE="2e-3", NUM_GENERATIONS="8", PER_DEVICE_TRAIN_BATCH_SIZE="8",
+                    ASYNC_STEP_SAMPLES="batch")
     log = rehearse(rehearsal, **settings, MAX_STEPS="3")
     if processes == "2":
         assert "[launch] 2 trainer processes (fsdp, gloo)" in log, log[-6000:]

@@ -173,8 +173,9 @@ def test_server_mode_with_lora_pushes_merged_base_weights_that_change_the_served
 def test_rollouts_async_after_the_run__sigterm_resume_traces_report_export_eval(rehearsal_stack, tmp_path):
     """#31 item 4 on the twin (weights by reload, as above): an async run (TRL's AsyncGRPOTrainer) stopped by SIGTERM
     saves a complete checkpoint with TRL's rollout_state.json and exits 143; `make train` again resumes from it and
-    logs every step once; its records carry the sync run's keys plus the staleness figures; then `make rollouts`,
-    `make report`, `make export` and `make eval` (their modules, in the trainer image) work on its folder."""
+    logs every step once; its records carry the sync run's keys plus the staleness figures; then `make rollouts` and
+    `make eval` (their modules, in the trainer image) work on its folder. `make export` and `make report` on an async
+    run's folder, in fresh processes: tests/trainer/test_async_checkpoint.py."""
     from trainer.core import async_metrics, trackers
     from trainer.run import checkpoints
     from trainer.rollouts import traces
@@ -184,7 +185,9 @@ def test_rollouts_async_after_the_run__sigterm_resume_traces_report_export_eval(
     outputs.mkdir()
     outputs.chmod(0o777)
     run, name = "async-after", f"grpo-test-asyncafter-{uuid.uuid4().hex[:8]}"
-    extra = ["-e", "ROLLOUTS=async", "-e", "TRACE_EVERY=1"]
+    # ASYNC_STEP_SAMPLES=batch: a step trains PER_DEVICE_TRAIN_BATCH_SIZE samples, as a sync one (packed: dozens up to
+    # the token budget); what this test checks is the run's folder and its stop and resume, not how much it learns
+    extra = ["-e", "ROLLOUTS=async", "-e", "ASYNC_STEP_SAMPLES=batch", "-e", "TRACE_EVERY=1"]
 
     def async_run(max_steps: int, *docker_args: str) -> list[str]:  # trainer_run's, saving every step
         argv = trainer_run(network, model_dir, weights, outputs, run, max_steps, *docker_args, *extra)
@@ -232,11 +235,6 @@ def test_rollouts_async_after_the_run__sigterm_resume_traces_report_export_eval(
 
     shown = tool("trainer.rollouts", "--outputs", "/outputs", "--run", run)
     assert shown.returncode == 0 and f"run {run}, step" in shown.stdout, shown.stderr[-2000:]
-    report = tool("trainer.report", "--outputs", "/outputs", "--run", run)
-    assert report.returncode == 0 and (outputs / run / "report.png").exists(), report.stderr[-2000:]
-    export = tool("trainer.export", "--outputs", "/outputs", "--run", run)
-    assert export.returncode == 0, export.stderr[-2000:]
-    assert not any("attn" in k for k in json.loads((outputs / run / "export" / "config.json").read_text()))
     evaluated = tool("trainer.evaluate", "--outputs", "/outputs", "--run", run, "--tasks", "1")
     assert evaluated.returncode == 0, (evaluated.stdout + evaluated.stderr)[-3000:]
     assert json.loads((outputs / run / "eval.json").read_text())
@@ -260,7 +258,7 @@ def test_async_grpo_with_two_processes_trains_through_the_twin__weights_by_reloa
                 "VLLM_SERVER_URL": "http://vllm:8000", "VLLM_SERVER_TIMEOUT_S": "120", "MAX_STEPS": "3",
                 "TRAINER_PROCESSES": "2", "TRAINER_SHARDING": "fsdp",
                 "RUN_NAME": run_name, "OUTPUT_DIR": "/outputs", "DATASET_SIZE": "16", "SAVE_STEPS": "100",
-                "LEARNING_RATE": "1e-3", "MAX_STALENESS": "2",
+                "LEARNING_RATE": "1e-3", "MAX_STALENESS": "2", "ASYNC_STEP_SAMPLES": "batch",  # 16 samples a step
                 # groups of 8: a group whose rewards all tie moves no weight, and 3 such steps in a row are rare
                 "NUM_GENERATIONS": "8", "PER_DEVICE_TRAIN_BATCH_SIZE": "8"}
     env_flags = [flag for key, value in settings.items() for flag in ("-e", f"{key}={value}")]
