@@ -114,10 +114,12 @@ def first_error(out: str) -> str:
 
 
 def env_url(envfile: Path, name: str) -> str | None:
-    """The env's first container on 127.0.0.1 (compose.yaml publishes each on an ephemeral loopback port)."""
-    res = stack(envfile, "compose", "port", naming.service_name(name), str(naming.PORT), timeout=60)
-    found = re.search(r":(\d+)\s*$", res.stdout.strip())
-    return f"http://127.0.0.1:{found.group(1)}" if res.returncode == 0 and found else None
+    """The env's first container on 127.0.0.1: each publishes its server's one port (8000, or ENV_<NAME>_PORT, or
+    its image's EXPOSE: tools/env_ports.py) on an ephemeral loopback port."""
+    res = stack(envfile, "compose", "ps", "--format", "json", naming.service_name(name), timeout=60)
+    rows = [json.loads(line) for line in res.stdout.splitlines() if line.strip().startswith("{")]
+    published = [p["PublishedPort"] for row in rows for p in row.get("Publishers") or [] if p.get("PublishedPort")]
+    return f"http://127.0.0.1:{published[0]}" if res.returncode == 0 and published else None
 
 
 def acceptance(name: str, url: str) -> tuple[float | None, str]:

@@ -11,6 +11,7 @@ Light on purpose: only pydantic / pydantic-settings / stdlib and `envs.registry`
 from __future__ import annotations
 
 import functools
+import os
 import re
 import sys
 import typing
@@ -85,7 +86,7 @@ class RunConfig(BaseSettings):
     )
     env_urls: str | None = Field(
         None, description="Override env server URLs, e.g. `echo=http://env-echo:8000,wordle=http://host:9000`; "
-        "default `http://env-<name>:8000`."
+        "default `http://env-<name>:<port>` (`ENV_<NAME>_PORT`, else the image's EXPOSE, else 8000)."
     )
     env_fleet: Literal["compose", "swarm"] = Field(
         "compose", description="Where the env servers run: `compose` = replicas on this host; `swarm` = a Docker "
@@ -374,8 +375,11 @@ class RunConfig(BaseSettings):
         return naming.parse_urls(self.env_urls)
 
     def env_url(self, name: str) -> str:
-        """ENV_URLS' URL, else the env service's (its Compose replicas or its Swarm tasks: envs.naming)."""
-        return self.env_url_overrides.get(name, naming.service_url(name, swarm=self.env_fleet == "swarm"))
+        """ENV_URLS' URL, else the env service's (its Compose replicas or its Swarm tasks: envs.naming), on the port
+        the stack resolved for it (ENV_<NAME>_PORT in this process's environment, else 8000)."""
+        if name in self.env_url_overrides:
+            return self.env_url_overrides[name]
+        return naming.service_url(name, swarm=self.env_fleet == "swarm", port=naming.port_of(name, os.environ))
 
     def generic_env_options(self) -> dict[str, Any]:
         """How envs learned from their server are prompted and scored (envs.generic.GenericSpec's options)."""

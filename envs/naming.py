@@ -6,16 +6,19 @@ Standard library only: both sides import it, and it imports neither.
     ENV_URLS=connect4=http://h:8000     parse_urls  -> {"connect4": "http://h:8000"}
     service_name("connect4")            env-connect4         (its compose service; Swarm: tasks.env-connect4)
     image_var / replicas_var            ENV_CONNECT4_IMAGE / ENV_CONNECT4_REPLICAS
+    port_var / parse_port               ENV_CONNECT4_PORT: its server's port inside its container (the host resolves
+                                        it once, tools/env_ports.py; the trainer reads the result, port_of)
 """
 
 from __future__ import annotations
 
 import re
+from typing import Mapping
 from urllib.parse import urlparse
 
 NAME_PATTERN = r"[a-z][a-z0-9_]{0,30}"  # a compose service name and an environment variable's middle part
 RESERVED = ("template",)  # compose.yaml's env-template service
-PORT = 8000  # every env server's port inside its container (OpenEnv's default)
+PORT = 8000  # an env server's port inside its container unless ENV_<NAME>_PORT or its image's EXPOSE says another
 
 
 def parse_names(value: str | None) -> list[str]:
@@ -54,10 +57,10 @@ def service_name(name: str) -> str:
     return f"env-{name}"
 
 
-def service_url(name: str, swarm: bool = False) -> str:
+def service_url(name: str, swarm: bool = False, port: int = PORT) -> str:
     """Where the trainer finds an env served by the stack: its Compose replicas, or (ENV_FLEET=swarm) its Swarm
     tasks (`tasks.` names only the fleet's, never a Compose replica left running on this host)."""
-    return f"http://{'tasks.' if swarm else ''}{service_name(name)}:{PORT}"
+    return f"http://{'tasks.' if swarm else ''}{service_name(name)}:{port}"
 
 
 def image_var(name: str) -> str:
@@ -66,6 +69,28 @@ def image_var(name: str) -> str:
 
 def replicas_var(name: str) -> str:
     return f"ENV_{name.upper()}_REPLICAS"
+
+
+def port_var(name: str) -> str:
+    return f"ENV_{name.upper()}_PORT"
+
+
+def parse_port(name: str, raw: str | None) -> int | None:
+    """ENV_<NAME>_PORT as a port number, None when unset; ValueError, one line naming the variable and what to write."""
+    text = (raw or "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise ValueError(f"{port_var(name)}={raw!r} is not a port: write the port env {name}'s server listens on "
+                         f"inside its container, a number from 1 to 65535 (e.g. {port_var(name)}=8004), or leave it "
+                         f"unset for the port its image EXPOSEs, else {PORT} (edit .env)")
+    return int(text)
+
+
+def port_of(name: str, environ: Mapping[str, str]) -> int:
+    """The port the trainer reaches env `name`'s servers on: ENV_<NAME>_PORT as the stack resolved it into the
+    trainer's environment (tools/compose_file.py), else PORT."""
+    return parse_port(name, environ.get(port_var(name))) or PORT
 
 
 # The uid:gid every env server runs as (compose.yaml's env-template says the same), whatever its image's USER says;

@@ -67,17 +67,33 @@ def env_services(envs: EnvKinds, fleet: bool = False) -> dict[str, dict]:
             "image": f"${{{image_var}}}",
             "deploy": {"replicas": f"${{{naming.replicas_var(n)}:-1}}"},
             "user": f"${{{naming.user_var(n)}:-{naming.SERVER_USER}}}",
+            # its server's port (tools/env_ports.py): published on loopback only, to an ephemeral host port
+            # (bench/tests/debugging), and PORT for the template's health check (and a server that reads it, as ours)
+            "ports": [f"127.0.0.1::{port_ref(n)}"],
+            "environment": {"PORT": port_ref(n)},
         }
         if n in envs.builtin:
-            service.update(image=f"${{{image_var}:-{local_env_image()}}}", environment={"ENV_NAME": n})
+            service["image"] = f"${{{image_var}:-{local_env_image()}}}"
+            service["environment"] = {"ENV_NAME": n, **service["environment"]}
         services[naming.service_name(n)] = service
     depends = {naming.service_name(n): {"condition": "service_healthy", "required": False} for n in names}
     images = {naming.image_var(n): f"${{{naming.image_var(n)}:-}}" for n in names}  # named in preflight errors
+    reach = {**images, **server_ports(names)}
     for trainer in ("trainer", "trainer-cpu"):
-        services[trainer] = {"depends_on": depends, "environment": images}
+        services[trainer] = {"depends_on": depends, "environment": reach}
     learned = {naming.service_name(n): depends[naming.service_name(n)] for n in envs.custom}
-    services["model-init"] = {"environment": images, **({"depends_on": learned} if learned else {})}
+    services["model-init"] = {"environment": reach, **({"depends_on": learned} if learned else {})}
     return services
+
+
+def port_ref(name: str) -> str:
+    """ENV_<NAME>_PORT as Compose interpolates it: the resolved port (StackPlan.compose_vars), else the default."""
+    return f"${{{naming.port_var(name)}:-{naming.PORT}}}"
+
+
+def server_ports(names) -> dict[str, str]:
+    """The trainers' and model-init's ENV_<NAME>_PORT: where they reach each env's servers (envs.naming.port_of)."""
+    return {naming.port_var(n): port_ref(n) for n in names}
 
 
 def fleet_attachments(envs: EnvKinds) -> dict[str, dict]:
@@ -85,9 +101,10 @@ def fleet_attachments(envs: EnvKinds) -> dict[str, dict]:
     warm start) also join the fleet's overlay network (added to the networks compose.yaml gives them).
     vLLM does not: its dev routes stay off it."""
     images = {naming.image_var(n): f"${{{naming.image_var(n)}:-}}" for n in envs.custom}
+    reach = {**images, **server_ports(envs.served_here)}
 
     def attach() -> dict:  # a fresh dict per service: YAML would write a shared one as an anchor
-        return {"networks": {"fleet": {}}, **({"environment": dict(images)} if images else {})}
+        return {"networks": {"fleet": {}}, **({"environment": dict(reach)} if reach else {})}
 
     return {service: attach() for service in ("trainer", "trainer-cpu", "model-init")}
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from envs import naming
 from tools import env_replicas, gpu_doctor, settings
 from tools.derive import EnvKinds, auto_replica_envs, last_counts_file, run_config
+from tools.env_ports import EnvPort
 from tools.errors import StackError, say
 from tools.images import local_env_image
 from tools.settings import ROOT, WHEELS, load_env
@@ -143,9 +144,10 @@ def check_gpu_driver(values: dict[str, str], gpus: gpu_doctor.DockerGpus) -> Non
         raise StackError(message)
 
 
-def resolve_auto_replicas(envs: EnvKinds, dotenv: dict[str, str], mode: str, processes: int) -> dict[str, str]:
-    """{ENV_<NAME>_REPLICAS: count} for the run's auto envs, measuring an image not measured yet (tools/env_replicas.py);
-    one line per env says what it found and how many containers run."""
+def resolve_auto_replicas(envs: EnvKinds, dotenv: dict[str, str], mode: str, processes: int,
+                          ports: dict[str, EnvPort]) -> dict[str, str]:
+    """{ENV_<NAME>_REPLICAS: count} for the run's auto envs, measuring an image not measured yet (tools/env_replicas.py)
+    on its server's port (`ports`, tools/env_ports.py); one line per env says what it found and how many containers run."""
     names = auto_replica_envs(envs, dotenv)
     if not names:
         return {}
@@ -163,7 +165,7 @@ def resolve_auto_replicas(envs: EnvKinds, dotenv: dict[str, str], mode: str, pro
             if measured is None or not measured.covers(needed):
                 builtin = name if name in envs.builtin else None
                 try:
-                    measured = env_replicas.measure(image, needed, dotenv, run, say, builtin_env=builtin,
+                    measured = env_replicas.measure(image, needed, dotenv, run, say, port=ports[name], builtin_env=builtin,
                                                     user=dotenv.get(naming.user_var(name)) or naming.SERVER_USER)
                 except env_replicas.ReplicasError as exc:  # the service's own start and checks say what is wrong
                     say(f"env {name}: not measured ({exc}); starting 1 container")
@@ -240,8 +242,10 @@ def compose(compose_vars: dict[str, str], *args: str, extra_profiles: tuple[str,
 IMAGE_REFERENCE = re.compile(r"[a-z0-9][a-z0-9._/:-]*(@sha256:[0-9a-f]{64})?", re.I)
 
 
-def check_custom_images(envs: EnvKinds) -> None:
-    """Each ENV_<NAME>_IMAGE is on this machine, or pulled now; else one line saying what to do."""
+def check_custom_images(envs: EnvKinds) -> list[str]:
+    """Each ENV_<NAME>_IMAGE is on this machine, or pulled now; else one line saying what to do. Returns the envs
+    whose image it pulled (their EXPOSE was not known before)."""
+    pulled = []
     for n in envs.custom:
         var, image = naming.image_var(n), envs.images[n]
         if not IMAGE_REFERENCE.fullmatch(image):
@@ -256,10 +260,27 @@ def check_custom_images(envs: EnvKinds) -> None:
             raise StackError(f"{var}={image}: not on this machine and `docker pull` failed ({why}); build or load "
                              f"the image first (e.g. `docker build -t {image} .` in the env's folder), or fix {var} "
                              "in .env")
+        pulled.append(n)
+    return pulled
 
 
-def unhealthy_custom_envs(compose_vars: dict[str, str], envs: EnvKinds) -> list[str]:
-    """Why each custom env's service is not healthy (an image that is no OpenEnv server, usually)."""
+def exposed_ports(envs: EnvKinds, run=run) -> dict[str, tuple[str, ...]]:
+    """The ports each env image not ours declares (its EXPOSE lines: `8004/tcp`, ...), by env, for
+    env_ports.resolve; an image not on this machine yet is left out (`make up` pulls it, then asks again)."""
+    out = {}
+    for n in envs.served_here:
+        image = envs.images.get(n)
+        if not image or image == local_env_image():  # ours serves on naming.PORT
+            continue
+        r = run(["docker", "image", "inspect", "--format", "{{json .Config.ExposedPorts}}", "--", image])
+        if r.returncode == 0:
+            out[n] = tuple(json.loads(r.stdout.strip() or "null") or {})
+    return out
+
+
+def unhealthy_custom_envs(compose_vars: dict[str, str], envs: EnvKinds, ports: dict[str, EnvPort]) -> list[str]:
+    """Why each custom env's service is not healthy (an image that is no OpenEnv server, or one serving on another
+    port, usually); `ports`: where its health check looked (tools/env_ports.py)."""
     problems = []
     for n in envs.custom:
         cmd, cmd_env = compose_command(compose_vars, "ps", "-a", "--format", "json", naming.service_name(n))
@@ -268,7 +289,7 @@ def unhealthy_custom_envs(compose_vars: dict[str, str], envs: EnvKinds) -> list[
         if states and all(s.get("Health") == "healthy" for s in states):
             continue
         seen = ", ".join(sorted({s.get("Health") or s.get("State", "?") for s in states})) or "not started"
-        problems.append(f"env-{n} (image {envs.images[n]}) is {seen}: its GET /health on port 8000 "
-                        "never answered 200. Is it an OpenEnv server (openenv's create_app, served on port 8000)? "
-                        f"`make logs` shows its output")
+        problems.append(f"env-{n} (image {envs.images[n]}) is {seen}: its GET /health never answered 200 on "
+                        f"{ports[n]}. Is it an OpenEnv server (openenv's create_app) listening there? `make logs` "
+                        "shows its output")
     return problems

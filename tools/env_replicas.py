@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import time
 import uuid
@@ -24,6 +25,7 @@ from typing import Callable
 from envs.core.settings import DEFAULT_MAX_CONCURRENT_ENVS
 from envs import naming
 from envs.naming import replicas_var
+from tools.env_ports import EnvPort
 
 AUTO = "auto"
 MAX_VAR = "ENV_REPLICAS_MAX"
@@ -115,9 +117,11 @@ def hardening_flags(dotenv: dict[str, str], user: str = naming.SERVER_USER) -> l
 
 
 def measure(image: str, needed: int, dotenv: dict[str, str], run: Callable[..., subprocess.CompletedProcess],
-            say: Callable[[str], None], builtin_env: str | None = None, user: str = naming.SERVER_USER) -> Measurement:
-    """Start one container of `image` on a private network with a loopback port, wait for its /health, and measure.
-    `builtin_env`: our env-server image serves the env its ENV_NAME names (an upstream image is not told one)."""
+            say: Callable[[str], None], *, port: EnvPort, builtin_env: str | None = None,
+            user: str = naming.SERVER_USER) -> Measurement:
+    """Start one container of `image` on a private network with `port` (its server's, tools/env_ports.py) published on
+    loopback, wait for its /health, and measure. `builtin_env`: our env-server image serves the env its ENV_NAME
+    names (an upstream image is not told one)."""
     from envs.core import probe
 
     tag = f"grpo-capacity-{uuid.uuid4().hex[:8]}"
@@ -126,13 +130,13 @@ def measure(image: str, needed: int, dotenv: dict[str, str], run: Callable[..., 
         raise ReplicasError(f"measuring {image}: `docker network create` failed")
     try:
         r = run(["docker", "run", "-d", "--name", tag, "--label", "grpo-capacity=1", "--network", tag,
-                 "-p", "127.0.0.1::8000", *hardening_flags(dotenv, user),
+                 "-p", f"127.0.0.1::{port.port}", "-e", f"PORT={port.port}", *hardening_flags(dotenv, user),
                  *(["-e", f"ENV_NAME={builtin_env}"] if builtin_env else []), "--", image])
         if r.returncode != 0:
             raise ReplicasError(f"measuring {image}: the container did not start ({(r.stderr.strip() or '?')[-300:]})")
-        port = run(["docker", "port", tag, "8000/tcp"]).stdout.split("\n")[0].rsplit(":", 1)[-1]
-        url = f"http://127.0.0.1:{port}"
-        capacity = wait_healthy(url, tag, run)
+        published = run(["docker", "port", tag, f"{port.port}/tcp"]).stdout.split("\n")[0].rsplit(":", 1)[-1]
+        url = f"http://127.0.0.1:{published}"
+        capacity = wait_healthy(url, tag, run, port)
         if capacity is not None:
             return Measurement(capacity, capacity, "reported by /health")
         accepted, problem = probe.count_sessions(url, needed)
@@ -149,8 +153,9 @@ def measure(image: str, needed: int, dotenv: dict[str, str], run: Callable[..., 
         run(["docker", "network", "rm", tag])
 
 
-def wait_healthy(url: str, container: str, run: Callable[..., subprocess.CompletedProcess]) -> int | None:
-    """Until GET /health answers 200 (its reported capacity, or None); ReplicasError if the container exits first."""
+def wait_healthy(url: str, container: str, run: Callable[..., subprocess.CompletedProcess], port: EnvPort) -> int | None:
+    """Until GET /health answers 200 (its reported capacity, or None); ReplicasError if the container exits first,
+    naming `port` (the container's, published at `url`) and where it came from."""
     from envs.core import probe
 
     deadline = time.monotonic() + START_TIMEOUT_S
@@ -165,8 +170,20 @@ def wait_healthy(url: str, container: str, run: Callable[..., subprocess.Complet
             pass
         running = run(["docker", "inspect", "-f", "{{.State.Running}}", container]).stdout.strip()
         if running != "true" or time.monotonic() > deadline:
-            logs = run(["docker", "logs", "--tail", "5", container])
-            raise ReplicasError(f"the measured container never answered GET /health on port 8000 ("
-                                f"{'exited' if running != 'true' else f'{START_TIMEOUT_S} s'}): is it an OpenEnv "
-                                f"server? last log lines: {(logs.stdout + logs.stderr).strip()[-300:]!r}")
+            logs = run(["docker", "logs", "--tail", "20", container])
+            raise ReplicasError(f"the measured container never answered GET /health ("
+                                f"{'exited' if running != 'true' else f'{START_TIMEOUT_S} s'}) on {port}: is it an "
+                                f"OpenEnv server listening there? last log lines: "
+                                f"{last_log_lines(logs.stdout + logs.stderr)!r}")
         time.sleep(0.5)
+
+
+# An access-log line of a GET /health (uvicorn: `INFO: 127.0.0.1:40312 - "GET /health HTTP/1.1" 200 OK`): in a
+# container that never answered ours, these are the image's own HEALTHCHECK, on its own port, not our probe's.
+HEALTH_ACCESS_LINE = re.compile(r'"GET /health[ ?][^"]*"')
+
+
+def last_log_lines(text: str, count: int = 5, chars: int = 300) -> str:
+    """A container's last `count` log lines (at most `chars`) to quote, without the access-log lines of GET /health."""
+    lines = [line for line in text.strip().splitlines() if not HEALTH_ACCESS_LINE.search(line)]
+    return "\n".join(lines[-count:])[-chars:]

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 from envs import naming
-from tools import compose_file, derive, docker_host, settings
+from tools import compose_file, derive, docker_host, env_ports, settings
 from tools.plan import env_servers_plan
 from tools.prepare import compose_vars_for
 from tools.docker_host import run
@@ -345,8 +345,13 @@ def cmd_up(dotenv: dict[str, str], mode: str | None = None, processes: int | Non
         if docker_host.compose(compose_vars, "--progress", "quiet", "build", "env-server-image", extra_profiles=("build",)) != 0:
             raise StackError("building the env-server image failed (see above)")
     require_no_new_privileges(dotenv)  # before anything of the env images runs
+    ports, lines = env_ports.resolve(envs, dotenv, docker_host.exposed_ports(envs))
+    for line in lines:
+        say(line)
+    dotenv = {**dotenv, **env_ports.compose_vars(ports)}  # the stack file's env services: their servers' ports
     processes = processes or int(dotenv.get("TRAINER_PROCESSES") or 1)
-    dotenv = {**dotenv, **docker_host.resolve_auto_replicas(envs, dotenv, mode or dotenv.get("TRAIN_MODE") or "auto", processes)}
+    dotenv = {**dotenv, **docker_host.resolve_auto_replicas(envs, dotenv, mode or dotenv.get("TRAIN_MODE") or "auto",
+                                                             processes, ports)}
     path, spec = write_stack_file(dotenv)
     images = sorted({svc["image"] for svc in spec["services"].values()})
     local = [i for i in images if local_only(i)]

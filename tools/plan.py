@@ -1,8 +1,8 @@
 """The plan: what runs for this .env on this host, decided once and without side effects.
 
-`make_plan(settings, gpus)` turns the .env settings (tools/settings.py, read once) and the GPUs Docker hands out
-into a StackPlan: the mode and why, the envs by kind, the GPU layout, the Compose profiles, the services to start, the images to
-build and what the generated compose file adds. ENV_NAME and ENV_URLS are parsed once, into the plan's EnvKinds
+`make_plan(settings, gpus, exposed)` turns the .env settings (tools/settings.py, read once), the GPUs Docker hands out
+and the ports the env images EXPOSE into a StackPlan: the mode and why, the envs by kind and their servers' ports, the
+GPU layout, the Compose profiles, the services to start, the images to build and what the generated compose file adds. ENV_NAME and ENV_URLS are parsed once, into the plan's EnvKinds
 (tools/derive.py), and the host functions take that. Nothing here runs Docker or writes a file; tools/prepare.py runs
 the checks that do (tools/docker_host.py), writes the generated compose file from the plan
 (compose_file.write_compose_files), and the commands execute it. A bad value raises StackError with its fix.
@@ -15,8 +15,9 @@ import os
 from dataclasses import dataclass, field
 
 from envs import naming
-from tools import compose_file, derive, gpu_layout, rehearsal
+from tools import compose_file, derive, env_ports, gpu_layout, rehearsal
 from tools.derive import EnvKinds, env_kinds
+from tools.env_ports import EnvPort
 from tools.errors import StackError
 from tools.gpu_doctor import DockerGpus
 from tools.images import TRAINER_REHEARSE_BUILD, local_env_image
@@ -39,6 +40,7 @@ class StackPlan:
     notes: tuple[str, ...] = ()     # what the plan changed or proposes, for the user
     fleet: bool = False             # ENV_FLEET=swarm: the env servers are a Swarm fleet, not services here
     replicas: dict[str, str] = field(default_factory=dict)  # ENV_<NAME>_REPLICAS as Compose reads them
+    ports: dict[str, EnvPort] = field(default_factory=dict)  # each served env's server port (tools/env_ports.py)
     rehearsal: bool = False         # `make rehearse`: mode gpu's services on CPU (tools/rehearsal.py)
 
     @property
@@ -105,6 +107,7 @@ class StackPlan:
         if glob.glob(str(WHEELS / "torch-*.whl")):
             out["TORCH_INDEX_URL"] = ""  # the local wheel is enough; don't wait on an index
         out.update(self.replicas)
+        out.update(env_ports.compose_vars(self.ports))
         if self.rehearsal:  # the twin serves a local folder: no Hub revision (vLLM's --revision falls back to main)
             out["MODEL_REVISION"] = ""
         if self.settings.TRAINER_GPU:
@@ -112,8 +115,10 @@ class StackPlan:
         return out
 
 
-def make_plan(settings: StackEnv | dict[str, str], gpus: DockerGpus | None) -> StackPlan:
-    """The plan for these .env settings on a host with these GPUs (None: none, not probed, as for TRAIN_MODE=cpu)."""
+def make_plan(settings: StackEnv | dict[str, str], gpus: DockerGpus | None,
+              exposed: dict[str, tuple[str, ...]] | None = None) -> StackPlan:
+    """The plan for these .env settings on a host with these GPUs (None: none, not probed, as for TRAIN_MODE=cpu)
+    and env images declaring these ports (docker_host.exposed_ports; None: not inspected, the defaults)."""
     settings = settings if isinstance(settings, StackEnv) else StackEnv.from_values(settings)
     values = settings.values
     mode, why = derive.resolve_mode(values, gpus if gpus is not None else DockerGpus(None, [], "not probed"))
@@ -121,7 +126,7 @@ def make_plan(settings: StackEnv | dict[str, str], gpus: DockerGpus | None) -> S
     problem = derive.validate_run_config(values, mode)
     if problem:
         raise StackError(problem)
-    notes = []
+    ports, notes = env_ports.resolve(envs, values, exposed or {})
     if as_mode(mode).colocated:
         trainer_gpu, note = gpu_layout.colocate_trainer_gpu(values.get("TRAINER_GPU"), gpus.count if gpus else 0)
         if note:
@@ -143,19 +148,21 @@ def make_plan(settings: StackEnv | dict[str, str], gpus: DockerGpus | None) -> S
                          f"VLLM_GPU={proposal[0]} TRAINER_GPU={proposal[1]} VLLM_PARALLEL=tensor in .env "
                          "(docs/gpu-host.md \"Every GPU of a host\")")
     return StackPlan(settings=settings, mode=mode, why=why, envs=envs, layout=layout, cdi=bool(gpus and gpus.cdi),
-                     notes=tuple(notes), fleet=settings.ENV_FLEET == "swarm", replicas=derive.replica_counts(envs, values))
+                     notes=tuple(notes), fleet=settings.ENV_FLEET == "swarm", replicas=derive.replica_counts(envs, values),
+                     ports=ports)
 
 
-def env_servers_plan(values: dict[str, str]) -> StackPlan:
+def env_servers_plan(values: dict[str, str], exposed: dict[str, tuple[str, ...]] | None = None) -> StackPlan:
     """The env servers of .env as Compose services, and nothing else (no GPU, no check of the training knobs): what
     a Swarm fleet deploys and builds (tools/fleet.py)."""
     values = {**values, "ENV_FLEET": "compose"}
     envs = env_kinds(values)
+    ports, notes = env_ports.resolve(envs, values, exposed or {})
     return StackPlan(settings=StackEnv.from_values(values), mode="cpu", why="env servers only", envs=envs,
-                     layout=None, replicas=derive.replica_counts(envs, values))
+                     layout=None, notes=tuple(notes), replicas=derive.replica_counts(envs, values), ports=ports)
 
 
-def rehearsal_plan(settings: StackEnv | dict[str, str]) -> StackPlan:
+def rehearsal_plan(settings: StackEnv | dict[str, str], exposed: dict[str, tuple[str, ...]] | None = None) -> StackPlan:
     """`make rehearse`: TRAIN_MODE=gpu's services on this CPU (tools/rehearsal.py says what differs), whatever
     TRAIN_MODE says; .env's other settings (envs, ROLLOUTS, TRAINER_PROCESSES, the training knobs) as `make train`."""
     settings = settings if isinstance(settings, StackEnv) else StackEnv.from_values(settings)
@@ -168,5 +175,7 @@ def rehearsal_plan(settings: StackEnv | dict[str, str]) -> StackPlan:
            f"the tiny model model-init makes ({rehearsal.CPU_DEFAULT_MODEL}), the trainer on CPU pushing weights by "
            "reload (WEIGHT_TRANSFER=reload), no GPU")
     envs = env_kinds(settings.values)
-    return StackPlan(settings=settings, mode="gpu", why=why, envs=envs, layout=None, fleet=settings.ENV_FLEET == "swarm",
-                     replicas=derive.replica_counts(envs, settings.values), rehearsal=True)
+    ports, notes = env_ports.resolve(envs, settings.values, exposed or {})
+    return StackPlan(settings=settings, mode="gpu", why=why, envs=envs, layout=None, notes=tuple(notes),
+                     fleet=settings.ENV_FLEET == "swarm", replicas=derive.replica_counts(envs, settings.values),
+                     rehearsal=True, ports=ports)

@@ -4,9 +4,10 @@ Compose runs with); the commands execute it."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from tools import compose_file, docker_host, settings
+from tools import compose_file, derive, docker_host, env_ports, settings
 from tools.errors import StackError, say
 from tools.images import TRAINER_CPU_BUILD
 from tools.plan import StackPlan, make_plan, rehearsal_plan
@@ -24,6 +25,17 @@ class Prepared:
     def compose(self, *args: str, extra_profiles: tuple[str, ...] = ()) -> int:
         return docker_host.compose(self.compose_vars, *args, extra_profiles=extra_profiles)
 
+    def read_ports_again(self) -> None:
+        """The env servers' ports once images the plan did not find are here (`make up` pulled them, or deployed the
+        fleet): what their EXPOSE says, into the plan and the environment Compose runs with (the generated file
+        interpolates them)."""
+        ports, lines = env_ports.resolve(self.plan.envs, self.plan.values, docker_host.exposed_ports(self.plan.envs))
+        for line in lines:
+            if line not in self.plan.notes:
+                say(line)
+        self.plan = dataclasses.replace(self.plan, ports=ports)
+        self.compose_vars.update(env_ports.compose_vars(ports))
+
 
 def compose_vars_for(plan: StackPlan, name: str = "compose.envs") -> dict[str, str]:
     """Write the plan's generated compose file (.stack/<name>.yaml); the environment Compose runs the stack with."""
@@ -38,14 +50,16 @@ def prepare(rehearse: bool = False) -> Prepared:
         if problem:
             raise StackError(problem)
     dotenv = settings.load()
+    exposed = docker_host.exposed_ports(derive.env_kinds(dotenv.values))  # the env images' ports (tools/env_ports.py)
     if rehearse:
-        plan = rehearsal_plan(dotenv)
-        say(plan.why)
+        plan = rehearsal_plan(dotenv, exposed)
+        for line in (plan.why, *plan.notes):
+            say(line)
         return Prepared(plan, compose_vars_for(plan, "compose.rehearse"))
     gpus = docker_host.detect_gpus() if dotenv.TRAIN_MODE.strip().lower() != "cpu" else None
     if gpus is not None:  # TRAIN_MODE=gpu/colocate/auto: the driver against VLLM_IMAGE's CUDA, before any pull
         docker_host.check_gpu_driver(dotenv.values, gpus)
-    plan = make_plan(dotenv, gpus)
+    plan = make_plan(dotenv, gpus, exposed)
     say(plan.why)
     for note in plan.notes:
         say(note)

@@ -297,7 +297,7 @@ def test_auto_replicas_measures_an_http_only_image_by_its_mcp_sessions(served):
     with none, "opening session 1" and the run stopped. Docker is faked: `docker port` names the in-process stub."""
     import subprocess
 
-    from tools import env_replicas
+    from tools import env_ports, env_replicas
 
     url = served(stock_without(counter_env(), "/ws", "/schema"))
     port = url.rsplit(":", 1)[1]
@@ -306,6 +306,6 @@ def test_auto_replicas_measures_an_http_only_image_by_its_mcp_sessions(served):
         out = f"127.0.0.1:{port}\n" if cmd[:2] == ["docker", "port"] else "true\n"
         return subprocess.CompletedProcess(cmd, 0, out, "")
 
-    got = env_replicas.measure("openenv/counter:latest", 3, {}, run, lambda _: None)
+    got = env_replicas.measure("openenv/counter:latest", 3, {}, run, lambda _: None, port=env_ports.default("counter"))
     assert (got.per_container, got.upto, got.source) == (3, 3, "counted")
     assert free_sessions(url) == CAP

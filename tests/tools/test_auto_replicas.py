@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 import tools.env_replicas as env_replicas
-from tools import docker_host, images
+from tools import docker_host, env_ports, images
 from tools import settings
 from tools.env_replicas import Measurement, ReplicasError, auto_envs, replicas_for
 
@@ -77,11 +77,11 @@ def test_the_one_session_fixture_and_our_env_server_measured_for_real(docker):
     build_images("env-server")
     guess = fixture_image("guess")
     said: list[str] = []
-    measured = env_replicas.measure(guess, 4, {}, docker_host.run, said.append)
+    measured = env_replicas.measure(guess, 4, {}, docker_host.run, said.append, port=env_ports.default("guess"))
     assert measured == Measurement(1, 4, "counted")  # stock create_app: one session per container
     assert said and "measuring how many sessions one grpo-fixture/guess:local container holds" in said[0]
     ours = env_replicas.measure(images.local_env_image(), 4, {"MAX_CONCURRENT_ENVS": "32"}, docker_host.run, said.append,
-                                builtin_env="echo")
+                                port=env_ports.default("echo"), builtin_env="echo")
     assert ours == Measurement(32, 32, "reported by /health")
     left = subprocess.run(["docker", "ps", "-aq", "--filter", "label=grpo-capacity=1"], capture_output=True, text=True)
     assert left.stdout.strip() == ""  # the measured containers and their networks are gone

@@ -149,8 +149,11 @@ def test_every_env_service_is_generated_from_the_one_template(tmp_path, monkeypa
         assert generated[f"env-{name}"] == {
             "extends": {"file": str(ROOT / "compose.yaml"), "service": "env-template"}, "profiles": [name],
             "image": f"${{ENV_{name.upper()}_IMAGE:-{images.local_env_image()}}}",
-            "deploy": {"replicas": f"${{ENV_{name.upper()}_REPLICAS:-1}}"}, "environment": {"ENV_NAME": name},
-            "user": f"${{ENV_{name.upper()}_USER:-10001:10001}}"}  # non-root whatever the image says (SECURITY.md)
+            "deploy": {"replicas": f"${{ENV_{name.upper()}_REPLICAS:-1}}"},
+            "user": f"${{ENV_{name.upper()}_USER:-10001:10001}}",  # non-root whatever the image says (SECURITY.md)
+            # its server's port (tools/env_ports.py), published on loopback and named to the health check
+            "ports": [f"127.0.0.1::${{ENV_{name.upper()}_PORT:-8000}}"],
+            "environment": {"ENV_NAME": name, "PORT": f"${{ENV_{name.upper()}_PORT:-8000}}"}}
     assert generated["env-connect4"]["image"] == "${ENV_CONNECT4_IMAGE}"
     assert generated["env-connect4"]["extends"] == generated["env-echo"]["extends"]
     assert set(generated["trainer-cpu"]["depends_on"]) == {"env-echo", "env-maze", "env-connect4"}

@@ -157,3 +157,11 @@ def test_env_servers_are_hardened(gpu):
         svc = gpu["services"][name]
         assert "no-new-privileges:true" in svc["security_opt"]
         assert svc["mem_limit"] and svc["pids_limit"]
+
+
+def test_env_servers_publish_and_check_8000_unless_told_otherwise(cpu):
+    """ENV_<NAME>_PORT unset and our image: port 8000, on loopback, named to the health check (tools/env_ports.py)."""
+    svc = cpu["services"]["env-echo"]
+    assert [(p["host_ip"], p["target"]) for p in svc["ports"]] == [("127.0.0.1", 8000)]
+    assert svc["environment"]["PORT"] == "8000"
+    assert cpu["services"]["trainer-cpu"]["environment"]["ENV_ECHO_PORT"] == "8000"

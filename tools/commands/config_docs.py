@@ -62,6 +62,9 @@ PER_ENV = [
      "(environments.md#bring-your-own-environment))"),
     ("ENV_<NAME>_REPLICAS", "`auto` for an env learned from its image",
      "a number, or `auto`: measure one container, run as many as the run's sessions need"),
+    ("ENV_<NAME>_PORT", "the one port its image `EXPOSE`s, else `8000`",
+     "the port env `<name>`'s server listens on inside its container (1-65535): where the stack publishes, "
+     "health-checks, measures and reaches it; an image exposing several ports gets `8000` and a line naming this"),
     ("ENV_<NAME>_USER", "`10001:10001`", "only for an image that needs root (`0`)"),
 ]
 

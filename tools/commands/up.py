@@ -21,6 +21,7 @@ def bring_up(prepared: Prepared) -> None:
     processes = int(prepared.compose_vars.get("TRAINER_PROCESSES") or values.get("TRAINER_PROCESSES") or 1)
     if plan.fleet:
         fleet.up_here(values, plan.mode, processes)
+        prepared.read_ports_again()  # the fleet's images are here now: the trainer reaches their servers' ports
     services, profiles = list(plan.services), prepared.compose_vars["COMPOSE_PROFILES"]
     if plan.settings.DASHBOARD:
         problem = docker_host.check_port(values, "DASHBOARD_PORT")
@@ -29,13 +30,15 @@ def bring_up(prepared: Prepared) -> None:
         services.append("dashboard")
         profiles += ",dashboard"
     if not plan.fleet:
-        docker_host.check_custom_images(plan.envs)
-        prepared.compose_vars.update(docker_host.resolve_auto_replicas(plan.envs, values, plan.mode, processes))  # each opens sessions
+        if docker_host.check_custom_images(plan.envs):  # pulled now: their EXPOSE was not known to the plan
+            prepared.read_ports_again()
+        prepared.compose_vars.update(docker_host.resolve_auto_replicas(plan.envs, values, plan.mode, processes,
+                                                                       prepared.plan.ports))  # each opens sessions
     if not services:
         return
     say("starting " + ", ".join(services) + " and waiting until healthy")
     if docker_host.compose({**prepared.compose_vars, "COMPOSE_PROFILES": profiles}, "up", "-d", "--wait", *services) != 0:
-        custom = docker_host.unhealthy_custom_envs(prepared.compose_vars, plan.envs)
+        custom = docker_host.unhealthy_custom_envs(prepared.compose_vars, plan.envs, prepared.plan.ports)
         raise StackError("; ".join(custom) if custom else
                                "some services did not become healthy: `make ps` and `make logs` show why; "
                                "`make doctor` checks the usual causes")
