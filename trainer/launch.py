@@ -83,6 +83,14 @@ def pin_interfaces(mode: str, vllm_url: str, environ: dict[str, str] | None = No
     return {k: v for k, v in environ.items() if before.get(k) != v}
 
 
+def place_cpu_ranks(environ: dict[str, str] | None = None) -> None:
+    """Every CPU rank on the device "cpu". accelerate gives each torch.device("cpu", 0), and HF's Trainer, resuming
+    with several processes, loads the optimizer's state with that as map_location, which torch cannot restore
+    ("cpu:0"): a resumed 2-process rehearsal stopped there."""
+    environ = os.environ if environ is None else environ
+    environ.setdefault("ACCELERATE_TORCH_DEVICE", "cpu")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
@@ -122,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"[launch] {n} trainer processes ({cfg.trainer_sharding}, {backend}) through "
           "accelerate; each opens its own env sessions, rank 0 logs and checkpoints", flush=True)
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(WORKER_STOP_GRACE_S))
+    if cfg.trainer_on_cpu(mode):
+        place_cpu_ranks()
     pin_interfaces("cpu" if cfg.trainer_on_cpu(mode) else mode, cfg.vllm_server_url)
     os.execv(cmd[0], cmd)  # the launcher becomes this container's process: signals reach every rank
     return 0  # pragma: no cover

@@ -1,13 +1,22 @@
 """Run by tests/trainer/test_loopback_rendezvous.py under trainer.launch's launcher: rank 0 prints every TCP
-socket that this run's processes (the launcher agent and both ranks) listen on, after gloo has connected."""
+socket that this run's processes (the launcher agent and both ranks) listen on, after gloo has connected; each rank
+prints its device and loads a saved optimizer state onto it as HF's Trainer does when it resumes several processes
+(torch.load's map_location: the rank's device)."""
 
+import io
 import os
 import subprocess
 
+import torch
 import torch.distributed as dist
 from accelerate import PartialState
 
 state = PartialState(cpu=True)
+saved = io.BytesIO()
+torch.save({"state": {0: {"exp_avg": torch.zeros(2)}}}, saved)
+saved.seek(0)
+torch.load(saved, map_location=state.device, weights_only=True)
+print("RESTORED on", state.device, flush=True)
 pids = [None] * state.num_processes
 dist.all_gather_object(pids, os.getpid())
 if state.is_main_process:

@@ -49,7 +49,8 @@ def test_the_loopback_backend_store_listens_on_127_0_0_1_only():
 
 
 def test_two_processes_from_trainer_launch_listen_on_loopback_only(tmp_path):
-    from trainer.launch import launch_argv, pin_interfaces
+    """And each CPU rank restores a checkpoint's optimizer state on its device (a resume with several processes)."""
+    from trainer.launch import launch_argv, pin_interfaces, place_cpu_ranks
 
     port = free_port()
     argv = launch_argv(2, "cpu", "ddp", [], port=port)
@@ -57,6 +58,7 @@ def test_two_processes_from_trainer_launch_listen_on_loopback_only(tmp_path):
     argv[at:at + 2] = [str(ROOT / "tests" / "trainer" / "rank_listeners.py")]
     env = {k: v for k, v in os.environ.items() if k != "GLOO_SOCKET_IFNAME"}
     pin_interfaces("cpu", "http://vllm:8000", env)  # what trainer.launch does before it execs the launcher
+    place_cpu_ranks(env)
     env["PYTHONPATH"] = str(ROOT)
     res = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
@@ -64,6 +66,7 @@ def test_two_processes_from_trainer_launch_listen_on_loopback_only(tmp_path):
     assert f"127.0.0.1:{port}" in seen, res.stdout  # the store, found
     assert len(seen) >= 3 and all(addr.startswith("127.0.0.1:") for addr in seen), seen  # + gloo's, per rank
     assert "GLOO_SOCKET_IFNAME lo" in res.stdout
+    assert res.stdout.count("RESTORED on cpu\n") == 2, res.stdout  # "cpu:0" (accelerate's own pick) cannot restore
 
 
 def test_two_processes_exit_with_the_code_rank_0_chose_not_the_launchers_1(tmp_path):
