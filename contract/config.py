@@ -375,11 +375,9 @@ class RunConfig(BaseSettings):
         return naming.parse_urls(self.env_urls)
 
     def env_url(self, name: str) -> str:
-        """ENV_URLS' URL, else the env service's (its Compose replicas or its Swarm tasks: envs.naming), on the port
-        the stack resolved for it (ENV_<NAME>_PORT in this process's environment, else 8000)."""
-        if name in self.env_url_overrides:
-            return self.env_url_overrides[name]
-        return naming.service_url(name, swarm=self.env_fleet == "swarm", port=naming.port_of(name, os.environ))
+        """ENV_URLS' URL, else the env service's (Compose replicas or Swarm tasks) on its ENV_<NAME>_PORT: envs.naming."""
+        port = naming.port_of(name, os.environ)
+        return self.env_url_overrides.get(name) or naming.service_url(name, self.env_fleet == "swarm", port)
 
     def generic_env_options(self) -> dict[str, Any]:
         """How envs learned from their server are prompted and scored (envs.generic.GenericSpec's options)."""
@@ -407,8 +405,7 @@ class RunConfig(BaseSettings):
         (per_device_train_batch_size x steps_per_generation completions) and is never shrunk or closed.
         Single env: the whole generation batch. Multi-env: a batch holds gen_batch / num_generations
         prompts, each repeated num_generations times; at worst all of them are this env's (capped by how
-        many distinct rows the env has: `env_rows`, else DATASET_SIZE).
-        """
+        many distinct rows the env has: `env_rows`, else DATASET_SIZE)."""
         gen_batch, num_processes = self.rollouts.session_pool(self, num_processes)  # async: one, the worker's
         if len(self.env_names) > 1:
             prompts_per_batch = gen_batch // self.num_generations
