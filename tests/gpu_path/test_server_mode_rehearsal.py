@@ -170,7 +170,7 @@ def test_server_mode_with_lora_pushes_merged_base_weights_that_change_the_served
     assert served_logprobs(twin) != before, "the merged push did not change the served model"
 
 
-def test_rollouts_async_after_the_run__sigterm_resume_traces_report_export_eval(rehearsal_stack, tmp_path):
+def test_rollouts_async_after_the_run__sigterm_resume_traces_rollouts_eval(rehearsal_stack, tmp_path):
     """#31 item 4 on the twin (weights by reload, as above): an async run (TRL's AsyncGRPOTrainer) stopped by SIGTERM
     saves a complete checkpoint with TRL's rollout_state.json and exits 143; `make train` again resumes from it and
     logs every step once; its records carry the sync run's keys plus the staleness figures; then `make rollouts` and
