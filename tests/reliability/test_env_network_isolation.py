@@ -172,7 +172,8 @@ def stack(tmp_path_factory, tiny_model_dir):
     finally:
         for name in (names["vllm"], names["trainer"], names["ranks"]):
             sh("docker", "rm", "-f", name, check=False)
-        sh(*base, "down", "--volumes", "--remove-orphans", check=False)
+        # every profile: the twin's and the trainer's networks and volumes are not the active profile's (left behind)
+        sh(*base, "--profile", "*", "down", "--volumes", "--remove-orphans", check=False)
 
 
 def test_facts_the_isolation_rests_on__vllm_binds_the_rendezvous_to_one_address():
