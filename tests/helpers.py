@@ -179,6 +179,12 @@ class EnvFileStack:
 
     def down(self) -> None:
         self.stack("compose", "--profile", "*", "down", "--volumes", "--remove-orphans")
+        # a volume only a command's generated file declares (make rehearse's `weights`) is not in the model `down`
+        # reads: each rehearsal module left one behind
+        left = subprocess.run(["docker", "volume", "ls", "-q", "--filter",
+                               f"label=com.docker.compose.project={self.project}"], capture_output=True, text=True)
+        if left.stdout.split():
+            subprocess.run(["docker", "volume", "rm", *left.stdout.split()], capture_output=True)
 
 
 def free_port() -> int:
