@@ -146,11 +146,21 @@ def measure(image: str, needed: int, dotenv: dict[str, str], run: Callable[..., 
             over_http = http_mcp.count_sessions(url, needed)
             accepted, problem = over_http if over_http[0] else (accepted, problem)
         if problem and not accepted:
-            raise ReplicasError(f"measuring {image}: {problem}")
+            raise ReplicasError(f"measuring {image}: {http_only_reason(url, port) or problem}")
         return Measurement(accepted, needed, "counted")
     finally:
         run(["docker", "rm", "-f", tag])
         run(["docker", "network", "rm", tag])
+
+
+def http_only_reason(url: str, port: EnvPort) -> str | None:
+    """Why a server that opened no session on /ws nor over HTTP cannot be trained, where it serves OpenEnv's HTTP
+    routes only (the line discovery gives, envs.generic.http_only), instead of the /ws handshake's refusal; None for
+    any other server (its session problem is the line)."""
+    from envs.generic import http_only
+
+    found = http_only.survey(url)
+    return None if found.trainable else http_only.refusal(f"its server on port {port.port}", found)
 
 
 def wait_healthy(url: str, container: str, run: Callable[..., subprocess.CompletedProcess], port: EnvPort) -> int | None:

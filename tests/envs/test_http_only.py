@@ -309,3 +309,25 @@ def test_auto_replicas_measures_an_http_only_image_by_its_mcp_sessions(served):
     got = env_replicas.measure("openenv/counter:latest", 3, {}, run, lambda _: None, port=env_ports.default("counter"))
     assert (got.per_container, got.upto, got.source) == (3, 3, "counted")
     assert free_sessions(url) == CAP
+
+
+def test_auto_replicas_names_why_an_http_only_image_without_sessions_cannot_be_measured(served):
+    """The same measurement of a calendar-shaped server (no /ws, no MCP sessions): the line says what discovery says
+    (HTTP routes only, episodes cannot be isolated, what the author can add), not the /ws handshake's 403."""
+    import subprocess
+
+    from tools import env_ports, env_replicas
+
+    url = served(calendar_app([]))
+    port = url.rsplit(":", 1)[1]
+
+    def run(cmd, **_):
+        out = f"127.0.0.1:{port}\n" if cmd[:2] == ["docker", "port"] else "true\n"
+        return subprocess.CompletedProcess(cmd, 0, out, "")
+
+    with pytest.raises(env_replicas.ReplicasError) as caught:
+        env_replicas.measure("openenv/calendar:latest", 3, {}, run, lambda _: None, port=env_ports.EnvPort(8004, "the image's EXPOSE"))
+    line = str(caught.value)
+    assert line.startswith("measuring openenv/calendar:latest: its server on port 8004 serves OpenEnv's HTTP routes "
+                           "only (/health, /mcp; no /ws"), line
+    assert "episodes cannot be isolated" in line and "403" not in line and "\n" not in line
