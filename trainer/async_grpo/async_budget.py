@@ -162,7 +162,10 @@ class BudgetedRollouts:
                           f"max_model_len {refused.max_model_len}", flush=True)
                 self.max_model_len = budget.max_model_len = refused.max_model_len
             finally:
-                _TURN_CAP.reset(token)
+                try:
+                    _TURN_CAP.reset(token)
+                except ValueError:  # closed at the worker's shutdown, outside its task's context: nothing to restore
+                    pass
         return None
 
     async def _post_completion(self, payload: dict, timeout: float) -> dict:
