@@ -253,3 +253,27 @@ def test_a_group_that_calls_no_tool_counts_0_calls_in_the_step_figures(make_loop
     calling = make_loop(4000, server_max_model_len=8192, known_max_model_len=8192, iterations=1, turns=(CALL, ANSWER))
     run_loop(calling, samples_wanted=4)
     assert all(sample.metrics["tools/call_frequency"] == 1.0 for sample in episodes_of(calling))
+
+
+def test_a_turn_closed_at_the_workers_shutdown_outside_its_tasks_context_closes_quietly(make_loop, monkeypatch):
+    """At an async run's end asyncio closes each pending rollout from outside its task's context: the turn cap's reset
+    raised ValueError ("created in a different Context"), printed once per pending rollout at every run's end."""
+    import contextvars
+
+    from trainer.async_grpo.async_budget import EpisodeBudget, turn_cap
+
+    class Pending:  # a turn waiting on vLLM when the worker stops
+        def __await__(self):
+            yield
+
+    async def waiting_turn(prompt_ids):
+        await Pending()
+
+    loop = make_loop(64, 512, 512)
+    monkeypatch.setattr(loop, "_generate_one_turn", waiting_turn)
+    turn = loop._budgeted_turn([1, 2, 3], EpisodeBudget(64, 512))
+    task_context = contextvars.copy_context()
+    task_context.run(turn.send, None)  # suspended in the turn, its cap set in the task's context
+    assert task_context.run(turn_cap) == 64
+    turn.close()  # from another context, as at shutdown: no ValueError
+    assert turn_cap() is None
