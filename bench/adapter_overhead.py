@@ -40,15 +40,18 @@ def start_echo_server(sessions: int) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "envs.serve"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 600  # the server starting: a hang guard only (behind a CPU burner it took over 60 s)
     while True:
         try:
             if requests.get(f"{url}/health", timeout=1).status_code == 200:
                 return proc, url
         except requests.RequestException:
             pass
-        if time.monotonic() > deadline or proc.poll() is not None:
-            raise SystemExit("echo server did not start")
+        if proc.poll() is not None:
+            raise SystemExit(f"echo server exited with {proc.returncode} before answering /health")
+        if time.monotonic() > deadline:
+            proc.kill()
+            raise SystemExit("echo server did not answer /health in 600 s")
         time.sleep(0.2)
 
 
