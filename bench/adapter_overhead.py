@@ -31,6 +31,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+SERVER_START_GUARD_S = 600  # a hang guard only: behind a CPU burner the start took over 60 s
+
+
 def start_echo_server(sessions: int) -> tuple[subprocess.Popen, str]:
     import requests
 
@@ -40,7 +43,7 @@ def start_echo_server(sessions: int) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "envs.serve"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600  # the server starting: a hang guard only (behind a CPU burner it took over 60 s)
+    deadline = time.monotonic() + SERVER_START_GUARD_S
     while True:
         try:
             if requests.get(f"{url}/health", timeout=1).status_code == 200:
@@ -51,7 +54,7 @@ def start_echo_server(sessions: int) -> tuple[subprocess.Popen, str]:
             raise SystemExit(f"echo server exited with {proc.returncode} before answering /health")
         if time.monotonic() > deadline:
             proc.kill()
-            raise SystemExit("echo server did not answer /health in 600 s")
+            raise SystemExit(f"echo server did not answer /health in {SERVER_START_GUARD_S} s")
         time.sleep(0.2)
 
 

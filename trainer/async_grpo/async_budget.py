@@ -22,6 +22,7 @@ PINNED to trl 1.16.0 (trainer/core/trl_privates.py): `_AsyncRolloutLoop._generat
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import json
 import re
@@ -162,10 +163,8 @@ class BudgetedRollouts:
                           f"max_model_len {refused.max_model_len}", flush=True)
                 self.max_model_len = budget.max_model_len = refused.max_model_len
             finally:
-                try:
+                with contextlib.suppress(ValueError):  # closed at the worker's shutdown outside its task's context
                     _TURN_CAP.reset(token)
-                except ValueError:  # closed at the worker's shutdown, outside its task's context: nothing to restore
-                    pass
         return None
 
     async def _post_completion(self, payload: dict, timeout: float) -> dict:
