@@ -64,6 +64,13 @@ def test_commands_for_vllm_based_images_say_python3():
         assert not re.search(r'(?<![\w/.])python -m trainer', path.read_text()), path
 
 
+def test_a_twin_start_inspects_no_model_class__the_image_holds_vllms_model_info(vllm_cpu):
+    """services/vllm-cpu/Dockerfile bakes vLLM's model-info cache for Qwen3ForCausalLM: a start that found it stale
+    or missing would inspect the class in a fresh process (~8 s) and write the result under VLLM_CACHE_ROOT."""
+    diff = subprocess.run(["docker", "diff", vllm_cpu.name], capture_output=True, text=True, check=True).stdout
+    assert not [line for line in diff.splitlines() if " /cache/vllm" in line], diff
+
+
 def test_health_and_served_model_through_trl_vllmclient(vllm_cpu, trl_client_cls):
     client = trl_client_cls(base_url=vllm_cpu.url, connection_timeout=30)
     assert client.model == vllm_cpu.model
