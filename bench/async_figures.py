@@ -49,6 +49,7 @@ sys.path.insert(0, str(ROOT))
 from tools.images import TRAINER_REHEARSE_BUILD, image_of  # noqa: E402
 
 GOALS = {"learn_ratio_slow": 2 / 3, "trainer_wait_async": 0.20}
+SWEEP_LABELS = {"MAX_STALENESS": "staleness", "MAX_INFLIGHT_ROLLOUTS": "inflight"}  # the settings a sweep varies
 READER_IMAGE = image_of(TRAINER_REHEARSE_BUILD)   # make rehearse's trainer image (built by the first run)
 CHECK_ROWS = 20   # held-out rows per learning check: each check is CHECK_ROWS greedy requests to the twin
 POLL = """
@@ -474,6 +475,8 @@ def main() -> None:
     p.add_argument("--delay", type=float, default=0.25, help="seconds the slow env takes per tool call")
     p.add_argument("--staleness", default="", help="more async runs on the slow env (first seed) at these "
                    "MAX_STALENESS values, e.g. 1,2 (the default's is among the main runs)")
+    p.add_argument("--inflight", default="", help="more async runs on the slow env (every seed) at these "
+                   "MAX_INFLIGHT_ROLLOUTS values, e.g. 8,16 (empty: TRL's default, MAX_STALENESS x samples a step)")
     p.add_argument("--cpusets", default="auto", help="auto (twin and trainer on halves of the cores), none, or "
                    "VLLM:TRAINER cpuset lists")
     p.add_argument("--async-step-samples", choices=("batch", "packed"), default="batch",
@@ -510,9 +513,13 @@ def main() -> None:
     settings = {"ENV_NAME": "echo", "MAX_STEPS": str(args.max_steps), "RESUME": "fresh", "LOGGING_STEPS": "1",
                 "TRACE_EVERY": "0", "DATASET_SIZE": "64", "TRAINER_PROCESSES": str(args.processes),
                 "VLLM_SERVER_TIMEOUT_S": "900", "VLLM_MAX_MODEL_LEN": "512", "LEARNING_RATE": args.learning_rate}
-    plan = [(env, mode, seed, None) for env in envs for seed in seeds for mode in modes]
+    # (env, mode, seed, the variant's own settings): the main runs, then the sweeps' async runs on the slow env
+    plan: list[tuple[str, str, int, dict[str, str]]] = [(env, mode, seed, {}) for env in envs for seed in seeds
+                                                         for mode in modes]
     if "async" in modes and "slow" in envs:
-        plan += [("slow", "async", seeds[0], s) for s in sweep]
+        plan += [("slow", "async", seeds[0], {"MAX_STALENESS": str(s)}) for s in sweep]
+        plan += [("slow", "async", seed, {"MAX_INFLIGHT_ROLLOUTS": str(int(n))}) for n in args.inflight.split(",")
+                 if n.strip() for seed in seeds]
     results: dict[tuple, dict] = {}
     args.logs.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-async-") as tmp:
@@ -520,17 +527,18 @@ def main() -> None:
         try:
             if args.model:
                 project.seed_model(args.model)
-            for env, mode, seed, staleness in plan:
-                run = f"{mode}-{env}-{seed}" + (f"-staleness{staleness}" if staleness else "")
+            for env, mode, seed, variant in plan:
+                label = " ".join(f"{SWEEP_LABELS[k]} {v}" for k, v in variant.items())  # "staleness 2", "inflight 8"
+                run = f"{mode}-{env}-{seed}" + "".join(f"-{SWEEP_LABELS[k]}{v}" for k, v in variant.items())
                 print(f"[bench-async] {run}: make rehearse, up to {args.max_steps} steps, tool calls "
                       f"{delays[env] * 1000:.0f} ms, seed {seed}", flush=True)
                 extra = {"ENV_STEP_DELAY_S": str(delays[env]), "SEED": str(seed),
                          **({"ROLLOUTS": mode} if async_available() else {}),
                          **({"ASYNC_STEP_SAMPLES": args.async_step_samples} if mode == "async" else {}),
-                         **({"MAX_STALENESS": str(staleness)} if staleness else {})}
+                         **variant}
                 f = one_run(project, run, extra, args.check_every, args.bar, args.logs)
                 if f:
-                    key = (env, mode, seed) + ((f"staleness {staleness}",) if staleness else ())
+                    key = (env, mode, seed) + ((label,) if label else ())
                     results[key] = f
         finally:
             project.down()

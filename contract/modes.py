@@ -168,6 +168,7 @@ class AsyncRollouts(Variant):
     is_async: ClassVar[bool] = True
     max_staleness: int = DEFAULT_MAX_STALENESS  # RunConfig's MAX_STALENESS, validated there
     async_step_samples: str = "packed"  # RunConfig's ASYNC_STEP_SAMPLES: packed (TRL's token budget) or batch
+    max_inflight_rollouts: int | None = None  # RunConfig's MAX_INFLIGHT_ROLLOUTS; None: TRL's default (inflight)
 
     @property
     def token_budget(self) -> int | None:
@@ -196,11 +197,25 @@ class AsyncRollouts(Variant):
                     f"{sharding}: set TRAINER_SHARDING=fsdp (edit .env)")
         return None
 
-    def session_pool(self, cfg: Any, num_processes: int) -> tuple[int, int]:
-        """One pool, the rollout worker's on rank 0: it keeps up to max_inflight_tasks rollouts in flight, each with
-        its own env instance: max(MAX_STALENESS, 1) x the samples of one optimizer step (all processes)."""
+    def inflight(self, cfg: Any, num_processes: int) -> int:
+        """Rollouts TRL's worker keeps in flight (AsyncGRPOConfig.max_inflight_tasks), each with an env session of
+        its own: MAX_INFLIGHT_ROLLOUTS, else TRL's default, max(MAX_STALENESS, 1) x the samples of one optimizer step
+        (all processes)."""
+        if self.max_inflight_rollouts:
+            return self.max_inflight_rollouts
         return (max(self.max_staleness, 1) * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
-                * num_processes, 1)
+                * num_processes)
+
+    def inflight_rule(self, cfg: Any) -> str:
+        """What inflight() counted, in .env's names (preflight's line when the env servers are too few)."""
+        if self.max_inflight_rollouts:
+            return f"ROLLOUTS=async: MAX_INFLIGHT_ROLLOUTS {self.max_inflight_rollouts}"
+        return (f"ROLLOUTS=async: MAX_STALENESS {max(self.max_staleness, 1)} x PER_DEVICE_TRAIN_BATCH_SIZE "
+                f"{cfg.per_device_train_batch_size} x GRADIENT_ACCUMULATION_STEPS {cfg.gradient_accumulation_steps}")
+
+    def session_pool(self, cfg: Any, num_processes: int) -> tuple[int, int]:
+        """One pool, the rollout worker's on rank 0, one env instance per rollout in flight."""
+        return self.inflight(cfg, num_processes), 1
 
 
 Rollouts = SyncRollouts | AsyncRollouts

@@ -58,6 +58,23 @@ def test_async_counts_the_sessions_of_its_rollouts_in_flight():
     assert cfg.sessions_needed("echo", num_processes=2) == 3 * 8 * 2  # one worker, on rank 0, for both processes
 
 
+def test_max_inflight_rollouts_reaches_trls_worker_and_the_session_count():
+    """MAX_INFLIGHT_ROLLOUTS is TRL's max_inflight_tasks; the env sessions counted (preflight, auto replicas) follow
+    it; empty keeps TRL's default (-1: max(MAX_STALENESS, 1) x the samples of one step, the count sessions use)."""
+    from trainer.async_grpo.async_trainer import build_async_config
+
+    cfg = RunConfig.load([], rollouts="async", train_mode="gpu", weight_transfer="reload", max_staleness=3,
+                         per_device_train_batch_size=8, max_inflight_rollouts=6)
+    assert build_async_config(cfg, "gpu").max_inflight_tasks == 6
+    assert cfg.sessions_needed("echo", num_processes=2) == 6
+    assert cfg.rollouts.inflight_rule(cfg) == "ROLLOUTS=async: MAX_INFLIGHT_ROLLOUTS 6"
+    default = RunConfig.load([], rollouts="async", train_mode="gpu", weight_transfer="reload")
+    assert build_async_config(default, "gpu").max_inflight_tasks == -1
+    assert "MAX_STALENESS 4 x PER_DEVICE_TRAIN_BATCH_SIZE" in default.rollouts.inflight_rule(default)
+    with pytest.raises(ConfigError, match="MAX_INFLIGHT_ROLLOUTS=6 is a setting of ROLLOUTS=async"):
+        RunConfig.load([], rollouts="sync", max_inflight_rollouts=6)
+
+
 def generic_spec() -> GenericSpec:
     """An env learned from its server (no server here: the interface as discover() would return it), with the
     argument kinds JSON schemas bring: enums, arrays, optional fields."""

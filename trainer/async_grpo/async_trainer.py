@@ -63,6 +63,7 @@ def build_async_config(cfg: RunConfig, mode: str):
         weight_sync_timeout=int(cfg.weight_sync_timeout_s),
         max_staleness=cfg.rollouts.max_staleness,
         token_budget=cfg.rollouts.token_budget,  # ASYNC_STEP_SAMPLES: packed (None: max_model_len) or batch (0)
+        max_inflight_tasks=cfg.rollouts.max_inflight_rollouts or -1,  # -1: TRL's default, as modes.AsyncRollouts.inflight
         # fp32 master weights, as the sync trainer keeps (trainer.modeling.model.load_model_and_tokenizer says why)
         dtype="float32",
         model_init_kwargs=cfg.model_load_kwargs(mode) or None,  # the pinned revision while MODEL_NAME is a hub id

@@ -180,8 +180,7 @@ def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 2
         batch = (f"PER_DEVICE_TRAIN_BATCH_SIZE {cfg.per_device_train_batch_size} x STEPS_PER_GENERATION "
                  f"{cfg.effective_steps_per_generation}")
         if cfg.rollouts.is_async:  # RunConfig.sessions_needed: the episodes the async worker keeps in flight
-            batch = (f"ROLLOUTS=async: MAX_STALENESS {max(cfg.rollouts.max_staleness, 1)} x "
-                     f"PER_DEVICE_TRAIN_BATCH_SIZE {cfg.per_device_train_batch_size} x GRADIENT_ACCUMULATION_STEPS {cfg.gradient_accumulation_steps}")
+            batch = cfg.rollouts.inflight_rule(cfg)
         opens = (f"< {needed} sessions this trainer opens ({batch}"
                  + (f" x {num_processes} trainer processes" if num_processes > 1 else "")
                  + (", worst-case share of a multi-env batch" if len(cfg.env_names) > 1 else "") + ")")
