@@ -37,7 +37,8 @@ SMOKE_STAGES = {
                             "FULL=1`, the trainer's weight dtype, the model revision vLLM serves"),
     "staleness": ("staleness (async)", "ROLLOUTS=async: samples trained within MAX_STALENESS policy versions, at "
                   f"most {sampling_health.MAX_DROPPED_SHARE:.0%} dropped as stale",
-                  "generation runs too far ahead of training: raise MAX_STALENESS, or fewer rollouts in flight"),
+                  "generation runs too far ahead of training: lower MAX_INFLIGHT_ROLLOUTS (e.g. to one step's samples), "
+                  "or raise MAX_STALENESS"),
     "tool_calls": ("tool calls per episode", "the model calls the env's tools (> 0)",
                    "0: the model never calls a tool (chat template, ENABLE_THINKING, MAX_COMPLETION_LENGTH)"),
 }
