@@ -72,6 +72,24 @@ def test_a_twin_start_inspects_no_model_class__the_image_holds_vllms_model_info(
     assert not [line for line in diff.splitlines() if " /cache/vllm/modelinfos" in line], diff
 
 
+PROCESS_NAMES = "import os; print(' '.join(sorted(open(f'/proc/{p}/comm').read().strip() for p in os.listdir('/proc') if p.isdigit())))"
+# vLLM 0.31.0's ParallelConfig: at world size 1 (the GPU service's tensor parallel size 1) its executor is 'uni', the
+# worker inside the engine-core process
+GPU_SERVICE_EXECUTOR = "from vllm.config import ParallelConfig; print(ParallelConfig().distributed_executor_backend)"
+
+
+def test_the_twin_runs_its_worker_in_the_engine_core_process_as_the_gpu_service_does(vllm_cpu):
+    """services/vllm-cpu/vllm-serve sets VLLM_ENABLE_V1_MULTIPROCESSING=0: vLLM's CPU platform would otherwise move the
+    worker to a third process (its multiprocessing executor), one more vLLM import at every twin start. The GPU
+    service at tensor parallel size 1 runs the worker in the engine core (the executor ParallelConfig picks there)."""
+    names = subprocess.run(["docker", "exec", vllm_cpu.name, "python3", "-c", PROCESS_NAMES], capture_output=True,
+                           text=True, check=True).stdout.split()
+    assert "VLLM::EngineCor" in names and not [n for n in names if n.startswith("VLLM::Worker")], names
+    executor = subprocess.run(["docker", "exec", vllm_cpu.name, "python3", "-c", GPU_SERVICE_EXECUTOR],
+                              capture_output=True, text=True, check=True).stdout.split()
+    assert executor[-1:] == ["uni"], executor
+
+
 def test_health_and_served_model_through_trl_vllmclient(vllm_cpu, trl_client_cls):
     client = trl_client_cls(base_url=vllm_cpu.url, connection_timeout=30)
     assert client.model == vllm_cpu.model
