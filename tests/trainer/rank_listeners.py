@@ -16,7 +16,9 @@ saved = io.BytesIO()
 torch.save({"state": {0: {"exp_avg": torch.zeros(2)}}}, saved)
 saved.seek(0)
 torch.load(saved, map_location=state.device, weights_only=True)
-print("RESTORED on", state.device, flush=True)
+# one write(2) of the whole line: both ranks share the pipe, and print() writes its pieces apart (a clean-clone run
+# read "RESTORED onRESTORED on cpu\n cpu\n")
+os.write(1, f"RESTORED on {state.device}\n".encode())
 pids = [None] * state.num_processes
 dist.all_gather_object(pids, os.getpid())
 if state.is_main_process:
