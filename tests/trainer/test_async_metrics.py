@@ -30,13 +30,30 @@ def reduce_like_trl(pushes: list[dict]) -> dict[str, float]:
     return {key: _reduce_metric(key, values) for key, values in sink.items()}
 
 
-def test_episode_rates_reduced_by_trl_give_the_sync_figures_over_several_pushes():
-    # The worker pushes after every scored group; TRL reduces a logging window's pushes together.
-    halves = [{"echo": EPISODES["echo"][:1]}, {"echo": EPISODES["echo"][1:], "wordle": EPISODES["wordle"]}]
-    reduced = reduce_like_trl([async_metrics.episode_rates(h) for h in halves])
-    record = async_metrics.record(reduced)
-    expected = summarize_episodes(EPISODES)
-    assert {k: v for k, v in record.items() if k.startswith("env/")} == pytest.approx(expected)
+def collate_like_trl(micro_batches: list[list[dict]]) -> list[dict]:
+    """TRL's collator (async_grpo_trainer.py, 1.16): per micro-batch, each per-sample key's mean over the samples
+    that carry it, appended to the step's metrics; returned here as one push per micro-batch."""
+    pushes = []
+    for batch in micro_batches:
+        keys = dict.fromkeys(k for metrics in batch for k in metrics)
+        pushes.append({k: sum(m[k] for m in batch if k in m) / sum(1 for m in batch if k in m) for k in keys})
+    return pushes
+
+
+def test_per_env_figures_ride_with_the_samples_and_give_the_sync_figures_of_the_trained_episodes():
+    """The figures travel on each sample (with_episode_figures), so a step's record has them whenever it trained an
+    episode of that env, whatever the worker's metrics queue delivered by then (a clean-clone run's resumed step
+    logged reward but no reward/echo when they were sent apart); the counts stay the worker's (episode_counts)."""
+    completions = [[{"role": "assistant", "content": str(i)}] for i in range(5)]
+    figures = [("echo", e["reward"], e["tool_calls"], e["tool_failures"]) for e in EPISODES["echo"]]
+    figures += [("wordle", EPISODES["wordle"][0]["reward"], 0, 0), None]  # the last: the env side ended it
+    samples = [SimpleNamespace(completion=c, metrics={"reward": 0.0}) for c in completions]
+    async_metrics.with_episode_figures(samples, completions, figures)
+    assert samples[-1].metrics == {"reward": 0.0}
+    pushes = collate_like_trl([[s.metrics for s in samples]])
+    pushes.append(async_metrics.episode_counts(EPISODES))  # the worker's, on TRL's metrics queue
+    record = async_metrics.record(reduce_like_trl(pushes))
+    assert {k: v for k, v in record.items() if k.startswith("env/")} == pytest.approx(summarize_episodes(EPISODES))
 
 
 def test_staleness_percentiles_and_histogram_of_the_trained_samples():
@@ -57,6 +74,7 @@ ASYNC_LOGS = {  # the keys TRL 1.16's AsyncGRPOTrainer logs for one step of a to
     "sample/rollout_queue_size": 5.0, "perf/rollout_wait_s": 0.7, "perf/fwd_bwd_s": 1.1, "perf/optimizer_s": 0.1,
     "perf/step_s": 2.5, "perf/weight_sync_s": 0.6, "perf/weight_sync_pause_s": 0.1,
     "env/echo/episodes_total": 3.0, "env/echo/reward_mean": 0.4, "env/echo/episode_length": 1.0,
+    "env/echo/tool_failures_per_episode": 0.0,
     "async/staleness_p50": 0.0, "async/staleness_p90": 1.0, "async/staleness_max": 1.0,
     "async/samples_at_lag/0": 5.0, "async/samples_at_lag/1": 3.0,
     "frac_reward_zero_std": 0.25,  # pushed by the stack's worker mixin (trainer.rollouts.zero_variance), as sync logs it

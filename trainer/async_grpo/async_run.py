@@ -8,8 +8,9 @@ Two pieces, one per process of TRL's async design:
     sync trainer's signature, so trainer.train calls it the same way for both.
   * `TracedRollouts`, a mixin for TRL's rollout loop class in the spawned worker process (where the env sessions
     live; `TracedRolloutLoop` is TRL's loop with it, `use_traced_loop` puts it in the worker): every
-    scored group sends the env binding's episode counts (trainer.core.metrics.STATS of that process) to the trainer as TRL
-    metric rates (env/<env>/...), an episode the env side ended is counted (rollout/infra_failures) and its samples
+    scored group's samples carry their episodes' env reward, calls and failures (env/<env>/..., averaged by TRL over
+    the samples a step trains) and the group sends the env binding's episode counts (trainer.core.metrics.STATS of that
+    process) to the trainer as TRL counters (env/<env>/episodes_total), an episode the env side ended is counted (rollout/infra_failures) and its samples
     are dropped before the queue (trainer.rollouts.infra_failures), a group whose completions all scored alike is
     counted (frac_reward_zero_std) and, with ZERO_STD_GROUPS=drop, dropped the same way (trainer.rollouts.zero_variance),
     and every TRACE_EVERY policy versions TRACE_SAMPLES rollouts go to rollouts.jsonl (trainer.rollouts.traces' schema, plus
@@ -38,7 +39,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # as trainer.async_grpo.
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, _AsyncRolloutLoop  # noqa: E402
 
 from contract import stages
-from envs.core.tool import detached
+from envs.core.tool import detached, trace_of
 from trainer.gpu import trl_hooks
 from trainer.rollouts import infra_failures, traces, zero_variance
 from trainer.core import async_metrics
@@ -158,6 +159,7 @@ class TracedRollouts:
             group.reward_kwargs["environments"] = episodes
         start = time.perf_counter()
         samples = async_metrics.with_tool_metrics(await super()._score_group(group))
+        async_metrics.with_episode_figures(samples, group.completions, [episode_figures(e) for e in episodes])
         scoring_s = time.perf_counter() - start
         flat = zero_variance.is_flat(zero_variance.group_rewards(group.completions, samples))
         self._push_episode_counts(sum(ended), flat, scoring_s)
@@ -183,7 +185,7 @@ class TracedRollouts:
         from trainer.core.metrics import STATS  # this process's: the env binding records into it here
 
         timers, episodes = STATS.drain()
-        rates = async_metrics.episode_rates(episodes)
+        rates: dict[str, Any] = async_metrics.episode_counts(episodes)
         # the step record's time/env_s and time/scoring_s (trainer.core.async_metrics.time_split): summed by TRL
         rates[async_metrics.ENV_SECONDS] = timers.get("env", 0.0)
         rates[async_metrics.SCORING_SECONDS] = scoring_s
@@ -217,6 +219,15 @@ class TracedRollouts:
             row["policy_version"] = group.model_version
         self._traced_rows[step] = self._traced_rows.get(step, 0) + len(rows)
         traces.append(self._trace_dir, rows)
+
+
+def episode_figures(episode: Any) -> tuple[str, float, int, int] | None:
+    """(env, env reward, tool calls, failed calls) of a scored episode (`detached`'s snapshot: its trace is the
+    episode's), or None where it has no env reward (the env side ended it; a tool class with no trace)."""
+    trace = trace_of(episode)
+    if trace is None or trace.env_reward is None or trace.infra_failure is not None:
+        return None
+    return trace.env, trace.env_reward, trace.call_count, trace.failure_count
 
 
 class TracedRolloutLoop(TracedRollouts, _AsyncRolloutLoop):

@@ -29,8 +29,12 @@ reward scoring of the episodes the worker finished in the logging window, summed
 window's steps. Episodes run side by side and beside training, so they are not parts of time/step_s and may exceed
 it: read them against each other and against time/generation_s (the worker behind: the larger one is why).
 
-Per env (env/<env>/episodes, reward_mean, episode_length, tool_failure_frequency): the env binding counts episodes
-in the rollout worker's process; trainer.async_grpo.async_run sends them to the trainer as TRL metric rates (`episode_rates`).
+Per env: env/<env>/reward_mean, episode_length and tool_failure_frequency describe the episodes the step trained, as
+reward does and as a sync step's do: the worker stamps each sample with its episode's figures (`with_episode_figures`),
+so they reach the trainer with the sample and TRL averages them over the trained samples. (Sent apart, on TRL's
+metrics queue, they described the episodes the worker finished in the logging window: a step whose window had none,
+or whose window's push was still in the queue's feeder thread as the trainer logged, wrote no reward/<env>.)
+env/<env>/episodes counts the episodes of that env the worker finished in the window (`episode_counts`).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ STALENESS_RAW = "sample/staleness_mean"  # TRL appends one value per trained sam
 STALENESS_KEYS = ("async/staleness_p50", "async/staleness_p90", "async/staleness_max")
 LAG_PREFIX = "async/samples_at_lag/"
 EPISODES_SUFFIX = "/episodes_total"  # TRL sums a key whose last word is `total` (trl _reduce_metric)
+FAILURES_SUFFIX = "/tool_failures_per_episode"  # per sample (with_episode_figures); record() makes the rate
 INFRA_TOTAL = "rollout/infra_failures_total"  # episodes the env side ended (trainer.rollouts.infra_failures), summed
 INFRA_SUFFIX = "/infra_failures_total"  # env/<env>/infra_failures_total: the same, per env
 ENV_SECONDS = "rollout/env_s_total"  # the worker's env seconds since its last push (summed: -> time/env_s)
@@ -95,22 +100,28 @@ def staleness_figures(lags: Iterable[float], max_staleness: int) -> dict[str, fl
     return out
 
 
-def episode_rates(episodes: dict[str, list[dict[str, float]]]) -> dict[str, Any]:
-    """The env binding's episodes (trainer.core.metrics.RolloutStats.drain) as TRL metric values: rates as (sum, count)
-    pairs, counts as `*_total`, so TRL's reduction over a logging window gives exactly the sync trainer's figures
-    (trainer.core.metrics.summarize_episodes)."""
-    out: dict[str, Any] = {}
-    for env, eps in sorted(episodes.items()):
-        if not eps:
+def episode_counts(episodes: dict[str, list[dict[str, float]]]) -> dict[str, float]:
+    """The env binding's episodes (trainer.core.metrics.RolloutStats.drain) as TRL counters: env/<env>/episodes_total,
+    summed by TRL over a logging window."""
+    return {f"env/{env}{EPISODES_SUFFIX}": float(len(eps)) for env, eps in sorted(episodes.items()) if eps}
+
+
+def with_episode_figures(samples: list, completions: list, figures: list) -> list:
+    """Stamp each sample with its episode's per-env figures: `figures[i]` is (env, env reward, tool calls, failed
+    calls) of `completions[i]`'s episode, or None (no env reward: an episode the env side ended, a reward-less env).
+    TRL averages a per-sample key over the samples that carry it, so the step gets the mean reward and calls of the
+    episodes it trained; failures per episode over calls per episode is their pooled failure rate (`record`)."""
+    index = {id(completion): i for i, completion in enumerate(completions)}
+    for sample in samples:
+        i = index.get(id(sample.completion))
+        figure = figures[i] if i is not None else None
+        if figure is None:
             continue
-        n = len(eps)
-        calls = sum(e["tool_calls"] for e in eps)
-        out[f"env/{env}{EPISODES_SUFFIX}"] = float(n)
-        out[f"env/{env}/reward_mean"] = (sum(e["reward"] for e in eps), float(n))
-        out[f"env/{env}/episode_length"] = (float(calls), float(n))
-        if calls:  # no calls: no rate to add (the record fills 0, as the sync trainer writes)
-            out[f"env/{env}/tool_failure_frequency"] = (float(sum(e["tool_failures"] for e in eps)), float(calls))
-    return out
+        env, reward, calls, failures = figure
+        sample.metrics[f"env/{env}/reward_mean"] = float(reward)
+        sample.metrics[f"env/{env}/episode_length"] = float(calls)
+        sample.metrics[f"env/{env}{FAILURES_SUFFIX}"] = float(failures)
+    return samples
 
 
 def time_split(logs: dict[str, Any], measured_step_s: float | None, steps: int = 1) -> dict[str, float]:
@@ -153,10 +164,11 @@ def record(logs: dict[str, Any]) -> dict[str, Any]:
             out[key[: -len(INFRA_SUFFIX)] + "/infra_failures"] = value
         else:
             out[key] = value
-    for key in [k for k in out if k.startswith("env/") and k.endswith("/episode_length")]:
-        failures = key[: -len("/episode_length")] + "/tool_failure_frequency"
-        if _number(out.get(failures)) is None:
-            out[failures] = 0.0  # no tool call in the window: the sync trainer writes 0 too
+    for key in [k for k in out if k.startswith("env/") and k.endswith(FAILURES_SUFFIX)]:
+        env = key[: -len(FAILURES_SUFFIX)]
+        failures, calls = _number(out.pop(key)), _number(out.get(f"{env}/episode_length"))
+        if failures is not None and calls is not None:  # pooled, as the sync trainer's; no call: 0, as it writes
+            out[f"{env}/tool_failure_frequency"] = failures / calls if calls else 0.0
     sync, pause = _number(logs.get("perf/weight_sync_s")), _number(logs.get("perf/weight_sync_pause_s"))
     if sync is not None and pause is not None:
         # TRL's sync: t0, pause() returns (pause_s), barrier, transfer, barrier, resume() returns (weight_sync_s):

@@ -200,7 +200,7 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS,
         stats.add_episode(env_name, reward, self._episode_calls, self._episode_failures)
         trace = trace_of(self)
         if trace is not None:
-            trace.env_reward = reward
+            trace.scored(reward, self._episode_calls, self._episode_failures)
         return reward
 
     namespace: dict[str, Any] = {

@@ -43,6 +43,12 @@ class Trace:
         self.calls: list[dict[str, Any]] = []
         self.env_reward: float | None = None
         self.infra_failure: str | None = None  # set by the binding: why the env side ended the episode
+        self.call_count = self.failure_count = 0  # the binding's counts at the reward (`scored`)
+
+    def scored(self, env_reward: float, call_count: int, failure_count: int) -> None:
+        """The episode's env reward and its tool calls and failed calls as the binding counted them (calls made after
+        its session closed included, which `calls` leaves out)."""
+        self.env_reward, self.call_count, self.failure_count = env_reward, call_count, failure_count
 
     def call(self, tool: str, arguments: dict[str, Any], result: Any, failed: bool) -> None:
         self.calls.append({"tool": tool, "arguments": arguments, "result": _text(result)[:RESULT_CHARS],

@@ -14,8 +14,8 @@ other token: with half the groups flat, the rest learn at about half the rate.
     never reach the queue. The default is `keep` (TRL's behaviour): `drop` makes every step larger when many groups
     are flat (the normaliser shrinks while the learning rate stays), which a run tuned with TRL's normaliser did not
     expect, and the measured curves show no gain (`make bench-learning ARGS=--compare-zero-std`, docs/profiles.md:
-    on echo 0.57-0.78 of groups are flat and drop's reward curve and final check match keep's). Async runs also log their reward figures over trained
-    samples only, so with `drop` those figures leave the flat groups out (the env's own env/<env>/reward_mean does not).
+    on echo 0.57-0.78 of groups are flat and drop's reward curve and final check match keep's). Async runs log their reward figures over trained
+    samples only (env/<env>/reward_mean included), so with `drop` those figures leave the flat groups out.
 
 A group is flat when at least two of its completions were scored (an episode the env side ended is not) and the
 sample standard deviation of their rewards is at most TOLERANCE: the test TRL applies to its own metric
