@@ -51,6 +51,7 @@ class Row:
     acceptance: float | None = None
     steps: int = 0
     tool_calls: float = 0.0
+    tool_failures: float | None = None  # failed calls per call, over the run's steps (82 % on snake_env once)
     wall_s: float = 0.0
     error: str = ""
 
@@ -100,8 +101,9 @@ def parse_train(row: Row, out: str) -> None:
         row.tools = f"{m.group(1)}: {m.group(2).strip()}"
     steps = [int(s) for s in re.findall(r"\[train\] step (\d+)/\d+", out)]
     row.steps = max(steps, default=0)
-    if m := re.search(r"\[train\] done: .*tool calls/episode ([0-9.]+)", out):
+    if m := re.search(r"\[train\] done: .*tool calls/episode ([0-9.]+)(?:, tool failures ([0-9.]+))?", out):
         row.tool_calls = float(m.group(1))
+        row.tool_failures = float(m.group(2)) if m.group(2) else None
 
 
 def first_error(out: str) -> str:
@@ -178,14 +180,15 @@ def run_env(upstream: str, image: str, project: str, steps: int, timeout: float,
 
 
 def table(rows: list[Row]) -> str:
-    head = ("env", "image", "healthy", "transport", "tools", "accepted", "steps", "calls/ep", "wall s", "result",
-            "first error")
+    head = ("env", "image", "healthy", "transport", "tools", "accepted", "steps", "calls/ep", "failed calls", "wall s",
+            "result", "first error")
     lines = [" | ".join(head)]
     for r in rows:
         share = "-" if r.acceptance is None else f"{r.acceptance:.0%}"
         lines.append(" | ".join(str(c) for c in (
             r.env, r.image if r.image_found else f"{r.image} (missing)", "yes" if r.healthy else "no",
-            r.transport or "-", r.tools or "-", share, r.steps, f"{r.tool_calls:.2f}", f"{r.wall_s:.0f}", r.result,
+            r.transport or "-", r.tools or "-", share, r.steps, f"{r.tool_calls:.2f}",
+            "-" if r.tool_failures is None else f"{r.tool_failures:.0%}", f"{r.wall_s:.0f}", r.result,
             r.error or "")))
     return "\n".join(lines)
 
