@@ -9,9 +9,9 @@ Two pieces, one per process of TRL's async design:
   * `TracedRollouts`, a mixin for TRL's rollout loop class in the spawned worker process (where the env sessions
     live; `TracedRolloutLoop` is TRL's loop with it, `use_traced_loop` puts it in the worker): every
     scored group's samples carry their episodes' env reward, calls and failures (env/<env>/..., averaged by TRL over
-    the samples a step trains) and the group sends the env binding's episode counts (trainer.core.metrics.STATS of that
-    process) to the trainer as TRL counters (env/<env>/episodes_total), an episode the env side ended is counted (rollout/infra_failures) and its samples
-    are dropped before the queue (trainer.rollouts.infra_failures), a group whose completions all scored alike is
+    the samples a step trains) and the group sends the env binding's episode counts (trainer.core.metrics.STATS of
+    that process) to the trainer as TRL counters (env/<env>/episodes_total), an episode the env side ended is counted
+    (rollout/infra_failures) and its samples are dropped before the queue (trainer.rollouts.infra_failures), a group whose completions all scored alike is
     counted (frac_reward_zero_std) and, with ZERO_STD_GROUPS=drop, dropped the same way (trainer.rollouts.zero_variance),
     and every TRACE_EVERY policy versions TRACE_SAMPLES rollouts go to rollouts.jsonl (trainer.rollouts.traces' schema, plus
     `policy_version`; `step` is policy_version + 1, the step a sync run would have traced these rollouts at).
