@@ -152,9 +152,8 @@ $(VENV)/.test-ok: $(VENV)/.host-ok pyproject.toml $(ENV_REQS)
 
 # Host-only tests run with no engine reachable, so a test that needs one without the `docker` marker fails.
 NO_ENGINE := DOCKER_HOST=unix:///nonexistent/host-tests-start-no-container.sock
-# A command run at low priority, even where Linux groups CPU time by session (autogroup, on by default): a session of
-# its own at autogroup nice 10 (best effort: where that cannot be set, plain nice still applies).
-LOW_PRIORITY := $(if $(shell command -v setsid 2>/dev/null),setsid -w sh -c 'echo 10 >/proc/self/autogroup 2>/dev/null; exec "$$@"' low-priority) env
+# A command run on the CPU time nothing else wants: an idle cgroup where it may, else autogroup nice 10 (the script says why)
+LOW_PRIORITY := tests/low-priority env
 # pytest exits 5 when a selection holds no test (a PYTEST_ARGS="-k ..." that picks from one part only)
 # ($(2): variables for that pytest alone)
 PYTEST_SOME = { $(2) $(VENV)/bin/python -m pytest $(1) $(PYTEST_ARGS) || [ $$? = 5 ]; }
@@ -164,11 +163,11 @@ test: $(VENV)/.test-ok ## Run every test: the host-only part (no engine reachabl
 	@# part itself runs no faster); the host part's output follows the container part's. Either red fails the target.
 	@# The tiny model both parts use is made once, first (TINY_MODEL_DIR: one made earlier, or where to make it).
 	@# The host part runs at low priority (LOW_PRIORITY): the container part is the longer, and CPU-bound, so it gets
-	@# the cores first. Plain nice alone does nothing there: the kernel splits CPU time between sessions first.
+	@# the cores first.
 	@tmp=$$(mktemp -d -t grpo-tests.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; host_log=$$tmp/host-tests.log; \
 	export TINY_MODEL_DIR=$${TINY_MODEL_DIR:-$$tmp/tiny-qwen3}; \
 	$(VENV)/bin/python -c 'import sys; from pathlib import Path; from tests.helpers import make_tiny_model; make_tiny_model(Path(sys.argv[1]))' "$$TINY_MODEL_DIR" || exit 1; \
-	{ $(call PYTEST_SOME,-m "not docker",$(LOW_PRIORITY) $(NO_ENGINE) nice -n 5) >$$host_log 2>&1; echo $$? >$$host_log.rc; } & host=$$!; \
+	{ $(call PYTEST_SOME,-m "not docker",$(LOW_PRIORITY) $(NO_ENGINE)) >$$host_log 2>&1; echo $$? >$$host_log.rc; } & host=$$!; \
 	trap 'kill $$host 2>/dev/null; rm -rf "$$tmp"' INT TERM; \
 	rc=0; $(call PYTEST_SOME,-m docker) || rc=1; wait $$host; \
 	echo "[test] the host-only part (-m 'not docker'), run beside the container part:"; cat $$host_log; \

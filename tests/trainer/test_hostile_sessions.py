@@ -96,7 +96,9 @@ def test_unsolicited_frames_are_buffered_boundedly_and_end_the_session():
         t0 = time.monotonic()
         for client in clients:
             client.close()
-        assert time.monotonic() - t0 < 5, "closing sessions that stopped reading waited for close handshakes"
+        # waiting out each close handshake (5-10 s each) would take 80 s or more; at once takes ms, and
+        # the bound leaves a host part starved for a while beside the containers (make test) room to pass
+        assert time.monotonic() - t0 < 60, "closing sessions that stopped reading waited for close handshakes"
         wait_all_closed(url)
 
 
