@@ -70,6 +70,14 @@ def register_tokens(tokens: Any) -> None:
     _tokens = re.compile("|".join([*(re.escape(t) for t in extra), _GENERIC_TOKENS]))
 
 
+def register_tokenizer(tokenizer: Any) -> None:
+    """register_tokens with a transformers tokenizer's (or processor's) special and added tokens. Module state: every
+    process that builds prompts calls it (the trainer, and ROLLOUTS=async's spawned rollout worker, which starts
+    with none)."""
+    tokenizer = getattr(tokenizer, "tokenizer", tokenizer)  # a processor holds its tokenizer
+    register_tokens([*tokenizer.all_special_tokens, *tokenizer.get_added_vocab()])
+
+
 def _neutralise(match: re.Match) -> str:
     token = match.group(0)
     opener = _OPENERS.get(token[0])
@@ -109,8 +117,11 @@ def one_line(text: Any, limit: int) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- URLs
-# The authority's userinfo ends at its LAST `@` (`wss://user:p@ss@host`: all of `user:p@ss`).
-_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]*://)[^/?#\s]*@")
+# The authority's userinfo ends at its LAST `@` (`wss://user:p@ss@host`: all of `user:p@ss`). After `user:` the
+# password may hold an unencoded `/`, `?` or `#` (#63: `wss://u:p/ss@h` was shown whole), so it runs to the last `@`
+# before whitespace or the next `://`; a port looks the same (`http://h:8000/a@b`) and is masked with it: more hidden,
+# never less. Linear: a scheme is at most 32 characters, and no part is scanned past the next `://`.
+_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]{0,31}://)(?:[^/?#\s@:]*:(?:(?!://)\S)*|[^/?#\s]*)@")
 # A URL's query and fragment, to the next whitespace: every value there may be a credential (`?sid=`, `?jwt=`,
 # `?code=`, `#access_token=`). A comma does not end it: a value may hold one (a following ENV_URLS entry is masked too).
 _URL_TAIL = re.compile(r"(?i)(\b[a-z][a-z0-9+.\-]*://[^?#\s]*)([?#]\S*)")

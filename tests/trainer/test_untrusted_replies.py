@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import tracemalloc
 
 import pytest
@@ -79,10 +80,22 @@ def test_honest_observations_render_as_before():
     ("wss://user:p@ss@host/ws", "wss://***@host/ws"),
     ("ws://h/ws?s3cret", "ws://h/ws?***"),
     ("env-x:8000/ws?token=s3cret", "env-x:8000/ws?token=***"),  # no scheme: token-like keys still masked
+    # #63: a password with an unencoded `/`, `#` or `?` (before: unchanged), two URLs in one word
+    ("wss://u:s3cret/ss@h/ws", "wss://***@h/ws"), ("wss://u:s3cret#ss@h", "wss://***@h"),
+    ("wss://u:s3cret?ss@h?token=s3cret", "wss://***@h?token=***"),
+    ("a=wss://u:s3cret@h,b=http://v:s3cret/r@h2/x", "a=wss://***@h,b=http://***@h2/x"),
+    ("see https://medium.com/@user", "see https://medium.com/@user"),  # no `user:`: an `@` in a path is no userinfo
 ])
 def test_credentials_are_stripped_from_every_url(raw, shown):
     assert strip_credentials(raw) == shown
     assert "s3cret" not in shown and "ss@" not in shown
+
+
+def test_a_long_password_is_masked_in_time_linear_in_it():
+    """The userinfo now runs to the last `@` of a word: one pass over it, not one per `@`."""
+    start = time.perf_counter()
+    assert strip_credentials("wss://u:" + "p@" * 50_000 + "h/ws") == "wss://***@h/ws"
+    assert time.perf_counter() - start < 1.0  # ~0.01 s
 
 
 def test_client_and_probe_errors_never_quote_credentials():
