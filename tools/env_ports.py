@@ -50,7 +50,11 @@ def resolve(envs: EnvKinds, values: dict[str, str],
             given = naming.parse_port(n, values.get(var))
         except ValueError as exc:
             raise StackError(str(exc)) from None
-        tcp = sorted({int(p[:-len("/tcp")]) for p in exposed.get(n, ()) if p.endswith("/tcp") and p[:-4].isdigit()})
+        tcp, bad = exposed_tcp(exposed.get(n, ()))
+        if bad and given is None:
+            lines.append(f"env {n}: its image {envs.images.get(n)} EXPOSEs {', '.join(bad)}, not a TCP port "
+                         f"(1-65535): ignored, looking for its server on {tcp[0] if len(tcp) == 1 else naming.PORT}; "
+                         f"set {var}=<port> in .env if it listens on another")
         if given is not None:
             ports[n] = EnvPort(given, f"{var} in .env")
         elif len(tcp) == 1:
@@ -62,6 +66,22 @@ def resolve(envs: EnvKinds, values: dict[str, str],
                              f"looking for its server on {naming.PORT}, the default: set {var}=<port> in .env if it "
                              "listens on another")
     return ports, lines
+
+
+def exposed_tcp(entries: tuple[str, ...]) -> tuple[list[int], list[str]]:
+    """(the TCP ports an image's EXPOSE entries name, sorted; the entries that name none, shown escaped). A port is
+    ASCII digits within 1-65535 (#63: `0/tcp` and `70000/tcp` were taken, and blamed later on ENV_X_PORT; a non-ASCII
+    digit ended `make up` in a traceback); UDP and SCTP entries are no server's port here and are left out quietly."""
+    ports, bad = set(), []
+    for entry in entries:
+        number, _, protocol = str(entry).partition("/")
+        if protocol in ("udp", "sctp"):
+            continue
+        if protocol == "tcp" and number.isascii() and number.isdigit() and 1 <= int(number) <= 65535:
+            ports.add(int(number))
+        else:
+            bad.append(ascii(str(entry))[:40])
+    return sorted(ports), bad
 
 
 def compose_vars(ports: dict[str, EnvPort]) -> dict[str, str]:

@@ -166,3 +166,19 @@ def test_an_unhealthy_env_names_the_port_its_check_looked_on(monkeypatch):
     assert lines == ["env-calendar_env (image openenv-calendar) is unhealthy: its GET /health never answered 200 on "
                      "port 8004, the image's EXPOSE. Is it an OpenEnv server (openenv's create_app) listening there? "
                      "`make logs` shows its output"]
+
+
+@pytest.mark.parametrize("entry", ["0/tcp", "70000/tcp", "\u0668\u0660\u0660\u0660/tcp", "\uff18\uff10/tcp", "8004",
+                                   "-1/tcp", "80 /tcp"])
+def test_an_expose_entry_that_is_no_port_gets_the_default_and_one_line_naming_the_image(entry):
+    """#63: `0/tcp` and `70000/tcp` were taken (the error came later, blaming ENV_X_PORT); an Arabic-Indic or
+    fullwidth digit ended `make up` in a traceback (int() refused what str.isdigit() let through)."""
+    ports, lines = resolve(CALENDAR, {"calendar_env": (entry,)})
+    assert ports == {"calendar_env": env_ports.default("calendar_env")}
+    assert lines == [f"env calendar_env: its image openenv-calendar EXPOSEs {ascii(entry)}, not a TCP port (1-65535): "
+                     "ignored, looking for its server on 8000; set ENV_CALENDAR_ENV_PORT=<port> in .env if it listens "
+                     "on another"]
+    ports, lines = resolve(CALENDAR, {"calendar_env": (entry, "8004/tcp")})  # beside a real port: that one, said
+    assert ports["calendar_env"].port == 8004 and "looking for its server on 8004" in lines[0] and len(lines) == 1
+    ports, lines = resolve({**CALENDAR, "ENV_CALENDAR_ENV_PORT": "9000"}, {"calendar_env": (entry,)})
+    assert ports["calendar_env"].port == 9000 and lines == []  # .env says where: nothing to say
