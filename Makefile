@@ -8,12 +8,17 @@ VENV := .venv
 HOST_PY := $(VENV)/bin/python
 STACK := $(HOST_PY) -m tools
 PYTEST_ARGS ?=
+# pytest with PYTEST_ARGS as one single-quoted word that pytest splits itself (PYTEST_ADDOPTS, shell-like): `-k 'a or
+# (b and c)'` works, and `; touch x` is a pytest argument, never a command. After a command's own VAR=value words.
+PYTEST_RUN = PYTEST_ADDOPTS="$${PYTEST_ADDOPTS:-} "$(call shq,$(PYTEST_ARGS)) $(VENV)/bin/python -m pytest
 # Build one of compose.yaml's build-only image services (profile `build`), quietly.
 BUILD_IMAGE := $(STACK) compose --progress quiet --profile build build
 # A make variable as ONE shell word, single-quoted: `make export PUSH='x;id'` must not run `id`.
 shq = '$(subst ','"'"',$(1))'
-# Checked before anything is expanded (#44): make runs a `$(shell ...)` in a value even under -n, a newline splits a
-# recipe into two commands, and ARGS (several shell words, quotes allowed) reaches the shell unquoted.
+# Checked before anything is expanded (#44, #63): make runs a `$(shell ...)` in a value even under -n (one given in the
+# environment too), a newline splits a recipe into two commands, and ARGS (several shell words, quotes allowed)
+# reaches the shell unquoted. Every variable a user sets that a recipe reads is in this list; PYTEST_ARGS reaches
+# pytest as one quoted word (PYTEST_RUN), so it may hold any shell character but `$`.
 define NEWLINE
 
 
@@ -23,7 +28,7 @@ RPAREN := )
 SHELL_OPERATORS := ; & | < > ` $(LPAREN) $(RPAREN)
 UNSAFE_VALUE = $(1) holds a newline or a '$$': make would expand or split it; pass the value without them
 UNSAFE_ARGS = ARGS holds a shell operator ($(SHELL_OPERATORS)); pass only options and values, quoted if they hold spaces
-$(foreach v,RUN CHECKPOINT PUSH STEP TASKS THRESHOLD ARGS SUITE,$(if \
+$(foreach v,RUN CHECKPOINT PUSH STEP TASKS THRESHOLD ARGS SUITE FULL EXPORT_ADAPTER PYTEST_ARGS PYTHON VENV,$(if \
 	$(findstring $$,$(value $(v)))$(findstring $(NEWLINE),$(value $(v))),$(error $(call UNSAFE_VALUE,$(v)))))
 $(if $(strip $(foreach c,$(SHELL_OPERATORS),$(findstring $(c),$(value ARGS)))),$(error $(UNSAFE_ARGS)))
 
@@ -112,7 +117,7 @@ gpu-smoke: $(VENV)/.host-ok ## GPU hosts, first thing: 3 steps on the default mo
 	@$(STACK) smoke --gpu
 
 soak: $(VENV)/.test-ok ## Long soak of the env servers at full capacity (minutes; SOAK_MINUTES=10)
-	@SOAK_MINUTES=$${SOAK_MINUTES:-10} $(VENV)/bin/python -m pytest -q tests/reliability -k soak $(PYTEST_ARGS)
+	@SOAK_MINUTES=$${SOAK_MINUTES:-10} $(PYTEST_RUN) -q tests/reliability -k soak
 
 bench: $(VENV)/.test-ok ## Env-server figures next to their goals: Wordle, echo vs stock OpenEnv, Catch, zero-code adapter, tool rounds vs TRL's loop (a few minutes)
 	@$(BUILD_IMAGE) env-server-image
@@ -156,7 +161,7 @@ NO_ENGINE := DOCKER_HOST=unix:///nonexistent/host-tests-start-no-container.sock
 LOW_PRIORITY := tests/low-priority env
 # pytest exits 5 when a selection holds no test (a PYTEST_ARGS="-k ..." that picks from one part only)
 # ($(2): variables for that pytest alone)
-PYTEST_SOME = { $(2) $(VENV)/bin/python -m pytest $(1) $(PYTEST_ARGS) || [ $$? = 5 ]; }
+PYTEST_SOME = { $(2) $(PYTEST_RUN) $(1) || [ $$? = 5 ]; }
 
 test: $(VENV)/.test-ok ## Run every test: the host-only part (no engine reachable) beside the real containers (needs Docker)
 	@# Both parts at once: the two together finish ~8 minutes sooner than one after the other on 2 cores (the container
@@ -175,7 +180,7 @@ test: $(VENV)/.test-ok ## Run every test: the host-only part (no engine reachabl
 
 test-host: $(VENV)/.test-ok ## The host-only tests alone: unit, compose config, in-process servers; no container (minutes)
 	@# two workers (pytest-xdist): many of these tests wait on timers and subprocesses, so two overlap well on 2 cores
-	@$(NO_ENGINE) $(VENV)/bin/python -m pytest -m "not docker" -n $${HOST_TEST_WORKERS:-2} $(PYTEST_ARGS)
+	@$(NO_ENGINE) $(PYTEST_RUN) -m "not docker" -n $${HOST_TEST_WORKERS:-2}
 
 check-python: ## The host side on another Debian's Python in a container (trixie: 3.13, or SUITE=a later Debian; TEST_VENV=1: make test's venv too; docs/tests.md "Other host Pythons")
 	@bash .ci/check-python $(if $(SUITE),$(call shq,$(SUITE)),trixie)

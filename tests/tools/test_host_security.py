@@ -14,6 +14,12 @@ from tests.helpers import ROOT
 from tools import docker_host
 
 ARGV_PRINTER = f"{sys.executable} -c 'import json, sys; print(json.dumps(sys.argv[1:]))'"
+# The environment with nothing an outer `make test` passes down (MAKEFLAGS carries its command-line variables).
+OUTER_MAKE = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "PYTEST_ARGS", "PYTEST_ADDOPTS", "HOST_TEST_WORKERS")
+
+
+def own_env(**extra: str) -> dict[str, str]:
+    return {**{k: v for k, v in os.environ.items() if k not in OUTER_MAKE}, **extra}
 
 
 @pytest.mark.parametrize("version, firewalld, warned", [
@@ -83,6 +89,11 @@ def test_make_variables_reach_the_tool_as_one_word_and_never_run(tmp_path, targe
     ("rehearse", "ARGS", "--x && touch PWNED", "ARGS holds a shell operator"),
     ("train", "ARGS", "--x > PWNED", "ARGS holds a shell operator"),
     ("train", "ARGS", "--x $(shell touch PWNED)", "ARGS holds a newline or a '$'"),
+    # #63: read by a recipe, outside the check
+    ("nccl-check", "FULL", "$(shell touch PWNED)", "FULL holds a newline or a '$'"),
+    ("export", "EXPORT_ADAPTER", "$(shell touch PWNED)", "EXPORT_ADAPTER holds a newline or a '$'"),
+    ("test-host", "PYTEST_ARGS", "-k x $(shell touch PWNED)", "PYTEST_ARGS holds a newline or a '$'"),
+    ("test-host", "PYTEST_ARGS", "-q\ntouch PWNED", "PYTEST_ARGS holds a newline or a '$'"),
 ])
 def test_make_refuses_values_that_would_run_as_code(tmp_path, target, var, value, says, dry_run):
     """#44: `make -i export PUSH="$(printf 'x\nid #')"` ran `id`, `make -n export RUN='$(shell ...)'` ran the shell
@@ -98,6 +109,45 @@ def test_make_refuses_values_that_would_run_as_code(tmp_path, target, var, value
     assert not pwned.exists(), f"make {target} {var}=... ran the injected command"
     assert r.returncode == 2 and r.stdout == "", (r.stdout, r.stderr)
     assert says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("var, target", [("FULL", "nccl-check"), ("EXPORT_ADAPTER", "export"),
+                                         ("PYTEST_ARGS", "test-host")])
+def test_make_refuses_such_values_from_the_environment_too(tmp_path, var, target):
+    """#63: `FULL='$(shell ...)' make -n nccl-check` ran the command: make imports the environment as variables."""
+    venv = tmp_path / "venv"
+    venv.mkdir()
+    pwned = tmp_path / "PWNED"
+    r = subprocess.run(["make", "--no-print-directory", "-C", str(ROOT), "-n", target, f"VENV={venv}"], cwd=tmp_path,
+                       env=own_env(**{var: f"$(shell touch {pwned})"}), capture_output=True, text=True, timeout=60)
+    assert not pwned.exists(), f"{var} from the environment ran the injected command"
+    assert r.returncode == 2 and f"{var} holds a newline or a '$'" in r.stderr, (r.stdout, r.stderr)
+
+
+def test_make_pytest_args_reach_pytest_as_one_word_and_never_run(tmp_path):
+    """#63: PYTEST_ARGS reached the shell unquoted (`PYTEST_ARGS='-q; touch x'` ran touch). Now pytest gets it whole in
+    PYTEST_ADDOPTS and splits it itself, shell-like: the real Makefile and shell, pytest replaced by a printer of its
+    argv and PYTEST_ADDOPTS."""
+    import shlex
+
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / ".host-ok").touch()
+    (venv / ".test-ok").touch()  # after .host-ok: make rebuilds neither
+    printer = venv / "bin" / "python"
+    printer.write_text(f"#!{sys.executable}\nimport json, os, sys\n"
+                       "print(json.dumps([sys.argv[1:], os.environ.get('PYTEST_ADDOPTS')]))\n")
+    printer.chmod(0o755)
+    pwned = tmp_path / "pwned"
+    value = f"-k 'a or (b and c)' -q; touch {pwned} | `touch {pwned}` && \"x y\""
+    r = subprocess.run(["make", "--no-print-directory", "test-host", f"VENV={venv}", f"PYTEST_ARGS={value}"], cwd=ROOT,
+                       env=own_env(PYTEST_ADDOPTS="-p no:cacheprovider"), capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert not pwned.exists(), "PYTEST_ARGS ran as shell code"
+    argv, addopts = json.loads(r.stdout.strip().splitlines()[-1])
+    assert argv == ["-m", "pytest", "-m", "not docker", "-n", "2"]
+    assert shlex.split(addopts) == ["-p", "no:cacheprovider", *shlex.split(value)]  # the caller's own kept first
 
 
 def test_make_args_still_take_several_quoted_words(tmp_path):
