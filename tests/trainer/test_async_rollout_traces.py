@@ -277,3 +277,29 @@ def test_the_health_check_keeps_trls_report_for_other_failures_and_sees_a_silent
     with pytest.raises(RuntimeError, match="Rollout worker child has failed") as failed:
         worker.check_health(300.0)
     assert "ValueError: bad row" in str(failed.value.__cause__)
+
+
+def test_the_worker_registers_its_tokenizers_own_tokens_for_neutralisation(monkeypatch):
+    """#63: TRL's worker is a spawned process, where nothing had registered the tokenizer's special tokens, so an
+    env's `<eos>` or `<start_of_image>` (Gemma's) reached the prompt as such. TRL's real loop, built as the child
+    builds it, with a tokenizer that has them."""
+    from envs.core import untrusted
+    from trainer.tiny_model import make_tokenizer
+
+    monkeypatch.setattr(untrusted, "_tokens", untrusted._tokens)  # restored after the test
+    untrusted.register_tokens([])  # what a freshly spawned process has: the generic patterns only
+    tokenizer = make_tokenizer(["a b c"], 300)
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<eos>", "<start_of_image>"]})
+    assert untrusted.safe_text("<eos><start_of_image>") == "<eos><start_of_image>"
+    PartialState()
+    loop = TracedRolloutLoop(
+        model_name="tiny", dataset=Dataset.from_list([{"prompt": [{"role": "user", "content": "x"}]}]),
+        reward_funcs=[lambda completions, **kwargs: [0.0] * len(completions)], processing_class=tokenizer,
+        eos_token_ids=[], rollout_buffer=queue.Queue(), model_version_value=SimpleNamespace(value=0),
+        heartbeat_value=SimpleNamespace(value=0.0), failed_event=threading.Event(), exception_info_queue=queue.Queue(),
+        metrics_queue=queue.Queue(), num_generations=2, max_inflight_tasks=2, max_tokens=8)
+    try:
+        assert untrusted.safe_text("<eos><start_of_image>") == "\u2039eos>\u2039start_of_image>"
+    finally:
+        loop._tool_pool.shutdown(wait=True)
+        loop._loop.close()

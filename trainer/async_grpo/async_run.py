@@ -39,6 +39,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # as trainer.async_grpo.
 from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker, _AsyncRolloutLoop  # noqa: E402
 
 from contract import stages
+from envs.core import untrusted
 from envs.core.tool import detached, trace_of
 from trainer.gpu import trl_hooks
 from trainer.rollouts import infra_failures, traces, zero_variance
@@ -129,6 +130,8 @@ class TracedRollouts:
     def __init__(self, *, trace_dir: str | None = None, trace_every: int = 0, trace_samples: int = 0,
                  zero_std_groups: str = "keep", **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        # #63: this spawned process starts with none of the tokenizer's own tokens registered (`<eos>` passed)
+        untrusted.register_tokenizer(self.tokenizer)
         self.zero_std_groups = zero_std_groups  # ZERO_STD_GROUPS (trainer.rollouts.zero_variance)
         self._trace_dir = Path(trace_dir) if trace_dir else None
         self._trace_every, self._trace_samples = trace_every, trace_samples

@@ -52,9 +52,9 @@ def load_tokenizer(cfg: RunConfig, mode: str):
     tokenizer = AutoTokenizer.from_pretrained(cfg.model_path(mode), **cfg.model_load_kwargs(mode))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    from envs.core.untrusted import register_tokens
+    from envs.core.untrusted import register_tokenizer
 
-    register_tokens([*tokenizer.all_special_tokens, *tokenizer.get_added_vocab()])  # never forged by an env's text
+    register_tokenizer(tokenizer)  # never forged by an env's text
     return tokenizer
 
 
