@@ -215,8 +215,10 @@ def play(tool, name: str, args: dict) -> str:
     try:
         result = getattr(tool, name)(**args)
         return result if isinstance(result, str) else json.dumps(result)
-    except Exception as exc:  # noqa: BLE001 - TRL feeds errors back the same way
-        return json.dumps({"error": str(exc)})
+    except Exception as exc:  # noqa: BLE001 - TRL feeds errors back the same way (the env binding neutralises them)
+        from envs.core.untrusted import safe_text
+
+        return json.dumps({"error": safe_text(str(exc), 2000)})
 
 
 def all_conversations(specs: dict, cfg, n: int, seed: int) -> list[Demo]:

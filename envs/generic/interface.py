@@ -58,6 +58,14 @@ class Param:
     description: str
     required: bool
     schema: dict = field(hash=False, compare=False)  # the field's JSON schema ($refs resolved)
+    # the env's own value of each enum/const string the model is shown otherwise (neutralised: `shown_value`)
+    originals: dict = field(default_factory=dict, hash=False, compare=False)
+
+    def env_value(self, value: Any) -> Any:
+        """`value` as the env expects it: an enum/const string the model could only write neutralised, the env's own."""
+        if isinstance(value, list):
+            return [self.env_value(v) for v in value]
+        return self.originals.get(value, value) if isinstance(value, str) else value
 
 
 @dataclass(frozen=True)
@@ -108,10 +116,23 @@ def split_docstring(text: str) -> tuple[str, dict[str, str]]:
 ENTRY = re.compile(r"^(\w++)\s*+(?:\([^)]*+\))?\s*+:\s*+(.*)$")
 
 
+# What transformers' get_json_schema (TRL's tool renderer) reads as structure inside a docstring: an argument's
+# description ending in `(choices: [...])` becomes its enum, JSON-decoded (so `\u003c|im_start|>` and an escaped
+# `\u200b` came back as the token and the invisible character), and `Returns:`/`Raises:` anywhere end the Args.
+_DOCSTRING_MARKERS = re.compile(r"(?i)\b(choices|returns|raises|args):")
+
+
 def one_line(text: str, limit: int = MAX_DESCRIPTION_CHARS) -> str:
     """Folded to one line, control characters escaped (a description can carry terminal escapes), chat-template tokens
-    neutralised (it is written into every prompt), cut at `limit`."""
-    return untrusted.one_line(untrusted.neutralise_tokens(str(text)[: 4 * limit]), limit)
+    neutralised (it is written into every prompt), docstring markers broken (`choices :`), cut at `limit`."""
+    line = untrusted.one_line(untrusted.neutralise_tokens(str(text)[: 4 * limit]), limit)
+    return _DOCSTRING_MARKERS.sub(r"\1 :", line)
+
+
+def shown_value(value: Any) -> Any:
+    """An env's enum/const/example value as the model is shown it in a tool schema or a demo call: strings with
+    chat-template tokens neutralised and control and format characters escaped (untrusted.safe_text), uncut."""
+    return untrusted.safe_text(value) if isinstance(value, str) else value
 
 
 # ------------------------------------------------------------------------------------ JSON schema -> hint
@@ -156,17 +177,34 @@ def resolve_refs(schema: Any, defs: dict) -> Any:
     return root["schema"]
 
 
-def type_hint(schema: dict, where: str) -> Any:
-    """The Python type hint whose get_json_schema rendering is `schema` (types, items, enums, null)."""
+def shown_literal(values: list, where: str, originals: dict) -> Any:
+    """Literal[values as the model is shown them] (#63: raw, `<|im_start|>system` in an enum forged a turn with Qwen3's
+    template and U+200B passed), recording in `originals` the env's own value of each one shown otherwise."""
+    seen: dict[str, str] = {}
+    for value in values:
+        if isinstance(value, str) and seen.setdefault(shown_value(value), value) != value:
+            raise UnsupportedSchema(f"{where}: enum values {one_line(repr(seen[shown_value(value)]), 80)} and "
+                                    f"{one_line(repr(value), 80)} differ only in characters the model is not shown "
+                                    "as such (control, format or chat-template ones)")
+    originals.update({shown: value for shown, value in seen.items() if shown != value})
+    return Literal[tuple(shown_value(v) for v in values)]  # type: ignore[misc]
+
+
+def type_hint(schema: dict, where: str, originals: dict | None = None) -> Any:
+    """The Python type hint whose get_json_schema rendering is `schema` (types, items, enums, null); enum and const
+    strings as the model is shown them (shown_literal; the env's own values recorded in `originals`)."""
+    originals = {} if originals is None else originals
     if not isinstance(schema, dict):
         raise UnsupportedSchema(f"{where}: schema {schema!r} is not an object")
     if "enum" in schema:
         values = schema["enum"]
-        if not values or not all(isinstance(v, (str, int, float, bool)) for v in values):
-            raise UnsupportedSchema(f"{where}: enum {values!r} mixes in values a tool schema cannot list")
-        return Literal[tuple(values)]  # type: ignore[misc]
+        if not values or not isinstance(values, list) or \
+                not all(isinstance(v, (str, int, float, bool)) for v in values):
+            raise UnsupportedSchema(f"{where}: enum {one_line(repr(values), 200)} mixes in values a tool schema "
+                                    "cannot list")
+        return shown_literal(values, where, originals)
     if "const" in schema and isinstance(schema["const"], (str, int, float, bool)):
-        return Literal[schema["const"]]  # type: ignore[misc]
+        return shown_literal([schema["const"]], where, originals)
     for key in ("anyOf", "oneOf"):
         if key in schema:
             options = [o for o in schema[key] if o.get("type") != "null"]
@@ -174,7 +212,7 @@ def type_hint(schema: dict, where: str) -> Any:
             if len(options) != 1:
                 raise UnsupportedSchema(f"{where}: {key} of {len(options)} types is not expressible as a TRL tool "
                                         "argument (one type, optionally null)")
-            hint = type_hint(options[0], where)
+            hint = type_hint(options[0], where, originals)
             return Optional[hint] if nullable else hint
     kind = schema.get("type")
     if isinstance(kind, list):
@@ -187,7 +225,7 @@ def type_hint(schema: dict, where: str) -> Any:
         return JSON_SCALARS[kind]
     if kind == "array":
         items = schema.get("items")
-        return list[type_hint(items, f"{where}[]")] if isinstance(items, dict) and items else list
+        return list[type_hint(items, f"{where}[]", originals)] if isinstance(items, dict) and items else list
     if kind == "object":
         return dict
     raise UnsupportedSchema(f"{where}: no JSON type ({one_line(str(schema))[:80]}); TRL tools need string, integer, "
@@ -224,15 +262,16 @@ def params_from_schema(schema: dict, where: str, doc_fields: dict[str, str],
         if name in skip:
             continue
         check_identifier(name, f"{where} field")
+        originals: dict[str, str] = {}
         try:
-            hint = type_hint(prop, f"{where} field {name!r}")
+            hint = type_hint(prop, f"{where} field {name!r}", originals)
             description = one_line(prop.get("description") or doc_fields.get(name)
                                    or f"{prop.get('title') or name} ({type_word(prop)})")
         except UnsupportedSchema:
             raise
         except (AttributeError, TypeError, KeyError, ValueError) as exc:  # a malformed schema: one line, not a trace
             raise UnsupportedSchema(f"{where} field {name!r}: malformed schema ({type(exc).__name__})") from None
-        params.append(Param(name, hint, description, name in required, prop))
+        params.append(Param(name, hint, description, name in required, prop, originals))
     return tuple(params)
 
 

@@ -21,7 +21,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from envs.generic.interface import EnvInterface, Param, ToolSpec
+from envs.generic.interface import EnvInterface, Param, ToolSpec, shown_value
 
 DEFAULT_INSTRUCTION = (
     "You are acting in an environment through its tools. Call a tool to act; each tool result shows what "
@@ -103,7 +103,10 @@ LEGAL_FIELD = re.compile(r"(?i)legal|valid|available|allowed|possible")
 MASK_FIELD = re.compile(r"(?i)(?:action|legal|valid)_?mask")
 # Argument names that choose the action, for matching an observation's legal actions to a parameter.
 CHOICE_PARAM = re.compile(r"(?i)action|move|choice|column|col$|row$|index|cell|position|option|id$")
-MAX_DEMO_ITEMS = 3
+MAX_DEMO_ITEMS = 3  # items drawn beyond an array's minItems
+MAX_DEMO_ARRAY = 32  # items of one array in a demo call, whatever its minItems
+MAX_DEMO_CHARS = 256  # characters of a made-up string, whatever its minLength
+MAX_DEMO_VALUES = 256  # values in one argument, nested ones included (arrays of arrays of arrays...)
 # Values an action's docstring lists for a field when its schema publishes none (upstream snake_env: "action: int in
 # [0, 1, 2]"; the server raises on 3-9). Only a listed set counts, never a guessed range.
 DOC_VALUES = r"(?:\bin|\bone of)\s*\[([^\[\]]{1,200})\]"
@@ -137,19 +140,29 @@ def _kind(schema: dict) -> Any:
     return kind
 
 
-def _number(schema: dict, rng: random.Random, integer: bool) -> Any:
-    def bound(key: str) -> Any:
-        value = schema.get(key)
-        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+def _bound(schema: dict, key: str) -> float | None:
+    """A numeric bound of `schema` when it is a finite number, else None (#63: a NaN or Infinity minimum raised)."""
+    value = schema.get(key)
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return value if ok else None
 
+
+def _size(schema: dict, key: str, default: int, cap: int) -> int:
+    """A length bound (minItems, maxLength...) as an int within 0..cap, whatever the schema says (#63: minItems 3e6
+    took 16 s, minLength 3e8 made a 600 MB string)."""
+    value = _bound(schema, key)
+    return default if value is None else max(0, min(cap, int(value)))
+
+
+def _number(schema: dict, rng: random.Random, integer: bool) -> Any:
     step = 1 if integer else 1e-6
-    low, high = bound("minimum"), bound("maximum")
-    if bound("exclusiveMinimum") is not None:
-        low = bound("exclusiveMinimum") + step
+    low, high = _bound(schema, "minimum"), _bound(schema, "maximum")
+    if _bound(schema, "exclusiveMinimum") is not None:
+        low = _bound(schema, "exclusiveMinimum") + step
     elif schema.get("exclusiveMinimum") is True and low is not None:  # JSON Schema draft 4
         low += step
-    if bound("exclusiveMaximum") is not None:
-        high = bound("exclusiveMaximum") - step
+    if _bound(schema, "exclusiveMaximum") is not None:
+        high = _bound(schema, "exclusiveMaximum") - step
     elif schema.get("exclusiveMaximum") is True and high is not None:
         high -= step
     if low is None and high is None:
@@ -160,18 +173,26 @@ def _number(schema: dict, rng: random.Random, integer: bool) -> Any:
         high = low + 9
     if integer:
         return rng.randint(int(math.ceil(low)), max(int(math.ceil(low)), int(math.floor(high))))
-    return round(rng.uniform(float(low), max(float(low), float(high))), 2)
+    value = rng.uniform(float(low), max(float(low), float(high)))
+    return round(value, 2) if math.isfinite(value) else float(low)  # ±1e308 bounds: their span overflows
 
 
 def synthetic_value(param: Param, rng: random.Random, legal: list | None = None, minimal: bool = False) -> Any:
     """A value for `param` its schema allows: one of `legal` (the observation's legal actions) when given, else the
     schema's enum, examples or default, else a value in its range / of its length (`minimal`: an array of its
-    fewest items)."""
-    schema = _plain(param.schema if isinstance(param.schema, dict) else {})
-    kind = _kind(schema)
+    fewest items). Small whatever the schema asks: arrays of at most MAX_DEMO_ARRAY items, strings of at most
+    MAX_DEMO_CHARS generated characters, at most MAX_DEMO_VALUES values in all (an env refuses a call cut short of its
+    bounds, and the warm-start draws another)."""
     if legal:
         return rng.choice(legal)
-    if "enum" in schema and schema["enum"]:
+    return _synthetic(param.schema if isinstance(param.schema, dict) else {}, rng, minimal, [MAX_DEMO_VALUES])
+
+
+def _synthetic(schema: dict, rng: random.Random, minimal: bool, budget: list[int]) -> Any:
+    budget[0] -= 1
+    schema = _plain(schema)
+    kind = _kind(schema)
+    if "enum" in schema and isinstance(schema["enum"], list) and schema["enum"]:
         return rng.choice(schema["enum"])
     if "const" in schema:
         return schema["const"]
@@ -190,19 +211,30 @@ def synthetic_value(param: Param, rng: random.Random, legal: list | None = None,
     if kind == "boolean":
         return rng.random() < 0.5
     if kind == "array":
-        item = Param("item", None, "", True, schema.get("items") if isinstance(schema.get("items"), dict) else {})
-        low = int(schema.get("minItems", 1))
-        high = low if minimal else max(low, min(int(schema.get("maxItems", 2)), low + MAX_DEMO_ITEMS))
-        return [synthetic_value(item, rng, minimal=minimal) for _ in range(rng.randint(low, high))]
+        item = schema.get("items") if isinstance(schema.get("items"), dict) else {}
+        low = _size(schema, "minItems", 1, MAX_DEMO_ARRAY)
+        high = low if minimal else max(low, min(_size(schema, "maxItems", 2, MAX_DEMO_ARRAY), low + MAX_DEMO_ITEMS))
+        return [_synthetic(item, rng, minimal, budget) for _ in range(min(rng.randint(low, high), max(0, budget[0])))]
     if kind == "object":
         props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-        required = set(schema.get("required") or ())
-        return {k: synthetic_value(Param(k, None, "", True, v if isinstance(v, dict) else {}), rng, minimal=minimal)
-                for k, v in props.items() if k in required}
+        required = set(r for r in (schema.get("required") or ()) if isinstance(r, str))
+        return {k: _synthetic(v if isinstance(v, dict) else {}, rng, minimal, budget)
+                for k, v in props.items() if k in required and budget[0] > 0}
     word = rng.choice(WORDS)
-    low, high = int(schema.get("minLength", 0)), schema.get("maxLength")
+    low, high = _size(schema, "minLength", 0, MAX_DEMO_CHARS), _bound(schema, "maxLength")
     word = word + "x" * max(0, low - len(word))
-    return word[: int(high)] if high is not None else word
+    return word[: max(0, int(high))] if high is not None else word
+
+
+def shown_call(value: Any) -> Any:
+    """A demo call's arguments as the model is shown them (#63: an env's enum, example or default went in raw):
+    strings and keys neutralised as in the tool schema (interface.shown_value); the tool class gives the env its own
+    enum values back (Param.env_value)."""
+    if isinstance(value, dict):
+        return {shown_value(k): shown_call(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [shown_call(v) for v in value]
+    return shown_value(value)
 
 
 def legal_choices(observation: dict | str | None) -> dict[str, list]:
@@ -286,5 +318,5 @@ def demo_calls(interface: EnvInterface, rng: random.Random, observation: dict | 
             sometimes = minimal == "all" or (minimal is None and rng.random() < 0.5)
             if p.required or p.name in choices or published or sometimes:
                 args[p.name] = synthetic_value(p, rng, choices.get(p.name), minimal=minimal is not None)
-        calls.append((tool.name, args))
+        calls.append((tool.name, shown_call(args)))
     return calls

@@ -187,7 +187,8 @@ class GenericTool(EnvTool):
     def _step(self, spec: ToolSpec, arguments: dict) -> str:
         if self._done:
             raise RuntimeError(EPISODE_OVER)
-        args = {k: v for k, v in arguments.items() if v is not None or spec_param(spec, k).required}
+        args = {k: spec_param(spec, k).env_value(v) for k, v in arguments.items()  # an enum value shown neutralised
+                if v is not None or spec_param(spec, k).required}                      # goes back as the env's own
         if self._interface.kind == "mcp":
             data = self._client.step({"type": "call_tool", "tool_name": spec.name, "arguments": args})
         else:

@@ -113,6 +113,38 @@ def test_strings_and_lists_keep_their_lengths_and_objects_their_required_fields(
     assert values(obj) <= {'{"row": 0}', '{"row": 1}', '{"row": 2}'}
 
 
+NESTED_200 = {"type": "array", "minItems": 200, "items": {"type": "array", "minItems": 200, "items": {
+    "type": "array", "minItems": 200, "items": {"type": "integer"}}}}
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "array", "items": {"type": "integer"}, "minItems": 3e6},  # 16 s
+    NESTED_200,  # 50 s
+    {"type": "string", "minLength": 3e8},  # a 600 MB string
+    {"type": "string", "minLength": 5e9, "maxLength": 6e9},  # more than model-init's memory
+    {"type": "object", "required": ["a"], "properties": {"a": NESTED_200}},
+    {"type": "integer", "minimum": float("nan")}, {"type": "number", "minimum": float("-inf"), "maximum": float("inf")},
+    {"type": "array", "minItems": float("inf"), "maxItems": float("nan"), "items": {"type": "string",
+                                                                                   "maxLength": -5}},
+    {"type": "number", "minimum": -1e308, "maximum": 1e308},
+])
+def test_demo_values_stay_small_and_quick_whatever_the_schemas_bounds(schema):
+    """#63: demo-call generation was sized by the env's schema, and a NaN or Infinity bound raised."""
+    import json
+    import math
+    import time
+
+    from envs.generic.task import synthetic_value
+
+    start = time.perf_counter()
+    for seed in range(5):
+        value = synthetic_value(param("x", schema), random.Random(seed), minimal=bool(seed % 2))
+        text = json.dumps(value, allow_nan=False)  # a value JSON can carry
+        assert len(text) < 8 * 1024, len(text)
+        assert not isinstance(value, float) or math.isfinite(value)
+    assert time.perf_counter() - start < 1.0  # ~0.01 s
+
+
 def test_demo_and_baseline_calls_pick_the_observations_legal_actions():
     """Before: action_id 0-9 where the schema gives no maximum (Catch: 3 of 10 legal), `game_name` sometimes
     "cloud" and sometimes left out."""
