@@ -66,8 +66,31 @@ _OPENERS = {"<": "\u2039", "[": "\u2045"}  # ‹ and ⁅
 def register_tokens(tokens: Any) -> None:
     """Also neutralise these exact strings (the model tokenizer's special and added tokens) in every env text."""
     global _tokens
-    extra = sorted({t for t in tokens if isinstance(t, str) and len(t) > 1}, key=len, reverse=True)
-    _tokens = re.compile("|".join([*(re.escape(t) for t in extra), _GENERIC_TOKENS]))
+    extra = {t for t in tokens if isinstance(t, str) and len(t) > 1}
+    trie = _trie_pattern(t for t in extra if len(t) <= 200)
+    longer = [re.escape(t) for t in sorted((t for t in extra if len(t) > 200), key=len, reverse=True)]
+    _tokens = re.compile("|".join([*longer, *([trie] if trie else []), _GENERIC_TOKENS]))
+
+
+def _trie_pattern(tokens: Any) -> str:
+    """One regex for many exact strings, as a trie: at each position a character is compared once per branch point,
+    not once per string (a plain alternation of Gemma-like 6,000 added tokens took 0.7 s over 4,000 `<`); the
+    longest string wins, as in the sorted alternation it replaces. Recursion depth: a string's length (<= 200)."""
+    root: dict = {}
+    for token in tokens:
+        node = root
+        for ch in token:
+            node = node.setdefault(ch, {})
+        node[""] = {}
+
+    def pattern(node: dict) -> str:
+        branches = [re.escape(ch) + pattern(child) for ch, child in sorted(node.items()) if ch]
+        if not branches:
+            return ""
+        body = branches[0] if len(branches) == 1 else "(?:" + "|".join(branches) + ")"
+        return f"(?:{body})?" if "" in node else body
+
+    return pattern(root)
 
 
 def register_tokenizer(tokenizer: Any) -> None:

@@ -175,3 +175,18 @@ def test_enum_values_the_model_could_not_tell_apart_are_refused_with_one_line():
         mcp_tools([tool("look", params={"x": {"enum": ["a\u200bb", "a\\u200bb"]}})])
     line = str(caught.value)
     assert line.startswith(r"tool 'look' field 'x': enum values 'a\u200bb' and 'a\\u200bb' differ only in "), line
+
+
+def test_thousands_of_registered_tokens_cost_little_per_text(monkeypatch):
+    """A tokenizer may add thousands of tokens (Gemma-like `<unused0>`...); now registered in the async worker too, a
+    plain alternation of 6,000 took 0.7 s over 4,000 `<` (every string tried at every `<`); a trie, ~1 ms."""
+    import time
+
+    monkeypatch.setattr(untrusted, "_tokens", untrusted._tokens)  # restored after the test
+    untrusted.register_tokens([f"<unused{i}>" for i in range(6000)] + ["<eos>", "<|im", "<|im_end|>"])
+    assert safe_text("<unused12><unused5999><unused6000> <eos> <|im <|im_end|>") == \
+        "\u2039unused12>\u2039unused5999><unused6000> \u2039eos> \u2039|im \u2039|im_end|>"  # the longest wins
+    start = time.perf_counter()
+    for text in ("<" * 4000, "<unused" * 600, "<unused1" * 500):
+        safe_text(text, 4000)
+    assert time.perf_counter() - start < 0.3  # ~0.002 s; before, 1.2-2.8 s
