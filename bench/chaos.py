@@ -68,7 +68,7 @@ from bench.chaos_proxy import ChaosProxy  # noqa: E402
 from bench.chaos_stack import (  # noqa: E402
     ComposeEnvs, Rehearsal, RemoteProxy, SwarmEnvs, Trainer, log, make_model, proxy_container, sh)
 
-POLL_S = 0.25
+POLL_S = {False: 0.25, True: 1.0}  # how often the step records are read: a local file; async: a docker exec
 SLOTS_BOUND_S = 100  # a freed slot shows in /health within: the server's ping (20 s) + its timeout (60 s) + margin
 
 
@@ -134,7 +134,7 @@ def run(args) -> dict:
                 trainer.kill()
                 raise SystemExit(f"the run did not finish in {args.guard_s} s (a hang): see {work}; "
                                  f"the trainer's last lines:\n{seen}")
-            time.sleep(POLL_S)  # how often the step records are read (a poll, not a wait for something)
+            time.sleep(POLL_S[rehearsal])  # a poll of the step records, not a wait for something
         injector.end()
         exit_code = trainer.proc.returncode
         if rehearsal:
