@@ -116,9 +116,10 @@ def run(args) -> dict:
                 elif fault.kind == "trainer_kill":
                     if trainer.proc.poll() is None:
                         last = trainer.steps_logged()[-1]["step"]
+                        at = time.time()  # before the kill: every link the trainer held closes with it
                         trainer.kill()
-                        killed_at.append({"after_step": last, "time": time.time()})
-                        injector.record("trainer_kill", after_step=last)
+                        killed_at.append({"after_step": last, "time": at})
+                        injector.record("trainer_kill", when=at, after_step=last)
                         trainer.start("auto")
                     injector.done(fault)
                 else:

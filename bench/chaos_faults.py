@@ -74,8 +74,9 @@ class Injector:
         self.stopped: set[str] = set()  # containers SIGSTOPped now (a second stop picks another)
         self.timers: list[threading.Timer] = []
 
-    def record(self, kind: str, **detail) -> dict:
-        event = {"time": time.time(), "kind": kind, **detail}
+    def record(self, kind: str, when: float | None = None, **detail) -> dict:
+        """`when`: the fault's start, when that came before its record (a trainer kill waits for the process)."""
+        event = {"time": when or time.time(), "kind": kind, **detail}
         self.events.append(event)
         with open(self.log_path, "a") as fh:
             fh.write(json.dumps(event) + "\n")

@@ -123,18 +123,26 @@ def figures(args, trainer: Trainer, injector: Injector, killed_at: list[dict], s
 
 
 def hostile_ended(injector: Injector, restarts: list[tuple[float, float]]) -> list[dict]:
-    """Each hostile_frames burst: whether the trainer's side closed that link within HOSTILE_BOUND_S, not by a
-    restart (a killed trainer closes every link)."""
+    """Each hostile_frames burst: which side ended that link first and when; the client's answer to the flood only
+    when its side closed first (not after the server's: a killed env, a drop) and no restart came between (a killed
+    trainer closes every link), within HOSTILE_BOUND_S."""
     out = []
     for event in injector.events:
         if event["kind"] != "hostile_frames" or event.get("error"):
             continue
         start = event["time"]
-        closed = injector.proxy.closed_at(event["link"])
-        by_restart = closed is not None and any(start <= a <= closed for a, _ in restarts)
-        took = None if closed is None else closed - start
-        out.append({"frames": event.get("frames"), "ended_after_s": took, "by_restart": by_restart,
-                    "within": took is not None and took <= HOSTILE_BOUND_S and not by_restart})
+        ends = injector.proxy.link_ends(event["link"]) or {}
+        client, server = ends.get("client"), ends.get("server")
+        first = min((t for t in (client, server) if t is not None), default=None)
+        if first is None:
+            by = None
+        elif any(start <= a <= first for a, _ in restarts):
+            by = "restart"
+        else:
+            by = "client" if first == client else "server"
+        took = None if first is None else first - start
+        out.append({"frames": event.get("frames"), "ended_after_s": took, "ended_by": by,
+                    "within": by == "client" and took <= HOSTILE_BOUND_S})
     return out
 
 
@@ -224,8 +232,9 @@ def print_figures(f: dict) -> None:
          f"(within {HOSTILE_BOUND_S:.0f} s)", "all", all(h["within"] for h in hostile))
     for h in hostile:
         took = "never" if h["ended_after_s"] is None else f"{h['ended_after_s']:.1f} s"
-        print(f"    hostile_frames ({h['frames']}): link closed by the trainer's side after {took}"
-              + (" (by a restart)" if h["by_restart"] else ""))
+        by = {"client": "the trainer's side (the session client)", "server": "the server's side (an env fault)",
+              "restart": "a trainer or vLLM restart", None: "nobody"}[h["ended_by"]]
+        print(f"    hostile_frames ({h['frames']}): link ended after {took} by {by}")
     print(f"  episodes lost, by what ended them and the faults of their step: {json.dumps(f['lost_by_cause'])}")
     print(f"  episodes saved by replaying their reset on a fresh session (lost before this fix): {f['replayed']}"
           f" (a replay that failed: {f['replay_failed']})")

@@ -47,7 +47,8 @@ class Link:
     waits: list = field(default_factory=list)  # (from, to) wall clock: each wait for a reply longer than WAIT_S
     cursor: "FrameCursor" = field(default_factory=lambda: FrameCursor())  # where the reply stream is (its frames)
     flooded_until: float = 0.0  # monotonic: hostile frames flow; the client's pongs to them are not requests
-    client_closed_at: float | None = None  # wall clock: the trainer's side closed a live link (EOF or reset)
+    client_closed_at: float | None = None  # wall clock: the trainer's side closed a live link (EOF or reset) ...
+    server_closed_at: float | None = None  # ... the server's side did (whichever came first ended the link)
 
     @property
     def waited(self) -> bool:
@@ -148,9 +149,10 @@ class ChaosProxy:
     def hostile_frames(self, kind: str) -> dict | None:
         return self._call(lambda: self._hostile(kind))
 
-    def closed_at(self, link_id: int) -> float | None:
-        """When the trainer's side closed link `link_id` (None: it did not, or no such link)."""
-        return next((link.client_closed_at for link in self.history if link.id == link_id), None)
+    def link_ends(self, link_id: int) -> dict | None:
+        """When each side closed link `link_id` ({"client": wall time or None, "server": ...}; None: no such link)."""
+        link = next((link for link in self.history if link.id == link_id), None)
+        return None if link is None else {"client": link.client_closed_at, "server": link.server_closed_at}
 
     def frozen_link(self, link_id: int) -> Link | None:
         return next((link for link in self.frozen if link.id == link_id), None)
@@ -220,7 +222,8 @@ class ChaosProxy:
         return {"link": link.id, "backend": link.backend[1]}
 
     def _hostile(self, kind: str) -> dict | None:
-        live = [link for link in self._live() if link.cursor.websocket and link.client_closed_at is None]
+        live = [link for link in self._live() if link.cursor.websocket and link.client_closed_at is None
+                and link.server_closed_at is None]
         if not live:
             return None
         link = self.random.choice(live)
@@ -232,8 +235,8 @@ class ChaosProxy:
         """Bursts between the server's frames (the pump writes whole chunks on this loop: between two of its writes
         the cursor says where the stream is) until HOSTILE_FOR_S or the trainer's side closed the link."""
         deadline = time.monotonic() + HOSTILE_FOR_S
-        while time.monotonic() < deadline and link.client_closed_at is None and link.frozen_at is None \
-                and not link.client.is_closing():
+        while time.monotonic() < deadline and link.client_closed_at is link.server_closed_at is None \
+                and link.frozen_at is None and not link.client.is_closing():
             if link.cursor.at_boundary:
                 link.client.write(burst)
                 link.cursor.feed(burst)
@@ -274,7 +277,12 @@ class ChaosProxy:
                     to_client: bool) -> None:
         try:
             while True:
-                data = await reader.read(65536)
+                try:
+                    data = await reader.read(65536)
+                except (OSError, asyncio.IncompleteReadError):
+                    if link.frozen_at is None:
+                        _closed_from(link, to_client)
+                    raise
                 now = time.time()
                 if to_client and data and link.pending_since is not None:
                     if now - link.pending_since > WAIT_S:
@@ -292,6 +300,7 @@ class ChaosProxy:
                         return
                     continue  # frozen: swallowed either way
                 if not data:
+                    _closed_from(link, to_client)
                     break
                 if to_client and self.delay_s and time.monotonic() < self.delay_until:
                     await asyncio.sleep(self.delay_s)
@@ -301,14 +310,20 @@ class ChaosProxy:
                 await writer.drain()
         except (OSError, asyncio.IncompleteReadError):
             pass
-        if not to_client and link.frozen_at is None and link.client_closed_at is None:
-            link.client_closed_at = time.time()  # the trainer's side ended the link (or a drop did)
         if link.frozen_at is None:
             _end_wait(link)  # the link closed: nobody waits on it any more
             try:
                 writer.close()
             except OSError:
                 pass
+
+
+def _closed_from(link: Link, server_side: bool) -> None:
+    """The side a pump reads from ended (EOF or reset): the server's for the reply pump, else the trainer's."""
+    if server_side:
+        link.server_closed_at = link.server_closed_at or time.time()
+    else:
+        link.client_closed_at = link.client_closed_at or time.time()
 
 
 def _end_wait(link: Link) -> None:
@@ -344,7 +359,7 @@ CONTROL_TOKEN_ENV = "CHAOS_CONTROL_TOKEN"
 
 def serve_control(proxy: ChaosProxy, port: int, token: str, host: str = "0.0.0.0") -> None:
     """One command per line, one JSON answer per line: drop | half_open | delay S FOR_S | hostile ping|pong |
-    frozen ID | closed ID | close | held | waited START END. The first line must be `token TOKEN`: in a container the port listens on the env network too
+    frozen ID | ends ID | close | held | waited START END. The first line must be `token TOKEN`: in a container the port listens on the env network too
     (Docker publishes it to 127.0.0.1 from there), where any env image could send `delay 1e9 1e9` (#44)."""
     if not token:
         raise SystemExit(f"{CONTROL_TOKEN_ENV} is empty: the control port needs a token (bench/chaos.py sets one)")
@@ -360,8 +375,8 @@ def serve_control(proxy: ChaosProxy, port: int, token: str, host: str = "0.0.0.0
             return {}
         if cmd == "hostile" and rest and rest[0] in HOSTILE_FRAMES:
             return proxy.hostile_frames(rest[0])
-        if cmd == "closed":
-            return proxy.closed_at(int(rest[0]))
+        if cmd == "ends":
+            return proxy.link_ends(int(rest[0]))
         if cmd == "frozen":
             link = proxy.frozen_link(int(rest[0]))
             return None if link is None else {"frozen_at": link.frozen_at, "client_gone_at": link.client_gone_at,

@@ -218,8 +218,8 @@ class RemoteProxy:
     def hostile_frames(self, kind: str):
         return self.ask(f"hostile {kind}")
 
-    def closed_at(self, link_id: int) -> float | None:
-        return self.ask(f"closed {link_id}")
+    def link_ends(self, link_id: int) -> dict | None:
+        return self.ask(f"ends {link_id}")
 
     def frozen_link(self, link_id: int):
         from types import SimpleNamespace

@@ -193,14 +193,16 @@ def test_hostile_frames_go_between_the_servers_frames_until_the_client_closes(ki
         server.sendall(frame[40:])
         burst = chaos_proxy.HOSTILE_FRAMES[kind] * chaos_proxy.HOSTILE_BURST
         assert read_exactly(client, len(frame) - 40 + len(burst)) == frame[40:] + burst
-        assert proxy.closed_at(got["link"]) is None
+        assert proxy.link_ends(got["link"]) == {"client": None, "server": None}
     finally:
         client.close()
     deadline = time.monotonic() + 30
-    while proxy.closed_at(got["link"]) is None:  # the proxy's loop reads the close
+    while proxy.link_ends(got["link"])["client"] is None:  # the proxy's loop reads the close
         assert time.monotonic() < deadline, "the proxy never saw the client close"
         time.sleep(0.01)
     assert proxy.hostile_frames(kind) is None  # no live WebSocket link left
+    ends = proxy.link_ends(got["link"])
+    assert ends["server"] is None or ends["server"] >= ends["client"]  # the trainer's side ended it first
     server.close()
     proxy.close()
 
