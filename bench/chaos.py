@@ -23,28 +23,29 @@ is tried again a second later.
 
     .venv/bin/python bench/chaos.py --rollouts async [--steps 20] [--vllm-restart-after N]   (make chaos ARGS=...)
 
-runs the same plan and figures against `python -m tools rehearse` with ROLLOUTS=async (TRL's AsyncGRPOTrainer in
-the trainer container on the vLLM CPU twin) on a Compose project of its own: the replicas as above, the proxy in a
-container on their network and on the rehearsal's envnet (the trainer's ENV_URLS points at it by name); the trainer
-kills are a `docker kill` of the trainer container, and one more fault, vllm_restart, SIGKILLs the twin after step
---vllm-restart-after (default: a quarter of the run; the trainer kills then at a half and three quarters): make rehearse's recovery (tools/commands/train.py `recovering`) must recreate it and resume
-from the last checkpoint. Episodes in async are the worker's (env/echo/episodes of each step record), infra failures
-its rollout/infra_failures, both per step as in sync. Extra figure: the twin's restart, recovered, resumed from.
+runs the same plan and figures against `python -m tools rehearse` with ROLLOUTS=async (TRL's AsyncGRPOTrainer in the
+trainer container on the vLLM CPU twin) on a Compose project of its own: the replicas as above, the proxy in a container
+on their network and on the rehearsal's envnet (the trainer's ENV_URLS points at it by name); the trainer kills are a
+`docker kill` of the trainer container, and one more fault, vllm_restart, SIGKILLs the twin after step
+--vllm-restart-after (default: a quarter of the run; the trainer kills then at a half and three quarters): make
+rehearse's recovery (tools/commands/train.py `recovering`) must recreate it and resume from the last checkpoint.
+Episodes in async are the worker's (env/echo/episodes of each step record), infra failures its rollout/infra_failures,
+both per step as in sync. Extra figure: the twin's restart, recovered, resumed from.
 
-Figures, each beside its goal, after the count of each fault kind injected (goal: --per-kind each, the trainer
-kills and the twin's restart as asked) (a benchmark: it prints, it never fails on a figure; tests/reliability/test_chaos.py
-runs a short version and asserts what must hold):
+Figures, each beside its goal, after the count of each fault kind injected (goal: --per-kind each, the trainer kills and
+the twin's restart as asked) (a benchmark: it prints, it never fails on a figure; tests/reliability/test_chaos.py runs a
+short version and asserts what must hold):
   replies paired with the wrong request   0     every traced call's result checked against its own request
   episodes lost to infrastructure         <=1 % rollout/infra_failures over every episode trained
   session slots held at the end           0     every replica's /health once the trainer is gone (bounded wait)
-  optimizer steps lost or repeated        0     across the trainer kill: steps 1..N logged once each, the resumed
+  optimizer steps lost or repeated        0     across the trainer kills: steps 1..N logged once each, the resumed
                                                   run continues from its checkpoint, trainer_state ends at N
   stalls ended within bound, diagnosed    all   each stop/half_open: the next step came within its bound and a
                                                   one-line diagnosis is in the trainer's log after it (a stop inside
                                                   a trainer or vLLM restart, or after the last step, is listed
                                                   apart: no step to time it by)
-  hostile frame bursts ended by the client all   each hostile_frames: the trainer's side closed that link within
-                                                  HOSTILE_BOUND_S (not by a restart)
+  floods ended by the client              all   each hostile_frames: the trainer's side closed that link first, within
+                                                  HOSTILE_BOUND_S (not an env fault, a restart or the run's end)
 
 Split by concern: bench/chaos_stack.py (the replicas, the proxy container, the trainer), bench/chaos_faults.py (the
 injector), bench/chaos_figures.py (the figures); this file drives a run.

@@ -125,7 +125,7 @@ def figures(args, trainer: Trainer, injector: Injector, killed_at: list[dict], s
 def hostile_ended(injector: Injector, restarts: list[tuple[float, float]]) -> list[dict]:
     """Each hostile_frames burst: which side ended that link first and when; the client's answer to the flood only
     when its side closed first (not after the server's: a killed env, a drop) and no restart came between (a killed
-    trainer closes every link), within HOSTILE_BOUND_S."""
+    trainer closes every link, as the run's end does), within HOSTILE_BOUND_S."""
     out = []
     for event in injector.events:
         if event["kind"] != "hostile_frames" or event.get("error"):
@@ -199,7 +199,8 @@ def print_figures(f: dict) -> None:
     print(f"== chaos figures{mode}: {f['steps']} steps, {f['replicas']} replicas, seed {f['seed']}, {f['wall_s']} s; "
           f"trainer killed after steps {[k['after_step'] for k in f['trainer_kill']]}")
     asked = {k: n for k, n in f["faults_planned"].items() if n}
-    line("faults injected, by kind (of those planned)", ", ".join(f"{k} {f['faults'][k]}/{n}" for k, n in asked.items()), "as plan",
+    line("faults injected, by kind (of those planned)",
+         ", ".join(f"{k} {f['faults'][k]}/{n}" for k, n in asked.items()), "as plan",
          all(f["faults"][k] >= n for k, n in asked.items()))
     line("replies paired with the wrong request", f"{f['replies_paired_wrong']} of {f['calls_checked']} checked",
          "0", f["replies_paired_wrong"] == 0)
@@ -233,7 +234,7 @@ def print_figures(f: dict) -> None:
     for h in hostile:
         took = "never" if h["ended_after_s"] is None else f"{h['ended_after_s']:.1f} s"
         by = {"client": "the trainer's side (the session client)", "server": "the server's side (an env fault)",
-              "restart": "a trainer or vLLM restart", None: "nobody"}[h["ended_by"]]
+              "restart": "a trainer or vLLM restart, or the run's end", None: "nobody"}[h["ended_by"]]
         print(f"    hostile_frames ({h['frames']}): link ended after {took} by {by}")
     print(f"  episodes lost, by what ended them and the faults of their step: {json.dumps(f['lost_by_cause'])}")
     print(f"  episodes saved by replaying their reset on a fresh session (lost before this fix): {f['replayed']}"

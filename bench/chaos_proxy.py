@@ -359,8 +359,9 @@ CONTROL_TOKEN_ENV = "CHAOS_CONTROL_TOKEN"
 
 def serve_control(proxy: ChaosProxy, port: int, token: str, host: str = "0.0.0.0") -> None:
     """One command per line, one JSON answer per line: drop | half_open | delay S FOR_S | hostile ping|pong |
-    frozen ID | ends ID | close | held | waited START END. The first line must be `token TOKEN`: in a container the port listens on the env network too
-    (Docker publishes it to 127.0.0.1 from there), where any env image could send `delay 1e9 1e9` (#44)."""
+    frozen ID | ends ID | close | held | waited START END. The first line must be `token TOKEN`: in a container the port
+    listens on the env network too (Docker publishes it to 127.0.0.1 from there), where any env image could send
+    `delay 1e9 1e9` (#44)."""
     if not token:
         raise SystemExit(f"{CONTROL_TOKEN_ENV} is empty: the control port needs a token (bench/chaos.py sets one)")
 
