@@ -138,7 +138,7 @@ bench-fleet: $(VENV)/.test-ok ## Fleet figures on this machine's swarm: 4,096 se
 	@$(BUILD_IMAGE) env-server-image
 	@$(VENV)/bin/python bench/fleet_figures.py $(ARGS)
 
-chaos: $(VENV)/.test-ok ## A CPU training run through injected faults (env kills, stops, dropped/half-open/slow links, a trainer kill): the fault figures next to their goals (several minutes; ARGS="--steps 60 --seed 7"; ARGS="--rollouts async" on make rehearse, + a vLLM twin restart)
+chaos: $(VENV)/.test-ok ## A CPU training run through injected faults, planned by step, each kind twice (env kills, stops, dropped/half-open/slow links, control-frame floods, trainer kills): the count of each and the fault figures next to their goals (several minutes; ARGS="--steps 60 --per-kind 3 --seed 7"; ARGS="--rollouts async" on make rehearse, + a vLLM twin restart)
 	@$(BUILD_IMAGE) env-server-image
 	@$(VENV)/bin/python bench/chaos.py $(ARGS)
 

@@ -1,40 +1,51 @@
 """`make chaos`: a real CPU training run against several env replicas while a seeded injector breaks things (#33).
 
-    .venv/bin/python bench/chaos.py [--steps 40] [--replicas 3] [--seed 1] [--rate 1.0] [--fleet compose|swarm]
+    .venv/bin/python bench/chaos.py [--steps 40] [--replicas 3] [--seed 1] [--per-kind 2] [--fleet compose|swarm]
 
 What runs: the env-echo service of the real compose.yaml with --replicas replicas (Compose's restart policy), or
 (--fleet swarm) the same service as a one-node Swarm fleet (tools/fleet.py; its tasks are restarted by Swarm), and
 `python -m trainer.train` on this machine (the CPU profile: the tiny model, TRL's GRPOTrainer, our rollout loop),
-reaching the replicas through bench/chaos_proxy.py on 127.0.0.1 (nothing leaves this machine). The injector (seeded,
-every event logged to <out>/chaos-log.jsonl with its time) draws one fault every `30 / rate` seconds on average:
+reaching the replicas through bench/chaos_proxy.py on 127.0.0.1 (nothing leaves this machine). The injector
+(bench/chaos_faults.py) plans its faults by training step, not by second (a fast run gets as many): each kind
+--per-kind times, spread over the run in a seeded order, each fired at a drawn point inside the step after its own,
+as the trainer's step records (its metrics.jsonl) show that step logged; every event goes to <out>/chaos-log.jsonl:
   kill      SIGKILL an env container's server process from the host (a crash: Compose or Swarm restarts it);
   stop      SIGSTOP one for TOOL_TIMEOUT_S + 3 s, then SIGCONT (a hung server);
   drop      reset one live connection on both sides (proxy);
   half_open freeze one live connection (proxy): the trainer's side times out, the server's stays open;
   delay     every reply 1.5 s late for 10 s (a tail of slow steps, under TOOL_TIMEOUT_S);
-and, once, kills the trainer (SIGKILL) mid-step after step --kill-after, then starts it again (RESUME=auto).
+  hostile_frames  bursts of empty control frames into one live WebSocket link for up to 5 s (proxy; alternately an
+            unsolicited pong stream and a ping flood, as a hostile env image sends): the trainer's side must end that
+            session (an infra failure, #63), not serve it;
+and kills the trainer (SIGKILL) mid-step after each step of --kill-after (default: a third and two thirds of the
+run), then starts it again (RESUME=auto). A fault that finds nothing to break (no live link, a container mid-restart)
+is tried again a second later.
 
     .venv/bin/python bench/chaos.py --rollouts async [--steps 20] [--vllm-restart-after N]   (make chaos ARGS=...)
 
-runs the same injector and figures against `python -m tools rehearse` with ROLLOUTS=async (TRL's AsyncGRPOTrainer in
-the trainer container on the vLLM CPU twin) on a Compose project of its own: the replicas as above, the proxy in a
-container on their network and on the rehearsal's envnet (the trainer's ENV_URLS points at it by name); the trainer
-kill is a `docker kill` of the trainer container, and one more fault, vllm_restart, SIGKILLs the twin after step
---vllm-restart-after: make rehearse's recovery (tools/commands/train.py `recovering`) must recreate it and resume
-from the last checkpoint. Episodes in async are the worker's (env/echo/episodes of each step record), infra failures
-its rollout/infra_failures, both per step as in sync. Extra figure: the twin's restart, recovered, resumed from.
+runs the same plan and figures against `python -m tools rehearse` with ROLLOUTS=async (TRL's AsyncGRPOTrainer in the
+trainer container on the vLLM CPU twin) on a Compose project of its own: the replicas as above, the proxy in a container
+on their network and on the rehearsal's envnet (the trainer's ENV_URLS points at it by name); the trainer kills are a
+`docker kill` of the trainer container, and one more fault, vllm_restart, SIGKILLs the twin after step
+--vllm-restart-after (default: a quarter of the run; the trainer kills then at a half and three quarters): make
+rehearse's recovery (tools/commands/train.py `recovering`) must recreate it and resume from the last checkpoint.
+Episodes in async are the worker's (env/echo/episodes of each step record), infra failures its rollout/infra_failures,
+both per step as in sync. Extra figure: the twin's restart, recovered, resumed from.
 
-Figures, each beside its goal (a benchmark: it prints, it never fails on a figure; tests/reliability/test_chaos.py
-runs a short version and asserts what must hold):
+Figures, each beside its goal, after the count of each fault kind injected (goal: --per-kind each, the trainer kills and
+the twin's restart as asked) (a benchmark: it prints, it never fails on a figure; tests/reliability/test_chaos.py runs a
+short version and asserts what must hold):
   replies paired with the wrong request   0     every traced call's result checked against its own request
   episodes lost to infrastructure         <=1 % rollout/infra_failures over every episode trained
   session slots held at the end           0     every replica's /health once the trainer is gone (bounded wait)
-  optimizer steps lost or repeated        0     across the trainer kill: steps 1..N logged once each, the resumed
+  optimizer steps lost or repeated        0     across the trainer kills: steps 1..N logged once each, the resumed
                                                   run continues from its checkpoint, trainer_state ends at N
   stalls ended within bound, diagnosed    all   each stop/half_open: the next step came within its bound and a
                                                   one-line diagnosis is in the trainer's log after it (a stop inside
                                                   a trainer or vLLM restart, or after the last step, is listed
                                                   apart: no step to time it by)
+  floods ended by the client              all   each hostile_frames: the trainer's side closed that link first, within
+                                                  HOSTILE_BOUND_S (not an env fault, a restart or the run's end)
 
 Split by concern: bench/chaos_stack.py (the replicas, the proxy container, the trainer), bench/chaos_faults.py (the
 injector), bench/chaos_figures.py (the figures); this file drives a run.
@@ -44,7 +55,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import tempfile
 import time
@@ -53,12 +63,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.chaos_faults import Injector  # noqa: E402
+from bench.chaos_faults import PER_KIND, Injector, plan  # noqa: E402
 from bench.chaos_figures import figures, print_figures  # noqa: E402
 from bench.chaos_proxy import ChaosProxy  # noqa: E402
 from bench.chaos_stack import (  # noqa: E402
     ComposeEnvs, Rehearsal, RemoteProxy, SwarmEnvs, Trainer, log, make_model, proxy_container, sh)
 
+POLL_S = {False: 0.25, True: 1.0}  # how often the step records are read: a local file; async: a docker exec
 SLOTS_BOUND_S = 100  # a freed slot shows in /health within: the server's ping (20 s) + its timeout (60 s) + margin
 
 
@@ -87,40 +98,45 @@ def run(args) -> dict:
             proxy, url = envs.proxy(backends, args.seed)
             trainer = Trainer(model, url, work / "outputs", args.steps, args.seed)
             generation_batch = RunConfig.load([], **{"env_name": "echo"}).generation_batch_size
-        injector = Injector(envs, proxy, args.seed, args.rate, work / "chaos-log.jsonl")
+        planned = plan(args.steps, args.seed, args.per_kind, tuple(args.kill_after),
+                       args.vllm_restart_after if rehearsal else None)
+        injector = Injector(envs, proxy, args.seed, planned, work / "chaos-log.jsonl")
+        log(f"faults planned by step: {', '.join(f'{p.kind}@{p.after_step}' for p in planned)}")
         trainer.start("fresh")
-        injector.start()
-        killed_at: dict = {}
-        vllm_killed = False
-        rng = random.Random(args.seed + 1)
+        killed_at: list[dict] = []
+        vllm_killed = 0.0
         deadline = time.monotonic() + args.guard_s  # a hang guard only
         while trainer.proc.poll() is None:
+            # the trainer's progress: its step records (metrics.jsonl), each with the wall time it was logged
             done = trainer.steps_logged()
-            if rehearsal and not vllm_killed and done and done[-1]["step"] >= args.vllm_restart_after:
-                vllm_killed = time.monotonic()
-                injector.fault_vllm_restart(trainer, done[-1]["step"])
+            for fault in injector.due(done, time.time()):
+                if fault.kind == "vllm_restart":
+                    vllm_killed = time.monotonic()
+                    injector.fault_vllm_restart(trainer, done[-1]["step"])
+                    injector.done(fault)
+                elif fault.kind == "trainer_kill":
+                    if trainer.proc.poll() is None:
+                        last = trainer.steps_logged()[-1]["step"]
+                        at = time.time()  # before the kill: every link the trainer held closes with it
+                        trainer.kill()
+                        killed_at.append({"after_step": last, "time": at})
+                        injector.record("trainer_kill", when=at, after_step=last)
+                        trainer.start("auto")
+                    injector.done(fault)
+                else:
+                    injector.fire(fault)
             if rehearsal and vllm_killed and time.monotonic() - vllm_killed > args.vllm_bound_s and not any(
                     "restarting the vllm service" in text for _, text in trainer.lines):
                 seen = last_lines(trainer)
                 trainer.kill()  # a stall past its bound: one line, not a wait for ever
                 raise SystemExit(f"the trainer did not stop for the killed vLLM twin within {args.vllm_bound_s:.0f} s "
                                  f"(no exit 77, no restart): see {work}; the trainer's last lines:\n{seen}")
-            # async: the trainer kill once the vLLM restart was recovered from (a step logged after the resume)
-            recovered = not rehearsal or (vllm_killed and any("resuming from" in text for _, text in trainer.lines))
-            if args.kill_after and not killed_at and recovered and done and done[-1]["step"] >= args.kill_after:
-                time.sleep(rng.uniform(0.5, 2.0))  # somewhere inside the next step (the fault's timing, drawn)
-                if trainer.proc.poll() is None:
-                    last = trainer.steps_logged()[-1]["step"]
-                    trainer.kill()
-                    killed_at = {"after_step": last, "time": time.time()}
-                    injector.record("trainer_kill", after_step=last)
-                    trainer.start("auto")
             if time.monotonic() > deadline:
                 seen = last_lines(trainer)  # before the kill: which container was still up
                 trainer.kill()
                 raise SystemExit(f"the run did not finish in {args.guard_s} s (a hang): see {work}; "
                                  f"the trainer's last lines:\n{seen}")
-            time.sleep(0.5)
+            time.sleep(POLL_S[rehearsal])  # a poll of the step records, not a wait for something
         injector.end()
         exit_code = trainer.proc.returncode
         if rehearsal:
@@ -161,18 +177,29 @@ def last_lines(trainer, n: int = 60) -> str:
     return lines + (f"\n{state()}" if state and trainer.proc.poll() is None else "")
 
 
+def steps_list(text: str) -> list[int]:
+    """--kill-after: "13,26" -> [13, 26]; "0" -> [] (no trainer kill)."""
+    try:
+        steps = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: step numbers, comma separated (0: none)") from None
+    return [s for s in steps if s != 0]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--replicas", type=int, default=3)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--rate", type=float, default=1.0, help="faults per 30 s (default 1: the default injection rate)")
-    p.add_argument("--kill-after", type=int, default=None, help="kill the trainer after this step (default: steps/2; 0: no trainer kill)")
+    p.add_argument("--per-kind", type=int, default=PER_KIND, help="faults of each kind in the run (kill, stop, drop, "
+                   f"half_open, delay, hostile_frames), spread over its steps (default {PER_KIND})")
+    p.add_argument("--kill-after", type=steps_list, default=None, help="kill the trainer after these steps, comma "
+                   "separated (default: at a third and two thirds of the run; 0: no trainer kill)")
     p.add_argument("--fleet", choices=["compose", "swarm"], default="compose")
     p.add_argument("--rollouts", choices=["sync", "async"], default="sync", help="async: a `make rehearse` run with "
                    "ROLLOUTS=async (the vLLM CPU twin), and the twin killed once mid-run (vllm_restart)")
     p.add_argument("--vllm-restart-after", type=int, default=None, help="async: kill the twin after this step "
-                   "(default: steps/4); the trainer kill comes once the run resumed from it")
+                   "(default: steps/4; the trainer kills then at steps/2 and 3 steps/4)")
     p.add_argument("--vllm-bound-s", type=float, default=300.0, help="async: the trainer must stop for the killed "
                    "twin (exit 77, make rehearse restarts it) within this (else the run ends with one line)")
     p.add_argument("--project", default="grpo-test-chaos")
@@ -183,10 +210,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--guard-s", type=float, default=3600)
     p.add_argument("--keep", action="store_true", help="leave the env containers running")
     args = p.parse_args(argv)
-    if args.kill_after is None:
-        args.kill_after = max(1, args.steps // 2)
+    restarts = 3 if args.rollouts == "async" else 2  # evenly spaced: (the twin,) then two trainer kills
+    at = [args.steps * (i + 1) // (restarts + 1) for i in range(restarts)]
     if args.vllm_restart_after is None:
-        args.vllm_restart_after = max(1, args.steps // 4)
+        args.vllm_restart_after = at[0] if args.rollouts == "async" else max(1, args.steps // 4)
+    if args.kill_after is None:
+        args.kill_after = at[-2:]
+    twin = [args.vllm_restart_after] if args.rollouts == "async" else []
+    if any(not 1 <= s < args.steps for s in args.kill_after + twin) or len(set(args.kill_after + twin)) < len(
+            args.kill_after + twin):
+        p.error(f"--kill-after {args.kill_after} / --vllm-restart-after: distinct steps in 1..{args.steps - 1} "
+                "(a restart after the last step has no step to resume)")
     if args.rollouts == "async" and args.fleet != "compose":
         p.error("--rollouts async runs on the compose fleet (make rehearse's own project)")
     return args

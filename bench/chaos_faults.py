@@ -1,89 +1,179 @@
-"""`make chaos`'s injector (bench/chaos.py): seeded faults at random times against the env replicas and the proxy
-(bench/chaos_stack.py), every event logged with its wall time."""
+"""`make chaos`'s injector (bench/chaos.py): a seeded plan of faults by training step (`plan`), fired as the trainer
+logs its steps (`Injector.due`, fed the run's metrics.jsonl step records), against the env replicas and the proxy
+(bench/chaos_stack.py); every event logged with its wall time.
+
+By step, not by second: a run's faults must not thin out as its steps get faster (#63 item 8: at one fault per 30 s
+a 40-step run of 39 s drew one delay and the trainer kill). A default run gets every kind PER_KIND times."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
 import signal
+import statistics
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.chaos_proxy import ChaosProxy
 from bench.chaos_stack import TOOL_TIMEOUT_S, Rehearsal, log, pid_of, sh
 
-KINDS = {"kill": 1.0, "stop": 1.0, "drop": 2.0, "half_open": 1.0, "delay": 1.0}
+ENV_KINDS = ("kill", "stop", "drop", "half_open", "delay", "hostile_frames")  # the injector's own
+RESTARTS = ("trainer_kill", "vllm_restart")  # the driver's (bench/chaos.py): each restarts the run
+KINDS = ENV_KINDS + RESTARTS
+PER_KIND = 2
+RETRY_S = 1.0  # a fault that found nothing to break (no live link, a container mid-restart) is tried again this late
+STEP_S_UNKNOWN = 2.0  # a step's time before two consecutive steps were seen
+
+
+@dataclass(frozen=True)
+class Planned:
+    after_step: int  # fired once the trainer has logged this step ...
+    kind: str
+    into: float  # ... this share of a step's time after that step's record: where inside the next step it lands
+    variant: str = ""  # hostile_frames: "pong" (an unsolicited pong stream) or "ping" (a ping flood)
+
+
+def plan(steps: int, seed: int, per_kind: int = PER_KIND, trainer_kills: tuple[int, ...] = (),
+         vllm_restart: int | None = None) -> list[Planned]:
+    """Every env kind `per_kind` times, spread evenly over steps 1..steps-2 in a seeded order (several to a step when
+    there are more faults than steps; a whole step after the fault's own is left to time what it did and to try a
+    fault again that found nothing to break), none after the step of a restart (it would land in the restart,
+    untimed); the restarts after their own steps."""
+    rng = random.Random(seed)
+    restarts = [Planned(s, "trainer_kill", rng.uniform(0.2, 0.8)) for s in trainer_kills]
+    if vllm_restart:
+        restarts.append(Planned(vllm_restart, "vllm_restart", 0.0))
+    quiet = {p.after_step for p in restarts}
+    slots = [s for s in range(1, steps - 1) if s not in quiet] or [1]
+    kinds = [kind for kind in ENV_KINDS for _ in range(per_kind)]
+    rng.shuffle(kinds)
+    variants = itertools.cycle(("pong", "ping"))
+    faults = [Planned(slots[i * len(slots) // len(kinds)], kind, rng.uniform(0.1, 0.9),
+                      next(variants) if kind == "hostile_frames" else "") for i, kind in enumerate(kinds)]
+    return sorted(restarts + faults, key=lambda p: (p.after_step, p.into))
 
 
 # ---------------------------------------------------------------------------- the injector
 class Injector:
-    """Seeded faults at random times while `active`; every event logged (JSONL) with its wall time."""
+    """The plan's faults, each fired once its step is logged and its share of the next step has passed; one that
+    found nothing to break is tried again RETRY_S later until the run ends. Every event logged (JSONL)."""
 
-    def __init__(self, envs, proxy: ChaosProxy, seed: int, rate: float, log_path: Path) -> None:
+    def __init__(self, envs, proxy: ChaosProxy, seed: int, planned: list[Planned], log_path: Path) -> None:
         self.envs, self.proxy = envs, proxy
         self.random = random.Random(seed)
-        self.mean_gap_s = 30.0 / rate
+        self.planned = list(planned)
+        self.pending = list(planned)
+        self.retry_at: dict[int, float] = {}  # id(Planned) -> wall clock
+        self.seen: dict[int, float] = {}  # step -> its record's wall time, first seen (a resume rewrites later ones)
         self.log_path = log_path
         self.events: list[dict] = []
-        self.stop_event = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="chaos-injector", daemon=True)
+        self.stopped: set[str] = set()  # containers SIGSTOPped now (a second stop picks another)
+        self.timers: list[threading.Timer] = []
 
-    def record(self, kind: str, **detail) -> dict:
-        event = {"time": time.time(), "kind": kind, **detail}
+    def record(self, kind: str, when: float | None = None, **detail) -> dict:
+        """`when`: the fault's start, when that came before its record (a trainer kill waits for the process)."""
+        event = {"time": when or time.time(), "kind": kind, **detail}
         self.events.append(event)
         with open(self.log_path, "a") as fh:
             fh.write(json.dumps(event) + "\n")
         log(f"inject {kind} {json.dumps(detail)}")
         return event
 
-    def start(self) -> None:
-        self.thread.start()
+    def step_s(self) -> float:
+        """A step's time now: the median of the last five between consecutive steps seen."""
+        gaps = [self.seen[s] - self.seen[s - 1] for s in sorted(self.seen) if s - 1 in self.seen]
+        gaps = [g for g in gaps[-5:] if g > 0]
+        return statistics.median(gaps) if gaps else STEP_S_UNKNOWN
+
+    def due(self, rows: list[dict], now: float) -> list[Planned]:
+        """The planned faults due at `now` (wall clock), given the step records logged so far."""
+        for row in rows:
+            self.seen.setdefault(row["step"], row["time"])
+        step_s = self.step_s()
+        return [p for p in self.pending if p.after_step in self.seen and now >= self.retry_at.get(id(p), 0.0)
+                and now >= self.seen[p.after_step] + p.into * step_s]
+
+    def done(self, planned: Planned) -> None:
+        self.pending.remove(planned)
+
+    def fire(self, planned: Planned) -> bool:
+        """An env fault now; False (tried again later) when it found nothing to break."""
+        try:
+            effective = getattr(self, f"fault_{planned.kind}")(planned)
+        except Exception as exc:  # a container mid-restart: logged, tried again
+            self.record(planned.kind, error=f"{type(exc).__name__}: {exc}")
+            effective = False
+        if effective:
+            self.done(planned)
+        else:
+            self.retry_at[id(planned)] = time.time() + RETRY_S
+        return effective
 
     def end(self) -> None:
-        self.stop_event.set()
-        self.thread.join(60)
+        """Every stopped server continued (its hold is the fault's length) before the run's figures are read."""
+        for timer in self.timers:
+            timer.join(TOOL_TIMEOUT_S + 30)
 
-    def _run(self) -> None:
-        kinds, weights = list(KINDS), list(KINDS.values())
-        while not self.stop_event.wait(self.random.expovariate(1 / self.mean_gap_s)):
-            kind = self.random.choices(kinds, weights)[0]
-            try:
-                getattr(self, f"fault_{kind}")()
-            except Exception as exc:  # a container mid-restart: logged, the run goes on
-                self.record(kind, error=f"{type(exc).__name__}: {exc}")
+    def counts(self) -> dict[str, int]:
+        return {k: sum(1 for e in self.events if e["kind"] == k and not e.get("error")) for k in KINDS}
 
-    def fault_kill(self) -> None:
+    def fault_kill(self, planned: Planned) -> bool:
         target = self.random.choice(self.envs.targets())
         pid = pid_of(target)
-        if pid:
-            os.kill(pid, signal.SIGKILL)
-        self.record("kill", container=target[:12], pid=pid)
+        if not pid:
+            raise RuntimeError(f"{target[:12]} has no process (restarting)")
+        os.kill(pid, signal.SIGKILL)
+        self.record("kill", container=target[:12], pid=pid, after_step=planned.after_step)
+        return True
 
-    def fault_stop(self) -> None:
-        target = self.random.choice(self.envs.targets())
+    def fault_stop(self, planned: Planned) -> bool:
+        target = self.random.choice([t for t in self.envs.targets() if t not in self.stopped])
         pid = pid_of(target)
+        if not pid:  # never os.kill(0, ...): that would stop this process group
+            raise RuntimeError(f"{target[:12]} has no process (restarting)")
         hold = TOOL_TIMEOUT_S + 3
-        backend = self.envs.backend_of(target)
         os.kill(pid, signal.SIGSTOP)
-        event = self.record("stop", container=target[:12], pid=pid, hold_s=hold, backend=backend)
-        time.sleep(hold)  # the fault's length, not a synchronisation
+        self.stopped.add(target)
+        event = self.record("stop", container=target[:12], pid=pid, hold_s=hold, backend=self.envs.backend_of(target),
+                            after_step=planned.after_step)
+        timer = threading.Timer(hold, self._continue, args=(target, pid, event))  # the fault's length
+        timer.daemon = True
+        timer.start()
+        self.timers.append(timer)
+        return True
+
+    def _continue(self, target: str, pid: int, event: dict) -> None:
         try:
             os.kill(pid, signal.SIGCONT)
         except ProcessLookupError:
             pass
         event["continued"] = time.time()
+        self.stopped.discard(target)
 
-    def fault_drop(self) -> None:
-        self.record("drop", **(self.proxy.drop() or {"link": None}))
+    def _on_link(self, kind: str, planned: Planned, got: dict | None) -> bool:
+        if got is None:
+            self.record(kind, error="no live link", after_step=planned.after_step)
+            return False
+        self.record(kind, **got, after_step=planned.after_step)
+        return True
 
-    def fault_half_open(self) -> None:
-        self.record("half_open", **(self.proxy.half_open() or {"link": None}))
+    def fault_drop(self, planned: Planned) -> bool:
+        return self._on_link("drop", planned, self.proxy.drop())
 
-    def fault_delay(self) -> None:
+    def fault_half_open(self, planned: Planned) -> bool:
+        return self._on_link("half_open", planned, self.proxy.half_open())
+
+    def fault_hostile_frames(self, planned: Planned) -> bool:
+        return self._on_link("hostile_frames", planned, self.proxy.hostile_frames(planned.variant or "pong"))
+
+    def fault_delay(self, planned: Planned) -> bool:
         self.proxy.delay(1.5, 10.0)
-        self.record("delay", seconds=1.5, for_s=10.0)
+        self.record("delay", seconds=1.5, for_s=10.0, after_step=planned.after_step)
+        return True
 
     def fault_vllm_restart(self, trainer: "Rehearsal", after_step: int) -> None:
         """SIGKILL the twin (a crash): make rehearse's recovery must recreate it and resume (tools/commands/train)."""

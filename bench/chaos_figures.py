@@ -12,6 +12,7 @@ from bench.chaos_faults import KINDS, Injector
 from bench.chaos_stack import RESET_TIMEOUT_S, TOOL_TIMEOUT_S, Trainer
 
 PING_S = 20 + 60  # the session client's keepalive: an idle socket nobody answers is closed within ping interval + timeout
+HOSTILE_BOUND_S = 10.0  # a flood of control frames ends its session within: the client's rate window (1 s) + margin
 DIAGNOSIS = ("stalled:", "no reply", "reset failed", "connection lost", "env session failed", "left out of training")
 REPLAYED, REPLAY_FAILED = "reset was replayed", "could not start the episode again"  # envs.core.client lines
 
@@ -40,7 +41,7 @@ def paired_wrong(rows: list[dict]) -> tuple[int, int]:
     return checked, wrong
 
 
-def figures(args, trainer: Trainer, injector: Injector, killed_at: dict, slots: dict, wall_s: float,
+def figures(args, trainer: Trainer, injector: Injector, killed_at: list[dict], slots: dict, wall_s: float,
             generation_batch: int) -> dict:
     from trainer.rollouts import traces as rollouts
 
@@ -100,10 +101,14 @@ def figures(args, trainer: Trainer, injector: Injector, killed_at: dict, slots: 
         stalls.append({"kind": event["kind"], "ended_after_s": took, "bound_s": bounds[event["kind"]],
                        "within": within, "waited": waited,
                        "diagnosis": diagnosed[0][:240] if diagnosed else None})
+    planned = getattr(injector, "planned", [])
     return {
-        "wall_s": round(wall_s), "steps": args.steps, "replicas": args.replicas, "seed": args.seed, "rate": args.rate,
+        "wall_s": round(wall_s), "steps": args.steps, "replicas": args.replicas, "seed": args.seed,
+        "per_kind": getattr(args, "per_kind", None),
         "faults": {k: sum(1 for e in injector.events if e["kind"] == k and not e.get("error")) for k in KINDS},
+        "faults_planned": {k: sum(1 for p in planned if p.kind == k) for k in KINDS},
         "trainer_kill": killed_at,
+        "hostile": hostile_ended(injector, restarts),
         "calls_checked": checked, "replies_paired_wrong": wrong,
         "episodes": episodes, "infra_failures": infra, "infra_share": infra / episodes if episodes else None,
         "slots_held_at_end": slots,
@@ -115,6 +120,30 @@ def figures(args, trainer: Trainer, injector: Injector, killed_at: dict, slots: 
         "replay_failed": sum(REPLAY_FAILED in text for _, text in trainer.lines),
         "rollouts": args.rollouts, "vllm_restart": vllm_restart_figure(injector.events, trainer.lines),
     }
+
+
+def hostile_ended(injector: Injector, restarts: list[tuple[float, float]]) -> list[dict]:
+    """Each hostile_frames burst: which side ended that link first and when; the client's answer to the flood only
+    when its side closed first (not after the server's: a killed env, a drop) and no restart came between (a killed
+    trainer closes every link, as the run's end does), within HOSTILE_BOUND_S."""
+    out = []
+    for event in injector.events:
+        if event["kind"] != "hostile_frames" or event.get("error"):
+            continue
+        start = event["time"]
+        ends = injector.proxy.link_ends(event["link"]) or {}
+        client, server = ends.get("client"), ends.get("server")
+        first = min((t for t in (client, server) if t is not None), default=None)
+        if first is None:
+            by = None
+        elif any(start <= a <= first for a, _ in restarts):
+            by = "restart"
+        else:
+            by = "client" if first == client else "server"
+        took = None if first is None else first - start
+        out.append({"frames": event.get("frames"), "ended_after_s": took, "ended_by": by,
+                    "within": by == "client" and took <= HOSTILE_BOUND_S})
+    return out
 
 
 def vllm_restart_figure(events: list[dict], lines: list[tuple[float, str]]) -> dict | None:
@@ -167,8 +196,12 @@ def print_figures(f: dict) -> None:
         print(f"  {name:<44} {value:<28} goal {goal:<8} {'ok' if ok else 'MISSED'}")
 
     mode = " (async rollouts)" if f.get("rollouts") == "async" else ""  # sync: the line as before
-    print(f"== chaos figures{mode}: {f['steps']} steps, {f['replicas']} replicas, seed {f['seed']}, rate {f['rate']}, "
-          f"{f['wall_s']} s; faults {f['faults']}; trainer killed {f['trainer_kill']}")
+    print(f"== chaos figures{mode}: {f['steps']} steps, {f['replicas']} replicas, seed {f['seed']}, {f['wall_s']} s; "
+          f"trainer killed after steps {[k['after_step'] for k in f['trainer_kill']]}")
+    asked = {k: n for k, n in f["faults_planned"].items() if n}
+    line("faults injected, by kind (of those planned)",
+         ", ".join(f"{k} {f['faults'][k]}/{n}" for k, n in asked.items()), "as plan",
+         all(f["faults"][k] >= n for k, n in asked.items()))
     line("replies paired with the wrong request", f"{f['replies_paired_wrong']} of {f['calls_checked']} checked",
          "0", f["replies_paired_wrong"] == 0)
     share = f["infra_share"]
@@ -195,6 +228,14 @@ def print_figures(f: dict) -> None:
         took = "never" if s["ended_after_s"] is None else f"{s['ended_after_s']:.1f} s"
         print(f"    {s['kind']}: ended after {took} (bound {s['bound_s']:.0f} s); "
               f"{'waited on' if s.get('waited', True) else 'nothing waited on it'}; diagnosis: {s['diagnosis']}")
+    hostile = f.get("hostile") or []
+    line("hostile frame bursts ended by the client", f"{sum(h['within'] for h in hostile)} of {len(hostile)} "
+         f"(within {HOSTILE_BOUND_S:.0f} s)", "all", all(h["within"] for h in hostile))
+    for h in hostile:
+        took = "never" if h["ended_after_s"] is None else f"{h['ended_after_s']:.1f} s"
+        by = {"client": "the trainer's side (the session client)", "server": "the server's side (an env fault)",
+              "restart": "a trainer or vLLM restart, or the run's end", None: "nobody"}[h["ended_by"]]
+        print(f"    hostile_frames ({h['frames']}): link ended after {took} by {by}")
     print(f"  episodes lost, by what ended them and the faults of their step: {json.dumps(f['lost_by_cause'])}")
     print(f"  episodes saved by replaying their reset on a fresh session (lost before this fix): {f['replayed']}"
           f" (a replay that failed: {f['replay_failed']})")

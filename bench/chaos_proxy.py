@@ -6,7 +6,11 @@ that refuses is skipped, as Docker's DNS drops a dead one). Faults, asked from a
   * half_open(): one live connection frozen: nothing more is forwarded either way and the proxy never closes the
     replica's side, so the server holds a session whose client is gone (OpenEnv #1000) until its own keepalive or
     idle reaping notices; the client's side sees silence until its own bound fires;
-  * delay(seconds, for_s): every reply chunk waits `seconds` before it is forwarded, for `for_s` (a slow tail).
+  * delay(seconds, for_s): every reply chunk waits `seconds` before it is forwarded, for `for_s` (a slow tail);
+  * hostile_frames(kind): one live WebSocket link gets bursts of empty control frames from the "server" (`pong`: an
+    unsolicited pong stream; `ping`: a ping flood the client must answer), written only between the server's own
+    frames, for HOSTILE_FOR_S or until the trainer's side closes the link (#63: a hostile env image; the client must
+    end such a session, an infra failure, rather than serve it).
 Loopback only: it listens on 127.0.0.1 and connects to the replicas' 127.0.0.1 ports. On a Swarm fleet (whose
 overlay the host cannot route to) it runs in a container on the fleet's network, `python bench/chaos_proxy.py
 --backends tasks.env-echo:8000`, resolving the tasks for each connection, with its port and a control port published
@@ -41,11 +45,75 @@ class Link:
     client_gone_at: float | None = None  # a frozen link: when the trainer's side gave up on it
     pending_since: float | None = None  # wall clock: a request went up and no reply came down since
     waits: list = field(default_factory=list)  # (from, to) wall clock: each wait for a reply longer than WAIT_S
+    cursor: "FrameCursor" = field(default_factory=lambda: FrameCursor())  # where the reply stream is (its frames)
+    flooded_until: float = 0.0  # monotonic: hostile frames flow; the client's pongs to them are not requests
+    client_closed_at: float | None = None  # wall clock: the trainer's side closed a live link (EOF or reset) ...
+    server_closed_at: float | None = None  # ... the server's side did (whichever came first ended the link)
 
     @property
     def waited(self) -> bool:
         """A request went through it and its reply came late or never (pings and pongs are not requests)."""
         return bool(self.waits) or self.pending_since is not None
+
+
+class FrameCursor:
+    """Where a server-to-client byte stream is: in the HTTP response's head, then (after a 101) between or inside
+    WebSocket frames. A frame can be injected only `at_boundary` (a control frame may sit between a message's
+    fragments, never inside a frame)."""
+
+    def __init__(self) -> None:
+        self.head = b""
+        self.websocket: bool | None = None  # None: the head is not complete yet; False: not an upgrade
+        self.header = b""  # a frame header seen in part
+        self.need = 0  # the current frame's bytes still to come
+
+    @property
+    def at_boundary(self) -> bool:
+        return self.websocket is True and self.need == 0 and not self.header
+
+    def feed(self, data: bytes) -> None:
+        if self.websocket is None:
+            self.head += data
+            end = self.head.find(b"\r\n\r\n")
+            if end < 0:
+                self.head = self.head[-65536:]
+                return
+            self.websocket = self.head.split(b"\r\n", 1)[0].split(b" ")[1:2] == [b"101"]
+            data, self.head = self.head[end + 4:], b""
+        if not self.websocket:
+            return
+        i = 0
+        while i < len(data):
+            if self.need:
+                taken = min(self.need, len(data) - i)
+                self.need -= taken
+                i += taken
+                continue
+            size = _header_size(self.header)  # None until its first two bytes are known
+            while i < len(data) and (size is None or len(self.header) < size):
+                self.header += data[i:i + 1]
+                i += 1
+                size = _header_size(self.header)
+            if size is not None and len(self.header) == size:
+                self.need, self.header = _payload_length(self.header), b""
+
+
+def _header_size(header: bytes) -> int | None:
+    if len(header) < 2:
+        return None
+    n = header[1] & 0x7F
+    return 2 + {126: 2, 127: 8}.get(n, 0) + (4 if header[1] & 0x80 else 0)
+
+
+def _payload_length(header: bytes) -> int:
+    n = header[1] & 0x7F
+    return int.from_bytes(header[2:4] if n == 126 else header[2:10], "big") if n >= 126 else n
+
+
+HOSTILE_FRAMES = {"pong": b"\x8a\x00", "ping": b"\x89\x00"}  # empty, unmasked (a server's), FIN set
+HOSTILE_BURST = 500  # frames per burst (1 KB): far past any sane rate of control frames
+HOSTILE_EVERY_S = 0.1
+HOSTILE_FOR_S = 5.0
 
 
 WAIT_S = 1.0  # a reply later than this: the trainer waited on the server (a stall it may have to say)
@@ -77,6 +145,14 @@ class ChaosProxy:
 
     def half_open(self) -> dict | None:
         return self._call(self._half_open)
+
+    def hostile_frames(self, kind: str) -> dict | None:
+        return self._call(lambda: self._hostile(kind))
+
+    def link_ends(self, link_id: int) -> dict | None:
+        """When each side closed link `link_id` ({"client": wall time or None, "server": ...}; None: no such link)."""
+        link = next((link for link in self.history if link.id == link_id), None)
+        return None if link is None else {"client": link.client_closed_at, "server": link.server_closed_at}
 
     def frozen_link(self, link_id: int) -> Link | None:
         return next((link for link in self.frozen if link.id == link_id), None)
@@ -145,6 +221,27 @@ class ChaosProxy:
         self.frozen.append(link)
         return {"link": link.id, "backend": link.backend[1]}
 
+    def _hostile(self, kind: str) -> dict | None:
+        live = [link for link in self._live() if link.cursor.websocket and link.client_closed_at is None
+                and link.server_closed_at is None]
+        if not live:
+            return None
+        link = self.random.choice(live)
+        link.flooded_until = time.monotonic() + HOSTILE_FOR_S + 1
+        self.loop.create_task(self._flood(link, HOSTILE_FRAMES[kind] * HOSTILE_BURST))
+        return {"link": link.id, "backend": link.backend[1], "frames": kind}
+
+    async def _flood(self, link: Link, burst: bytes) -> None:
+        """Bursts between the server's frames (the pump writes whole chunks on this loop: between two of its writes
+        the cursor says where the stream is) until HOSTILE_FOR_S or the trainer's side closed the link."""
+        deadline = time.monotonic() + HOSTILE_FOR_S
+        while time.monotonic() < deadline and link.client_closed_at is link.server_closed_at is None \
+                and link.frozen_at is None and not link.client.is_closing():
+            if link.cursor.at_boundary:
+                link.client.write(burst)
+                link.cursor.feed(burst)
+            await asyncio.sleep(HOSTILE_EVERY_S)
+
     def current_backends(self) -> list[tuple[str, int]]:
         return list(self.backends()) if callable(self.backends) else list(self.backends)
 
@@ -180,13 +277,19 @@ class ChaosProxy:
                     to_client: bool) -> None:
         try:
             while True:
-                data = await reader.read(65536)
+                try:
+                    data = await reader.read(65536)
+                except (OSError, asyncio.IncompleteReadError):
+                    if link.frozen_at is None:
+                        _closed_from(link, to_client)
+                    raise
                 now = time.time()
                 if to_client and data and link.pending_since is not None:
                     if now - link.pending_since > WAIT_S:
                         link.waits.append((link.pending_since, now))
                     link.pending_since = None
-                elif not to_client and len(data) > REQUEST_BYTES and link.pending_since is None:
+                elif not to_client and len(data) > REQUEST_BYTES and link.pending_since is None \
+                        and time.monotonic() > link.flooded_until:  # pongs to a ping flood are not requests
                     link.pending_since = now
                 if link.frozen_at is not None:
                     if not data and not to_client:
@@ -197,9 +300,12 @@ class ChaosProxy:
                         return
                     continue  # frozen: swallowed either way
                 if not data:
+                    _closed_from(link, to_client)
                     break
                 if to_client and self.delay_s and time.monotonic() < self.delay_until:
                     await asyncio.sleep(self.delay_s)
+                if to_client:
+                    link.cursor.feed(data)
                 writer.write(data)
                 await writer.drain()
         except (OSError, asyncio.IncompleteReadError):
@@ -210,6 +316,14 @@ class ChaosProxy:
                 writer.close()
             except OSError:
                 pass
+
+
+def _closed_from(link: Link, server_side: bool) -> None:
+    """The side a pump reads from ended (EOF or reset): the server's for the reply pump, else the trainer's."""
+    if server_side:
+        link.server_closed_at = link.server_closed_at or time.time()
+    else:
+        link.client_closed_at = link.client_closed_at or time.time()
 
 
 def _end_wait(link: Link) -> None:
@@ -244,9 +358,10 @@ CONTROL_TOKEN_ENV = "CHAOS_CONTROL_TOKEN"
 
 
 def serve_control(proxy: ChaosProxy, port: int, token: str, host: str = "0.0.0.0") -> None:
-    """One command per line, one JSON answer per line: drop | half_open | delay S FOR_S | frozen ID | close | held |
-    waited START END. The first line must be `token TOKEN`: in a container the port listens on the env network too
-    (Docker publishes it to 127.0.0.1 from there), where any env image could send `delay 1e9 1e9` (#44)."""
+    """One command per line, one JSON answer per line: drop | half_open | delay S FOR_S | hostile ping|pong |
+    frozen ID | ends ID | close | held | waited START END. The first line must be `token TOKEN`: in a container the port
+    listens on the env network too (Docker publishes it to 127.0.0.1 from there), where any env image could send
+    `delay 1e9 1e9` (#44)."""
     if not token:
         raise SystemExit(f"{CONTROL_TOKEN_ENV} is empty: the control port needs a token (bench/chaos.py sets one)")
 
@@ -259,6 +374,10 @@ def serve_control(proxy: ChaosProxy, port: int, token: str, host: str = "0.0.0.0
         if cmd == "delay":
             proxy.delay(float(rest[0]), float(rest[1]))
             return {}
+        if cmd == "hostile" and rest and rest[0] in HOSTILE_FRAMES:
+            return proxy.hostile_frames(rest[0])
+        if cmd == "ends":
+            return proxy.link_ends(int(rest[0]))
         if cmd == "frozen":
             link = proxy.frozen_link(int(rest[0]))
             return None if link is None else {"frozen_at": link.frozen_at, "client_gone_at": link.client_gone_at,

@@ -215,6 +215,12 @@ class RemoteProxy:
     def delay(self, seconds: float, for_s: float) -> None:
         self.ask(f"delay {seconds} {for_s}")
 
+    def hostile_frames(self, kind: str):
+        return self.ask(f"hostile {kind}")
+
+    def link_ends(self, link_id: int) -> dict | None:
+        return self.ask(f"ends {link_id}")
+
     def frozen_link(self, link_id: int):
         from types import SimpleNamespace
 

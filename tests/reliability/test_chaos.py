@@ -1,12 +1,13 @@
 """`make chaos`, short (#33 items 1, 2), sync (and async, the second test): a real CPU training run against 2 env-echo
-replicas of the real compose.yaml while bench/chaos.py's seeded injector kills and stops their servers, drops,
-half-opens and delays the trainer's connections through its proxy, and kills the trainer once mid-step, which is then
-resumed.
+replicas of the real compose.yaml while bench/chaos.py's seeded injector, by step (#63 item 8), kills and stops their
+servers, drops, half-opens, delays and floods with control frames the trainer's connections through its proxy, and
+kills the trainer once mid-step, which is then resumed.
 
 What must hold whatever the faults' timing: no reply reaches the wrong request, every step is trained once (none
-lost or repeated across the kill; the last checkpoint is at MAX_STEPS), episodes lost to infrastructure are counted,
-every stall ended within its bound, and no server holds a session slot once the trainer is gone. The 1 % share is
-the full bench's goal at the default rate, not asserted here (a short run at a high rate is all faults).
+lost or repeated across the kill; the last checkpoint is at MAX_STEPS), every fault kind planned was injected,
+episodes lost to infrastructure are counted, every stall ended within its bound, and no server holds a session slot
+once the trainer is gone. The 1 % share is the full bench's goal, not asserted here (a short run is all faults).
+Whether a hostile frame burst ended its session is the client's (its control-frame bound), printed, not asserted.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ def holds_whatever_the_timing(f: dict, args) -> None:
                               check=True).stdout
         assert left.split() == [], f"containers left behind ({label})"
     assert f["calls_checked"] > 0, "no tool call was checked: the run called no tool"
+    missing = {k: (f["faults"][k], n) for k, n in f["faults_planned"].items() if f["faults"][k] < n}
+    assert not missing, f"fault kinds injected fewer times than planned (injected, planned): {missing}"
     assert f["replies_paired_wrong"] == 0
     assert f["steps_lost"] == [] and f["steps_repeated"] == [], (f["steps_lost"], f["steps_repeated"])
     assert f["final_global_step"] == args.steps
@@ -47,12 +50,12 @@ def test_short_chaos_run_keeps_its_figures(docker, tmp_path, tiny_model_dir):
     from bench import chaos
 
     build_images("env-server")
-    args = chaos.parse_args(["--steps", "6", "--replicas", "2", "--rate", "3", "--kill-after", "3", "--seed", "3",
+    args = chaos.parse_args(["--steps", "6", "--replicas", "2", "--per-kind", "1", "--kill-after", "3", "--seed", "3",
                              "--out", str(tmp_path / "chaos"), "--project", "grpo-test-chaos-ci",
                              "--guard-s", "1800", *same_model(tiny_model_dir)])
     f = chaos.run(args)
     holds_whatever_the_timing(f, args)
-    report(f"chaos (short): {f['faults']}, trainer killed after step {f['trainer_kill']['after_step']}; "
+    report(f"chaos (short): {f['faults']}, trainer killed after step {f['trainer_kill'][0]['after_step']}; "
            f"{f['calls_checked']} replies checked, 0 paired wrong; {f['infra_failures']} of {f['episodes']} episodes "
            f"lost to infrastructure; 0 steps lost or repeated; 0 slots held "
            f"{f['slots_held_at_end']['after_s']:.0f} s after exit; {len(f['stalls'])} stalls within bound "
@@ -72,7 +75,7 @@ def test_short_async_chaos_run_rides_out_a_vllm_restart(docker, tmp_path, tiny_m
     build_images("env-server")
     build = ensure_trainer_standin_image()
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
-    args = chaos.parse_args(["--rollouts", "async", "--steps", "4", "--replicas", "2", "--rate", "3",
+    args = chaos.parse_args(["--rollouts", "async", "--steps", "4", "--replicas", "2", "--per-kind", "1",
                              "--vllm-restart-after", "2", "--kill-after", "0", "--vllm-bound-s", "240", "--seed", "3",
                              "--out", str(tmp_path / "chaos"), "--project", "grpo-test-chaos-async-ci",
                              "--guard-s", "1800", *same_model(tiny_model_dir)])

@@ -20,9 +20,14 @@ class ProxyDouble:
 
     def __init__(self) -> None:
         self.delays: list[tuple[float, float]] = []
+        self.floods: list[str] = []
 
     def delay(self, seconds: float, for_s: float) -> None:
         self.delays.append((seconds, for_s))
+
+    def hostile_frames(self, kind: str) -> dict:
+        self.floods.append(kind)
+        return {"link": 1, "frames": kind}
 
 
 def control(port: int, *lines: str) -> list:
@@ -55,6 +60,9 @@ def test_the_control_port_takes_commands_only_after_the_token():
     assert proxy.delays == []
     assert control(port, "token s3cret-token", "delay 1 2") == [{}, {}]
     assert proxy.delays == [(1.0, 2.0)]
+    assert control(port, "token s3cret-token", "hostile rst", "hostile ping") == [
+        {}, {"error": "unknown command hostile"}, {"link": 1, "frames": "ping"}]
+    assert proxy.floods == ["ping"]  # only the frame kinds the proxy knows
     with pytest.raises(SystemExit, match="CHAOS_CONTROL_TOKEN is empty"):
         chaos_proxy.serve_control(proxy, free_port(), "")
 
