@@ -15,13 +15,13 @@ import os
 import re
 import sys
 import typing
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlparse
 
-from pydantic import Field, ValidationError, field_serializer, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationError, field_serializer, field_validator, model_validator
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
 
-from contract import defaults, lora_rules, modes, tracker_names
+from contract import defaults, lora_rules, modes, tracker_names, vllm_flags
 from contract.lora_rules import parse_target_modules
 from envs import naming
 from envs.core.settings import DEFAULT_MAX_CONCURRENT_ENVS
@@ -59,7 +59,6 @@ class ConfigError(ValueError):
 
 def known_envs() -> tuple[str, ...]:
     from envs import registry  # light by contract (no heavy deps)
-
     return registry.names()
 
 
@@ -220,6 +219,8 @@ class RunConfig(BaseSettings):
     vllm_gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="vLLM's GPU memory share. Empty: "
                                                       "0.9 (gpu, own GPU), 0.3 (colocate).")
     vllm_max_model_len: int | None = Field(None, ge=64, description="vLLM max model length (prompt + completion).")
+    vllm_extra_args: Annotated[str, AfterValidator(vllm_flags.checked)] = Field("", description="Extra `vllm serve` flags, "
+        "e.g. `--no-async-scheduling`: the vllm service, its CPU twin, colocate's engine (contract/vllm_flags.py).")
     vllm_world_size: int = Field(1, ge=1, description="vLLM workers that join the weight sync (tensor x data "
                                  "parallel); set by `make` from VLLM_GPU and VLLM_PARALLEL, checked against the "
                                  "server's /get_world_size.")
@@ -578,7 +579,6 @@ def describe() -> list[dict[str, str]]:
 
 def main(argv: list[str] | None = None) -> int:
     import argparse
-
     parser = argparse.ArgumentParser(prog="python -m contract.config", description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="validate the environment; exit 1 with the problems")
     parser.add_argument("--names", action="store_true", help="print every variable name, one per line")

@@ -78,7 +78,7 @@ def env_services(envs: EnvKinds, fleet: bool = False) -> dict[str, dict]:
         services[naming.service_name(n)] = service
     depends = {naming.service_name(n): {"condition": "service_healthy", "required": False} for n in names}
     images = {naming.image_var(n): f"${{{naming.image_var(n)}:-}}" for n in names}  # named in preflight errors
-    reach = {**images, **server_ports(names)}
+    reach = {**images, **server_ports(names), **no_proxy(naming.service_name(n) for n in names)}
     for trainer in ("trainer", "trainer-cpu"):
         services[trainer] = {"depends_on": depends, "environment": reach}
     learned = {naming.service_name(n): depends[naming.service_name(n)] for n in envs.custom}
@@ -96,12 +96,21 @@ def server_ports(names) -> dict[str, str]:
     return {naming.port_var(n): port_ref(n) for n in names}
 
 
+def no_proxy(hosts) -> dict[str, str]:
+    """NO_PROXY and no_proxy for a service that reaches these hosts besides the stack's own names (compose.yaml's
+    x-no-proxy, read from the trainer): an injected HTTP(S)_PROXY must not carry traffic between the containers."""
+    base = compose_yaml_services()["trainer"]["environment"]["NO_PROXY"]
+    value = ",".join(dict.fromkeys([*base.split(","), *hosts]))
+    return {"NO_PROXY": value, "no_proxy": value}
+
+
 def fleet_attachments(envs: EnvKinds) -> dict[str, dict]:
     """ENV_FLEET=swarm: no env service here; the trainers and the init job (it plays the envs for the CPU
     warm start) also join the fleet's overlay network (added to the networks compose.yaml gives them).
     vLLM does not: its dev routes stay off it."""
     images = {naming.image_var(n): f"${{{naming.image_var(n)}:-}}" for n in envs.custom}
-    reach = {**images, **server_ports(envs.served_here)}
+    reach = {**images, **server_ports(envs.served_here),
+             **no_proxy(f"tasks.{naming.service_name(n)}" for n in envs.served_here)}
 
     def attach() -> dict:  # a fresh dict per service: YAML would write a shared one as an anchor
         return {"networks": {"fleet": {}}, **({"environment": dict(reach)} if reach else {})}
@@ -146,6 +155,45 @@ def add_lora_serving(services: dict[str, dict], cfg) -> dict[str, dict]:
     mount = f"outputs:{cfg.output_dir.rstrip('/') or '/'}:ro"
     volumes = vllm.get("volumes")
     vllm["volumes"] = type(volumes)([*volumes, mount]) if volumes else [mount]  # an `!override` list stays one
+    return services
+
+
+def add_extra_vllm_flags(services: dict[str, dict], values: dict[str, str], vllm_service: bool) -> dict[str, dict]:
+    """VLLM_EXTRA_ARGS (contract/vllm_flags.py, checked there: a flag the stack sets is refused) after the flags of
+    the vllm service's command (compose.yaml's, plus add_lora_serving's) and of its CPU twin `vllm-cpu`; `make
+    rehearse` runs the vllm service's command on the twin. `vllm_service`: the mode runs the vllm service."""
+    from contract import vllm_flags
+
+    extra = vllm_flags.parse(values.get("VLLM_EXTRA_ARGS"))
+    if not extra:
+        return services
+    base = compose_yaml_services()
+    targets = ("vllm", "vllm-cpu") if vllm_service else ("vllm-cpu",)
+    for name in targets:
+        spec = services.setdefault(name, {})
+        # `$` escaped: Compose would interpolate it; the flags reach vLLM as written
+        spec["command"] = Override([*(spec.get("command") or base[name]["command"]), *(w.replace("$", "$$") for w in extra)])
+    return services
+
+
+# CUDA_FORWARD_COMPAT=1 (tools/gpu_doctor.forward_compat says when it applies). vLLM 0.31 puts the image's compat
+# libraries (/usr/local/cuda-<torch's CUDA>/compat) first on its library path before it imports torch
+# (vllm/env_override.py); the trainer imports torch before vLLM, so its path is set at container start. NVIDIA's
+# CUDA images refuse to start on an older driver (NVIDIA_REQUIRE_CUDA) unless told not to check.
+CUDA_COMPAT_LIBS = "/usr/local/cuda/compat"
+CUDA_COMPAT_ENV = {"VLLM_ENABLE_CUDA_COMPATIBILITY": "1", "NVIDIA_DISABLE_REQUIRE": "1"}
+
+
+def add_cuda_compat(services: dict[str, dict], values: dict[str, str]) -> dict[str, dict]:
+    """CUDA forward compatibility on the vllm service and the trainer (colocate's engine too), when .env asks."""
+    from tools.gpu_doctor import forward_compat_on
+
+    if not forward_compat_on(values):
+        return services
+    trainer_paths = [CUDA_COMPAT_LIBS, "/usr/local/nvidia/lib", "/usr/local/nvidia/lib64"]  # + the CUDA image's own
+    for name, extra in (("vllm", {}), ("trainer", {"LD_LIBRARY_PATH": ":".join(trainer_paths)})):
+        spec = services.setdefault(name, {})
+        spec["environment"] = {**spec.get("environment", {}), **CUDA_COMPAT_ENV, **extra}
     return services
 
 

@@ -114,6 +114,20 @@ def validate_run_config(values: dict[str, str], mode: str) -> str | None:
     return None
 
 
+def colocated_flags_problem(values: dict[str, str], mode: str) -> str | None:
+    """TRAIN_MODE=colocate: VLLM_EXTRA_ARGS must map onto the engine TRL builds in the trainer (contract/vllm_flags.py
+    says which cannot); one line, or None."""
+    from contract import vllm_flags
+
+    if not as_mode(mode).colocated:
+        return None
+    try:
+        vllm_flags.engine_kwargs(vllm_flags.parse(values.get("VLLM_EXTRA_ARGS")))
+    except ValueError as exc:
+        return f"VLLM_EXTRA_ARGS: {exc}"
+    return None
+
+
 def gpu_layout_for(values: dict[str, str], mode: str,
                    gpus: gpu_doctor.DockerGpus | None = None) -> gpu_layout.GpuLayout | None:
     """The GPU layout of a gpu/colocate run (None on CPU); a bad GPU list stops with its fix."""

@@ -139,7 +139,8 @@ def check_gpu_driver(values: dict[str, str], gpus: gpu_doctor.DockerGpus) -> Non
     if not gpus.gpus:
         return
     image = values.get("VLLM_IMAGE") or gpu_doctor.DEFAULT_VLLM_IMAGE
-    ok, message = gpu_doctor.check_driver(gpus.gpus[0].driver, image, gpu_doctor.cuda_of_image(image))
+    ok, message = gpu_doctor.check_driver(gpus.gpus[0].driver, image, gpu_doctor.cuda_of_image(image),
+                                          gpus.gpus[0].name, gpu_doctor.forward_compat_on(values))
     if not ok:
         raise StackError(message)
 

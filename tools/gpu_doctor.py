@@ -40,6 +40,20 @@ MIN_DRIVER_FOR_CUDA = {12: "525.60.13", 13: "580.65.06"}
 # any other image is read from its CUDA_VERSION once it is on this machine.
 KNOWN_IMAGE_CUDA = {defaults.VLLM_IMAGE: "13.0"}  # v0.31.0
 
+# CUDA forward compatibility (NVIDIA's "CUDA Compatibility" guide): the compat libraries of a newer CUDA run on an
+# older driver branch, on datacenter GPUs only (a GeForce/RTX card fails with CUDA error 803). The branches the stack
+# offers it on for CUDA 13: R535 to R570. CUDA_FORWARD_COMPAT=1 turns it on (tools/compose_file.add_cuda_compat).
+FORWARD_COMPAT_BRANCHES = (535, 579)
+_DATACENTER = re.compile(r"\b(tesla|[abhlt]\d{1,3}[a-z]?|gh\d{3}|gb\d{3})\b", re.I)
+_NOT_DATACENTER = re.compile(r"geforce|rtx|quadro|titan", re.I)
+
+
+def datacenter_gpu(name: str) -> bool:
+    """Whether nvidia-smi's name is a datacenter GPU (H100, H200, A100, A10G, L40S, L4, T4, GH200, B200, Tesla ...),
+    the ones CUDA forward compatibility supports."""
+    return bool(_DATACENTER.search(name)) and not _NOT_DATACENTER.search(name)
+
+
 PROBE_BUILDS = (images.TRAINER_GPU_BUILD, images.ENV_SERVER_BUILD)  # ours, when built (compose.yaml holds the tags)
 PROBE_PUBLIC_IMAGE = "python:3.11-slim-bookworm"
 PROBE_FALLBACK_IMAGE = "ubuntu:24.04"  # pulled when nothing local fits (nvidia-smi needs glibc)
@@ -81,19 +95,52 @@ def _ver(text: str, parts: int = 3) -> tuple[int, ...]:
     return tuple(int(x) for x in re.findall(r"[0-9]+", text)[:parts])
 
 
-def check_driver(driver: str | None, image: str, image_cuda: str | None) -> tuple[bool, str]:
-    """(ok, one line): does the host's driver run `image`'s CUDA? Names the driver found and the one needed."""
+def check_driver(driver: str | None, image: str, image_cuda: str | None, gpu_name: str = "",
+                 compat: bool = False) -> tuple[bool, str]:
+    """(ok, one line): does the host's driver run `image`'s CUDA? Names the driver found and the one needed, and on a
+    datacenter GPU on R535-R570 whether CUDA forward compatibility (`compat`: CUDA_FORWARD_COMPAT=1) applies."""
     if not image_cuda:
         return True, f"driver {driver or '?'}; CUDA of {image} unknown until it is pulled (checked again then)"
     major = _ver(image_cuda, 1)[0]
     need = MIN_DRIVER_FOR_CUDA.get(major)
     if need is None:
         return True, f"driver {driver or '?'}; {image} is built for CUDA {image_cuda}, whose minimum driver is not known here"
+    if driver and _ver(driver) < _ver(need) and major >= 13:
+        return forward_compat(driver, need, image, image_cuda, gpu_name, compat)
+    if compat and gpu_name and not datacenter_gpu(gpu_name):
+        return False, (f"CUDA_FORWARD_COMPAT=1 on {gpu_name}: consumer GPUs have no CUDA forward compatibility (CUDA "
+                       "error 803 at start); set CUDA_FORWARD_COMPAT=0 in .env")
     if driver and _ver(driver) < _ver(need):
         return False, (f"NVIDIA driver {driver} is too old for {image} (CUDA {image_cuda}): it needs driver >= {need} "
                        f"(R{need.split('.')[0]}+). Upgrade the driver, or set VLLM_IMAGE in .env to a vLLM release "
                        "built for your driver's CUDA (its trainer image is rebuilt on top of it)")
     return True, f"driver {driver or '?'} runs {image} (CUDA {image_cuda} needs >= {need})"
+
+
+def forward_compat_on(values: dict[str, str]) -> bool:
+    """CUDA_FORWARD_COMPAT from .env (tools/settings.StackEnv), as a bool."""
+    return (values.get("CUDA_FORWARD_COMPAT") or "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def forward_compat(driver: str, need: str, image: str, image_cuda: str, gpu_name: str,
+                   compat: bool) -> tuple[bool, str]:
+    """A driver older than `image`'s CUDA needs: CUDA forward compatibility where it applies, else a new driver."""
+    branch = _ver(driver, 1)[0]
+    old = (f"NVIDIA driver {driver} is too old for {image} (CUDA {image_cuda}): it needs driver >= {need} "
+           f"(R{need.split('.')[0]}+)")
+    if not datacenter_gpu(gpu_name):
+        return False, (f"{old}, and {gpu_name or 'this GPU'} is not a datacenter GPU: consumer GPUs (GeForce/RTX) have "
+                       f"no CUDA forward compatibility, so they need the new driver: upgrade it to >= {need}")
+    if not FORWARD_COMPAT_BRANCHES[0] <= branch <= FORWARD_COMPAT_BRANCHES[1]:
+        return False, (f"{old}; CUDA forward compatibility needs R535-R570 on {gpu_name}: upgrade the driver to >= "
+                       f"{need} (or at least R535 and set CUDA_FORWARD_COMPAT=1)")
+    if compat:
+        return True, (f"{old}; {gpu_name} is a datacenter GPU on R{branch}: CUDA forward compatibility applies and is "
+                      "on (CUDA_FORWARD_COMPAT=1: VLLM_ENABLE_CUDA_COMPATIBILITY=1 on vllm, the image's "
+                      "/usr/local/cuda/compat first on the trainer's LD_LIBRARY_PATH)")
+    return False, (f"{old}; {gpu_name} is a datacenter GPU on R{branch}: CUDA forward compatibility applies: set "
+                   f"CUDA_FORWARD_COMPAT=1 in .env (docs/gpu-host.md \"Older drivers\"), or upgrade the driver to >= "
+                   f"{need}")
 
 
 def diagnose(gpus: list[Gpu], method: str | None, dotenv: dict[str, str], mode: str, image: str,
@@ -144,7 +191,7 @@ def diagnose(gpus: list[Gpu], method: str | None, dotenv: dict[str, str], mode: 
         rows.append((False, "GPU assignment", f"VLLM_GPU and TRAINER_GPU share GPU {', '.join(sorted(shared))}: give "
                      "them different GPUs, or use TRAIN_MODE=colocate"))
     if gpus:
-        ok, msg = check_driver(gpus[0].driver, image, image_cuda)
+        ok, msg = check_driver(gpus[0].driver, image, image_cuda, gpus[0].name, forward_compat_on(dotenv))
         rows.append((ok, "driver vs image", msg))
     try:
         share = float(dotenv.get("VLLM_GPU_MEMORY_UTILIZATION") or chosen.vllm_memory_share)

@@ -87,6 +87,9 @@ class StackPlan:
             services = compose_file.merge_services(services, rehearsal.services(envs.get("trainer", {}).get("depends_on", {})))
         if self.spec.runs_vllm_service:  # LoRA adapters synced alone: vLLM's LoRA flags (trainer/modeling/lora.py)
             services = compose_file.add_lora_serving(services, derive.run_config(self.values, self.mode))
+        services = compose_file.add_extra_vllm_flags(services, self.values, self.spec.runs_vllm_service)
+        if as_mode(self.mode).uses_vllm and not self.rehearsal:
+            services = compose_file.add_cuda_compat(services, self.values)
         if not services:
             return {}
         spec: dict = {"services": services}
@@ -123,7 +126,7 @@ def make_plan(settings: StackEnv | dict[str, str], gpus: DockerGpus | None,
     values = settings.values
     mode, why = derive.resolve_mode(values, gpus if gpus is not None else DockerGpus(None, [], "not probed"))
     envs = env_kinds(values)
-    problem = derive.validate_run_config(values, mode)
+    problem = derive.validate_run_config(values, mode) or derive.colocated_flags_problem(values, mode)
     if problem:
         raise StackError(problem)
     ports, notes = env_ports.resolve(envs, values, exposed or {})

@@ -44,6 +44,9 @@ class StackEnv(BaseSettings):
     ENV_FLEET: Literal["compose", "swarm"] = "compose"
     FLEET_STACK: str = Field("grpo-fleet", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_-]*$",
                              description="the fleet's Swarm stack and overlay network name")
+    CUDA_FORWARD_COMPAT: bool = Field(  # tools/gpu_doctor.forward_compat, tools/compose_file.add_cuda_compat
+        False, description="`1`: datacenter GPUs (H100, H200, A100, L40S, ...) on driver R535-R570 run the CUDA 13 "
+        "images through CUDA forward compatibility (`make doctor` says when it applies; consumer GPUs need R580+)")
     FLEET_ALLOW_NEW_PRIVILEGES: bool = Field(  # tools/fleet.py
         False, description="`1`: deploy the fleet where a node's daemon does not set no-new-privileges (setuid "
         "binaries in an env image can then regain privileges)")

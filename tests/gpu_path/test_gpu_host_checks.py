@@ -160,13 +160,15 @@ def test_the_pinned_revision_is_downloaded_and_served_test_double_for_gpu_host(t
 BASE = """vllm 0.31.0 requires torchaudio, which is not installed.
 """
 AFTER = BASE + """vllm 0.31.0 has requirement mcp<3.0.0,>=2.0.0, but you have mcp 1.26.0.
-vllm 0.31.0 has requirement pillow>=11.0, but you have pillow 10.4.0.
 """
 
 
 def test_pip_check_gate_fails_only_on_new_unlisted_conflicts():
     allowed = pip_check.read_allow(ROOT / "services" / "trainer" / "pip-check-allow.txt")
-    assert pip_check.new_conflicts(AFTER, BASE, allowed) == []  # mcp and pillow: allowed with reasons
+    assert pip_check.new_conflicts(AFTER, BASE, allowed) == []  # mcp: allowed with its reason
+    # vllm 0.31.0 pins no pillow version (requirements/common.txt: `pillow`): a pillow conflict is news, not allowed
+    pillow = "vllm 0.31.0 has requirement pillow>=11.0, but you have pillow 10.4.0."
+    assert pip_check.new_conflicts(AFTER + pillow + "\n", BASE, allowed) == [pillow]
     drift = AFTER + "transformers 5.17.0 has requirement tokenizers<0.23, but you have tokenizers 0.24.0.\n"
     assert pip_check.new_conflicts(drift, BASE, allowed) == [
         "transformers 5.17.0 has requirement tokenizers<0.23, but you have tokenizers 0.24.0."]

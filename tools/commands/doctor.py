@@ -3,9 +3,10 @@ with its fix."""
 
 from __future__ import annotations
 
+import os
 import shutil
 
-from tools import derive, docker_host, env_keys, env_ports, fleet, gpu_doctor, settings
+from tools import derive, docker_host, env_keys, env_ports, fleet, gpu_doctor, proxies, settings
 from tools.errors import StackError, report_stack_error
 from contract.modes import as_mode
 
@@ -22,6 +23,8 @@ def run(rest: list[str]) -> int:
     report("docker engine", docker, docker_host.run(["docker", "info", "--format", "{{.ServerVersion}}"]).stdout.strip())
     report("compose v2", docker_host.check_compose() if not docker or shutil.which("docker") else docker,
            docker_host.run(["docker", "compose", "version", "--short"]).stdout.strip())
+    if not docker:
+        report("proxies", None, docker_proxies())
     exposure = None if docker else docker_host.check_loopback_guarantee()
     if exposure:  # a warning, not a failure: the stack still works, and the fix is the host's (SECURITY.md)
         print(f"  WARN docker loopback ports: {exposure}")
@@ -63,6 +66,19 @@ def run(rest: list[str]) -> int:
         ok = trainer_memory(gpus, dotenv, mode) and ok
     print("all good" if ok else "doctor found problems: fix the FAIL lines above")
     return 0 if ok else 1
+
+
+def docker_proxies() -> str:
+    """Whether Docker injects proxies into containers, and that the stack handles them (tools/proxies.py)."""
+    import json
+
+    info = docker_host.run(["docker", "info", "--format", "{{json .}}"])
+    try:
+        parsed = json.loads(info.stdout) if info.returncode == 0 else {}
+    except ValueError:
+        parsed = {}
+    return proxies.describe(proxies.client_config(), parsed if isinstance(parsed, dict) else {},
+                            os.environ.get("DOCKER_HOST"))
 
 
 def trainer_memory(gpus: gpu_doctor.DockerGpus, dotenv: dict[str, str], mode: str) -> bool:

@@ -77,6 +77,22 @@ def smoke_table(mode: str, found: dict[str, dict], failed_rc: int | None,
     return lines, ok
 
 
+def scheduler_line(found: dict[str, dict], values: dict[str, str]) -> str:
+    """Which scheduler vLLM ran: the trainer's `vllm_scheduler` stage (read from the server), else the flag state
+    VLLM_EXTRA_ARGS started it with (docs/gpu-host.md: `--no-async-scheduling` first if async pushes misbehave)."""
+    from contract import vllm_flags
+
+    record = found.get("vllm_scheduler")
+    if record:
+        return f"  info {'vLLM scheduler':<24}{'':>9}  {record.get('detail')}"
+    try:
+        words = vllm_flags.parse(values.get("VLLM_EXTRA_ARGS"))
+    except ValueError:
+        words = []
+    detail = vllm_flags.scheduler_detail(None, "the trainer never reached vLLM", words)
+    return f"  info {'vLLM scheduler':<24}{'':>9}  {detail}"
+
+
 def run_logged(cmd: list[str], dotenv: dict[str, str]) -> tuple[int, str]:
     """Run, echo every line as it comes, and keep the text for the stage records."""
     proc = subprocess.Popen(cmd, cwd=settings.ROOT, env=dotenv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -120,9 +136,11 @@ def smoke(prepared: Prepared, require_gpu: bool) -> int:
     say(f"stage: {SMOKE_STEPS} training steps with `{service}` (mode {mode}, ROLLOUTS={rollouts}), "
               f"run smoke-{mode}")
     rc, text = run_logged(docker_host.compose_command(compose_vars, "run", "--rm", "-T", "--no-deps", service, *args)[0], compose_vars)
-    lines, ok = smoke_table(mode, stages.parse(log_text + text), rc, rollouts)
+    found = stages.parse(log_text + text)
+    lines, ok = smoke_table(mode, found, rc, rollouts)
     print(f"[stack] smoke run, mode {mode}, {time.monotonic() - t0:.0f}s in all:")
     print("\n".join(lines))
+    print(scheduler_line(found, prepared.plan.settings.values))
     print("[stack] smoke: " + ("PASSED: a real run will go through the same stages" if ok else
                                "FAILED: see the first FAIL line and docs/gpu-host.md 'First run on a GPU host'"))
     return 0 if ok else 1

@@ -62,6 +62,9 @@ def grpo_vllm_kwargs(cfg: "RunConfig") -> dict[str, Any]:
         }
         if cfg.vllm_max_model_len:
             kwargs["vllm_max_model_length"] = int(cfg.vllm_max_model_len)
+        from trainer.gpu.colocate import extra_flags  # VLLM_EXTRA_ARGS TRL takes as GRPOConfig fields (model impl, ...)
+
+        kwargs.update(extra_flags(cfg)[1])
         return kwargs
     raise ValueError(f"TRAIN_MODE={mode!r}: expected cpu, gpu or colocate (edit .env)")
 

@@ -14,6 +14,7 @@ take. Single-process: TRL's FSDP2/DeepSpeed branches run only under a launcher w
 
 from __future__ import annotations
 
+import contextlib
 from types import SimpleNamespace
 from typing import Any, Iterator
 
@@ -26,7 +27,78 @@ def install(trainer: Any, qlora: bool, served_dtype: str | None) -> str | None:
 
     if qlora:  # a 4-bit base must not be re-quantized by a merge at every push (trainer.modeling.lora)
         lora.push_without_merging(trainer)
+    else:
+        merge_before_push(getattr(trainer, "vllm_generation", None))
     return push_in_served_dtype(trainer, served_dtype)
+
+
+def merge_before_push(gen: Any) -> bool:
+    """A LoRA model's push with the merge complete before any tensor is read, and the unmerge after the last.
+
+    TRL 1.16 merges the adapter lazily, on the first item `_iter_named_params` yields, and unmerges when it is
+    exhausted; vLLM's packed sender (packed_tensor.packed_nccl_broadcast_producer) reads that first item on one side
+    stream and later chunks on another that never waits for the first, and the last chunk is packed (`torch.cat` of
+    views of the parameters) after the generator's unmerge on the same stream. So every sync is bracketed here: the
+    merge runs before TRL's iterator is built, the device is synchronized, TRL's own merge and unmerge are no-ops for
+    the push, and the unmerge runs once the sender has drained its streams (sync_weights returned). Sharded models
+    (FSDP, ZeRO-3) merge inside TRL's gather, so they keep TRL's order with a synchronize after the first item.
+    Returns False (nothing done) for a model without an adapter. Idempotent."""
+    from accelerate.utils import is_peft_model
+
+    if gen is None or not is_peft_model(getattr(gen, "model", None)):
+        return False
+    if getattr(gen.sync_weights, "_grpo_merge_ordered", False) or getattr(gen._iter_named_params, "_grpo_synced", False):
+        return True
+    dist = getattr(gen, "_dist", None)
+    if dist is not None and (dist.is_fsdp or dist.is_zero3):
+        iterate = gen._iter_named_params
+
+        def synced_after_first():
+            items = iterate()
+            for i, item in enumerate(items):
+                if i == 0:
+                    synchronize(item[1].device)  # the merge TRL ran for the first item, complete
+                yield item
+
+        synced_after_first._grpo_synced = True  # type: ignore[attr-defined]
+        gen._iter_named_params = synced_after_first
+        return True
+    original = gen.sync_weights
+
+    def sync_weights(*args, **kwargs):
+        with merged_for_push(gen.model):
+            return original(*args, **kwargs)
+
+    sync_weights._grpo_merge_ordered = True  # type: ignore[attr-defined]
+    sync_weights.__wrapped__ = original  # type: ignore[attr-defined]
+    gen.sync_weights = sync_weights
+    return True
+
+
+@contextlib.contextmanager
+def merged_for_push(model: Any):
+    """The adapter merged into the base (complete on the device) for the block, TRL's merge/unmerge calls no-ops in
+    it; unmerged after, once the device has finished reading. PINNED to peft's `merge_adapter`/`unmerge_adapter`
+    (the tuner's, which TRL 1.16 reaches through the PeftModel)."""
+    tuner = model.base_model
+    device = next(model.parameters()).device
+    tuner.merge_adapter()
+    synchronize(device)
+    model.merge_adapter = model.unmerge_adapter = lambda *a, **k: None  # TRL's calls inside the push
+    try:
+        yield
+    finally:
+        del model.merge_adapter, model.unmerge_adapter
+        synchronize(device)  # every stream done reading the merged weights
+        tuner.unmerge_adapter()
+
+
+def synchronize(device: Any) -> None:
+    """Wait for every stream of `device` (CUDA); nothing to wait for on the CPU."""
+    if getattr(device, "type", None) == "cuda":
+        import torch
+
+        torch.cuda.synchronize(device)
 
 
 def generation(model: Any, served_dtype: str | None, qlora: bool = False, client: Any = None):

@@ -29,6 +29,7 @@ class ServerReport:
     weight_transfer_config: dict | None = None
     logprobs_mode: str | None = None
     dtype: str | None = None  # the served weights' dtype (model_config.dtype, e.g. "bfloat16"): what a push sends
+    async_scheduling: bool | None = None  # scheduler_config.async_scheduling (vLLM 0.31: on by default on a GPU)
     vllm_version: str | None = None
     torch_version: str | None = None
     server_has_cuda: bool | None = None
@@ -234,6 +235,8 @@ def check_vllm_server(url: str, timeout_s: float, session=None) -> ServerReport:
     model_cfg = cfg.get("model_config") or {}
     rep.logprobs_mode = model_cfg.get("logprobs_mode")
     rep.dtype = dtype_name(model_cfg.get("dtype"))
+    scheduling = (cfg.get("scheduler_config") or {}).get("async_scheduling")
+    rep.async_scheduling = scheduling if isinstance(scheduling, bool) else None
     if rep.logprobs_mode not in (None, "processed_logprobs"):
         rep.warnings.append(
             f"vLLM runs with --logprobs-mode {rep.logprobs_mode}: TRL's importance-sampling correction "

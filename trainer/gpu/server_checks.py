@@ -19,13 +19,21 @@ from trainer.gpu.server import (
     version_skew,
     world_size_mismatch,
 )
-from trainer.gpu import push_state
+from trainer.gpu import colocate, push_state
 from trainer.gpu.trl_hooks import guard_generation, guard_weight_transfer_init, use_weight_reload
 
 if TYPE_CHECKING:
     from contract.config import RunConfig
 
 logger = logging.getLogger("trainer.gpu")
+
+
+def mark_scheduler(state: bool | None, source: str, cfg: "RunConfig") -> None:
+    """The `vllm_scheduler` stage: which scheduler vLLM runs (`make gpu-smoke` prints it)."""
+    from contract import vllm_flags
+
+    stages.mark("vllm_scheduler", None, vllm_flags.scheduler_detail(state, source, vllm_flags.parse(cfg.vllm_extra_args)),
+                async_scheduling=state)
 
 
 def preflight_vllm(cfg: "RunConfig") -> dict[str, Any]:
@@ -60,9 +68,14 @@ def preflight_vllm(cfg: "RunConfig") -> dict[str, Any]:
         problems.append(f"vllm does not import in the trainer ({type(exc).__name__}: {exc}); rebuild the trainer "
                         "image FROM VLLM_IMAGE (`make build`)")
     if chosen.colocated:
+        try:  # VLLM_EXTRA_ARGS onto the engine TRL builds in this process
+            engine, _ = colocate.extra_flags(cfg)
+        except ValueError as exc:
+            problems.append(f"VLLM_EXTRA_ARGS: {exc}")
         if problems:
             raise VLLMPreflightError("\n".join(problems))
-        return {"mode": "colocate", "vllm": local_vllm}
+        colocate.install_engine_args(engine)
+        return {"mode": "colocate", "vllm": local_vllm, "vllm_extra_args": engine}
 
     url = str(cfg.vllm_server_url).rstrip("/")
     try:
@@ -75,6 +88,7 @@ def preflight_vllm(cfg: "RunConfig") -> dict[str, Any]:
                                              "restart it: `docker compose up -d --no-deps --force-recreate --wait "
                                              "vllm` (`make train` does it by itself)"]))
     stages.mark("vllm_healthy", rep.waited_s, f"{url} serves {rep.model} (world size {rep.world_size})")
+    mark_scheduler(rep.async_scheduling, "the server's /server_info scheduler_config", cfg)
     problems += version_skew(rep, local_vllm, torch.__version__)
     blind = restart_blind(url)  # restart detection reads the process start time (data parallel drops it)
     if blind:

@@ -265,12 +265,18 @@ def async_nccl_push(transfer: Any, served_dtype: str | None) -> bool:
 
 
 def reset_after_async_push(base_url: str) -> None:
-    """ROLLOUTS=async, after the weights went in and before TRL resumes vLLM: reset its prefix cache, checked. TRL 1.16
-    pauses with mode=keep (no cache clear) and never resets, so later requests sharing a prefix (a GRPO group's prompt,
-    every episode's system prompt and tool schemas) would reuse KV the old weights computed. The paused requests hold
-    cache blocks, so a plain reset is refused (vLLM's BlockPool resets only with every block free):
-    `reset_running_requests` preempts them, and on resume they recompute their tokens so far with the new weights
-    (a prefill of each in-flight context once per push). weight_check.reset_prefix_cache raises unless it succeeded."""
+    """ROLLOUTS=async, after the weights went in and before TRL resumes vLLM: reset its prefix cache, checked.
+
+    Redundant with vLLM 0.31, kept on purpose. TRL 1.16 pauses with `/pause?mode=keep` (no clear_cache parameter, so
+    the route's default True); the route's docstring says clear_cache is ignored for keep, but vLLM 0.31's code applies
+    it: EngineCore.pause_scheduler -> _finish_pause(True) -> _reset_caches(reset_running_requests=True) (v1/engine/
+    core.py), so the pause itself drops the prefix cache and preempts the frozen requests (they recompute with the new
+    weights on resume), and a keep-paused engine takes no step before this reset finds nothing to drop. It stays
+    because clear_cache is marked DEPRECATED on that route: a vLLM that makes the code match its docstring would
+    otherwise serve KV the old weights computed (a GRPO group's prompt, every episode's system prompt and tool
+    schemas), silently; this call costs one HTTP round trip per push and is the only place that raises when a reset is
+    refused (weight_check.reset_prefix_cache; `reset_running_requests`: a plain reset is refused while paused
+    requests hold blocks)."""
     import requests
 
     from trainer.gpu.weight_check import reset_prefix_cache

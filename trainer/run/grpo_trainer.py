@@ -149,6 +149,11 @@ def build_sync_trainer(cfg: RunConfig, mode: str, model, tokenizer, dataset, fac
         from trainer.gpu import push_path
 
         pushed = push_path.install(trainer, cfg.qlora, served_dtype)  # the checks push through the same hooks
+        if cfg.mode(mode).colocated:  # server mode's is marked by the preflight, from /server_info
+            from trainer.gpu.colocate import scheduler
+            from trainer.gpu.server_checks import mark_scheduler
+
+            mark_scheduler(scheduler(trainer.vllm_generation), "the colocated engine's scheduler_config", cfg)
         if pushed:
             autocast = ", bf16 autocast" if training_args.bf16 else ""  # off only where the trainer runs on CPU
             log(f"weights: fp32 master weights{autocast}; each push to vLLM is cast to {pushed}")
