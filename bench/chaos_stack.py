@@ -44,7 +44,7 @@ class ComposeEnvs:
 
     def __init__(self, replicas: int, project: str, work: Path) -> None:
         from tools import compose_file
-        from tools.derive import env_kinds
+        from tools.env_kinds import env_kinds
 
         self.project, self.replicas = project, replicas
         env_file = work / "chaos.env"

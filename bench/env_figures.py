@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.env_load import run_load, server_pid, show  # noqa: E402
 from tools import compose_file  # noqa: E402
-from tools.derive import env_kinds  # noqa: E402
+from tools.env_kinds import env_kinds  # noqa: E402
 from tools.images import local_env_image  # noqa: E402
 
 PROJECT = "grpo-bench"

@@ -248,7 +248,7 @@ def stack_compose_files(profiles: list[str] | tuple[str, ...], folder: Path) -> 
     env among `profiles` ("*": all of them): compose.yaml holds only their template."""
     from envs import registry
     from tools import compose_file
-    from tools.derive import env_kinds
+    from tools.env_kinds import env_kinds
 
     envs = list(registry.names()) if "*" in profiles else [p for p in profiles if registry.is_builtin(p)]
     if not envs:

@@ -5,16 +5,13 @@ here, the trainers' attachment to a fleet, GPU layouts), and its YAML. Pure but 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from envs import naming
 from tools import gpu_layout, settings
+from tools.env_kinds import EnvKinds
 from tools.images import compose_yaml_services, local_env_image
 from tools.settings import ROOT
 from contract.modes import as_mode
-
-if TYPE_CHECKING:
-    from tools.derive import EnvKinds
 
 
 def generated_compose_file(name: str = "compose.envs") -> Path:

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from envs import naming
 from tools import compose_file, derive, env_ports, gpu_layout, rehearsal
-from tools.derive import EnvKinds, env_kinds
+from tools.env_kinds import EnvKinds, env_kinds
 from tools.env_ports import EnvPort
 from tools.errors import StackError
 from tools.gpu_doctor import DockerGpus

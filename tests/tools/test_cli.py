@@ -184,7 +184,7 @@ def test_fleet_mode_starts_no_env_service_and_joins_the_trainers_not_vllm_to_the
     assert config["services"]["trainer-cpu"]["environment"]["ENV_FLEET"] == "swarm"
     assert config["services"]["trainer-cpu"]["environment"]["ENV_CONNECT4_IMAGE"] == "example/connect4:1"
     from tools import compose_file
-    from tools.derive import env_kinds
+    from tools.env_kinds import env_kinds
 
     attached = compose_file.fleet_attachments(env_kinds({"ENV_NAME": "echo", "ENV_FLEET": "swarm"}))
     assert "vllm" not in attached and set(attached) == {"trainer", "trainer-cpu", "model-init"}
