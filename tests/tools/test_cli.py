@@ -33,7 +33,7 @@ def stack(tmp_path, *args: str, env_lines: str = "", extra_env: dict | None = No
 def test_env_name_that_is_not_built_in_asks_for_its_image(tmp_path):
     r = stack(tmp_path, "mode", env_lines="ENV_NAME=nope")
     assert r.returncode == 2
-    assert ("ENV_NAME: 'nope' is not built in (echo, wordle, catch): to train on any OpenEnv image, set "
+    assert ("ENV_NAME: 'nope' is not built in (catch, echo, wordle): to train on any OpenEnv image, set "
             "ENV_NOPE_IMAGE=<image> in .env") in r.stderr
     assert "or fix the name in .env" in r.stderr
     bad = stack(tmp_path, "mode", env_lines="ENV_NAME=No-Pe")
