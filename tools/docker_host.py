@@ -207,7 +207,8 @@ def check_port(dotenv: dict[str, str], key: str) -> str | None:
 
 
 def _ours_on_port(port: int) -> bool:
-    r = run(["docker", "ps", "--filter", "label=com.docker.compose.project=grpo-stack", "--format", "{{.Ports}}"])
+    project = settings.load().project
+    r = run(["docker", "ps", "--filter", f"label=com.docker.compose.project={project}", "--format", "{{.Ports}}"])
     return f":{port}->" in r.stdout
 
 

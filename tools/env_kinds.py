@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 from envs import naming
 from tools.errors import StackError
 
+# What .env.example set ENV_<NAME>_IMAGE to for the built-in envs before STACK_NAME (an image every checkout shared):
+# in a .env of then, it means ours, this stack's (tools/images.py).
+SHARED_IMAGE_BEFORE = "grpo-stack/env-server:local"
+
 
 @dataclass(frozen=True)
 class EnvKinds:
@@ -39,6 +43,7 @@ def env_kinds(values: dict[str, str]) -> EnvKinds:
     except ValueError as exc:
         raise StackError(f"ENV_URLS: {exc}") from None
     images = {n: values[naming.image_var(n)] for n in names if values.get(naming.image_var(n))}
+    images = {n: i for n, i in images.items() if not (i == SHARED_IMAGE_BEFORE and registry.is_builtin(n))}
     for n in names:
         if not registry.is_builtin(n) and n not in images and n not in urls:
             raise StackError(

@@ -148,7 +148,7 @@ def test_every_env_service_is_generated_from_the_one_template(tmp_path, monkeypa
     for name in ("echo", "maze"):
         assert generated[f"env-{name}"] == {
             "extends": {"file": str(ROOT / "compose.yaml"), "service": "env-template"}, "profiles": [name],
-            "image": f"${{ENV_{name.upper()}_IMAGE:-{images.local_env_image()}}}",
+            "image": f"${{ENV_{name.upper()}_IMAGE:-{images.image_ref(images.ENV_SERVER_BUILD)}}}",
             "deploy": {"replicas": f"${{ENV_{name.upper()}_REPLICAS:-1}}"},
             "user": f"${{ENV_{name.upper()}_USER:-10001:10001}}",  # non-root whatever the image says (SECURITY.md)
             # its server's port (tools/env_ports.py), published on loopback and named to the health check
