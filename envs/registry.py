@@ -1,9 +1,10 @@
 """Names -> environments. Importable with no heavy dependency: everything resolves lazily.
 
 The built-in envs are the folders under envs/ (but core/ and generic/, the code they share): each declares itself in
-its `envs/<name>/env.toml` (what upstream OpenEnv's env folders say in their openenv.yaml), read here without
-importing the env's code; a new env is its folder alone. A folder that does not declare itself, or whose declaration
-names a module or class it does not have, stops this import with one line naming the folder.
+its `envs/<name>/__init__.py`, a literal `ENV = {...}` (what upstream OpenEnv's env folders say in their
+openenv.yaml), read here without importing the env's code; a new env is its folder alone. A folder that does not
+declare itself, or whose declaration names a module or class it does not have, stops this import with one line naming
+the folder.
 
     from envs.registry import get, resolve
     spec = get("echo")
@@ -18,7 +19,6 @@ import importlib
 import importlib.util
 import random
 import re
-import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
@@ -27,8 +27,8 @@ from envs import naming
 
 ENVS_DIR = Path(__file__).resolve().parent
 SHARED = ("core", "generic")  # envs/'s folders of shared code: every other folder is an env
-DECLARATION = "env.toml"
-# env.toml's keys -> EnvSpec's fields; the module paths are the folder's ("tool:EchoTool" is envs.<name>.tool:EchoTool)
+DECLARATION = "__init__.py"  # where a folder declares itself: `ENV = {key: literal, ...}` at its top level
+# ENV's keys -> EnvSpec's fields; the module paths are the folder's ("tool:EchoTool" is envs.<name>.tool:EchoTool)
 KEYS = {"upstream_env_name": "upstream_env_name", "tool_class": "tool_class_path", "task": "task_module",
         "server_parts": "server_parts_path", "episode_budget_tokens": "episode_budget_tokens"}
 
@@ -116,7 +116,7 @@ def check_spec(spec: "EnvSpec") -> None:
                 raise LookupError(f"{shown} defines no {attr!r}" + _near(attr, _top_level_names(text)))
         except LookupError as exc:
             shown = value.removeprefix(f"envs.{spec.name}.")
-            raise RegistryError(f"envs/{spec.name}/{DECLARATION}: {key} = {shown!r}: {exc}; "
+            raise RegistryError(f"envs/{spec.name}/{DECLARATION}: ENV[{key!r}] = {shown!r}: {exc}; "
                                 f"fix the declaration (or the name in the folder)") from None
 
 
@@ -163,37 +163,52 @@ def env_folders(root: Path = ENVS_DIR) -> list[Path]:
 
 
 def declared(folder: Path) -> EnvSpec:
-    """The spec `folder`'s env.toml declares, checked (check_spec); a RegistryError of one line naming the folder."""
-    name, where = folder.name, f"envs/{folder.name}/"
+    """The spec `folder`'s ENV declares, checked (check_spec); a RegistryError of one line naming the folder."""
+    name, where = folder.name, f"envs/{folder.name}/{DECLARATION}"
     if not re.fullmatch(naming.NAME_PATTERN, name) or name in naming.RESERVED:
-        raise RegistryError(f"{where}: {name!r} is not an env name (lowercase letters, digits and '_', starting with "
-                            "a letter): rename the folder")
-    try:
-        text = (folder / DECLARATION).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise RegistryError(f"{where} has no {DECLARATION}, so it is no env yet: declare it there (as "
-                            f"envs/echo/{DECLARATION}), or move the folder out of envs/") from None
-    try:
-        given = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise RegistryError(f"{where}{DECLARATION}: not TOML ({exc}); fix the file") from None
+        raise RegistryError(f"envs/{name}/: {name!r} is not an env name (lowercase letters, digits and '_', starting "
+                            "with a letter): rename the folder")
+    given = _declaration(folder, where)
     problems = [f"unknown key {k!r}" + _near(k, KEYS) for k in given if k not in KEYS]
-    problems += [f"{k} missing" for k in KEYS if k not in given]
-    problems += [f"{k} = {v!r} is not " + ("a positive whole number" if k == "episode_budget_tokens" else "a string")
+    problems += [f"{k!r} missing" for k in KEYS if k not in given]
+    problems += [f"{k!r}: {v!r} is not " + ("a positive whole number" if k == "episode_budget_tokens" else "a string")
                  for k, v in given.items() if k in KEYS and not (
                      type(v) is int and v > 0 if k == "episode_budget_tokens" else isinstance(v, str) and v)]
     if problems:
-        raise RegistryError(f"{where}{DECLARATION}: {'; '.join(problems)} (keys: {', '.join(KEYS)}; as "
-                            f"envs/echo/{DECLARATION})")
+        raise RegistryError(f"{where}: ENV: {'; '.join(problems)} (keys: {', '.join(KEYS)}; as envs/echo/{DECLARATION})")
     paths = {"tool_class", "task", "server_parts"}
     spec = EnvSpec(name=name, **{KEYS[k]: f"envs.{name}.{v}" if k in paths else v for k, v in given.items()})
     check_spec(spec)
     return spec
 
 
+def _declaration(folder: Path, where: str) -> dict:
+    """The literal `ENV = {...}` at the top level of the folder's __init__.py, read without running it."""
+    import ast
+
+    try:
+        source = (folder / DECLARATION).read_text(encoding="utf-8")
+        tree = ast.parse(source, where)
+    except (FileNotFoundError, SyntaxError):
+        tree = None
+    value = next((node.value for node in (tree.body if tree else [])
+                  if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["ENV"]), None)
+    if value is None:
+        raise RegistryError(f"{where} declares no ENV, so envs/{folder.name}/ is no env yet: declare it there (as "
+                            f"envs/echo/{DECLARATION} does), or move the folder out of envs/")
+    try:
+        given = ast.literal_eval(value)
+    except ValueError:
+        given = None
+    if not isinstance(given, dict):
+        raise RegistryError(f"{where}: ENV is not a literal dict (strings and numbers only); write it as "
+                            f"envs/echo/{DECLARATION} does")
+    return given
+
+
 # Found when the registry is imported: a half-made or misspelled env fails here, rather than when a run reaches it.
 _SPECS = {folder.name: declared(folder) for folder in env_folders()}
-NAMES = tuple(_SPECS)  # the built-in envs: a new one is its folder (with its env.toml), nothing else
+NAMES = tuple(_SPECS)  # the built-in envs: a new one is its folder (its __init__.py's ENV), nothing else
 
 
 def names() -> tuple[str, ...]:

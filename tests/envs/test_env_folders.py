@@ -1,7 +1,7 @@
 """A new env is one folder: its dependencies (envs/<name>/requirements.txt) and data step (envs/<name>/build_data.py)
 sit beside its code, and the env-server image build picks every folder's up with no line naming the env
-(services/env-server/Dockerfile through env_folders.py), and the registry finds it by its env.toml, checked when the
-registry is imported (a half-made folder stops the import with one line naming it).
+(services/env-server/Dockerfile through env_folders.py), and the registry finds it by the ENV its __init__.py declares,
+checked when the registry is imported (a half-made folder stops the import with one line naming it).
 Host-level: reads the files; the image build itself is checked by the container tests."""
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def _import_registry(tmp_path: Path, code: str = "") -> subprocess.CompletedProc
 
 def test_a_new_env_folder_is_found_with_nothing_else(tmp_path):
     envs = _envs_copy(tmp_path)
-    shutil.copytree(envs / "echo", envs / "parrot")  # a new env: its folder (its env.toml's paths are the folder's)
+    shutil.copytree(envs / "echo", envs / "parrot")  # a new env: its folder (its ENV's paths are the folder's)
     out = _import_registry(tmp_path, "print(r.__file__, ','.join(r.names()), r.get('parrot').tool_class_path)")
     assert out.returncode == 0, out.stderr
     where, names, tool = out.stdout.split()
@@ -111,14 +111,17 @@ def test_a_new_env_folder_is_found_with_nothing_else(tmp_path):
 
 @pytest.mark.parametrize("half_made, says", [
     ({"tool.py": "class MazeTool: ...\n"},
-     "envs/maze/ has no env.toml, so it is no env yet: declare it there (as envs/echo/env.toml), or move the folder "
-     "out of envs/"),
-    ({"env.toml": 'upstream_env_name = "maze_env"\ntool_class = "tool:MazeTool"\n'},
-     "envs/maze/env.toml: task missing; server_parts missing; episode_budget_tokens missing (keys: upstream_env_name, "
-     "tool_class, task, server_parts, episode_budget_tokens; as envs/echo/env.toml)"),
-    ({"env.toml": (ROOT / "envs/echo/env.toml").read_text().replace("tool:EchoTool", "tool:MazeTool")},
-     "envs/maze/env.toml: tool_class = 'tool:MazeTool': no module 'envs.maze.tool'; fix the declaration (or the name "
-     "in the folder)"),
+     "envs/maze/__init__.py declares no ENV, so envs/maze/ is no env yet: declare it there (as envs/echo/__init__.py "
+     "does), or move the folder out of envs/"),
+    ({"__init__.py": 'ENV = {"upstream_env_name": "maze_env", "tool_class": "tool:MazeTool"}\n'},
+     "envs/maze/__init__.py: ENV: 'task' missing; 'server_parts' missing; 'episode_budget_tokens' missing (keys: "
+     "upstream_env_name, tool_class, task, server_parts, episode_budget_tokens; as envs/echo/__init__.py)"),
+    ({"__init__.py": 'ENV = dict(upstream_env_name="maze_env")\n'},
+     "envs/maze/__init__.py: ENV is not a literal dict (strings and numbers only); write it as envs/echo/__init__.py "
+     "does"),
+    ({"__init__.py": (ROOT / "envs/echo/__init__.py").read_text().replace("tool:EchoTool", "tool:MazeTool")},
+     "envs/maze/__init__.py: ENV['tool_class'] = 'tool:MazeTool': no module 'envs.maze.tool'; fix the declaration (or "
+     "the name in the folder)"),
 ])
 def test_a_half_made_env_folder_fails_the_import_naming_it(tmp_path, half_made, says):
     envs = _envs_copy(tmp_path)
@@ -131,14 +134,15 @@ def test_a_half_made_env_folder_fails_the_import_naming_it(tmp_path, half_made, 
 
 def test_a_misspelled_declaration_fails_the_import_with_one_line(tmp_path):
     envs = _envs_copy(tmp_path)
-    declaration = envs / "wordle" / "env.toml"
+    declaration = envs / "wordle" / "__init__.py"
     assert '"tool:WordleTool"' in declaration.read_text()
     declaration.write_text(declaration.read_text().replace('"tool:WordleTool"', '"tool:WordleTol"'))
     out = _import_registry(tmp_path)
     assert out.returncode != 0
     assert out.stderr.splitlines()[-1] == (
-        "envs.registry.RegistryError: envs/wordle/env.toml: tool_class = 'tool:WordleTol': envs/wordle/tool.py "
-        "defines no 'WordleTol' (did you mean 'WordleTool'?); fix the declaration (or the name in the folder)")
+        "envs.registry.RegistryError: envs/wordle/__init__.py: ENV['tool_class'] = 'tool:WordleTol': "
+        "envs/wordle/tool.py defines no 'WordleTol' (did you mean 'WordleTool'?); fix the declaration (or the name in the "
+        "folder)")
 
 
 def test_a_folder_left_with_only_its_bytecode_is_no_env(tmp_path):
@@ -148,15 +152,15 @@ def test_a_folder_left_with_only_its_bytecode_is_no_env(tmp_path):
 
 
 @pytest.mark.parametrize("field, value, says", [
-    ("task_module", "envs.echo.tsk", "task = 'tsk': no module 'envs.echo.tsk' (did you mean 'task'?)"),
+    ("task_module", "envs.echo.tsk", "ENV['task'] = 'tsk': no module 'envs.echo.tsk' (did you mean 'task'?)"),
     ("server_parts_path", "envs.ecoh.server:server_parts",
-     "server_parts = 'envs.ecoh.server:server_parts': no module 'envs.ecoh' (did you mean 'echo'?)"),
-    ("tool_class_path", "envs.echo.tool", "tool_class = 'tool': a path is 'module:name'"),
+     "ENV['server_parts'] = 'envs.ecoh.server:server_parts': no module 'envs.ecoh' (did you mean 'echo'?)"),
+    ("tool_class_path", "envs.echo.tool", "ENV['tool_class'] = 'tool': a path is 'module:name'"),
 ])
 def test_check_spec_names_the_typo(field, value, says):
     import dataclasses
 
-    with pytest.raises(registry.RegistryError, match=re.escape(f"envs/echo/env.toml: {says}")):
+    with pytest.raises(registry.RegistryError, match=re.escape(f"envs/echo/__init__.py: {says}")):
         registry.check_spec(dataclasses.replace(registry.get("echo"), **{field: value}))
 
 
