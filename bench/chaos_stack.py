@@ -43,12 +43,13 @@ class ComposeEnvs:
     """env-echo of the real compose.yaml, N replicas, each on a 127.0.0.1 port (restart: unless-stopped)."""
 
     def __init__(self, replicas: int, project: str, work: Path) -> None:
-        from tools import compose_file
-        from tools.derive import env_kinds
+        from tools import compose_file, settings
+        from tools.env_kinds import env_kinds
 
         self.project, self.replicas = project, replicas
         env_file = work / "chaos.env"
-        env_file.write_text(f"COMPOSE_PROJECT_NAME={project}\nCOMPOSE_PROFILES=echo\nMAX_CONCURRENT_ENVS=64\n"
+        env_file.write_text(f"STACK_NAME={settings.load().stack_name}\n"  # IMAGE's: this checkout's stack
+                            f"COMPOSE_PROJECT_NAME={project}\nCOMPOSE_PROFILES=echo\nMAX_CONCURRENT_ENVS=64\n"
                             f"ENV_SESSION_TIMEOUT_S={SESSION_TIMEOUT_S}\n")
         envs_file = work / "compose.envs.yaml"  # the env services `make` generates from env-template
         envs_file.write_text(compose_file.yaml_text({"services": compose_file.env_services(env_kinds({"ENV_NAME": "echo"}))}))

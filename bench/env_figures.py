@@ -41,8 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.env_load import run_load, server_pid, show  # noqa: E402
-from tools import compose_file  # noqa: E402
-from tools.derive import env_kinds  # noqa: E402
+from tools import compose_file, settings  # noqa: E402
+from tools.env_kinds import env_kinds  # noqa: E402
 from tools.images import local_env_image  # noqa: E402
 
 PROJECT = "grpo-bench"
@@ -104,7 +104,8 @@ def main() -> None:
         raise SystemExit(f"image {IMAGE} is missing: run `make build` first.")
     env_file = Path(tempfile.mkdtemp()) / "bench.env"
     # Capacity above the 256-session Wordle run; idle reaping off so a slow run cannot lose sessions.
-    env_file.write_text(f"COMPOSE_PROJECT_NAME={PROJECT}\nCOMPOSE_PROFILES=echo,wordle,catch\n"
+    env_file.write_text(f"STACK_NAME={settings.load().stack_name}\nCOMPOSE_PROJECT_NAME={PROJECT}\n"  # IMAGE's stack
+                        "COMPOSE_PROFILES=echo,wordle,catch\n"
                         "MAX_CONCURRENT_ENVS=300\nENV_SESSION_TIMEOUT_S=0\n")
     envs_file = env_file.parent / "compose.envs.yaml"  # the env services `make` generates from env-template
     envs_file.write_text(compose_file.yaml_text({"services": compose_file.env_services(env_kinds({"ENV_NAME": "echo,wordle,catch"}))}))

@@ -1,5 +1,11 @@
 """Names -> environments. Importable with no heavy dependency: everything resolves lazily.
 
+The built-in envs are the folders under envs/ (but core/ and generic/, the code they share): each declares itself in
+its `envs/<name>/__init__.py`, a literal `ENV = {...}` (what upstream OpenEnv's env folders say in their
+openenv.yaml), read here without importing the env's code; a new env is its folder alone. A folder that does not
+declare itself, or whose declaration names a module or class it does not have, stops this import with one line naming
+the folder.
+
     from envs.registry import get, resolve
     spec = get("echo")
     spec.tool_class            # the TRL environment_factory class (imported on first use)
@@ -17,9 +23,19 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Callable
 
+from envs import naming
+
+ENVS_DIR = Path(__file__).resolve().parent
+SHARED = ("core", "generic")  # envs/'s folders of shared code: every other folder is an env
+DECLARATION = "__init__.py"  # where a folder declares itself: `ENV = {key: literal, ...}` at its top level
+# ENV's keys -> EnvSpec's fields; the module paths are the folder's ("tool:EchoTool" is envs.<name>.tool:EchoTool)
+KEYS = {"upstream_env_name": "upstream_env_name", "tool_class": "tool_class_path", "task": "task_module",
+        "server_parts": "server_parts_path", "episode_budget_tokens": "episode_budget_tokens"}
+
 
 class RegistryError(ValueError):
-    """An entry of the registry that points at no module or no name: raised when the registry is imported."""
+    """An env folder that does not declare itself, or whose declaration points at no module or no name: raised when
+    the registry is imported."""
 
 
 def _resolve(path: str) -> Any:
@@ -84,12 +100,13 @@ def _top_level_names(source: str) -> set[str]:
 
 def check_spec(spec: "EnvSpec") -> None:
     """Every dotted path of `spec` names a module that exists and (for `module:name`) a name it defines, checked
-    without importing the env's code or its dependencies. A RegistryError of one line naming the entry otherwise."""
+    without importing the env's code or its dependencies. A RegistryError of one line naming the folder otherwise."""
     for field in fields(spec):
         value = getattr(spec, field.name)
         if not (field.name.endswith("_path") or field.name.endswith("_module")):
             continue
         module, _, attr = value.partition(":")
+        key = next(k for k, f in KEYS.items() if f == field.name)
         try:
             source = _module_file(module)
             if field.name.endswith("_path") and not attr:
@@ -98,8 +115,9 @@ def check_spec(spec: "EnvSpec") -> None:
                 shown = module.replace(".", "/") + ("/__init__.py" if source.endswith("__init__.py") else ".py")
                 raise LookupError(f"{shown} defines no {attr!r}" + _near(attr, _top_level_names(text)))
         except LookupError as exc:
-            raise RegistryError(f"envs/registry.py: env {spec.name!r} {field.name}={value!r}: {exc}; "
-                                f"fix the entry (or the name in its folder)") from None
+            shown = value.removeprefix(f"envs.{spec.name}.")
+            raise RegistryError(f"envs/{spec.name}/{DECLARATION}: ENV[{key!r}] = {shown!r}: {exc}; "
+                                f"fix the declaration (or the name in the folder)") from None
 
 
 @dataclass(frozen=True)
@@ -137,35 +155,60 @@ class EnvSpec:
         return _resolve(self.server_parts_path)()
 
 
-_SPECS = {
-    "echo": EnvSpec(
-        name="echo",
-        upstream_env_name="echo_env",
-        tool_class_path="envs.echo.tool:EchoTool",
-        task_module="envs.echo.task",
-        server_parts_path="envs.echo.server:server_parts",
-        episode_budget_tokens=96,
-    ),
-    "wordle": EnvSpec(
-        name="wordle",
-        upstream_env_name="textarena_env",
-        tool_class_path="envs.wordle.tool:WordleTool",
-        task_module="envs.wordle.task",
-        server_parts_path="envs.wordle.server:server_parts",
-        episode_budget_tokens=1024,
-    ),
-    "catch": EnvSpec(
-        name="catch",
-        upstream_env_name="openspiel_env",
-        tool_class_path="envs.catch.tool:CatchTool",
-        task_module="envs.catch.task",
-        server_parts_path="envs.catch.server:server_parts",
-        episode_budget_tokens=768,
-    ),
-}
-for _spec in _SPECS.values():  # a typo fails here, at import, rather than when a run first reaches the entry
-    check_spec(_spec)
-NAMES = tuple(_SPECS)  # the built-in envs: a new one is its folder plus its line above, nothing else
+def env_folders(root: Path = ENVS_DIR) -> list[Path]:
+    """The built-in envs' folders under `root`, sorted: every folder but the shared code's, and but one holding
+    nothing but __pycache__ (what a removed env leaves behind after a branch switch)."""
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name not in SHARED and p.name != "__pycache__"
+                  and any(c.name != "__pycache__" for c in p.iterdir()))
+
+
+def declared(folder: Path) -> EnvSpec:
+    """The spec `folder`'s ENV declares, checked (check_spec); a RegistryError of one line naming the folder."""
+    name, where = folder.name, f"envs/{folder.name}/{DECLARATION}"
+    if not re.fullmatch(naming.NAME_PATTERN, name) or name in naming.RESERVED:
+        raise RegistryError(f"envs/{name}/: {name!r} is not an env name (lowercase letters, digits and '_', starting "
+                            "with a letter): rename the folder")
+    given = _declaration(folder, where)
+    problems = [f"unknown key {k!r}" + _near(k, KEYS) for k in given if k not in KEYS]
+    problems += [f"{k!r} missing" for k in KEYS if k not in given]
+    problems += [f"{k!r}: {v!r} is not " + ("a positive whole number" if k == "episode_budget_tokens" else "a string")
+                 for k, v in given.items() if k in KEYS and not (
+                     type(v) is int and v > 0 if k == "episode_budget_tokens" else isinstance(v, str) and v)]
+    if problems:
+        raise RegistryError(f"{where}: ENV: {'; '.join(problems)} (keys: {', '.join(KEYS)}; as envs/echo/{DECLARATION})")
+    paths = {"tool_class", "task", "server_parts"}
+    spec = EnvSpec(name=name, **{KEYS[k]: f"envs.{name}.{v}" if k in paths else v for k, v in given.items()})
+    check_spec(spec)
+    return spec
+
+
+def _declaration(folder: Path, where: str) -> dict:
+    """The literal `ENV = {...}` at the top level of the folder's __init__.py, read without running it."""
+    import ast
+
+    try:
+        source = (folder / DECLARATION).read_text(encoding="utf-8")
+        tree = ast.parse(source, where)
+    except (FileNotFoundError, SyntaxError):
+        tree = None
+    value = next((node.value for node in (tree.body if tree else [])
+                  if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["ENV"]), None)
+    if value is None:
+        raise RegistryError(f"{where} declares no ENV, so envs/{folder.name}/ is no env yet: declare it there (as "
+                            f"envs/echo/{DECLARATION} does), or move the folder out of envs/")
+    try:
+        given = ast.literal_eval(value)
+    except ValueError:
+        given = None
+    if not isinstance(given, dict):
+        raise RegistryError(f"{where}: ENV is not a literal dict (strings and numbers only); write it as "
+                            f"envs/echo/{DECLARATION} does")
+    return given
+
+
+# Found when the registry is imported: a half-made or misspelled env fails here, rather than when a run reaches it.
+_SPECS = {folder.name: declared(folder) for folder in env_folders()}
+NAMES = tuple(_SPECS)  # the built-in envs: a new one is its folder (its __init__.py's ENV), nothing else
 
 
 def names() -> tuple[str, ...]:

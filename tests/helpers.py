@@ -1,8 +1,8 @@
 """Test helpers: build our images once per session, and start isolated Compose projects.
 
 Container tests run the real compose.yaml through testcontainers' DockerCompose. Each project
-gets its own name (grpo-test-*) and env file, so tests never touch a user's `.env` or stack,
-and `.ci/run` can tear down whatever a crashed test left behind.
+gets its own name (grpo-test-*) and env file, and the tests' images their own tags (STACK_NAME below), so tests never
+touch a user's `.env`, stack or images, and `.ci/run` can tear down whatever a crashed test left behind.
 """
 
 from __future__ import annotations
@@ -27,7 +27,11 @@ sys.path.insert(0, str(ROOT))
 # docstrings were measured); CI runs the one seed the bars were set for.
 LEARN_SEEDS = [int(s) for s in os.environ.get("LEARN_SEEDS", "42").split(",")]
 
-TRAINER_CPU_IMAGE = "grpo-stack/trainer:cpu"  # compose.yaml's x-images trainer-cpu (build_images("trainer-cpu"))
+# The tests' stack name (tools/settings.py STACK_NAME): their images are grpo-test/*, whatever the checkout's folder,
+# for every `docker compose` and `python -m tools` they run (process variables win over an env file, as in Compose);
+# each test's containers are in a project of its own, grpo-test-<id> (COMPOSE_PROJECT_NAME).
+STACK_NAME = os.environ["STACK_NAME"] = "grpo-test"
+TRAINER_CPU_IMAGE = f"{STACK_NAME}/trainer:cpu"  # compose.yaml's x-image-tags trainer-cpu (build_images("trainer-cpu"))
 BUILD_SERVICES = {
     "env-server": "env-server-image",
     "trainer-cpu": "trainer-cpu-image",
@@ -81,7 +85,8 @@ def _example_env() -> dict[str, str]:
 
 def write_env_file(path: Path, project: str, profiles: list[str], overrides: dict[str, str] | None = None) -> Path:
     values = _example_env()
-    values.update(TORCH_INDEX_URL="", COMPOSE_PROJECT_NAME=project, COMPOSE_PROFILES=",".join(profiles))
+    values.update(TORCH_INDEX_URL="", STACK_NAME=STACK_NAME, COMPOSE_PROJECT_NAME=project,
+                  COMPOSE_PROFILES=",".join(profiles))
     values.update(overrides or {})
     path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
     return path
@@ -248,7 +253,7 @@ def stack_compose_files(profiles: list[str] | tuple[str, ...], folder: Path) -> 
     env among `profiles` ("*": all of them): compose.yaml holds only their template."""
     from envs import registry
     from tools import compose_file
-    from tools.derive import env_kinds
+    from tools.env_kinds import env_kinds
 
     envs = list(registry.names()) if "*" in profiles else [p for p in profiles if registry.is_builtin(p)]
     if not envs:

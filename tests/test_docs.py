@@ -4,6 +4,7 @@ pointer in code, Makefile, compose.yaml and .env.example lands on a file and hea
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 from tests.helpers import ROOT
@@ -62,3 +63,22 @@ def test_the_readme_is_short_and_links_every_docs_page():
     assert len(readme.splitlines()) <= 250, "README.md is the front page: move a section to its docs/ page"
     unlinked = [p.name for p in (ROOT / "docs").glob("*.md") if f"(docs/{p.name})" not in readme]
     assert not unlinked, f"docs pages README does not link: {unlinked}"
+
+
+def test_architecture_names_every_module_and_nothing_that_is_gone():
+    """ARCHITECTURE.md names each module of tools/, trainer/, contract/ and bench/ a newcomer meets (a command by its
+    name), and every file or folder path it names exists."""
+    text = (ROOT / "ARCHITECTURE.md").read_text()
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    modules = [Path(f) for f in tracked if f.endswith(".py") and Path(f).name != "__init__.py"
+               and (f.split("/")[0] in ("tools", "trainer") or f.count("/") == 1 and f.split("/")[0] in ("contract", "bench"))]
+    unnamed = [str(m) for m in modules
+               if not any(re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", text) for n in {m.stem, m.stem.replace("_", "-")})]
+    assert not unnamed, f"ARCHITECTURE.md does not name: {unnamed}"
+    names = {Path(f).name for f in tracked} | {d for f in tracked for d in Path(f).parent.parts}
+    tops = {f.split("/")[0] for f in tracked if "/" in f}
+    paths = re.findall(r"`((?:\.?[\w.-]+/)+[\w.<>*-]*)`", text) + re.findall(r"`([\w-]+\.py)`", text)
+    paths = [p for p in paths if "<" not in p and "*" not in p and ("/" not in p or p.split("/")[0] in tops)]
+    stale = [p for p in paths if not ((ROOT / p).exists() or Path(p.rstrip("/")).name in names
+                                      or (ROOT / (p.partition(".")[0] + ".py")).exists())]  # `tools/x.function`
+    assert not stale, f"ARCHITECTURE.md names what is not in the repository: {stale}"

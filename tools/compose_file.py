@@ -5,16 +5,13 @@ here, the trainers' attachment to a fleet, GPU layouts), and its YAML. Pure but 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from envs import naming
 from tools import gpu_layout, settings
-from tools.images import compose_yaml_services, local_env_image
+from tools.env_kinds import EnvKinds
+from tools.images import ENV_SERVER_BUILD, compose_yaml_services, image_ref
 from tools.settings import ROOT
 from contract.modes import as_mode
-
-if TYPE_CHECKING:
-    from tools.derive import EnvKinds
 
 
 def generated_compose_file(name: str = "compose.envs") -> Path:
@@ -73,7 +70,7 @@ def env_services(envs: EnvKinds, fleet: bool = False) -> dict[str, dict]:
             "environment": {"PORT": port_ref(n)},
         }
         if n in envs.builtin:
-            service["image"] = f"${{{image_var}:-{local_env_image()}}}"
+            service["image"] = f"${{{image_var}:-{image_ref(ENV_SERVER_BUILD)}}}"  # ours, for the stack Compose runs
             service["environment"] = {"ENV_NAME": n, **service["environment"]}
         services[naming.service_name(n)] = service
     depends = {naming.service_name(n): {"condition": "service_healthy", "required": False} for n in names}

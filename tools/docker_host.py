@@ -1,6 +1,6 @@
 """The calls that touch Docker and the host: `docker` and `docker compose` runs, the engine and Compose checks, the
 GPU probe, images pulled or measured, ports and the token file, and `setup`'s files. Each takes the plan's parsed
-values (tools/derive.py's EnvKinds, the values dict); what to run is decided there and in tools/plan.py.
+values (tools/env_kinds.py's EnvKinds, the values dict); what to run is decided there and in tools/plan.py.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from pathlib import Path
 
 from envs import naming
 from tools import env_replicas, gpu_doctor, settings
-from tools.derive import EnvKinds, auto_replica_envs, last_counts_file, run_config
+from tools.derive import auto_replica_envs, last_counts_file, run_config
+from tools.env_kinds import EnvKinds
 from tools.env_ports import EnvPort
 from tools.errors import StackError, say
 from tools.images import local_env_image
@@ -207,7 +208,8 @@ def check_port(dotenv: dict[str, str], key: str) -> str | None:
 
 
 def _ours_on_port(port: int) -> bool:
-    r = run(["docker", "ps", "--filter", "label=com.docker.compose.project=grpo-stack", "--format", "{{.Ports}}"])
+    project = settings.load().project
+    r = run(["docker", "ps", "--filter", f"label=com.docker.compose.project={project}", "--format", "{{.Ports}}"])
     return f":{port}->" in r.stdout
 
 

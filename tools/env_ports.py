@@ -12,13 +12,10 @@ Pure: the EXPOSE lines come from docker_host.exposed_ports (read where the stack
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from envs import naming
+from tools.env_kinds import EnvKinds
 from tools.errors import StackError
-
-if TYPE_CHECKING:
-    from tools.derive import EnvKinds
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ from tools import compose_file, derive, docker_host, env_ports, settings
 from tools.plan import env_servers_plan
 from tools.prepare import compose_vars_for
 from tools.docker_host import run
+from tools.env_kinds import env_kinds
 from tools.errors import StackError, say
 from tools.images import local_env_image
 from tools.settings import ROOT
@@ -94,7 +95,7 @@ stack_name = derive.fleet_stack_name
 
 def fleet_envs(dotenv: dict[str, str]) -> list[str]:
     """The envs the fleet serves: ENV_NAME's, but those ENV_URLS points elsewhere."""
-    return list(derive.env_kinds(dotenv).served_here)
+    return list(env_kinds(dotenv).served_here)
 
 
 # ------------------------------------------------------------------ the stack file
@@ -336,7 +337,7 @@ def cmd_up(dotenv: dict[str, str], mode: str | None = None, processes: int | Non
     if not derive.fleet_mode(dotenv):
         say("note: ENV_FLEET=compose in .env: `make train` keeps using the Compose env servers; set ENV_FLEET=swarm "
             "to train against this fleet")
-    envs = derive.env_kinds(dotenv)
+    envs = env_kinds(dotenv)
     docker_host.check_custom_images(envs)
     local = local_env_image()
     checks = not allows_new_privileges(dotenv)  # the no-new-privileges check runs our image

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from tools import gpu_layout, images
+from tools import gpu_layout, images, settings
 from tools.settings import load_env
 from contract import defaults
 from contract.train_mode import spec as mode_spec  # stdlib only: the GPU defaults of each mode
@@ -218,7 +218,9 @@ def diagnose(gpus: list[Gpu], method: str | None, dotenv: dict[str, str], mode: 
 
 
 # ------------------------------------------------------------------ the trainer's memory
-HF_CACHE_VOLUME = "grpo-stack_hf-cache"  # compose.yaml's `name:` + its `hf-cache` volume (HF_HOME of model-download)
+def hf_cache_volume() -> str:
+    """The stack's Hugging Face cache volume: its project + compose.yaml's `hf-cache` (HF_HOME of model-download)."""
+    return f"{settings.load().project}_hf-cache"
 
 
 def trainer_gpu_ids(dotenv: dict[str, str], mode: str, count: int) -> list[str]:
@@ -233,14 +235,14 @@ def trainer_gpu_ids(dotenv: dict[str, str], mode: str, count: int) -> list[str]:
         return []
 
 
-def model_config(cfg, runner: Runner | None = None, volume: str = HF_CACHE_VOLUME) -> tuple[dict | None, str]:
+def model_config(cfg, runner: Runner | None = None, volume: str | None = None) -> tuple[dict | None, str]:
     """(config.json, where it was read) of the run's model: MODEL_NAME as a folder here, else the snapshot at
     MODEL_REVISION in the stack's HF cache volume (read by a throw-away container; never creates the volume).
     (None, why) before the model-download job has run."""
     from contract import memory
     from contract.config import is_hub_id
 
-    runner = runner or run
+    runner, volume = runner or run, volume or hf_cache_volume()
     name, revision = cfg.resolved_model_name(), cfg.model_revision or "main"
     if not is_hub_id(name):
         found = memory.read_config(name)

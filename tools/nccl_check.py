@@ -31,11 +31,10 @@ from pathlib import Path
 from tools import gpu_layout
 from tools.gpu_doctor import DEFAULT_VLLM_IMAGE, NO_GPU, probe
 from tools.images import TRAINER_GPU_BUILD, image_of
-from tools.settings import load_env
+from tools.settings import load, load_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
-COMPOSE_NETWORK = "grpo-stack_agentnet"
 NCCL_KEYS = ("NCCL_P2P_DISABLE", "NCCL_SHM_DISABLE", "NCCL_IB_DISABLE", "NCCL_SOCKET_IFNAME", "NCCL_FAST_PATH",
              "NCCL_HOSTID")
 NCCL_DEFAULTS = {"NCCL_P2P_DISABLE": "1", "NCCL_SHM_DISABLE": "1", "NCCL_IB_DISABLE": "1",
@@ -257,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         if run(["docker", "image", "inspect", "--", image]).returncode != 0:
             print(f"nccl-check: image {image} is missing: run `make build` (and pull {vllm_image}) first")
             return 2
-    network, temp_net = COMPOSE_NETWORK, False
+    network, temp_net = f"{load().project}_agentnet", False  # the stack's vLLM network, when it is up
     if run(["docker", "network", "inspect", network]).returncode != 0:
         network, temp_net = f"grpo-nccl-check-{uuid.uuid4().hex[:6]}", True
         run(["docker", "network", "create", network], check=True)

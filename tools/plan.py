@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 
 from envs import naming
 from tools import compose_file, derive, env_ports, gpu_layout, rehearsal
-from tools.derive import EnvKinds, env_kinds
+from tools.env_kinds import EnvKinds, env_kinds
 from tools.env_ports import EnvPort
 from tools.errors import StackError
 from tools.gpu_doctor import DockerGpus
-from tools.images import TRAINER_REHEARSE_BUILD, local_env_image
+from tools.images import ENV_SERVER_BUILD, TRAINER_REHEARSE_BUILD, image_of
 from tools.settings import WHEELS, StackEnv
 from contract.train_mode import ModeSpec
 from contract.train_mode import spec as mode_spec
@@ -67,7 +67,7 @@ class StackPlan:
     @property
     def images(self) -> list[str]:
         """Build-only services for the images this mode uses; an upstream env image is pulled instead."""
-        local = local_env_image()
+        local = image_of(ENV_SERVER_BUILD, self.settings.stack_name)
         ours = any(self.envs.images.get(n, local) == local for n in self.envs.names)
         if self.rehearsal:  # model-init's CPU image; the twin is built first (the trainer image is built on it)
             return (["env-server-image"] if ours else []) + ["trainer-cpu-image", TRAINER_REHEARSE_BUILD]
@@ -100,6 +100,9 @@ class StackPlan:
     def compose_vars(self, compose_files: list, environ: dict[str, str] | None = None) -> dict[str, str]:
         """The environment `docker compose` runs with: the process's, plus the plan's choices."""
         out = dict(os.environ if environ is None else environ)
+        out["STACK_NAME"] = self.settings.stack_name  # the project and image tags (compose.yaml's `name:`)
+        # a built-in env with no image of its own runs ours, whatever an older .env.example put in .env (env_kinds)
+        out.update({naming.image_var(n): "" for n in self.envs.builtin if n not in self.envs.images})
         out["TRAIN_MODE"] = self.mode
         out["COMPOSE_PROFILES"] = ",".join(self.profiles)
         out["COMPOSE_FILE"] = os.pathsep.join(str(f) for f in compose_files)

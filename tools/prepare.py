@@ -8,6 +8,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from tools import compose_file, derive, docker_host, env_ports, settings
+from tools.env_kinds import env_kinds
 from tools.errors import StackError, say
 from tools.images import TRAINER_CPU_BUILD
 from tools.plan import StackPlan, make_plan, rehearsal_plan
@@ -50,7 +51,7 @@ def prepare(rehearse: bool = False) -> Prepared:
         if problem:
             raise StackError(problem)
     dotenv = settings.load()
-    exposed = docker_host.exposed_ports(derive.env_kinds(dotenv.values))  # the env images' ports (tools/env_ports.py)
+    exposed = docker_host.exposed_ports(env_kinds(dotenv.values))  # the env images' ports (tools/env_ports.py)
     if rehearse:
         plan = rehearsal_plan(dotenv, exposed)
         for line in (plan.why, *plan.notes):

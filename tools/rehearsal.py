@@ -17,7 +17,7 @@ same place (tools/compose_file.add_lora_serving).
 from __future__ import annotations
 
 from tools.compose_file import Override, OverrideMap, Reset
-from tools.images import TRAINER_REHEARSE_BUILD, TWIN_BUILD, image_of
+from tools.images import TRAINER_REHEARSE_BUILD, TWIN_BUILD, image_ref
 from contract.config import CPU_DEFAULT_MODEL, default
 
 BUILD_PROFILES = ("vllm-cpu", "build-rehearse")  # the twin's (TWIN_BUILD) and the rehearsal trainer's
@@ -38,7 +38,7 @@ def services(env_depends: dict[str, dict]) -> dict[str, dict]:
     return {
         "model-init": {"profiles": Override(["cpu", PROFILE])},
         "vllm": {
-            "image": image_of(TWIN_BUILD),
+            "image": image_ref(TWIN_BUILD),
             "entrypoint": ["vllm-serve", CPU_DEFAULT_MODEL],   # the twin's `vllm serve` (services/vllm-cpu/vllm-serve)
             "environment": {"VLLM_CPU_KVCACHE_SPACE": "${VLLM_CPU_KVCACHE_SPACE:-1}"},
             # the tiny model, and the trainer's pushes; no Hub cache (nothing is downloaded)
@@ -51,7 +51,7 @@ def services(env_depends: dict[str, dict]) -> dict[str, dict]:
             "depends_on": OverrideMap({"model-init": {"condition": "service_completed_successfully"}}),
         },
         "trainer": {
-            "image": image_of(TRAINER_REHEARSE_BUILD),
+            "image": image_ref(TRAINER_REHEARSE_BUILD),
             "environment": {"TRAIN_MODE": "gpu", "WEIGHT_TRANSFER": "reload", "WEIGHT_RELOAD_DIR": weights,
                             "MODEL_NAME": CPU_DEFAULT_MODEL, "MODEL_REVISION": ""},
             "volumes": ["models:/models:ro", f"{WEIGHTS_VOLUME}:{weights}"],

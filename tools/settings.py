@@ -5,6 +5,7 @@ with several setups point at another), else .env.example before `make` copies it
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Literal, Optional
 
@@ -17,6 +18,15 @@ ROOT = Path(__file__).resolve().parent.parent
 ENV_FILE = Path(os.environ.get("STACK_ENV_FILE") or ROOT / ".env")
 ENV_EXAMPLE = ROOT / ".env.example"
 WHEELS = ROOT / ".wheels"  # CPU images take torch from here when a CPU wheel is on this machine
+# A Compose project name that is also an image name's first part (Docker's: no leading, trailing or doubled separator).
+STACK_NAME_PATTERN = r"^[a-z0-9]+(?:[_-][a-z0-9]+)*$"
+
+
+def checkout_stack_name(root: Path = ROOT) -> str:
+    """This checkout's STACK_NAME when .env sets none: its folder's name, lowercased, each run of other characters
+    one '-' (as Compose's own default is the folder's name), so two checkouts are two stacks; `grpo-stack` when the
+    name holds no letter or digit."""
+    return "-".join(re.findall(r"[a-z0-9]+", root.resolve().name.lower())) or "grpo-stack"
 
 
 class StackEnv(BaseSettings):
@@ -41,6 +51,10 @@ class StackEnv(BaseSettings):
     VLLM_PARALLEL: Literal["tensor", "data"] = Field(
         "tensor", description="how vLLM uses several GPUs: `tensor` (one model split over them) or `data` (a copy per "
         "GPU)")
+    STACK_NAME: str = Field("", pattern=f"^$|{STACK_NAME_PATTERN}", description=(  # "": the checkout's
+        "this checkout's stack: its Compose project (containers, networks, volumes) and the first part of the image "
+        "tags built here; empty: the checkout folder's name (lowercase letters, digits, '-'), so two checkouts on "
+        "one host are two stacks (`grpo-stack` reuses what checkouts made before this setting)"))
     ENV_FLEET: Literal["compose", "swarm"] = "compose"
     FLEET_STACK: str = Field("grpo-fleet", pattern=r"^[a-zA-Z0-9][a-zA-Z0-9_-]*$",
                              description="the fleet's Swarm stack and overlay network name")
@@ -52,12 +66,24 @@ class StackEnv(BaseSettings):
         "binaries in an env image can then regain privileges)")
     values: dict[str, str] = Field(default_factory=dict, exclude=True)
 
+    @property
+    def stack_name(self) -> str:
+        """STACK_NAME, else this checkout's (checkout_stack_name)."""
+        return self.STACK_NAME or checkout_stack_name()
+
+    @property
+    def project(self) -> str:
+        """The Compose project the stack's containers are in: STACK_NAME's, unless COMPOSE_PROJECT_NAME (Compose's own
+        setting, which wins over compose.yaml's `name:`; the tests' grpo-test-* projects) says another."""
+        return self.values.get("COMPOSE_PROJECT_NAME") or self.stack_name
+
     @classmethod
     def load(cls, path: Path) -> "StackEnv":
         values = parse_env_file(path)
         # As in Compose, a process variable wins over the file: for the file's keys, the typed ones, and every ENV_*
-        # one (an ENV_<NAME>_IMAGE or _REPLICAS may be set only in the environment).
-        for key in {*values, *cls.model_fields, *(k for k in os.environ if k.startswith("ENV_"))}:
+        # one (an ENV_<NAME>_IMAGE or _REPLICAS may be set only in the environment), and Compose's COMPOSE_PROJECT_NAME.
+        extra = ("COMPOSE_PROJECT_NAME", *(k for k in os.environ if k.startswith("ENV_")))
+        for key in {*values, *cls.model_fields, *extra}:
             if key in os.environ and key != "values":
                 values[key] = os.environ[key]
         return cls.from_values(values)

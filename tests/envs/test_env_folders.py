@@ -1,12 +1,15 @@
 """A new env is one folder: its dependencies (envs/<name>/requirements.txt) and data step (envs/<name>/build_data.py)
 sit beside its code, and the env-server image build picks every folder's up with no line naming the env
-(services/env-server/Dockerfile through env_folders.py); registry entries are checked when the registry is imported.
+(services/env-server/Dockerfile through env_folders.py), and the registry finds it by the ENV its __init__.py declares,
+checked when the registry is imported (a half-made folder stops the import with one line naming it).
 Host-level: reads the files; the image build itself is checked by the container tests."""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -84,30 +87,80 @@ def test_the_host_venv_installs_the_env_folders_too():
     assert re.search(r"-e '\.\[test,trainer,env-server\]' \$\(addprefix -r ,\$\(ENV_REQS\)\)", make)
 
 
-def test_a_misspelled_registry_entry_fails_the_import_with_one_line(tmp_path, monkeypatch):
-    source = (ROOT / "envs/registry.py").read_text()
-    assert '"envs.wordle.tool:WordleTool"' in source
-    bad = tmp_path / "registry_typo.py"
-    bad.write_text(source.replace('"envs.wordle.tool:WordleTool"', '"envs.wordle.tool:WordleTol"'))
-    spec = importlib.util.spec_from_file_location("registry_typo", bad)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "registry_typo", module)  # as an import does (its dataclass looks itself up)
-    with pytest.raises(ValueError) as err:
-        spec.loader.exec_module(module)
-    assert str(err.value) == ("envs/registry.py: env 'wordle' tool_class_path='envs.wordle.tool:WordleTol': "
-                              "envs/wordle/tool.py defines no 'WordleTol' (did you mean 'WordleTool'?); "
-                              "fix the entry (or the name in its folder)")
+def _envs_copy(tmp_path: Path) -> Path:
+    """A checkout's envs/ copied under tmp_path (its code, not its caches), to add or break a folder in."""
+    shutil.copytree(ROOT / "envs", tmp_path / "envs", ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path / "envs"
+
+
+def _import_registry(tmp_path: Path, code: str = "") -> subprocess.CompletedProcess:
+    """`import envs.registry` (then `code`) in a fresh interpreter that finds the copy's envs/ first."""
+    return subprocess.run([sys.executable, "-c", f"import envs.registry as r\n{code}"], capture_output=True, text=True,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+
+
+def test_a_new_env_folder_is_found_with_nothing_else(tmp_path):
+    envs = _envs_copy(tmp_path)
+    shutil.copytree(envs / "echo", envs / "parrot")  # a new env: its folder (its ENV's paths are the folder's)
+    out = _import_registry(tmp_path, "print(r.__file__, ','.join(r.names()), r.get('parrot').tool_class_path)")
+    assert out.returncode == 0, out.stderr
+    where, names, tool = out.stdout.split()
+    assert where == str(envs / "registry.py")  # the copy's registry, not this checkout's
+    assert names.split(",") == sorted({*registry.names(), "parrot"}) and tool == "envs.parrot.tool:EchoTool"
+
+
+@pytest.mark.parametrize("half_made, says", [
+    ({"tool.py": "class MazeTool: ...\n"},
+     "envs/maze/__init__.py declares no ENV, so envs/maze/ is no env yet: declare it there (as envs/echo/__init__.py "
+     "does), or move the folder out of envs/"),
+    ({"__init__.py": 'ENV = {"upstream_env_name": "maze_env", "tool_class": "tool:MazeTool"}\n'},
+     "envs/maze/__init__.py: ENV: 'task' missing; 'server_parts' missing; 'episode_budget_tokens' missing (keys: "
+     "upstream_env_name, tool_class, task, server_parts, episode_budget_tokens; as envs/echo/__init__.py)"),
+    ({"__init__.py": 'ENV = dict(upstream_env_name="maze_env")\n'},
+     "envs/maze/__init__.py: ENV is not a literal dict (strings and numbers only); write it as envs/echo/__init__.py "
+     "does"),
+    ({"__init__.py": (ROOT / "envs/echo/__init__.py").read_text().replace("tool:EchoTool", "tool:MazeTool")},
+     "envs/maze/__init__.py: ENV['tool_class'] = 'tool:MazeTool': no module 'envs.maze.tool'; fix the declaration (or "
+     "the name in the folder)"),
+])
+def test_a_half_made_env_folder_fails_the_import_naming_it(tmp_path, half_made, says):
+    envs = _envs_copy(tmp_path)
+    (envs / "maze").mkdir()
+    for name, text in half_made.items():
+        (envs / "maze" / name).write_text(text)
+    out = _import_registry(tmp_path)
+    assert out.returncode != 0 and out.stderr.splitlines()[-1] == f"envs.registry.RegistryError: {says}"
+
+
+def test_a_misspelled_declaration_fails_the_import_with_one_line(tmp_path):
+    envs = _envs_copy(tmp_path)
+    declaration = envs / "wordle" / "__init__.py"
+    assert '"tool:WordleTool"' in declaration.read_text()
+    declaration.write_text(declaration.read_text().replace('"tool:WordleTool"', '"tool:WordleTol"'))
+    out = _import_registry(tmp_path)
+    assert out.returncode != 0
+    assert out.stderr.splitlines()[-1] == (
+        "envs.registry.RegistryError: envs/wordle/__init__.py: ENV['tool_class'] = 'tool:WordleTol': "
+        "envs/wordle/tool.py defines no 'WordleTol' (did you mean 'WordleTool'?); fix the declaration (or the name in the "
+        "folder)")
+
+
+def test_a_folder_left_with_only_its_bytecode_is_no_env(tmp_path):
+    envs = _envs_copy(tmp_path)
+    (envs / "removed" / "__pycache__").mkdir(parents=True)  # a branch switch leaves these behind
+    assert [f.name for f in registry.env_folders(envs)] == sorted(registry.names())
 
 
 @pytest.mark.parametrize("field, value, says", [
-    ("task_module", "envs.echo.tsk", "no module 'envs.echo.tsk' (did you mean 'task'?)"),
-    ("server_parts_path", "envs.ecoh.server:server_parts", "no module 'envs.ecoh' (did you mean 'echo'?)"),
-    ("tool_class_path", "envs.echo.tool", "a path is 'module:name'"),
+    ("task_module", "envs.echo.tsk", "ENV['task'] = 'tsk': no module 'envs.echo.tsk' (did you mean 'task'?)"),
+    ("server_parts_path", "envs.ecoh.server:server_parts",
+     "ENV['server_parts'] = 'envs.ecoh.server:server_parts': no module 'envs.ecoh' (did you mean 'echo'?)"),
+    ("tool_class_path", "envs.echo.tool", "ENV['tool_class'] = 'tool': a path is 'module:name'"),
 ])
 def test_check_spec_names_the_typo(field, value, says):
     import dataclasses
 
-    with pytest.raises(registry.RegistryError, match=re.escape(f"env 'echo' {field}={value!r}: {says}")):
+    with pytest.raises(registry.RegistryError, match=re.escape(f"envs/echo/__init__.py: {says}")):
         registry.check_spec(dataclasses.replace(registry.get("echo"), **{field: value}))
 
 

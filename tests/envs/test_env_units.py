@@ -27,7 +27,7 @@ def test_registry_imports_no_heavy_dependency():
 
 
 def test_unknown_name_names_the_choices():
-    with pytest.raises(ValueError, match="echo, wordle, catch"):
+    with pytest.raises(ValueError, match="catch, echo, wordle"):
         registry.get("chess")
 
 
@@ -156,7 +156,7 @@ def test_server_settings_are_typed_with_one_line_errors():
         ServerSettings.load({"ENV_NAME": "catch", "MAX_CONCURRENT_ENVS": "many"})
     with pytest.raises(SystemExit, match="ENV_NAME: Field required; set it"):
         ServerSettings.load({})
-    with pytest.raises(SystemExit, match="ENV_NAME: unknown environment 'chess'; choose one of echo, wordle, catch"):
+    with pytest.raises(SystemExit, match="ENV_NAME: unknown environment 'chess'; choose one of catch, echo, wordle"):
         ServerSettings.load({"ENV_NAME": "chess"})
 
 

@@ -106,5 +106,5 @@ def test_env_name_without_an_image_says_what_to_set(tmp_path):
     stack = EnvFileStack(tmp_path, {"TRAIN_MODE": "cpu", "ENV_NAME": "connect4"})
     res = stack.stack("mode")
     assert res.returncode == 2
-    assert ("ENV_NAME: 'connect4' is not built in (echo, wordle, catch): to train on any OpenEnv image, set "
+    assert ("ENV_NAME: 'connect4' is not built in (catch, echo, wordle): to train on any OpenEnv image, set "
             "ENV_CONNECT4_IMAGE=<image> in .env") in res.stderr

@@ -13,7 +13,7 @@ from packaging.requirements import Requirement
 from packaging.version import Version
 
 from tests.gpu_path.conftest import compose_config
-from tests.helpers import ROOT
+from tests.helpers import ROOT, STACK_NAME
 
 VLLM_RELEASE = "0.31.0"
 REQUIRED_FLAGS = {"--weight-transfer-config": '{"backend":"nccl"}', "--logprobs-mode": "processed_logprobs",
@@ -57,7 +57,7 @@ def test_vllm_and_trainer_images_come_from_one_vllm_release(gpu_config, build_co
     vllm_image = gpu_config["services"]["vllm"]["image"]
     assert vllm_image == f"vllm/vllm-openai:v{VLLM_RELEASE}"
     trainer_build = build_config["services"]["trainer-gpu-image"]
-    assert trainer_build["image"] == gpu_config["services"]["trainer"]["image"] == "grpo-stack/trainer:gpu"
+    assert trainer_build["image"] == gpu_config["services"]["trainer"]["image"] == f"{STACK_NAME}/trainer:gpu"
     assert trainer_build["build"]["dockerfile"] == "services/trainer/Dockerfile"
     assert trainer_build["build"]["args"]["VLLM_IMAGE"] == vllm_image
     args = dockerfile_args("services/trainer/Dockerfile")
@@ -67,7 +67,7 @@ def test_vllm_and_trainer_images_come_from_one_vllm_release(gpu_config, build_co
 
 def test_cpu_twin_is_the_same_vllm_release(build_config):
     twin = build_config["services"]["vllm-cpu"]
-    assert twin["image"] == f"grpo-stack/vllm-cpu:{VLLM_RELEASE}"
+    assert twin["image"] == f"{STACK_NAME}/vllm-cpu:{VLLM_RELEASE}"
     assert dockerfile_args("services/vllm-cpu/Dockerfile")["VLLM_CPU_VERSION"] == VLLM_RELEASE
     assert dockerfile_args("services/vllm-cpu/Dockerfile")["TORCH_VERSION"] == pyproject_pins()["torch"]
 

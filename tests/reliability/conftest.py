@@ -1,7 +1,7 @@
 """Shared fixtures for the reliability tests: one env-server stack, and the figures summary (helpers: common.py).
 
 `env_stack` starts env-echo, env-wordle and env-catch once per test session (our image,
-`grpo-stack/env-server:local`, through the real compose.yaml) with a small capacity, so the fuzz,
+`grpo-test/env-server:local`, through the real compose.yaml) with a small capacity, so the fuzz,
 path-injection and soak tests share one start-up. RELIABILITY_URLS="echo=http://127.0.0.1:18001,..."
 points the WS-level tests at servers you started yourself instead (container-only checks skip).
 """

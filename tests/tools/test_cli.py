@@ -33,7 +33,7 @@ def stack(tmp_path, *args: str, env_lines: str = "", extra_env: dict | None = No
 def test_env_name_that_is_not_built_in_asks_for_its_image(tmp_path):
     r = stack(tmp_path, "mode", env_lines="ENV_NAME=nope")
     assert r.returncode == 2
-    assert ("ENV_NAME: 'nope' is not built in (echo, wordle, catch): to train on any OpenEnv image, set "
+    assert ("ENV_NAME: 'nope' is not built in (catch, echo, wordle): to train on any OpenEnv image, set "
             "ENV_NOPE_IMAGE=<image> in .env") in r.stderr
     assert "or fix the name in .env" in r.stderr
     bad = stack(tmp_path, "mode", env_lines="ENV_NAME=No-Pe")
@@ -148,7 +148,7 @@ def test_every_env_service_is_generated_from_the_one_template(tmp_path, monkeypa
     for name in ("echo", "maze"):
         assert generated[f"env-{name}"] == {
             "extends": {"file": str(ROOT / "compose.yaml"), "service": "env-template"}, "profiles": [name],
-            "image": f"${{ENV_{name.upper()}_IMAGE:-{images.local_env_image()}}}",
+            "image": f"${{ENV_{name.upper()}_IMAGE:-{images.image_ref(images.ENV_SERVER_BUILD)}}}",
             "deploy": {"replicas": f"${{ENV_{name.upper()}_REPLICAS:-1}}"},
             "user": f"${{ENV_{name.upper()}_USER:-10001:10001}}",  # non-root whatever the image says (SECURITY.md)
             # its server's port (tools/env_ports.py), published on loopback and named to the health check
@@ -184,7 +184,7 @@ def test_fleet_mode_starts_no_env_service_and_joins_the_trainers_not_vllm_to_the
     assert config["services"]["trainer-cpu"]["environment"]["ENV_FLEET"] == "swarm"
     assert config["services"]["trainer-cpu"]["environment"]["ENV_CONNECT4_IMAGE"] == "example/connect4:1"
     from tools import compose_file
-    from tools.derive import env_kinds
+    from tools.env_kinds import env_kinds
 
     attached = compose_file.fleet_attachments(env_kinds({"ENV_NAME": "echo", "ENV_FLEET": "swarm"}))
     assert "vllm" not in attached and set(attached) == {"trainer", "trainer-cpu", "model-init"}

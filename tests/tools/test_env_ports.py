@@ -13,7 +13,7 @@ import pytest
 from envs import naming
 from tests.helpers import ROOT
 from tools import compose_file, docker_host, env_ports, env_replicas, images, settings
-from tools.derive import env_kinds
+from tools.env_kinds import env_kinds
 from tools.env_ports import EnvPort
 from tools.errors import StackError
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tools import docker_host
-from tools.derive import env_kinds
+from tools.env_kinds import env_kinds
 from tools.errors import StackError
 
 

@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from tests.helpers import ROOT
-from tools.images import compose_yaml_services
+from tools.images import TRAINER_REHEARSE_BUILD, TWIN_BUILD, compose_yaml_services, image_of
 
 
 def rehearsal_config(tmp_path, monkeypatch, lines: str = "") -> tuple[dict, object]:
@@ -30,9 +30,9 @@ def rehearsal_config(tmp_path, monkeypatch, lines: str = "") -> tuple[dict, obje
 
 def test_the_twin_takes_the_vllm_services_place_with_its_flags_on_the_tiny_model(tmp_path, monkeypatch):
     config, plan = rehearsal_config(tmp_path, monkeypatch, "\nTRAIN_MODE=auto\n")
-    vllm, twin = config["services"]["vllm"], compose_yaml_services()["vllm-cpu"]
+    vllm = config["services"]["vllm"]
     assert plan.mode == "gpu" and plan.services == ["env-echo", "vllm"]  # gpu's long-running services, health-gated
-    assert vllm["image"] == twin["image"] and vllm["entrypoint"] == ["vllm-serve", "/models/tiny-qwen3"]
+    assert vllm["image"] == image_of(TWIN_BUILD) and vllm["entrypoint"] == ["vllm-serve", "/models/tiny-qwen3"]
     flags = vllm["command"]
     assert "--weight-transfer-config={\"backend\":\"nccl\"}" in flags and "--revision=main" in flags
     assert vllm["environment"]["VLLM_SERVER_DEV_MODE"] == "1"
@@ -46,7 +46,7 @@ def test_the_trainer_trains_on_cpu_and_pushes_by_reload_through_a_shared_volume(
     config, plan = rehearsal_config(tmp_path, monkeypatch, "\nTRAINER_PROCESSES=2\nROLLOUTS=sync\n")
     trainer = config["services"]["trainer"]
     env = trainer["environment"]
-    assert trainer["image"] == compose_yaml_services()["trainer-rehearse-image"]["image"]
+    assert trainer["image"] == image_of(TRAINER_REHEARSE_BUILD)
     assert (env["TRAIN_MODE"], env["WEIGHT_TRANSFER"], env["WEIGHT_RELOAD_DIR"]) == ("gpu", "reload", "/weights")
     assert env["MODEL_NAME"] == "/models/tiny-qwen3" and env["TRAINER_PROCESSES"] == "2"  # .env's own settings
     assert "deploy" not in trainer

@@ -50,7 +50,7 @@ def test_cli_overrides_env(monkeypatch):
     "env, expected",
     [
         ({"ENV_NAME": "echo,Connect-4"}, "ENV_NAME: 'connect-4' is not an env name: lowercase letters, digits and "
-                                          "'_', starting with a letter (built in: echo, wordle, catch; edit .env)"),
+                                          "'_', starting with a letter (built in: catch, echo, wordle; edit .env)"),
         ({"ENV_NAME": "echo,echo"}, "ENV_NAME: 'echo,echo' names an environment twice"),
         ({"MAX_STEPS": "abc"}, "MAX_STEPS: Input should be a valid integer"),
         ({"MAX_STEPS": "0"}, "MAX_STEPS: Input should be greater than or equal to 1 (got '0'"),

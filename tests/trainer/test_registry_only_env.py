@@ -1,6 +1,7 @@
-"""A built-in env costs its folder plus its registry line (envs/registry.py), nothing else. An env added only to the
-registry (here echo's line under a new name, pointing at echo's folder) is accepted by the env server's own settings,
-served by envs.serve, and trained on by trainer.train, with no other file changed."""
+"""A built-in env costs its folder (found by the ENV its __init__.py declares: envs/registry.py), nothing else. An env known only to the
+registry (here echo's spec under a new name, pointing at echo's folder; tests/envs/test_env_folders.py shows a new
+folder is found) is accepted by the env server's own settings, served by envs.serve, and trained on by trainer.train,
+with no other file changed."""
 
 from __future__ import annotations
 

@@ -48,7 +48,7 @@ def test_warm_on_picks_the_built_in_envs_to_warm_start_on(tmp_path, capsys):
     with pytest.raises(SystemExit) as exited:
         tiny_model.main(["--out", str(tmp_path / "m"), "--warm-on", "chess"])
     assert exited.value.code == 2 and not (tmp_path / "m").exists()
-    assert "error: Unknown environment 'chess'; valid choices: echo, wordle, catch." in capsys.readouterr().err
+    assert "error: Unknown environment 'chess'; valid choices: catch, echo, wordle." in capsys.readouterr().err
 
 
 def test_baseline_random_vs_scripted(echo_server, capsys):

@@ -15,7 +15,7 @@ PAGE = "docs/configuration.md"
 
 # Keys no settings class describes: Compose interpolates them into compose.yaml or the generated env services.
 COMPOSE_ONLY = {
-    "ENV_ECHO_IMAGE": "image serving the echo env (ours or an OpenEnv image)",
+    "ENV_ECHO_IMAGE": "image serving the echo env: empty, ours (`<STACK_NAME>/env-server:local`), or an OpenEnv image",
     "ENV_WORDLE_IMAGE": "image serving Wordle",
     "ENV_CATCH_IMAGE": "image serving Catch",
     "ENV_ECHO_REPLICAS": "echo containers (fleet tasks with `ENV_FLEET=swarm`)",

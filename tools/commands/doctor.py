@@ -7,6 +7,7 @@ import os
 import shutil
 
 from tools import derive, docker_host, env_keys, env_ports, fleet, gpu_doctor, proxies, settings
+from tools.env_kinds import env_kinds
 from tools.errors import StackError, report_stack_error
 from contract.modes import as_mode
 
@@ -46,7 +47,7 @@ def run(rest: list[str]) -> int:
         report_stack_error(exc)
         ok = False
     try:
-        envs = derive.env_kinds(dotenv)
+        envs = env_kinds(dotenv)
         report("ENV_NAME", None, ", ".join(envs.names))
         ports, lines = env_ports.resolve(envs, dotenv, {} if docker else docker_host.exposed_ports(envs))
         report("env server ports", None, "; ".join(f"{n}: {p}" for n, p in ports.items()) or "none served here")

@@ -101,10 +101,9 @@ def pin_one_gpu(environ=os.environ) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     pinned = pin_one_gpu()  # before torch touches CUDA
-    from trainer import gpu_selfcheck
-
     p = argparse.ArgumentParser(prog="python -m trainer.gpu_selfcheck",
-                                description=gpu_selfcheck.__doc__.splitlines()[0])
+                                description="GPU self-check without Docker, vLLM server or the Hub "
+                                "(docs/gpu-host.md \"GPU self-check\")")
     p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
                    help="auto: CUDA when present, else the CPU at tiny sizes; cpu: the same code at a tiny size")
     p.add_argument("--only", default=None, help=f"comma list of checks to run (of {', '.join(CHECKS)})")
