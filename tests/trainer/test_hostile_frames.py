@@ -17,7 +17,7 @@ from envs.core.client import SessionClient
 from envs.core.http_mcp import McpHttpSession
 from envs.core.untrusted import UntrustedReply, check_shape, strip_credentials
 from tests.trainer.test_hostile_env import GUARD_S, hostile, open_sessions, wait_all_closed
-from tests.trainer.test_hostile_sessions import BENIGN_STEP_BOUND_S, HOSTILE_SESSIONS, rss_bytes
+from tests.trainer.test_hostile_sessions import BENIGN_STEP_BOUND_S, HOSTILE_SESSIONS, benign_steps_beside, rss_bytes
 
 MEMORY_PER_SESSION = 2 << 20
 # A check of 4 MiB takes ~0.05 s here. Generous for a busy 2-core machine; the backtracking scan took 12 s for 64 KB.
@@ -92,53 +92,6 @@ def test_a_reply_full_of_escaped_quotes_stalls_no_other_thread():
             client.step({"column": 1})
         client.close()
     assert longest[0] < BENIGN_STEP_BOUND_S, f"a thread waited {longest[0]:.2f} s while the reply was checked"
-
-
-def hammer(make, stop: threading.Event, rounds: list[int], lock: threading.Lock) -> None:
-    """One hostile session after another (reset, step), until `stop`; whatever each fails with is what it must."""
-    client = make()
-    while not stop.is_set():
-        try:
-            client.reset()
-            client.step({"type": "call_tool", "tool_name": "look", "arguments": {}} if isinstance(
-                client, McpHttpSession) else {"column": 1})
-        except (UntrustedReply, ConnectionError, TimeoutError, OSError) as exc:
-            assert "\n" not in str(exc)
-        with lock:
-            rounds[0] += 1
-    client.close()
-
-
-def benign_steps_beside(hostile_url: str, make) -> tuple[list[float], int]:
-    """HOSTILE_SESSIONS sessions of `make(hostile_url)` hammering while a benign env's session steps 5 times: the
-    benign steps' times and the RSS grown meanwhile (what the hostile sessions hold; tracemalloc would slow the loop)."""
-    with hostile("none") as benign_url:
-        benign = SessionClient(benign_url, ping_interval_s=None, message_timeout_s=GUARD_S)
-        benign.reset()
-        benign.step({"column": 1})  # connected and warm: what follows measures waiting, not connecting
-        stop, lock, rounds = threading.Event(), threading.Lock(), [0]
-        threads = [threading.Thread(target=hammer, args=(lambda: make(hostile_url), stop, rounds, lock), daemon=True)
-                   for _ in range(HOSTILE_SESSIONS)]
-        rss_before = rss_bytes()
-        try:
-            for thread in threads:
-                thread.start()
-            deadline = time.monotonic() + GUARD_S
-            while rounds[0] < HOSTILE_SESSIONS:  # every hostile session has been through a round (counted, polled)
-                assert time.monotonic() < deadline, f"only {rounds[0]} hostile rounds in {GUARD_S} s"
-                time.sleep(0.01)
-            took = []
-            for _ in range(5):
-                t0 = time.monotonic()
-                assert benign.step({"column": 1})["observation"] == {"text": "moved"}
-                took.append(time.monotonic() - t0)
-            grown = rss_bytes() - rss_before
-        finally:
-            stop.set()
-            for thread in threads:
-                thread.join(GUARD_S)
-        benign.close()
-    return took, grown
 
 
 def ws_session(url: str) -> SessionClient:
