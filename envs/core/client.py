@@ -34,6 +34,7 @@ from websockets.protocol import State
 
 from envs.core.replicas import ReplicaSet
 from envs.core.untrusted import MAX_REPLY_BYTES, UntrustedReply, loads_reply, one_line, safe_text, strip_credentials
+from envs.core.ws_bounds import BoundedConnection
 
 ERROR_CHARS = 2000  # an env's error text kept (the tool binding trims it again to ENV_OBSERVATION_CHARS)
 # A reply's bound when the caller names none (probes, tests). The trainer always names its own: TOOL_TIMEOUT_S for
@@ -56,6 +57,7 @@ SLOW_REPLY_S = 1.5  # a reply that took longer is a stall the client rode out: s
 PONG_WAIT_S = 1.5  # a live server's protocol layer answers a ping in ms, even while its env works on a step
 # Error frames a server sends before closing a socket, asked or not: read as the error a request would have got
 UNASKED_ERROR_CODES = ("SESSION_EXPIRED", "SESSION_ERROR", "CAPACITY_REACHED")
+CLOSE_HANDSHAKE_S = 5.0  # a session's close frame sent and answered; then (and on every other path) the socket is aborted
 REPLAY_REPLY_S = 1.5  # a replay's connect and reset reply each (two tries): it must fit in the step's bound
 ABNORMAL_CLOSE = frozenset({1006, 1011})  # no close frame (a crash, a dropped link) / keepalive ping timeout
 _stall_logged: dict[tuple[str, str], float] = {}
@@ -112,13 +114,14 @@ class RedirectRefused(UntrustedReply):
 
 class open_session(connect):
     """`websockets.asyncio.client.connect` for env servers: never through HTTP(S)_PROXY (they sit on the private
-    network), replies up to MAX_REPLY_BYTES, at most MAX_QUEUED_FRAMES of them buffered, and no redirects (websockets
-    follows up to 10, across hosts: an env answering `302 Location: ws://vllm:8000/...` would bounce the trainer onto
-    agentnet)."""
+    network), replies up to MAX_REPLY_BYTES, at most MAX_QUEUED_FRAMES of them buffered, small frames and unsent bytes
+    bounded (envs.core.ws_bounds), and no redirects (websockets follows up to 10, across hosts: an env answering
+    `302 Location: ws://vllm:8000/...` would bounce the trainer onto agentnet)."""
 
     def __init__(self, uri: str, **kwargs: Any) -> None:
         kwargs.setdefault("max_size", MAX_REPLY_BYTES)
         kwargs.setdefault("max_queue", MAX_QUEUED_FRAMES)
+        kwargs.setdefault("create_connection", BoundedConnection)
         super().__init__(uri, proxy=None, **kwargs)
 
     def process_redirect(self, exc: Exception) -> Exception | str:
@@ -391,7 +394,9 @@ class SessionClient:
             self._closing.discard(id(ws))
             return
         code = ws.close_code
-        if code in ABNORMAL_CLOSE:
+        if getattr(ws, "abort_reason", None):
+            stalled(where, "flood", f"{ws.abort_reason}; the session's episode is left out or replayed")
+        elif code in ABNORMAL_CLOSE:
             why = "keepalive pings unanswered" if code == 1011 else "closed without a close frame"
             stalled(where, "closed", f"connection lost ({why}, code {code}); an episode that has made no step "
                     "yet is replayed on a fresh session, one that has is left out, the next reset reconnects")
@@ -427,19 +432,25 @@ class SessionClient:
             ws.transport.abort()
 
     async def _close(self) -> None:
+        """The session's close frame and handshake within CLOSE_HANDSHAKE_S, skipped where the server is not reading
+        (unsent bytes wait) or unasked frames stopped our reading; the socket aborted in the end on every path, even
+        cancelled (#63: a close blocked in `ws.send` into a server that stopped reading, and its socket stayed open)."""
         ws, self._ws = self._ws, None
         if ws is None:
             return
         self._closing.add(id(ws))
-        if _queued_frames(ws):  # unasked frames stopped its reading: a close handshake would wait out its 5 s
-            ws.transport.abort()
-            return
         try:
-            if ws.state is State.OPEN:
-                await ws.send('{"type":"close"}')
-            await asyncio.wait_for(ws.close(), 5)
+            if ws.state is State.OPEN and not _queued_frames(ws) and not ws.transport.get_write_buffer_size():
+                await asyncio.wait_for(self._close_handshake(ws), CLOSE_HANDSHAKE_S)
         except Exception:
             pass
+        finally:
+            ws.transport.abort()
+
+    @staticmethod
+    async def _close_handshake(ws: ClientConnection) -> None:
+        await ws.send('{"type":"close"}')
+        await ws.close()
 
     async def _reset(self, data: dict) -> dict:
         for attempt in (0, 1):
@@ -495,6 +506,8 @@ class SessionClient:
         except ConnectionClosed as e:
             if self._ws is ws:  # not a session opened since (a call abandoned on timeout fails late)
                 self._ws = None
+            if getattr(ws, "abort_reason", None):
+                raise UntrustedReply(f"{self.shown_url}: {ws.abort_reason}") from None
             if e.rcvd is None and e.sent is not None and e.sent.code == 1009:  # websockets refused a big frame
                 raise UntrustedReply(f"{self.shown_url}: a reply over the {MAX_REPLY_BYTES:,}-byte limit; the "
                                      "session was closed") from None

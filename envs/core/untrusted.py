@@ -147,11 +147,16 @@ def one_line(text: Any, limit: int) -> str:
 _USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.\-]{0,31}://)(?:[^/?#\s@:]*:(?:(?!://)\S)*|[^/?#\s]*)@")
 # A URL's query and fragment, to the next whitespace: every value there may be a credential (`?sid=`, `?jwt=`,
 # `?code=`, `#access_token=`). A comma does not end it: a value may hold one (a following ENV_URLS entry is masked too).
-_URL_TAIL = re.compile(r"(?i)(\b[a-z][a-z0-9+.\-]*://[^?#\s]*)([?#]\S*)")
-# Token-like values also where no scheme says it is a URL (`env-x:8000/ws?token=...` in a config value).
-_SECRET_QUERY = re.compile(
-    r"(?i)([?&;][a-z0-9_.\-]*(?:token|key|secret|passw|pwd|auth|sig|credential|sid|jwt|code)[a-z0-9_.\-]*=)[^&#;\s]*")
+_URL_TAIL = re.compile(r"(?i)(\b[a-z][a-z0-9+.\-]{0,31}://(?:[^?#\s:]|:(?!//))*)([?#]\S*)")
+# Token-like values also where no scheme says it is a URL (`env-x:8000/ws?token=...` in a config value): a key (its
+# run read once, possessive) whose name says so.
+_QUERY_KEY = re.compile(r"([?&;][a-z0-9_.\-]*+=)([^&#;\s]*+)", re.IGNORECASE)
+_SECRET_KEY = re.compile(r"(?i)token|key|secret|passw|pwd|auth|sig|credential|sid|jwt|code")
 _TAIL_PART = re.compile(r"([?#&;])([^?#&;=]*)(=?)[^?#&;]*")
+
+
+def _mask_secret_key(match: re.Match) -> str:
+    return match.group(1) + "***" if _SECRET_KEY.search(match.group(1)) else match.group(0)
 
 
 def _mask_tail(match: re.Match) -> str:
@@ -163,7 +168,7 @@ def _mask_tail(match: re.Match) -> str:
 def strip_credentials(text: str) -> str:
     """Every URL in `text` without its userinfo (`user:password@` -> `***@`) and with every query and fragment value
     masked (`?token=s3cret&x=1#access_token=t` -> `?token=***&x=***#access_token=***`)."""
-    return _SECRET_QUERY.sub(r"\1***", _URL_TAIL.sub(_mask_tail, _USERINFO.sub(r"\1***@", text)))
+    return _QUERY_KEY.sub(_mask_secret_key, _URL_TAIL.sub(_mask_tail, _USERINFO.sub(r"\1***@", text)))
 
 
 def log_text(text: str) -> str:
@@ -187,12 +192,20 @@ def nested_deeper_than(value: Any, limit: int) -> bool:
     return False
 
 
-# A JSON string (escapes included): its brackets are text, not structure. Unrolled so each byte is matched one way.
-_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+# Kept of a JSON text to find its structure: brackets, and the quotes that start and end strings.
 _NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+_NOT_STRUCTURE = bytes(c for c in range(256) if c not in b'[]{}"')
 _NESTING_STEP = [0] * 256
 _NESTING_STEP[ord("[")] = _NESTING_STEP[ord("{")] = 1
 _NESTING_STEP[ord("]")] = _NESTING_STEP[ord("}")] = -1
+
+
+def outside_strings(data: bytes) -> bytes:
+    """The brackets of JSON text `data` that are not inside a string, in order. Linear, in C calls only: a run of
+    backslashes pairs off (`\\\\` is one escaped backslash), so the one left before a quote escapes it; with those
+    quotes gone, every other quote opens a string and the next one closes it."""
+    data = data.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
+    return b"".join(data.split(b'"')[::2])
 
 
 def check_shape(raw: str | bytes, max_depth: int = MAX_REPLY_DEPTH,
@@ -205,9 +218,7 @@ def check_shape(raw: str | bytes, max_depth: int = MAX_REPLY_DEPTH,
     if brackets <= min(max_depth, max_containers):  # neither cap reachable: most replies stop here
         return
     data = raw if isinstance(raw, bytes) else raw.encode("utf-8", "surrogatepass")
-    if b'"' in data:
-        data = _JSON_STRING.sub(b"", data)
-    data = data.translate(None, _NOT_BRACKETS)
+    data = outside_strings(data) if b'"' in data else data.translate(None, _NOT_BRACKETS)
     # The running sum over the first 2 * max_containers brackets: all of them when the container cap holds.
     if max(accumulate(map(_NESTING_STEP.__getitem__, data[: 2 * max_containers + 2])), default=0) > max_depth:
         raise UntrustedReply(f"a reply nested deeper than {max_depth} levels")
