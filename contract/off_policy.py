@@ -59,12 +59,18 @@ class OffPolicy:
     def bounded(self) -> bool:
         return self.name != "none"
 
-    def weight_cap(self, epsilon_high: float = 0.2) -> float | None:
-        """The most a trained token's loss may weigh it, in units of |advantage| (None: unbounded). two_sided:
-        max(δ, 1+ε) (the clip's own bound for A > 0); token_tis and sequence_mask: OFF_POLICY_IS_MAX."""
+    def weight_cap(self, is_async: bool, epsilon_high: float = 0.2) -> float | None:
+        """The most a trained token's loss may weigh it, in units of |advantage| (None: unbounded). The PPO clip
+        bounds a positive advantage's by 1+ε. two_sided: max(δ, 1+ε). token_tis and sequence_mask: OFF_POLICY_IS_MAX
+        in async (the PPO ratio against the trained policy itself is 1); in sync TRL multiplies it by the PPO
+        coefficient against the trainer's policy at generation (δ-capped; 1 unless STEPS_PER_GENERATION >
+        GRADIENT_ACCUMULATION_STEPS)."""
         if self.name == "none":
             return None
-        return max(self.delta, 1 + epsilon_high) if self.name == "two_sided" else self.is_max
+        ppo = max(self.delta, 1 + epsilon_high)
+        if self.name == "two_sided":
+            return ppo
+        return self.is_max if is_async else self.is_max * ppo
 
     def sync_grpo_kwargs(self) -> dict[str, Any]:
         """TRL 1.16 GRPOConfig fields (ROLLOUTS=sync). `delta` caps π_θ/π_old, the ratio to the trainer's own policy

@@ -111,10 +111,10 @@ def token_weights(tiny_model_dir, correction: OffPolicy) -> tuple[torch.Tensor, 
 @pytest.mark.parametrize("name", ["two_sided", "token_tis", "sequence_mask"])
 def test_stale_negative_advantages_weigh_at_most_the_cap_through_the_async_loss(tiny_model_dir, name):
     correction = OffPolicy(name)
-    cap = correction.weight_cap()
+    cap = correction.weight_cap(is_async=True)
     weights, ratios, figures = token_weights(tiny_model_dir, correction)
     assert weights.max().item() <= cap + 1e-4, (name, weights.tolist())
-    assert figures["off_policy/weight_max"] <= cap + 1e-4
+    assert figures["off_policy/weight_cap"] == cap and figures["off_policy/weight_max"] <= cap + 1e-4
     assert figures["off_policy/ratio_max"] == pytest.approx(10.0, rel=1e-3)  # the ratio itself, before correction
     assert 0 < figures["off_policy/clipped_share"] < 1
     kl = sum(r - 1 - math.log(r) for r in ratios.tolist()) / len(ratios)
@@ -128,7 +128,7 @@ def test_stale_negative_advantages_weigh_at_most_the_cap_through_the_async_loss(
 def test_without_the_correction_a_stale_negative_token_pushes_with_its_whole_ratio(tiny_model_dir):
     weights, ratios, figures = token_weights(tiny_model_dir, OffPolicy("none"))
     assert weights.max().item() == pytest.approx(10.0, rel=1e-3)  # over every cap: the bound fails without it
-    assert weights.max().item() > max(OffPolicy(n).weight_cap() for n in ("two_sided", "token_tis", "sequence_mask"))
+    assert weights.max().item() > max(OffPolicy(n).weight_cap(is_async=True) for n in ("two_sided", "token_tis", "sequence_mask"))
     assert figures["off_policy/clipped_share"] == 0.0 and figures["off_policy/weight_max"] == pytest.approx(10, rel=1e-3)
 
 

@@ -47,7 +47,7 @@ class OffPolicyLoss:
             inputs["segment_id"][selected], self.off_policy, self.epsilon_low, self.epsilon_high)
         if self.model.training:
             if self._off_policy_window is None:
-                self._off_policy_window = Window()
+                self._off_policy_window = Window(self.off_policy.weight_cap(True, self.epsilon_high))
             rho = (log_probs.detach() - inputs["old_log_probs"][selected]).exp()
             self._off_policy_window.add(rho, bounded, weight, self.accelerator)
         if self.off_policy.name == "none":

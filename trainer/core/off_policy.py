@@ -7,12 +7,12 @@ choice means; docs/async.md "Stale samples and the loss" in full).
     fields (OffPolicy.sync_grpo_kwargs) and `sync_weight` follows TRL's loss to report them.
   * `Window` and `FIGURES`: what both trainers log every step, reduced over the logging window:
 
-        off_policy/ratio_max, _p99   the trained tokens' ratio π_θ/π_sampler, before any correction (p99: the highest
-                                     micro-batch p99 of the window)
+        off_policy/ratio_mean, _max, _p99   the trained tokens' ratio π_θ/π_sampler, before any correction (p99:
+                                     the highest micro-batch p99 of the window)
         off_policy/clipped_share     share of trained tokens whose weight the correction changed (capped, truncated,
                                      or in a dropped sequence)
         off_policy/weight_max        the largest weight a trained token's loss term gave it, in units of |advantage|:
-                                     at most OffPolicy.weight_cap() when the correction bounds it
+                                     at most off_policy/weight_cap (OffPolicy.weight_cap; absent with none)
         off_policy/kl_to_sampler     KL(sampler ‖ π_θ) per trained token (k3 estimate: r - 1 - log r)
         off_policy/staleness_max     policy updates between a trained sample's generation and the step that trained
                                      it (async: async/staleness_max; sync: 0 unless STEPS_PER_GENERATION >
@@ -27,8 +27,8 @@ import torch
 
 from contract.off_policy import OffPolicy
 
-FIGURES = ("off_policy/ratio_max", "off_policy/ratio_p99", "off_policy/clipped_share", "off_policy/weight_max",
-           "off_policy/kl_to_sampler", "off_policy/staleness_max")
+FIGURES = ("off_policy/ratio_mean", "off_policy/ratio_max", "off_policy/ratio_p99", "off_policy/clipped_share",
+           "off_policy/weight_max", "off_policy/weight_cap", "off_policy/kl_to_sampler", "off_policy/staleness_max")
 
 
 def _seq_sum(values: torch.Tensor, segment_id: torch.Tensor, sequences: int) -> torch.Tensor:
@@ -100,7 +100,8 @@ class Window:
     """One logging window's figures, per micro-batch, across processes (`reduce_sum` and `gather` are the
     accelerator's: every process calls `add` together)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cap: float | None = None) -> None:
+        self.cap = cap  # the correction's bound on weight_max (OffPolicy.weight_cap), logged beside it
         self.clear()
 
     def clear(self) -> None:
@@ -108,7 +109,7 @@ class Window:
         self.p99s: list[float] = []
         self.weights: list[float] = []
         self.staleness: list[float] = []
-        self.bounded = self.kl = self.count = 0.0
+        self.bounded = self.kl = self.count = self.ratio_sum = 0.0
 
     @torch.no_grad()
     def add(self, rho: torch.Tensor, bounded: torch.Tensor, weight: torch.Tensor, accelerator,
@@ -125,7 +126,7 @@ class Window:
             weight.max() if not empty else rho.new_tensor(0.0),
         ])
         sums = torch.stack([bounded.float().sum(), (rho - 1 - torch.log(rho.clamp(min=1e-30))).sum(),
-                            rho.new_tensor(float(rho.numel()))])
+                            rho.new_tensor(float(rho.numel())), rho.sum()])
         highest = accelerator.gather(local.unsqueeze(0)).reshape(-1, 3).max(0).values.tolist()
         totals = accelerator.reduce(sums, reduction="sum").tolist()
         self.maxes.append(highest[0])
@@ -134,6 +135,7 @@ class Window:
         self.bounded += totals[0]
         self.kl += totals[1]
         self.count += totals[2]
+        self.ratio_sum += totals[3]
         if staleness is not None:
             self.staleness.append(float(staleness))
 
@@ -142,9 +144,11 @@ class Window:
         if not self.count:
             self.clear()
             return {}
-        out = {"off_policy/ratio_max": max(self.maxes), "off_policy/ratio_p99": max(self.p99s),
+        out = {"off_policy/ratio_mean": self.ratio_sum / self.count, "off_policy/ratio_max": max(self.maxes), "off_policy/ratio_p99": max(self.p99s),
                "off_policy/clipped_share": self.bounded / self.count, "off_policy/weight_max": max(self.weights),
                "off_policy/kl_to_sampler": self.kl / self.count}
+        if self.cap is not None:
+            out["off_policy/weight_cap"] = self.cap
         if self.staleness:
             out["off_policy/staleness_max"] = max(self.staleness)
         self.clear()

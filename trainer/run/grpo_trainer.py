@@ -172,6 +172,7 @@ def build_sync_trainer(cfg: RunConfig, mode: str, model, tokenizer, dataset, fac
     trainer.configure_rollouts(cfg.tool_timeout_s, cfg.tool_concurrency, server_max_model_len)
     trainer.configure_traces(cfg.run_dir, cfg.trace_every, cfg.trace_samples or cfg.num_generations, trackers)
     trainer.zero_std_groups = cfg.zero_std_groups  # trainer.rollouts.zero_variance
+    trainer._off_policy_window.cap = cfg.off_policy().weight_cap(False, trainer.epsilon_high)  # off_policy/weight_cap
     if cfg.mode(mode).uses_vllm:
         from trainer import gpu
 
