@@ -200,3 +200,26 @@ def test_sync_figures_on_the_cpu_profile_are_those_of_an_on_policy_batch():
     inputs = {"completion_mask": torch.tensor([[1, 1, 0], [1, 1, 1]]), "advantages": torch.tensor([-1.0, 1.0])}
     rho, bounded, weight, staleness = core.sync_token_figures(trainer, logp, inputs)
     assert rho.tolist() == [1.0] * 5 and not bounded.any() and weight.tolist() == [1.0] * 5 and staleness == 0
+
+
+# ---------------------------------------------------------------------------------------------- the smoke's judgement
+def off_policy_row(step, weight=2.0, clipped=0.01, **extra):
+    return {"kind": "step", "step": step, "off_policy/ratio_mean": 1.01, "off_policy/ratio_max": 6.0,
+            "off_policy/ratio_p99": 1.5, "off_policy/clipped_share": clipped, "off_policy/weight_max": weight,
+            "off_policy/weight_cap": 4.0, "off_policy/kl_to_sampler": 0.01, **extra}
+
+
+@pytest.mark.parametrize("rollouts", ["sync", "async"])
+def test_gpu_smoke_judges_both_modes_on_the_off_policy_figures(rollouts):
+    from contract import sampling_health as sh
+    from trainer.core.metrics import MetricsCallback
+
+    callback = MetricsCallback("/tmp/unused", mode="gpu", rollouts=rollouts)
+    assert callback.sampling.ratio_key == sh.OFF_POLICY_RATIO  # the same key, whichever trainer logged it
+    ok, detail = sh.verdict([off_policy_row(2), off_policy_row(3)], ratio_key=sh.OFF_POLICY_RATIO)
+    assert ok is True and "ratio max 6, p99 1.5, clipped 1.0%, weight max 2, cap 4, KL to sampler 0.01" in detail
+    ok, detail = sh.verdict([off_policy_row(2, weight=5.0), off_policy_row(3)], ratio_key=sh.OFF_POLICY_RATIO)
+    assert ok is False and "step 2: a token's loss weight 5 over the off-policy correction's cap 4" in detail
+    ok, detail = sh.verdict([off_policy_row(2), off_policy_row(3, clipped=0.2)], ratio_key=sh.OFF_POLICY_RATIO)
+    assert ok is False and "step 3: 20% of trained tokens clipped or masked by the off-policy correction" in detail
+    assert MetricsCallback("/tmp/unused", mode="cpu").sampling.ratio_key == sh.RATIO_MEAN  # CPU: never judged
