@@ -223,3 +223,21 @@ def test_gpu_smoke_judges_both_modes_on_the_off_policy_figures(rollouts):
     ok, detail = sh.verdict([off_policy_row(2), off_policy_row(3, clipped=0.2)], ratio_key=sh.OFF_POLICY_RATIO)
     assert ok is False and "step 3: 20% of trained tokens clipped or masked by the off-policy correction" in detail
     assert MetricsCallback("/tmp/unused", mode="cpu").sampling.ratio_key == sh.RATIO_MEAN  # CPU: never judged
+
+
+def test_sync_figures_with_vllm_count_the_sequences_trl_masks():
+    """vLLM generated (stand-in batch: TRL's own fields): sequence 0's ratio to vLLM is e^2 > 3, so TRL's sequence_mask
+    zeroes it; the figures count its tokens as masked, weigh them 0, and take the ratio against vLLM's log-probs."""
+    trainer = SimpleNamespace(args=SimpleNamespace(delta=4.0, steps_per_generation=2, gradient_accumulation_steps=1),
+                              epsilon_low=0.2, epsilon_high=0.2, off_policy_mask_threshold=None, num_iterations=1,
+                              _step=1, vllm_importance_sampling_mode="sequence_mask",
+                              vllm_importance_sampling_clip_min=None, vllm_importance_sampling_clip_max=3.0)
+    logp = torch.zeros(2, 2)
+    sampling = torch.tensor([[-1.0, -1.0], [0.0, 0.0]])
+    inputs = {"completion_mask": torch.ones(2, 2), "advantages": torch.tensor([-1.0, 1.0]),
+              "old_per_token_logps": torch.zeros(2, 2), "sampling_per_token_logps": sampling,
+              "importance_sampling_ratio": torch.tensor([[0.0], [1.0]])}
+    rho, bounded, weight, staleness = core.sync_token_figures(trainer, logp, inputs)
+    assert rho.tolist() == pytest.approx([math.e, math.e, 1.0, 1.0])
+    assert bounded.tolist() == [True, True, False, False] and weight.tolist() == [0.0, 0.0, 1.0, 1.0]
+    assert staleness == 1  # the second micro-step of a 2-step generation batch: one update behind
