@@ -241,3 +241,11 @@ def test_sync_figures_with_vllm_count_the_sequences_trl_masks():
     assert rho.tolist() == pytest.approx([math.e, math.e, 1.0, 1.0])
     assert bounded.tolist() == [True, True, False, False] and weight.tolist() == [0.0, 0.0, 1.0, 1.0]
     assert staleness == 1  # the second micro-step of a 2-step generation batch: one update behind
+
+
+def test_trackers_show_the_figures_among_the_rollout_cards_after_reward():
+    from trainer.core.trackers import view
+
+    shown = view({"kind": "step", "step": 1, "off_policy/ratio_max": 6.0, "off_policy/clipped_share": 0.01, "kl": 0.1})
+    assert shown["rollout/off_policy/ratio_max"] == 6.0 and shown["rollout/off_policy/clipped_share"] == 0.01
+    assert shown["trl/kl"] == 0.1 and not any(key.startswith("trl/off_policy") for key in shown)
