@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 from pydantic import AfterValidator, Field, ValidationError, field_serializer, field_validator, model_validator
 from pydantic_settings import BaseSettings, CliSettingsSource, SettingsConfigDict
 
-from contract import defaults, lora_rules, modes, tracker_names, vllm_flags
+from contract import defaults, lora_rules, modes, off_policy, tracker_names, vllm_flags
 from contract.lora_rules import parse_target_modules
 from envs import naming
 from envs.core.settings import DEFAULT_MAX_CONCURRENT_ENVS
@@ -62,7 +62,7 @@ def known_envs() -> tuple[str, ...]:
     return registry.names()
 
 
-class RunConfig(BaseSettings):
+class RunConfig(off_policy.OffPolicySettings, BaseSettings):  # OFF_POLICY_*: contract/off_policy.py
     """Every knob of a run. Field name upper-cased = environment variable; kebab-cased = CLI flag."""
 
     model_config = SettingsConfigDict(

@@ -3,8 +3,10 @@
 With vLLM, TRL weighs each sequence by exp(trainer logp - vLLM logp) and, in its default `sequence_mask` mode, zeroes
 the sequences whose ratio leaves [clip_min, clip_max]. A garbled weight sync or numeric drift then shows up only as
 a reward that never moves. TRL logs `sampling/importance_sampling_ratio/{min,mean,max}` (the mean counts masked
-sequences as 0); the trainer adds `sampling/importance_sampling_masked_fraction` (trainer.train). Healthy: mean ratio
-in RATIO_BOUNDS and at most MAX_MASKED of the sequences masked.
+sequences as 0); the trainer adds `sampling/importance_sampling_masked_fraction` (trainer.train). Both ROLLOUTS modes
+log the off_policy/* figures (trainer.core.off_policy; OFF_POLICY_CORRECTION): in vLLM modes the smoke judges both
+modes on them alike. Healthy: mean ratio in RATIO_BOUNDS, at most MAX_MASKED of the sequences masked and of the
+trained tokens clipped or masked, and no token's loss weight over the correction's cap.
 
 `make gpu-smoke` judges steps 2-3 (after the first weight sync) through the `importance_sampling` stage line; a
 later step out of bounds is one warning in the training log.
@@ -20,6 +22,11 @@ RATIO_MEAN = "sampling/importance_sampling_ratio/mean"
 # ratio its clipped loss weighs; it holds the sampling mismatch and the policy's moves since the sample was generated.
 ASYNC_RATIO = "ratio"
 MASKED_FRACTION = "sampling/importance_sampling_masked_fraction"
+# Both ROLLOUTS modes (trainer.core.off_policy): the trained tokens' ratio π_θ/π_sampler before any correction, the
+# share of them OFF_POLICY_CORRECTION clipped or masked, and the largest loss weight against the correction's cap.
+OFF_POLICY_RATIO = "off_policy/ratio_mean"
+CLIPPED_SHARE = "off_policy/clipped_share"
+WEIGHT_MAX, WEIGHT_CAP = "off_policy/weight_max", "off_policy/weight_cap"
 RATIO_BOUNDS = (0.8, 1.25)
 MAX_MASKED = 0.10
 JUDGED_STEPS = (2, 3)  # the steps after the first weight sync: what `make gpu-smoke` judges
@@ -44,6 +51,12 @@ def problems(row: dict[str, Any], ratio_key: str = RATIO_MEAN) -> list[str]:
         found.append(f"mean importance-sampling ratio {mean:.3f} outside [{low}, {high}]")
     if masked is not None and masked > MAX_MASKED:
         found.append(f"{masked:.0%} of sequences masked (> {MAX_MASKED:.0%})")
+    clipped, weight, cap = _number(row, CLIPPED_SHARE), _number(row, WEIGHT_MAX), _number(row, WEIGHT_CAP)
+    if clipped is not None and clipped > MAX_MASKED:
+        found.append(f"{clipped:.0%} of trained tokens clipped or masked by the off-policy correction "
+                     f"(> {MAX_MASKED:.0%})")
+    if weight is not None and cap is not None and weight > cap * (1 + 1e-3):
+        found.append(f"a token's loss weight {weight:.3g} over the off-policy correction's cap {cap:.3g}")
     return found
 
 
@@ -57,6 +70,13 @@ def describe(row: dict[str, Any], ratio_key: str = RATIO_MEAN) -> str:
             parts.append(f"{label} {value:.3f}")
     if masked is not None:
         parts.append(f"masked {masked:.0%}")
+    for key, label, fmt in (("off_policy/ratio_max", "ratio max", "{:.3g}"), ("off_policy/ratio_p99", "p99", "{:.3g}"),
+                            (CLIPPED_SHARE, "clipped", "{:.1%}"), (WEIGHT_MAX, "weight max", "{:.3g}"),
+                            (WEIGHT_CAP, "cap", "{:.3g}"), ("off_policy/kl_to_sampler", "KL to sampler", "{:.2g}"),
+                            ("off_policy/staleness_max", "lag max", "{:.0f}")):
+        value = _number(row, key)
+        if value is not None:
+            parts.append(f"{label} {fmt.format(value)}")
     return ", ".join(parts)
 
 

@@ -45,6 +45,10 @@ def test_multi_env_routes_rows_and_logs_reward_per_env(tmp_path, tiny_model_dir,
     assert [r["step"] for r in rows] == [1, 2]
     keys = set().union(*rows)
     assert {"env/echo/reward_mean", "env/catch/reward_mean", "rewards/EchoTool/mean", "rewards/CatchTool/mean"} <= keys
+    # OFF_POLICY_CORRECTION's figures, every step: the CPU profile samples with the policy it trains (ratio 1, nothing
+    # clipped, sync's default sequence_mask with its cap 3 x delta 4 logged beside the weights it bounds)
+    assert all(r["off_policy/ratio_max"] == 1.0 and r["off_policy/clipped_share"] == 0.0 and r["off_policy/weight_max"]
+               == 1.0 and r["off_policy/weight_cap"] == 12.0 and r["off_policy/staleness_max"] == 0 for r in rows), rows
     out = capsys.readouterr().out
     # both servers served sessions (the run's spread, printed while TRL's pool was open); all closed at the end
     assert re.search(r"env echo: [1-9]\d* sessions over", out) and re.search(r"env catch: [1-9]\d* sessions over", out)

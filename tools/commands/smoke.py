@@ -32,7 +32,8 @@ SMOKE_STAGES = {
     "importance_sampling": ("importance sampling", "vLLM's and the trainer's log-probs agree at steps "
                             f"{'-'.join(map(str, sampling_health.JUDGED_STEPS))} (mean ratio in "
                             f"[{sampling_health.RATIO_BOUNDS[0]}, {sampling_health.RATIO_BOUNDS[1]}], at most "
-                            f"{sampling_health.MAX_MASKED:.0%} of sequences masked)",
+                            f"{sampling_health.MAX_MASKED:.0%} of sequences masked and of tokens clipped by "
+                            "OFF_POLICY_CORRECTION, no loss weight over its cap; both ROLLOUTS alike)",
                             "a garbled weight sync or numeric drift (masked sequences do not train): `make nccl-check "
                             "FULL=1`, the trainer's weight dtype, the model revision vLLM serves"),
     "staleness": ("staleness (async)", "ROLLOUTS=async: samples trained within MAX_STALENESS policy versions, at "
@@ -46,7 +47,7 @@ SMOKE_STAGES = {
 
 def smoke_stages(mode: str, rollouts: Rollouts | str = "sync") -> tuple[str, ...]:
     """The mode's stages; ROLLOUTS=async adds `staleness` after the first weight sync (the importance-sampling stage
-    then judges TRL's async `ratio`: contract.sampling_health.ASYNC_RATIO)."""
+    judges both modes on the same off_policy/* figures: contract.sampling_health.OFF_POLICY_RATIO)."""
     found = mode_spec(mode).smoke_stages
     if not as_rollouts(rollouts).is_async or "first_weight_sync" not in found:
         return found

@@ -9,8 +9,9 @@ trains) and protocols do the work; this module plugs the stack in where TRL leav
   (trainer.gpu.trl_hooks.reload_weights, shared with the sync trainer), resume.
 - `StackRolloutLoop`: TRL's rollout loop (`_AsyncRolloutLoop`, in the child) with TOOL_TIMEOUT_S,
   TOOL_CONCURRENCY and the neutral sampling penalties meaning what they mean in sync mode.
-- `make_async_trainer_class`: a thin `AsyncGRPOTrainer` subclass that runs on CPU (no CUDA peak-FLOPs lookup)
-  and hands the rollout worker `StackRolloutLoop`.
+- `make_async_trainer_class`: a thin `AsyncGRPOTrainer` subclass that runs on CPU (no CUDA peak-FLOPs lookup),
+  hands the rollout worker `StackRolloutLoop` and bounds the loss by OFF_POLICY_CORRECTION
+  (trainer.async_grpo.off_policy_loss).
 - WEIGHT_TRANSFER=nccl: TRL's own `WeightTransferClient`, its manifest and stream cast to vLLM's dtype together and
   each push marked in flight (trainer.gpu.trl_hooks.async_nccl_push), as the sync trainer's pushes are.
 - LORA_R: TRL's own adapter-only sync (trainer/modeling/lora.py says how); no weight-transfer backend is passed then
@@ -37,6 +38,7 @@ from envs.core.tool import abandon_session
 from trainer.gpu import trl_hooks
 from trainer.async_grpo.async_budget import BudgetedRollouts, turn_cap
 from trainer.async_grpo.async_run import AfterRun, TracedRollouts, drain_on_stop, stop_on_env_or_vllm_down
+from trainer.async_grpo.off_policy_loss import OffPolicyLoss
 from contract.config import RunConfig
 
 logger = logging.getLogger("trainer.async")
@@ -244,18 +246,20 @@ def make_async_trainer_class():
     from trl.experimental.async_grpo import AsyncGRPOTrainer
     from trl.experimental.async_grpo import async_grpo_trainer as trl_async
 
-    class StackAsyncGRPOTrainer(AfterRun, AsyncGRPOTrainer):  # after-run hooks first (trainer.async_grpo.async_run)
+    class StackAsyncGRPOTrainer(AfterRun, OffPolicyLoss, AsyncGRPOTrainer):  # after-run hooks, then the loss's
         """TRL's AsyncGRPOTrainer; differs only where the stack needs it (module docstring)."""
 
         def __init__(self, *args, tool_timeout_s: float | None = None, tool_concurrency: int | None = None,
                      served_model: str | None = None, request_seeds: bool = True, zero_std_groups: str = "keep",
-                     served_dtype: str | None = None, max_model_len: int | None = None, **kwargs):
+                     served_dtype: str | None = None, max_model_len: int | None = None, off_policy=None, **kwargs):
             original = trl_async.get_peak_flops_per_device
             trl_async.get_peak_flops_per_device = _peak_flops_or_none(original)
             try:
                 super().__init__(*args, **kwargs)
             finally:
                 trl_async.get_peak_flops_per_device = original
+            if off_policy is not None:  # OFF_POLICY_CORRECTION (trainer.async_grpo.off_policy_loss)
+                self.off_policy = off_policy
             if kwargs.get("peft_config") is not None:
                 _check_adapter_sync(self)
             # TRL's NCCL client (rank 0): manifest and stream in vLLM's dtype, pushes marked (trl_hooks says why)
@@ -344,4 +348,5 @@ def build_trainer(cfg: RunConfig, mode: str, *, tokenizer, dataset, factories, r
         request_seeds=not cfg.trainer_on_cpu(mode),  # the rehearsal's vLLM runs on CPU (StackRolloutLoop says why)
         zero_std_groups=cfg.zero_std_groups,
         max_model_len=server_max_model_len,  # each turn's max_tokens stays within it (StackRolloutLoop)
+        off_policy=cfg.off_policy(),
     )

@@ -35,6 +35,7 @@ def grpo_config(cfg: RunConfig, mode: str | None = None, **extra: Any):
 
     mode = mode or resolved_train_mode(cfg)
     kwargs: dict[str, Any] = dict(cfg.shared_trainer_kwargs(mode), steps_per_generation=cfg.effective_steps_per_generation)
+    kwargs.update(cfg.off_policy().sync_grpo_kwargs())  # OFF_POLICY_CORRECTION as TRL's fields (contract/off_policy.py)
     chosen = cfg.mode(mode)
     if not chosen.uses_vllm:
         kwargs.update(use_cpu=True, bf16=False, use_vllm=False)

@@ -163,8 +163,9 @@ class MetricsCallback(TrainerCallback):
         self._step_start: float | None = None
         self._step_times: list[float] = []
         # vLLM's vs the trainer's log-probs: the smoke's stage after step 3, one warning when a step leaves bounds.
+        # vLLM modes, both ROLLOUTS: judged on the off-policy figures alike (trainer.core.off_policy)
         self.sampling = sampling_health.Watch(stages.mark, lambda line: self.print(f"[train] {line}"),
-                                              ratio_key=sampling_health.ASYNC_RATIO if self.rollouts.is_async
+                                              ratio_key=sampling_health.OFF_POLICY_RATIO if as_mode(mode).uses_vllm
                                               else sampling_health.RATIO_MEAN)
         self.staleness = sampling_health.StalenessWatch(stages.mark)  # async: the smoke's staleness stage
 

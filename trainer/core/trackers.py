@@ -8,6 +8,9 @@ the order a reader wants them (TensorBoard orders its cards alphabetically by ta
     rollout/episodes/<env>                                 what the agent did per episode
     time/generation_s, time/env_s, time/training_s, ...    the step time split
     async/staleness_p50, async/samples_at_lag/<k>, ...     ROLLOUTS=async only (trainer.core.async_metrics)
+    rollout/off_policy/ratio_max, .../clipped_share, ...   both modes: metrics.jsonl's off_policy/* (how far the trained
+                                                           rollouts were off-policy, OFF_POLICY_CORRECTION's effect:
+                                                           trainer.core.off_policy)
     trl/<key>                                              everything else TRL logs (loss, kl, clip_ratio/..., ...)
 
 Trackers: tensorboard (OUTPUT_DIR/<run>/tensorboard), trackio (OUTPUT_DIR/trackio, `make dashboard`), wandb
@@ -70,6 +73,8 @@ def view(record: dict[str, Any]) -> dict[str, float]:
         put(f"rollout/episodes/{env}", record.get(f"env/{env}/episodes"), f"env/{env}/episodes")
     for part in ("generation_s", "env_s", "training_s", "scoring_s", "weight_sync_s", "step_s"):
         put(f"time/{part}", record.get(f"time/{part}"), f"time/{part}")
+    for key in sorted(k for k in record if k.startswith("off_policy/")):  # both modes (after reward: rollout/...)
+        put(f"rollout/{key}", record[key], key)
     for key in sorted(k for k in record if k.startswith("async/")):  # ROLLOUTS=async: lag, drops, queue, pauses
         put(key, record[key], key)
     for key, value in record.items():

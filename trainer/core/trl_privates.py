@@ -83,6 +83,23 @@ PINS: tuple[Pin, ...] = (
         "overridden: rows of infra-ended episodes set to NaN (TRL's nan-aware baseline), traces written; reward "
         "functions get `completions`, each episode's messages (trainer/rollouts/rewards.py reads the last one)",
         "self, inputs, prompts, completions, completion_ids_list"),
+    Pin(GRPO, "_get_per_token_logps_and_entropies", "method", "trainer/run/grpo_trainer.py",
+        "replaced on the instance while compute_loss runs: its first call is the policy's forward, result[0] the "
+        "per-token log-probs the off_policy/* figures read",
+        "self, model, input_ids, attention_mask, logits_to_keep, batch_size=, compute_entropy=, compute_aux_loss=, "
+        "pixel_values=, image_grid_thw=, num_images=, pixel_attention_mask=, spatial_shapes=, num_tiles=, "
+        "image_sizes=, token_type_ids=, mm_token_type_ids=, image_position_ids="),
+    Pin(GRPO, "_compute_loss", "method", "trainer/core/off_policy.py",
+        "followed by sync_token_figures / sync_weight (OFF_POLICY_CORRECTION's figures in sync): the PPO coefficients "
+        "against old_per_token_logps, `delta` on coef_1, the off-policy mask, vLLM's importance_sampling_ratio",
+        "self, model, inputs", "16c4f3917b9fd26418d16176fd0aeb02ae30f3a41708061a5f8aa5bb74e25b26"),
+    Pin(GRPO, "get_off_policy_mask", "method", "trainer/core/off_policy.py",
+        "called: DeepSeek-V3.2's sequence mask TRL applies with off_policy_mask_threshold (B, 1), 1 = kept",
+        "advantages, per_token_logps, sampling_per_token_logps, mask, off_policy_threshold",
+        "ef5226a634f1cb50c69f077b8e47bf7ac63c353d34cd7203ea17be9f9d48f998"),
+    Pin(GRPO, "_step", "attribute", "trainer/core/off_policy.py",
+        "read in compute_loss: micro-steps so far (TRL adds one after each), so a micro-batch's lag behind its "
+        "generation batch in optimizer steps is (_step % (steps_per_generation x num_iterations)) // accumulation"),
     Pin(GRPO, "_load_optimizer_and_scheduler", "method", "trainer/run/grpo_trainer.py",
         "overridden: several CPU ranks load the optimizer state on `cpu`, not `cpu:<rank>`", "self, checkpoint"),
     Pin(GRPO, "_generate", "method", "trainer/after/evaluate.py, trainer/rollouts/rollout_loop.py",
@@ -270,10 +287,19 @@ PINS: tuple[Pin, ...] = (
         "read: one `sample/staleness_mean` value per trained sample until log() reduces them"),
     Pin(ASYNC_TRAINER, "log", "method", "trainer/async_grpo/async_run.py",
         "overridden (AfterRun): lag figures from _metrics before TRL averages them", "self, logs, start_time="),
-    Pin(ASYNC_TRAINER, "compute_loss", "method", "trainer/async_grpo/tree_attention.py",
-        "the tree kwargs the model gets (tree_max_seqlen_q/_k from tree_max_seqlens)",
+    Pin(ASYNC_TRAINER, "compute_loss", "method", "trainer/async_grpo/tree_attention.py, trainer/async_grpo/off_policy_loss.py",
+        "the tree kwargs the model gets (tree_max_seqlen_q/_k from tree_max_seqlens); OFF_POLICY_CORRECTION's hook "
+        "runs it with its `model` captured (called once, `.log_probs` per packed position, trained tokens "
+        "`token_index >= 0`) and rebuilds the policy term normalised as it is (sum / (global_n_tokens / processes) / "
+        "accumulation steps, + router aux loss)",
         "self, model, inputs, return_outputs=, num_items_in_batch=",
         "4fad05bf0e8bb74090dc902b988afd9782b52bd42cf2931ffb690cb43381a255"),
+    Pin(ASYNC_TRAINER, "epsilon_low", "attribute", "trainer/async_grpo/off_policy_loss.py",
+        "read: the PPO clip's lower epsilon, as TRL's compute_loss clips"),
+    Pin(ASYNC_TRAINER, "epsilon_high", "attribute", "trainer/async_grpo/off_policy_loss.py",
+        "read: the PPO clip's upper epsilon"),
+    Pin(ASYNC_TRAINER, "aux_loss_enabled", "attribute", "trainer/async_grpo/off_policy_loss.py",
+        "read: MoE router loss added to the rebuilt loss as TRL adds it"),
     Pin(f"{ASYNC}.async_grpo_trainer", "register_tree_attention", "function", "trainer/async_grpo/tree_attention.py",
         "replaced: AsyncGRPOTrainer.__init__ registers the stack's tree attention through this name", ""),
     Pin(ASYNC_TRANSFER, "_weight_update_info", "attribute", "trainer/gpu/trl_hooks.py",

@@ -27,6 +27,9 @@ def make_trainer_class():
             from trainer.modeling import lora
 
             lora.keep_adapters_fp32(self.model)  # QLoRA: fp32 adapters, undoing TRL's bf16 cast (lora.py says why)
+            from trainer.core.off_policy import Window
+
+            self._off_policy_window = Window()  # the off_policy/* figures of the logging window
 
         def _generate_single_turn(self, *args, **kwargs):
             start = time.perf_counter()
@@ -88,6 +91,34 @@ def make_trainer_class():
             finally:
                 torch.load = original
 
+        def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+            """TRL's loss, unchanged (OFF_POLICY_CORRECTION reaches it as GRPOConfig fields), with the policy's
+            per-token log-probs captured for the off_policy/* figures (trainer.core.off_policy)."""
+            captured = []
+            original = self._get_per_token_logps_and_entropies
+
+            def capture(*args, **kwargs):
+                result = original(*args, **kwargs)
+                captured.append(result[0])
+                return result
+
+            self._get_per_token_logps_and_entropies = capture  # this call only: the instance attribute goes after
+            try:
+                loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            finally:
+                del self._get_per_token_logps_and_entropies
+            if self.model.training and captured:
+                from trainer.core import off_policy
+
+                rho, bounded, weight, staleness = off_policy.sync_token_figures(self, captured[0], inputs)
+                self._off_policy_window.add(rho, bounded, weight, self.accelerator, staleness)
+            return loss
+
+        def log(self, logs, start_time=None):
+            if self.model.training:
+                logs.update(self._off_policy_window.drain())
+            super().log(logs, start_time)
+
         def _generate_and_score_completions(self, *args, **kwargs):
             with STATS.timer("generate_and_score"):
                 output = super()._generate_and_score_completions(*args, **kwargs)
@@ -141,6 +172,7 @@ def build_sync_trainer(cfg: RunConfig, mode: str, model, tokenizer, dataset, fac
     trainer.configure_rollouts(cfg.tool_timeout_s, cfg.tool_concurrency, server_max_model_len)
     trainer.configure_traces(cfg.run_dir, cfg.trace_every, cfg.trace_samples or cfg.num_generations, trackers)
     trainer.zero_std_groups = cfg.zero_std_groups  # trainer.rollouts.zero_variance
+    trainer._off_policy_window.cap = cfg.off_policy().weight_cap(False, trainer.epsilon_high)  # off_policy/weight_cap
     if cfg.mode(mode).uses_vllm:
         from trainer import gpu
 

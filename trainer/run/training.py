@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
+from contract import off_policy
 from contract.config import ConfigError, RunConfig
 from trainer.core import grpo_args, hang_dump
 from trainer.run.control import make_control_callback, stop_on_signals
@@ -51,6 +52,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[train] config error:\n{problem}", file=sys.stderr, flush=True)
         return 2
     log(f"training: {cfg.training_description()}, learning rate {cfg.resolved_learning_rate(mode):g}")
+    correction = cfg.off_policy()  # OFF_POLICY_CORRECTION (contract/off_policy.py)
+    log(correction.describe() + ("" if chosen.uses_vllm or cfg.rollouts.is_async else
+                                 " (CPU profile: the trainer samples with its own policy; the ratio is 1 unless "
+                                 "STEPS_PER_GENERATION > GRADIENT_ACCUMULATION_STEPS)"))
+    if not correction.bounded:
+        log(f"WARNING {off_policy.UNBOUNDED_WARNING}")
 
     from trainer.core import dist
     from trainer.run import preflight
