@@ -30,13 +30,14 @@ EPISODES = 6  # more than a batch: the evaluation plays two batches on the train
 @pytest.fixture(scope="module")
 def evaluated_run(tmp_path_factory, tiny_model_dir):
     """4 steps, an evaluation at steps 2 and 4, against an echo server that holds exactly the sessions training opens:
-    an evaluation that opened one more would have episodes ended by the env side (CAPACITY_REACHED)."""
+    an evaluation that opened one more would have episodes ended by the env side (CAPACITY_REACHED). A checkpoint
+    every step: transformers' rotation (3 kept, oldest by mtime first) must leave checkpoint-best alone."""
     from tests.trainer.conftest import EnvServer
 
     server = EnvServer("echo", capacity=BATCH)
     out = tmp_path_factory.mktemp("evaluated")
     argv = ["--train-mode", "cpu", "--model-name", str(tiny_model_dir), "--output-dir", str(out),
-            "--env-urls", f"echo={server.url}", "--run-name", "ev", "--max-steps", "4", "--save-steps", "10",
+            "--env-urls", f"echo={server.url}", "--run-name", "ev", "--max-steps", "4", "--save-steps", "1",
             "--per-device-train-batch-size", str(BATCH), "--num-generations", str(BATCH),
             "--max-completion-length", "64", "--trace-every", "0", "--eval-every", "2", "--eval-episodes", str(EPISODES)]
     printed = io.StringIO()  # what the run prints (capsys is per test; the run is the module's)
@@ -76,6 +77,7 @@ def test_the_best_step_is_kept_as_checkpoint_best_and_export_takes_it(evaluated_
     assert note["step"] == best_step and note["reward"] == pytest.approx(max(r[OVERALL] for r in rows))
     assert (path / "model.safetensors").exists() and not list(path.glob("rng_state*"))
     assert checkpoints.last_complete(evaluated_run.run_dir)[1] == 4  # resume still takes the numbered ones
+    assert len(checkpoints.numbered(evaluated_run.run_dir)) < 4  # the rotation ran, and left checkpoint-best
 
 
 def test_the_run_prints_each_evaluation_and_its_share_of_the_time(evaluated_run):
@@ -131,13 +133,14 @@ def test_a_better_eval_reward_asks_for_a_save_and_becomes_checkpoint_best_with_s
     args = SimpleNamespace(output_dir=str(run_dir))
     wanted = []
     for step in (1, 2, 4, 6, 8):  # step 1 is not an EVAL_EVERY=2 step
-        state = SimpleNamespace(global_step=step, is_world_process_zero=True)
+        state = SimpleNamespace(global_step=step, is_world_process_zero=True, best_model_checkpoint=None)
         control = SimpleNamespace(should_save=False, should_log=False)
         callback.on_step_end(args, state, control)
         wanted.append((step, control.should_save, control.should_log))
         if control.should_save:
             fake_checkpoint(run_dir, step)
             callback.on_save(args, state, control)
+            assert state.best_model_checkpoint == str(run_dir / "checkpoint-best")  # transformers' rotation spares it
     # 0.2 first best, 0.1 worse, 0.5 better, 0.5 again not better: the earlier checkpoint stays the best
     assert wanted == [(1, False, False), (2, True, True), (4, False, True), (6, True, True), (8, False, True)]
     assert checkpoints.pick(run_dir, "best")[1] == 6 and checkpoints.best_note(run_dir) == {"step": 6, "reward": 0.5}

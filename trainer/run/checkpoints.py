@@ -1,7 +1,8 @@
 """A run's checkpoints: which are complete, the last one (resume, eval and export default to it), the one a user
 names (`checkpoint-N`, `N`, `best` or a path), and `checkpoint-best`, the best by the evaluation during training
-(EVAL_EVERY: trainer.run.evaluation): the files of that step's checkpoint hard-linked, so the rotation of SAVE_STEPS'
-checkpoints (TRL keeps the last 3) never takes it; never resumed from.
+(EVAL_EVERY: trainer.run.evaluation): the files of that step's checkpoint hard-linked, so that checkpoint's rotation
+does not take them; transformers' rotation (3 folders kept) spares checkpoint-best itself, one of the 3, as its state's
+best_model_checkpoint. Never resumed from.
 
 Complete means: the trainer wrote MARKER last, after every file of the folder and the folder itself were fsynced
 (`seal`, from the trainer's on_save), and trainer_state.json parses. A host crash or a full disk mid-save leaves a

@@ -18,8 +18,8 @@ The figures go into the step's record (metrics.jsonl, every tracker, `make repor
 eval/<env>/success_rate (reward > 0.5, as `make eval`'s default threshold), eval/<env>/tool_calls_per_episode,
 eval/<env>/tool_failures_per_episode, eval/<env>/tokens_per_episode, eval/<env>/episodes, eval/<env>/infra_failures,
 eval/reward (the envs' mean: what "best" compares) and time/eval_s. A new best asks TRL to save this step's checkpoint,
-whose files are then hard-linked as checkpoint-best (trainer.run.checkpoints.keep_as_best: kept through SAVE_STEPS'
-rotation; `make export CHECKPOINT=best`). At the end the run prints eval's share of its time.
+whose files are then hard-linked as checkpoint-best (trainer.run.checkpoints.keep_as_best; transformers' rotation
+spares it as its state's best_model_checkpoint; `make export CHECKPOINT=best`). At the end the run prints eval's share of its time.
 """
 
 from __future__ import annotations
@@ -127,6 +127,8 @@ class EvalCallback(TrainerCallback):
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.started = time.perf_counter()
+        if self.best:  # a resumed run's checkpoint-best, protected from the rotation as below
+            state.best_model_checkpoint = str(Path(args.output_dir) / checkpoints.BEST)
 
     def on_step_end(self, args, state, control, **kwargs):
         step = state.global_step
@@ -159,6 +161,9 @@ class EvalCallback(TrainerCallback):
             folder = Path(args.output_dir) / f"{checkpoints.PREFIX}{state.global_step}"
             checkpoints.keep_as_best(folder, state.global_step, note)
         self.best = note
+        # transformers rotates checkpoint-* folders by mtime (save_total_limit), checkpoint-best among them, except
+        # the one its state names best: name ours (nothing else of the Trainer reads it without load_best_model_at_end)
+        state.best_model_checkpoint = str(Path(args.output_dir) / checkpoints.BEST)
 
     def on_train_end(self, args, state, control, **kwargs):
         if not self.evaluations or not state.is_world_process_zero or self.started is None:
