@@ -95,7 +95,7 @@ rollouts: $(VENV)/.host-ok ## Print a run's traced rollouts: turns, tool calls, 
 eval: $(VENV)/.host-ok ## Score a run's checkpoint and its base model on held-out episodes: reward, success, pass@k, tool use; <run>/eval.json (RUN=, CHECKPOINT=, TASKS=32, THRESHOLD=0.5)
 	@$(STACK) eval $(if $(RUN),--run $(call shq,$(RUN))) $(if $(CHECKPOINT),--checkpoint $(call shq,$(CHECKPOINT))) $(if $(TASKS),--tasks $(call shq,$(TASKS))) $(if $(THRESHOLD),--threshold $(call shq,$(THRESHOLD))) $(ARGS)
 
-export: $(VENV)/.host-ok ## Write a run's checkpoint as a model folder in exports/<run>/ (RUN=name CHECKPOINT=N, default the last; PUSH=org/name also uploads it; EXPORT_ADAPTER=1: a LoRA run's adapter alone)
+export: $(VENV)/.host-ok ## Write a run's checkpoint as a model folder in exports/<run>/ (RUN=name CHECKPOINT=N or best, default the last; PUSH=org/name also uploads it; EXPORT_ADAPTER=1: a LoRA run's adapter alone)
 	@$(STACK) export $(if $(RUN),--run $(call shq,$(RUN))) $(if $(CHECKPOINT),--checkpoint $(call shq,$(CHECKPOINT))) $(if $(PUSH),--push $(call shq,$(PUSH))) $(if $(filter 1 true,$(EXPORT_ADAPTER)),--adapter)
 
 baseline: $(VENV)/.host-ok ## Play each env with a random/scripted policy; print mean reward and episode length

@@ -155,10 +155,16 @@ class RunConfig(off_policy.OffPolicySettings, BaseSettings):  # OFF_POLICY_*: co
     )
     save_steps: int = Field(10, ge=1, description="Write `checkpoint-N` every this many steps.")
     logging_steps: int = Field(1, ge=1, description="Log metrics every this many steps.")
-    trace_every: int = Field(10, ge=0, description="Write a sample of rollouts to rollouts.jsonl every this many "
-                             "steps (`make rollouts` prints them); 0: never.")
+    trace_every: int = Field(10, ge=0, description="Write a sample of rollouts to rollouts.jsonl at the first step "
+                             "and every this many steps (`make rollouts` prints them); 0: never.")
     trace_samples: int | None = Field(None, ge=1, description="Rollouts written each time; empty: NUM_GENERATIONS "
                                       "(one GRPO group, the rollouts compared with each other).")
+    # evaluation during training (#66): ROLLOUTS=sync's knobs (contract.modes.SyncRollouts; trainer/run/evaluation.py)
+    eval_every: int = Field(0, ge=0, description="Score the policy greedily on held-out episodes every this many steps "
+                            "(eval/<env>/... in metrics.jsonl, every tracker and `make report`; the best by eval reward "
+                            "kept as checkpoint-best, `make export CHECKPOINT=best`). Empty or 0: off. ROLLOUTS=sync.")
+    eval_episodes: int = Field(modes.DEFAULT_EVAL_EPISODES, ge=1, le=4096, description="EVAL_EVERY: held-out episodes "
+                               "per env each time, one greedy episode per seed training never uses (as `make eval`'s).")
     report_to: str = Field(
         "tensorboard", description="Experiment trackers, a comma list: tensorboard (OUTPUT_DIR/<run>/tensorboard), "
         "trackio (local, OUTPUT_DIR/trackio; `make dashboard` serves its UI), wandb, mlflow; or none. Each shows the "

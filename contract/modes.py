@@ -5,7 +5,8 @@ run.
 hands out the chosen variant (a discriminated config, as prime-rl's, kept small); code below asks the variant, never
 compares the string:
 
-    cfg.rollouts.is_async, cfg.rollouts.max_staleness (AsyncRollouts only), cfg.rollouts.problem(mode, processes, ...)
+    cfg.rollouts.is_async, cfg.rollouts.max_staleness (AsyncRollouts only), cfg.rollouts.eval_every (SyncRollouts only),
+    cfg.rollouts.problem(mode, processes, ...)
     cfg.mode("gpu").trainer_on_cpu, .server, .colocated, .reload_dir      (TRAIN_MODE, once `auto` is resolved)
 
 Standard library only (frozen dataclasses): the host's stdlib-only modules (tools/gpu_doctor.py, contract/memory.py) ask
@@ -21,6 +22,7 @@ from typing import Any, ClassVar, Literal
 from contract.train_mode import MODE_SPECS, ModeSpec
 
 DEFAULT_MAX_STALENESS = 4  # TRL's AsyncGRPOConfig default
+DEFAULT_EVAL_EPISODES = 32  # held-out episodes per env at each evaluation during training (EVAL_EVERY)
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,10 @@ class SyncRollouts(Variant):
     setting: ClassVar[str] = "ROLLOUTS"
     name: ClassVar[str] = "sync"
     is_async: ClassVar[bool] = False
+    # RunConfig's EVAL_EVERY (0: off) and EVAL_EPISODES: evaluation during training (trainer.run.evaluation), sync only:
+    # the async trainer's process holds no env session and does not generate (its rollout worker does)
+    eval_every: int = 0
+    eval_episodes: int = DEFAULT_EVAL_EPISODES
 
     def problem(self, mode: TrainMode | None, processes: int | None, sharding: str) -> str | None:
         return None

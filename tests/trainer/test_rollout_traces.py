@@ -17,14 +17,15 @@ def traced_run(tmp_path_factory, tiny_model_dir, echo_server):
     argv = ["--train-mode", "cpu", "--model-name", str(tiny_model_dir), "--output-dir", str(out),
             "--env-urls", f"echo={echo_server.url}", "--run-name", "traced", "--max-steps", "2",
             "--per-device-train-batch-size", "4", "--num-generations", "4", "--max-completion-length", "64",
-            "--trace-every", "1", "--trace-samples", "4"]
+            "--trace-every", "2", "--trace-samples", "4"]
     assert train.main(argv) == 0
     return out
 
 
 def test_every_traced_row_fits_the_schema_and_holds_its_episode(traced_run):
     rows = traces.read(traced_run / "traced" / traces.ROLLOUTS_FILE)
-    assert [r["step"] for r in rows] == [1] * 4 + [2] * 4  # every step (TRACE_EVERY=1), the whole batch of 4
+    # the first step, then every TRACE_EVERY=2 steps: the whole batch of 4 each time
+    assert [r["step"] for r in rows] == [1] * 4 + [2] * 4
     for row in rows:
         assert traces.problems(row) == [], row
         assert row["env"] == "echo" and row["prompt"][-1]["role"] == "user"
@@ -42,6 +43,13 @@ def test_traced_rewards_are_the_logged_ones(traced_run):
     for step in (1, 2):
         traced = [r["reward"] for r in rows if r["step"] == step]
         assert sum(traced) / len(traced) == pytest.approx(logged[step]["reward"], abs=1e-5)
+
+
+def test_the_first_step_is_traced_as_well_as_every_trace_every_steps():
+    """A 5-step first run with TRACE_EVERY=10 must still show what the model did (issue #66)."""
+    assert [step for step in range(1, 31) if traces.traced(step, 10)] == [1, 10, 20, 30]
+    assert [step for step in range(1, 6) if traces.traced(step, 1)] == [1, 2, 3, 4, 5]
+    assert not any(traces.traced(step, 0) for step in range(1, 6))  # TRACE_EVERY=0: never
 
 
 def test_make_rollouts_prints_them_readably(traced_run, capsys):

@@ -1,4 +1,4 @@
-"""A run's checkpoint as a model folder in exports/<run>/: `export [--run R] [--checkpoint N] [--push org/name]`."""
+"""A run's checkpoint as a model folder in exports/<run>/: `export [--run R] [--checkpoint N|best] [--push org/name]`."""
 
 from __future__ import annotations
 

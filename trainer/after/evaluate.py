@@ -16,13 +16,10 @@ and the reward are the ones training used. Generation: transformers on the CPU p
 runs on CPU); on GPU hosts vLLM inside this process on the checkpoint folder (TRL's vllm_mode="colocate" loads
 `model.name_or_path`), each model in a process of its own so the first vLLM's memory is gone before the second starts.
 
-Held-out tasks: NUM_GENERATIONS episodes per task (pass@k for k = 1..NUM_GENERATIONS, contract.eval_report.pass_at_k).
-A task is row 0 of the env's make_dataset(1, seed), for seeds 1,000,000,000 upward that training never uses:
-a built-in env's training rows come from make_dataset(DATASET_SIZE, SEED + i) (i: the env's place in ENV_NAME), an
-env learned from its server resets with seeds SEED + i .. SEED + i + DATASET_SIZE - 1; those are skipped. The seeds
-go to eval.json ("seeds"). An env whose rows come from ENV_PROMPTS_FILE trains on every row of it, so it is scored on
-the rows of --prompts-file (their indices are its "seeds"). A small task space repeats across seeds (echo has six
-words): held out means a seed, not necessarily a task, training never saw.
+Held-out tasks (trainer.run.held_out, as the evaluation during training takes them): NUM_GENERATIONS episodes per task
+(pass@k for k = 1..NUM_GENERATIONS, contract.eval_report.pass_at_k), each task a seed training never used (they go to
+eval.json's "seeds"); an env whose rows come from ENV_PROMPTS_FILE is scored on the rows of --prompts-file (their
+indices are its "seeds").
 
 Reported per env and model (contract.eval_report's schema): the env's own episode reward (get_reward; the trainer's
 UNFINISHED_PENALTY shaping is left out), success = reward above --threshold (default 0.5), pass@k, tool calls and
@@ -45,15 +42,14 @@ from typing import Any
 
 from trainer.modeling import lora
 from trainer.run import checkpoints
+from trainer.run.held_out import DEFAULT_THRESHOLD, Episode, held_out, play
 from contract import eval_report
 from contract.config import ConfigError, RunConfig
 from trainer.core.progress import Progress
 from trainer.core import grpo_args
 
-EVAL_SEED_BASE = 1_000_000_000  # far above SEED + DATASET_SIZE of any sensible run; collisions are skipped anyway
 DEFAULT_TASKS = 32
 PROGRESS_EVERY_S = 10.0
-DEFAULT_THRESHOLD = 0.5  # echo: 1.0 for the right word, 0.2 for a wrong one; catch: +1 / -1; wordle: 1 when solved
 
 
 # Settings that make the run what it is, taken from its run.json (trainer.run.run_info) over .env: the envs and their
@@ -86,53 +82,7 @@ def pick_checkpoint(outputs: Path, run: str, checkpoint: str | None) -> tuple[Pa
         raise EvalError(str(exc)) from None
 
 
-# ---------------------------------------------------------------------------- held-out tasks
-def training_seeds(cfg: RunConfig, index: int, builtin: bool) -> set[int]:
-    """What training seeded env number `index` of ENV_NAME with (trainer.run.dataset.build_dataset): the seed of its
-    make_dataset for a built-in env, the reset seeds of its instruction rows for an env learned from its server."""
-    first = cfg.seed + index
-    return {first} if builtin else set(range(first, first + cfg.dataset_size))
-
-
-def held_out(cfg: RunConfig, specs: dict[str, Any], tasks: int,
-             prompts_file: str | None) -> dict[str, tuple[list[int], list[dict]]]:
-    """{env: (seeds or row indices, rows)}: tasks no training row of this run used."""
-    from envs import registry
-
-    out = {}
-    for index, name in enumerate(cfg.env_names):
-        spec = specs[name]
-        if getattr(spec, "prompts_file", None):  # training uses every row of ENV_PROMPTS_FILE
-            if not prompts_file:
-                raise EvalError(f"env {name}: its rows come from ENV_PROMPTS_FILE and training uses every one of them; "
-                                "pass held-out rows in a file of the same format: --prompts-file /prompts/<file>.jsonl "
-                                "(make eval ARGS=\"--prompts-file ...\")")
-            from envs.generic.task import prompts_file_rows
-
-            rows = prompts_file_rows(prompts_file, name)[:tasks]
-            out[name] = (list(range(len(rows))), rows)
-            continue
-        used = training_seeds(cfg, index, registry.is_builtin(name))
-        seeds, seed = [], EVAL_SEED_BASE
-        while len(seeds) < tasks:
-            if seed not in used:
-                seeds.append(seed)
-            seed += 1
-        out[name] = (seeds, [spec.make_dataset(1, s)[0] for s in seeds])
-    return out
-
-
 # ---------------------------------------------------------------------------- scoring
-@dataclass
-class Episode:
-    task: int
-    reward: float
-    calls: int
-    failures: int
-    tokens: int
-    infra_failure: str | None = None  # why the env side ended it (trainer.rollouts.infra_failures): then it is not scored
-
-
 def summarize(model: str, env: str, episodes: list[Episode], generations: int, threshold: float) -> dict[str, Any]:
     """One eval.json row: means over the scored episodes, pass@k over tasks (each played `generations` times).
     An episode the env side ended (its server died, its session was lost, a reply never came) is not the model's
@@ -223,14 +173,14 @@ def play_model(cfg: RunConfig, mode: str, label: str, model_name: str,
                tasks: dict[str, tuple[list[int], list[dict]]], threshold: float) -> list[dict[str, Any]]:
     """Every held-out episode of every env for one model (`model_name`: a hub id / folder, or a checkpoint
     folder); one eval.json row per env."""
-    import torch
     from datasets import Dataset
 
-    from envs.core.tool import close_session, infra_failure_of, trace_of
-    from trainer.rollouts.envs_binding import build_factories, encode_row
+    from envs.core.tool import close_session
+    from trainer.rollouts.envs_binding import build_factories
     from trainer.rollouts.rewards import stop_token_ids, unfinished_penalty
     from trainer.run import preflight
     from trainer.run.grpo_trainer import make_trainer_class
+    from trainer.run.held_out import encoded
     from trainer.modeling.model import load_model_and_tokenizer
     from trainer.core.trl_privates import environment_pool
 
@@ -242,28 +192,9 @@ def play_model(cfg: RunConfig, mode: str, label: str, model_name: str,
     model_cfg = cfg if model_name == cfg.model_path(mode) else cfg.model_copy(
         update={"model_name": model_name, "model_revision": None})
     model, tokenizer = load_model_and_tokenizer(model_cfg, mode)
-    multi = len(cfg.env_names) > 1
-
-    def encoded(name: str, row: dict) -> dict:
-        enc = encode_row(dict(row))
-        if multi:
-            enc["environment"] = name
-        return enc
-
-    rows = [encoded(name, row) for name, (_, env_rows) in tasks.items() for row in env_rows]
-
-    class EvalTrainer(make_trainer_class()):
-        """Keeps the generated-token count of each rollout (TRL computes it in _generate and only logs the mean)."""
-
-        def _generate(self, prompts):
-            result = super()._generate(prompts)
-            completion_ids, tool_mask = result[1], result[2]
-            self.last_tokens = ([sum(m) for m in tool_mask] if tool_mask is not None
-                                else [len(ids) for ids in completion_ids])
-            return result
-
+    rows = [encoded(cfg, name, row) for name, (_, env_rows) in tasks.items() for row in env_rows]
     scratch = tempfile.mkdtemp(prefix="eval-")  # the trainer's output_dir: nothing is saved, never into the run
-    trainer = EvalTrainer(
+    trainer = make_trainer_class()(
         model=model,
         reward_funcs=([unfinished_penalty(cfg.unfinished_penalty, stop_token_ids(model, tokenizer))]
                       if cfg.unfinished_penalty else None),  # as training scores; the table reports the env's reward
@@ -279,21 +210,8 @@ def play_model(cfg: RunConfig, mode: str, label: str, model_name: str,
     try:
         for name, (_, env_rows) in tasks.items():
             # as many sessions at once as training opened on this env (preflight checked the servers hold them)
-            per_batch = max(1, cfg.sessions_needed(name, env_rows=len(env_rows)) // generations)
-            episodes: list[Episode] = []
             progress = Progress(f"{label} {name}", len(env_rows) * generations, "episodes", log, PROGRESS_EVERY_S)
-            for first in range(0, len(env_rows), per_batch):
-                chunk = env_rows[first:first + per_batch]
-                inputs = [encoded(name, row) for row in chunk for _ in range(generations)]
-                with torch.no_grad():
-                    trainer._generate_and_score_completions(inputs)
-                counts = trainer.last_tool_counts or [(0, 0)] * len(inputs)
-                for i, env in enumerate(trainer.environments):
-                    reward = getattr(trace_of(env), "env_reward", None)
-                    episodes.append(Episode(first + i // generations, float(reward or 0.0), counts[i][0],
-                                            counts[i][1], trainer.last_tokens[i],
-                                            infra_failure_of(env)))
-                progress.update(len(episodes))
+            episodes = play(trainer, cfg, name, env_rows, generations, lambda done: progress.update(len(done)))
             out.append(summarize(label, name, episodes, generations, threshold))
             lost = [ep.infra_failure for ep in episodes if ep.infra_failure is not None]
             if lost:  # not the model's failures: said, counted, and out of the scores

@@ -1,6 +1,6 @@
 """Export a run's checkpoint as a standalone Hugging Face model folder, optionally pushed to the Hub.
 
-    python -m trainer.export --outputs /outputs [--run R] [--checkpoint checkpoint-N|N] [--out DIR | --out-dir D]
+    python -m trainer.export --outputs /outputs [--run R] [--checkpoint checkpoint-N|N|best] [--out DIR | --out-dir D]
                              [--push org/name] [--adapter]
 
 The folder holds the weights (safetensors), config, generation config, tokenizer with its chat template and a model
@@ -292,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="make export", description=__doc__.splitlines()[0])
     p.add_argument("--outputs", default="/outputs", help="where runs live (default /outputs)")
     p.add_argument("--run", help="run name under --outputs (default: the run written last)")
-    p.add_argument("--checkpoint", help="checkpoint-N or N (default: the last complete one)")
+    p.add_argument("--checkpoint", help="checkpoint-N, N, or best (checkpoint-best: the best by the evaluation during "
+                   "training, EVAL_EVERY; default: the last complete one)")
     p.add_argument("--out", help="the folder to write (default: <out-dir>/<run>, else <run>/export)")
     p.add_argument("--out-dir", help="write <out-dir>/<run>")
     p.add_argument("--push", metavar="ORG/NAME", help="also upload the folder to this Hub repo (private when new)")

@@ -14,7 +14,11 @@ from pathlib import Path
 
 from trainer.core.metrics import METRICS_FILE, read_metrics
 
-TIME_PARTS = ("generation", "env", "scoring", "training", "weight_sync")
+TIME_PARTS = ("generation", "env", "scoring", "training", "weight_sync")  # the step's parts (eval: after the step)
+
+
+def _eval_envs(rows) -> list[str]:
+    return sorted({k.split("/")[1] for r in rows for k in r if k.startswith("eval/") and k.endswith("/reward_mean")})
 
 
 def _beside_the_step(rows) -> set[str]:
@@ -73,7 +77,16 @@ def summarize(rows) -> list[str]:
         _, ys = series(rows, f"env/{env}/reward_mean")
         first, last = _window_mean(ys)
         lines.append(f"env {env}: reward {first:.3f} -> {last:.3f}")
+    for env in _eval_envs(rows):  # EVAL_EVERY (trainer.run.evaluation)
+        xs, ys = series(rows, f"eval/{env}/reward_mean")
+        best = max(range(len(ys)), key=ys.__getitem__)
+        lines.append(f"eval {env} (held-out episodes, greedy): reward {ys[0]:.3f} at step {xs[0]} -> {ys[-1]:.3f} at "
+                     f"step {xs[-1]}; best {ys[best]:.3f} at step {xs[best]}")
+    _, evals = series(rows, "time/eval_s")
     _, steps = series(rows, "time/step_s")
+    if evals and steps:
+        lines.append(f"eval: {len(evals)} evaluations, {sum(evals) / len(evals):.1f}s each, "
+                     f"{sum(evals) / (sum(evals) + sum(steps)):.0%} of the logged time")
     if steps:
         parts, beside = [], _beside_the_step(rows)
         for part in TIME_PARTS:
@@ -103,6 +116,8 @@ def plot(rows, out_png: Path, title: str) -> None:
     if len(envs) > 1:
         for env in envs:
             ax.plot(*series(rows, f"env/{env}/reward_mean"), label=f"reward {env}")
+    for env in _eval_envs(rows):  # beside the training curve: held-out episodes, greedy (EVAL_EVERY)
+        ax.plot(*series(rows, f"eval/{env}/reward_mean"), marker="o", linestyle="--", label=f"eval {env} (held out)")
     ax.set_title("Reward")
     ax.set_xlabel("step")
     ax.legend(loc="best", fontsize=8)
@@ -140,6 +155,10 @@ def plot(rows, out_png: Path, title: str) -> None:
             continue
         ax.bar(xs, ys, bottom=bottom, label=part, width=0.9)
         bottom = ys if bottom is None else [b + y for b, y in zip(bottom, ys)]
+    xs, ys = series(rows, "time/eval_s")
+    if ys:  # after its step, on top of it
+        at = dict(zip(*series(rows, "time/step_s")))
+        ax.bar(xs, ys, bottom=[at.get(x, 0.0) for x in xs], label="eval (after the step)", width=0.9, color="tab:purple")
     ax.set_title("Step time split (s)")
     ax.set_xlabel("step")
     ax.legend(loc="best", fontsize=8)

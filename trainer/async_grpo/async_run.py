@@ -200,10 +200,10 @@ class TracedRollouts:
         self._push_metrics(rates)
 
     def _trace(self, group, samples, episodes) -> None:
-        """Whole groups of every TRACE_EVERY-th policy version until TRACE_SAMPLES rollouts of it are traced (the
+        """Whole groups of the first and every TRACE_EVERY-th policy version until TRACE_SAMPLES rollouts of it are traced (the
         default, one group's worth: one group), as a sync step traces TRACE_SAMPLES rollouts of its batch."""
         step = group.model_version + 1
-        if not (self._trace_every and self._trace_dir) or step % self._trace_every:
+        if not self._trace_dir or not traces.traced(step, self._trace_every):
             return
         wanted = self._trace_samples or len(group.completions)
         left = wanted - self._traced_rows.get(step, 0)

@@ -3,7 +3,8 @@
 TRL already logs reward, reward_std, rewards/<EnvClass>/mean, tools/call_frequency,
 tools/failure_frequency and completions/* into the `logs` dict; we keep those and add what it does
 not: reward / episode length / tool failures per env name (recorded by the env binding) and the
-step time split into generation / env / scoring / training (+ weight sync on GPU).
+step time split into generation / env / scoring / training (+ weight sync on GPU), and at every EVAL_EVERY-th step
+the held-out evaluation's eval/<env>/... and time/eval_s (trainer.run.evaluation).
 
 Records in metrics.jsonl: {"kind": "step", "step": N, ...} one per logging step, and
 {"kind": "summary", ...} at the end of a training session. On resume from checkpoint-N, step
@@ -43,6 +44,30 @@ class RolloutStats:
             self.timers: dict[str, float] = defaultdict(float)
             self.episodes: dict[str, list[dict[str, float]]] = defaultdict(list)
             self.infra_failures: dict[str, int] = defaultdict(int)
+            self.figures: dict[str, float] = {}  # added to the next step record as they are (the evaluation's)
+
+    @contextmanager
+    def set_apart(self):
+        """Episodes, timers and infra failures recorded inside go to the account this yields, not to the step's record
+        (the evaluation during training plays between two steps); the step's own records stay where they were."""
+        apart = RolloutStats()
+        with self._lock:
+            saved = self.timers, self.episodes, self.infra_failures
+            self.timers, self.episodes, self.infra_failures = apart.timers, apart.episodes, apart.infra_failures
+        try:
+            yield apart
+        finally:
+            with self._lock:
+                self.timers, self.episodes, self.infra_failures = saved
+
+    def add_figures(self, figures: dict[str, float]) -> None:
+        with self._lock:
+            self.figures.update(figures)
+
+    def drain_figures(self) -> dict[str, float]:
+        with self._lock:
+            figures, self.figures = self.figures, {}
+        return figures
 
     def add_time(self, name: str, seconds: float) -> None:
         with self._lock:
@@ -206,6 +231,7 @@ class MetricsCallback(TrainerCallback):
         record.update({k: _clean(v) for k, v in logs.items()})
         record.update(summarize_episodes(episodes))
         record.update({f"env/{env}/infra_failures": n for env, n in sorted(infra.items())})  # trainer.rollouts.infra_failures
+        record.update(self.stats.drain_figures())  # eval/<env>/... at an EVAL_EVERY step (trainer.run.evaluation)
         if step_s is not None:
             record["time/step_s"] = step_s
             record["time/generation_s"] = gen

@@ -4,6 +4,7 @@ metrics.jsonl (trainer.core.metrics) stays the source of truth; each tracker get
 the order a reader wants them (TensorBoard orders its cards alphabetically by tag, the others by name too):
 
     reward, reward/<env>                                   the reward GRPO used, overall and per env
+    eval/reward, eval/<env>/reward_mean, ...               EVAL_EVERY steps: held-out episodes (trainer.run.evaluation)
     rollout/tool_calls_per_episode[/<env>], rollout/tool_failures_per_episode[/<env>], rollout/tool_failure_rate,
     rollout/episodes/<env>                                 what the agent did per episode
     time/generation_s, time/env_s, time/training_s, ...    the step time split
@@ -57,6 +58,8 @@ def view(record: dict[str, Any]) -> dict[str, float]:
     put("reward", record.get("reward"), "reward")
     for env in envs:
         put(f"reward/{env}", record.get(f"env/{env}/reward_mean"), f"env/{env}/reward_mean")
+    for key in sorted(k for k in record if k.startswith("eval/")):  # EVAL_EVERY's held-out figures, as they are
+        put(key, record[key], key)
     calls, rate = _number(record.get("tools/call_frequency")), _number(record.get("tools/failure_frequency"))
     put("rollout/tool_calls_per_episode", calls, "tools/call_frequency")
     for env in envs:
@@ -71,7 +74,7 @@ def view(record: dict[str, Any]) -> dict[str, float]:
     put("rollout/tool_failure_rate", rate)
     for env in envs:
         put(f"rollout/episodes/{env}", record.get(f"env/{env}/episodes"), f"env/{env}/episodes")
-    for part in ("generation_s", "env_s", "training_s", "scoring_s", "weight_sync_s", "step_s"):
+    for part in ("generation_s", "env_s", "training_s", "scoring_s", "weight_sync_s", "step_s", "eval_s"):
         put(f"time/{part}", record.get(f"time/{part}"), f"time/{part}")
     for key in sorted(k for k in record if k.startswith("off_policy/")):  # both modes (after reward: rollout/...)
         put(f"rollout/{key}", record[key], key)

@@ -70,7 +70,7 @@ PINS: tuple[Pin, ...] = (
         "self, prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields",
         "45b10ad512c52ceaa8f3a009ed4c2ded4ed03febb289889d529fafecb23363dd"),
     Pin(GRPO, "_generate_and_score_completions", "method",
-        "trainer/rollouts/rollout_loop.py, trainer/run/grpo_trainer.py, trainer/after/evaluate.py, bench/env_resets.py",
+        "trainer/rollouts/rollout_loop.py, trainer/run/grpo_trainer.py, trainer/run/held_out.py, bench/env_resets.py",
         "overridden (the batch's resets at once, timers, infra-ended rows out of the loss) and called by make eval: "
         "the env pool drawing _reset_batch_at_once repeats (pool cursor per environment, factory call when a pool "
         "runs short) and the reset loop it feeds (reset(**row) on each env in batch order, `environment` dropped in "
@@ -102,9 +102,9 @@ PINS: tuple[Pin, ...] = (
         "generation batch in optimizer steps is (_step % (steps_per_generation x num_iterations)) // accumulation"),
     Pin(GRPO, "_load_optimizer_and_scheduler", "method", "trainer/run/grpo_trainer.py",
         "overridden: several CPU ranks load the optimizer state on `cpu`, not `cpu:<rank>`", "self, checkpoint"),
-    Pin(GRPO, "_generate", "method", "trainer/after/evaluate.py, trainer/rollouts/rollout_loop.py",
-        "overridden by make eval (result[1] = completion_ids, result[2] = tool_mask); calls _tool_call_loop with "
-        "the arguments the loop's signature pins", "self, prompts"),
+    Pin(GRPO, "_generate", "method", "trainer/run/grpo_trainer.py, trainer/rollouts/rollout_loop.py",
+        "overridden: each rollout's token count (result[1] = completion_ids, result[2] = tool_mask); calls "
+        "_tool_call_loop with the arguments the loop's signature pins", "self, prompts"),
     Pin(GRPO, "_get_tool_suffix_ids", "method", "trainer/rollouts/rollout_loop.py",
         "called: the template's tool block after a round's tool messages", "self, tool_messages"),
     Pin(GRPO, "_is_vlm", "attribute", "trainer/rollouts/rollout_loop.py", "read: a vision model keeps TRL's own loop"),
@@ -121,7 +121,7 @@ PINS: tuple[Pin, ...] = (
     Pin(GRPO, "_sync_tool_dicts", "attribute", "trainer/rollouts/rollout_loop.py", "read: each rollout's sync tools by name"),
     Pin(GRPO, "_async_tool_dicts", "attribute", "trainer/rollouts/rollout_loop.py", "read: each rollout's async tools by name"),
     Pin(GRPO, "_metrics", "attribute", "trainer/run/grpo_trainer.py, trainer/rollouts/infra_failures.py, trainer/gpu/trl_hooks.py, "
-        "trainer/rollouts/zero_variance.py",
+        "trainer/rollouts/zero_variance.py, trainer/run/evaluation.py (the eval mode's cleared)",
         "appended to: {'train'|'eval': {key: [values]}}, which TRL's log() averages; the last frac_reward_zero_std "
         "value _generate_and_score_completions appended is replaced (zero_variance.log_share)"),
     # ------------------------------------------------------------------ vLLM generation and client (GPU paths)

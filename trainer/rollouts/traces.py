@@ -1,7 +1,8 @@
 """Rollout traces: what the model actually did in an episode, kept in `/outputs/<run>/rollouts.jsonl`.
 
-Every TRACE_EVERY steps the trainer writes TRACE_SAMPLES rollouts of the batch it trains on (default: one GRPO
-group, so the rollouts compared with each other are seen together), one JSON object per line:
+At the first step and every TRACE_EVERY steps (`traced`) the trainer writes TRACE_SAMPLES rollouts of the batch it
+trains on (default: one GRPO group, so the rollouts compared with each other are seen together), one JSON object per
+line:
 
     step, env, reset (the row's reset kwargs: the `seed` its whole group shares, envs.generic.task), prompt (chat
     messages), turns (the assistant turns and tool results, as TRL's completion messages), tool_calls ([{tool,
@@ -11,7 +12,7 @@ group, so the rollouts compared with each other are seen together), one JSON obj
     training then left out: trainer.rollouts.infra_failures; else null)
 
 ROLLOUTS=async: the rollout worker writes them (trainer.async_grpo.async_run), TRACE_SAMPLES rollouts (groups as they
-are scored) of each TRACE_EVERY-th policy version, with `policy_version` (how many weight updates the generating policy
+are scored) of the first and each TRACE_EVERY-th policy version, with `policy_version` (how many weight updates the generating policy
 had) and `step` = policy_version + 1 (the step a sync run would have traced them at; the trainer may train them a few
 steps later, up to MAX_STALENESS).
 
@@ -33,6 +34,12 @@ ROLLOUTS_FILE = "rollouts.jsonl"
 REQUIRED = {"step": int, "env": str, "reset": dict, "prompt": list, "turns": list, "tool_calls": list,
             "env_reward": (int, float, type(None)), "reward": (int, float, type(None)), "rewards": dict}
 RESULT_CHARS = 2000  # a tool result kept in a trace; longer ones are cut (the model saw them whole)
+
+
+def traced(step: int, every: int) -> bool:
+    """Is `step` (1-based) one to trace: the first, so a short first run shows what the model did, and every
+    `every`-th (TRACE_EVERY; 0: none)."""
+    return bool(every) and (step == 1 or step % every == 0)
 
 
 class Trace:
@@ -178,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.run:
         runs = [d for d in runs if d.name == args.run]
     if not runs:
-        print(f"no {ROLLOUTS_FILE} under {outputs}{' for run ' + args.run if args.run else ''}: a run traces every "
-              "TRACE_EVERY steps (.env); train first (`make train`)", file=sys.stderr)
+        print(f"no {ROLLOUTS_FILE} under {outputs}{' for run ' + args.run if args.run else ''}: a run traces its first "
+              "step and every TRACE_EVERY steps (.env); train first (`make train`)", file=sys.stderr)
         return 1
     run = max(runs, key=lambda d: (d / ROLLOUTS_FILE).stat().st_mtime)
     traced = read(run / ROLLOUTS_FILE)

@@ -1,5 +1,8 @@
-"""A run's checkpoints: which are complete, the last one (resume, eval and export default to it), and the one a user
-names (`checkpoint-N`, `N` or a path).
+"""A run's checkpoints: which are complete, the last one (resume, eval and export default to it), the one a user
+names (`checkpoint-N`, `N`, `best` or a path), and `checkpoint-best`, the best by the evaluation during training
+(EVAL_EVERY: trainer.run.evaluation): the files of that step's checkpoint hard-linked, so that checkpoint's rotation
+does not take them; transformers' rotation (3 folders kept) spares checkpoint-best itself, one of the 3, as its state's
+best_model_checkpoint. Never resumed from.
 
 Complete means: the trainer wrote MARKER last, after every file of the folder and the folder itself were fsynced
 (`seal`, from the trainer's on_save), and trainer_state.json parses. A host crash or a full disk mid-save leaves a
@@ -19,6 +22,8 @@ from pathlib import Path
 PREFIX = "checkpoint-"
 WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "adapter_model.safetensors")
 MARKER = "checkpoint-complete.json"
+BEST = f"{PREFIX}best"
+BEST_NOTE = "best-eval.json"  # in checkpoint-best: {"step", "reward"}, what made it the best
 OPTIMIZER_FACTOR = 2  # AdamW keeps two fp32 moments per parameter (save-size estimate before the first checkpoint)
 
 
@@ -102,8 +107,9 @@ def pick(run_dir: Path, checkpoint: str | None) -> tuple[Path, int]:
     else:
         path = run_dir / (checkpoint if checkpoint.startswith(PREFIX) else f"{PREFIX}{checkpoint}")
     if not path.is_dir():
-        raise CheckpointError(f"run {run_dir.name} has no {path.name} ({have}); pick one of them, or leave CHECKPOINT "
-                              "empty for the last complete one")
+        why = " (the evaluation during training writes it: EVAL_EVERY in .env)" if path.name == BEST else ""
+        raise CheckpointError(f"run {run_dir.name} has no {path.name}{why} ({have}); pick one of them, or leave "
+                              "CHECKPOINT empty for the last complete one")
     why = why_incomplete(path)
     if why is not None:
         raise CheckpointError(f"{path.name} of run {run_dir.name} is incomplete: {why}; pick another ({have})")
@@ -138,6 +144,41 @@ def seal(path: Path, step: int) -> None:
     os.replace(tmp, path / MARKER)
     _fsync(path, directory=True)
     _fsync(path.parent, directory=True)  # the checkpoint folder's own entry in the run folder
+
+
+def keep_as_best(ckpt: Path, step: int, note: dict) -> Path:
+    """`ckpt` (just saved) as the run's checkpoint-best: its files hard-linked (copied where the filesystem has no hard
+    links) but the per-process RNG states, `note` beside them, sealed, then swapped in for the previous best."""
+    run_dir = ckpt.parent
+    best, tmp, old = run_dir / BEST, run_dir / f".{BEST}.tmp", run_dir / f".{BEST}.old"
+    for leftover in (tmp, old):
+        shutil.rmtree(leftover, ignore_errors=True)
+    shutil.copytree(ckpt, tmp, copy_function=_link, ignore=shutil.ignore_patterns("rng_state*", MARKER))
+    (tmp / BEST_NOTE).write_text(json.dumps(note))
+    (tmp / BEST_NOTE).chmod(0o644)
+    seal(tmp, step)
+    if best.exists():
+        os.replace(best, old)
+    os.replace(tmp, best)
+    shutil.rmtree(old, ignore_errors=True)
+    return best
+
+
+def _link(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def best_note(run_dir: Path) -> dict | None:
+    """What made the run's checkpoint-best the best ({"step", "reward"}), or None when it has none (complete)."""
+    best = Path(run_dir) / BEST
+    try:
+        note = json.loads((best / BEST_NOTE).read_text()) if is_complete(best) else None
+    except (OSError, ValueError):
+        return None
+    return note if isinstance(note, dict) and isinstance(note.get("reward"), (int, float)) else None
 
 
 def size_of(path: Path) -> int:

@@ -12,7 +12,7 @@ from trainer.core.dist import log
 def make_trainer_class():
     from trl import GRPOTrainer
 
-    from trainer.rollouts import infra_failures, zero_variance
+    from trainer.rollouts import infra_failures, traces, zero_variance
     from contract import stages
     from trainer.gpu.trl_hooks import check_served_weights
     from trainer.core.metrics import STATS
@@ -31,6 +31,17 @@ def make_trainer_class():
 
             self._off_policy_window = Window()  # the off_policy/* figures of the logging window
 
+        last_tokens: list[int] | None = None  # tokens the model generated in each rollout of the last batch
+
+        def _generate(self, prompts):
+            """TRL's; keeps each rollout's generated-token count (TRL logs only the mean): held-out episodes report it
+            (trainer.run.held_out). result[1]: completion ids, result[2]: the tool mask (1 on the model's tokens)."""
+            result = super()._generate(prompts)
+            completion_ids, tool_mask = result[1], result[2]
+            self.last_tokens = ([sum(m) for m in tool_mask] if tool_mask is not None
+                                else [len(ids) for ids in completion_ids])
+            return result
+
         def _generate_single_turn(self, *args, **kwargs):
             start = time.perf_counter()
             with STATS.timer("generation"):
@@ -43,15 +54,15 @@ def make_trainer_class():
             self._trace_trackers = trackers  # trainer.core.trackers.Trackers: the traces as tables (trackio, W&B)
 
         def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
-            """TRL's, then (every TRACE_EVERY steps) a sample of the batch's rollouts to rollouts.jsonl (trainer.rollouts.traces).
-            Every process reaches this together for the same step, so gathering here keeps them in step."""
+            """TRL's, then (the first step and every TRACE_EVERY steps) a sample of the batch's rollouts to
+            rollouts.jsonl (trainer.rollouts.traces). Every process reaches this together for the same step, so gathering here keeps them in step."""
             rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
             # episodes the env side ended: no reward, out of the baseline (trainer.rollouts.infra_failures)
             rewards_per_func = infra_failures.leave_out_rewards(self, rewards_per_func)
             zero_variance.leave_out_of_normaliser(self, rewards_per_func)  # ZERO_STD_GROUPS=drop: flat groups too
             every = getattr(self, "_trace_every", 0)
             step = self.state.global_step + 1  # the optimizer step this batch trains
-            if self.model.training and every and step % every == 0 and step != getattr(self, "_traced_step", None):
+            if self.model.training and traces.traced(step, every) and step != getattr(self, "_traced_step", None):
                 self._traced_step = step
                 self._trace(step, prompts, completions, rewards_per_func)
             return rewards_per_func
@@ -60,8 +71,6 @@ def make_trainer_class():
             import math
 
             from accelerate.utils import gather_object
-
-            from trainer.rollouts import traces
 
             weights = self.reward_weights.tolist()
             per_func = [dict(zip(self.reward_func_names, row)) for row in rewards_per_func.cpu().tolist()]

@@ -479,11 +479,29 @@ def check_trl(cfg: RunConfig, report: PreflightReport) -> list[str]:
     return []
 
 
+def check_eval(cfg: RunConfig, report: PreflightReport) -> list[str]:
+    """EVAL_EVERY: every env has held-out rows (trainer.run.held_out), played on the sessions training opens."""
+    if cfg.rollouts.is_async or not cfg.rollouts.eval_every or set(cfg.env_names) - set(report.specs):
+        return []  # off, or an env not resolved (its error is listed already)
+    from trainer.run.held_out import NoHeldOutRows, batch_rows, held_out
+
+    try:
+        tasks = held_out(cfg, report.specs, cfg.rollouts.eval_episodes)
+    except NoHeldOutRows as exc:
+        return [str(exc)]
+    batches = ", ".join(f"{name} {batch_rows(cfg, name, len(rows), 1)} at once" for name, (_, rows) in tasks.items())
+    report.ok.append(f"eval every {cfg.rollouts.eval_every} steps: {cfg.rollouts.eval_episodes} held-out episodes per "
+                     f"env (seeds training never uses), greedy; {batches}, on the training sessions (no env capacity "
+                     "beyond training's)")
+    return []
+
+
 def run_all(cfg: RunConfig, mode: str, wait_s: float = 20.0, tokenizer=None, num_processes: int = 1) -> PreflightReport:
     """Every check, once (rank 0 when several trainer processes run: capacity is counted for all of them)."""
     report = PreflightReport()
     errors = check_trl(cfg, report)
     errors += check_env_servers(cfg, report, wait_s=wait_s, num_processes=num_processes)
+    errors += check_eval(cfg, report)
     errors += check_trackers(cfg, report)
     if tokenizer is None:
         tokenizer, err = load_tokenizer(cfg, mode)

@@ -1,7 +1,8 @@
 """A training run, start to end (`python -m trainer.train`, trainer/train.py).
 
 config -> resume decision -> preflight -> model + dataset + env factories -> GRPOTrainer.train().
-Writes OUTPUT_DIR/RUN_NAME/{checkpoint-N/, metrics.jsonl, rollouts.jsonl, tensorboard/} (+ REPORT_TO's trackers).
+Writes OUTPUT_DIR/RUN_NAME/{checkpoint-N/, metrics.jsonl, rollouts.jsonl, tensorboard/} (+ REPORT_TO's trackers; with
+EVAL_EVERY checkpoint-best/ and eval/<env>/... in metrics.jsonl: trainer.run.evaluation).
 Exit codes: 0 done, 2 bad config, 3 preflight failed, 4 another trainer holds the run folder (trainer.run.run_lock),
 5 too little disk for a checkpoint (stopped before saving), 6 an env is down (trainer.rollouts.infra_failures),
 143 stopped by SIGTERM/Ctrl-C (checkpoint saved).
@@ -137,8 +138,15 @@ def main(argv: list[str] | None = None) -> int:
     stop_ids = stop_token_ids(model if model is not None else generation_config_of(cfg, mode), tokenizer)
     reward_funcs = ([unfinished_penalty(cfg.unfinished_penalty, stop_ids)]
                     if cfg.unfinished_penalty else None)  # the env's own reward comes from its tool class
+    evaluation = None  # EVAL_EVERY (ROLLOUTS=sync's knob): held-out episodes every N steps, checkpoint-best
+    if not cfg.rollouts.is_async and cfg.rollouts.eval_every:
+        from trainer.run.evaluation import EvalCallback
+        from trainer.run.held_out import held_out
+
+        evaluation = EvalCallback(cfg, held_out(cfg, report.specs, cfg.rollouts.eval_episodes), STATS)
+    # the evaluation after the step's timer (MetricsCallback) and before the control's disk check of the save it asks
     callbacks = [MetricsCallback(cfg.run_dir, STATS, resume_step=resume_step, mode=mode, trackers=trackers,
-                                 rollouts=cfg.rollouts), control]
+                                 rollouts=cfg.rollouts), *([evaluation] if evaluation else []), control]
     if cfg.rollouts.is_async:
         from trainer.async_grpo import async_trainer
 
@@ -150,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         trainer = build_sync_trainer(cfg, mode, model, tokenizer, dataset, factories, reward_funcs, callbacks,
                                      training_args, server_max_model_len, served_dtype, trackers)
+        if evaluation is not None:
+            evaluation.bind(trainer)
     trainer.remove_callback(PrinterCallback)  # MetricsCallback prints one readable line per step instead
 
     from trainer.rollouts.envs_binding import sessions_closed
