@@ -11,7 +11,6 @@ from envs import naming
 from tools import gpu_layout, settings
 from tools.images import compose_yaml_services, local_env_image
 from tools.settings import ROOT
-from contract.modes import as_mode
 
 if TYPE_CHECKING:
     from tools.derive import EnvKinds
@@ -114,7 +113,7 @@ def gpu_services(layout: gpu_layout.GpuLayout | None, cdi: bool) -> dict[str, di
     (a list, each id its own entry), and NCCL_FAST_PATH=1's shared layout (tools/gpu_layout.py says why)."""
     if layout is None:
         return {}
-    chosen = as_mode(layout.mode)
+    chosen = layout.mode
     default = chosen.server and len(layout.vllm) == 1 and len(layout.trainer) == 1 and not layout.fast_path
     if default or (chosen.colocated and len(layout.trainer) == 1):
         return {}

@@ -122,7 +122,7 @@ def make_trainer_class():
     return InstrumentedGRPOTrainer
 
 
-def build_sync_trainer(cfg: RunConfig, mode: str, model, tokenizer, dataset, factories, reward_funcs, callbacks,
+def build_sync_trainer(cfg: RunConfig, model, tokenizer, dataset, factories, reward_funcs, callbacks,
                         training_args, server_max_model_len, served_dtype, trackers):
     """ROLLOUTS=sync: TRL's GRPOTrainer with the stack's rollout loop, traces and weight-sync hooks."""
     from trainer.modeling import lora
@@ -141,7 +141,7 @@ def build_sync_trainer(cfg: RunConfig, mode: str, model, tokenizer, dataset, fac
     trainer.configure_rollouts(cfg.tool_timeout_s, cfg.tool_concurrency, server_max_model_len)
     trainer.configure_traces(cfg.run_dir, cfg.trace_every, cfg.trace_samples or cfg.num_generations, trackers)
     trainer.zero_std_groups = cfg.zero_std_groups  # trainer.rollouts.zero_variance
-    if cfg.mode(mode).uses_vllm:
+    if cfg.placement.uses_vllm:
         from trainer import gpu
 
         gpu.instrument_weight_sync(trainer, lambda seconds: STATS.add_time("weight_sync", seconds),
