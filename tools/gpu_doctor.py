@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Callable
 from tools import gpu_layout, images
 from tools.settings import load_env
 from contract import defaults
-from contract.train_mode import spec as mode_spec  # stdlib only: the GPU defaults of each mode
+from contract.train_mode import MODE_SPECS  # stdlib only: the GPU defaults of each mode
 
 if TYPE_CHECKING:  # the variant is handed in (tools/derive.py resolves TRAIN_MODE once)
     from contract.config import TrainModeVariant
@@ -122,7 +122,7 @@ def diagnose(gpus: list[Gpu], method: str | None, dotenv: dict[str, str], mode: 
         rows.append((n >= 1, "GPU count", f"{n} GPU(s){hint}"))
     ids = {g.index for g in gpus} | {g.uuid for g in gpus}
     by_id = {g.index: g for g in gpus} | {g.uuid: g for g in gpus}
-    defaults = mode_spec("gpu")
+    defaults = MODE_SPECS["gpu"]
     wanted = {"VLLM_GPU": dotenv.get("VLLM_GPU") or defaults.vllm_gpu_default,
               "TRAINER_GPU": dotenv.get("TRAINER_GPU") or defaults.trainer_gpu_default}
     if chosen.colocated:
@@ -182,7 +182,7 @@ def trainer_gpu_ids(dotenv: dict[str, str], mode: "TrainModeVariant", count: int
         if mode.colocated:
             return gpu_layout.parse_gpu_ids(gpu_layout.colocate_trainer_gpu(dotenv.get("TRAINER_GPU"), count)[0],
                                             "TRAINER_GPU")
-        return gpu_layout.parse_gpu_ids(dotenv.get("TRAINER_GPU") or mode_spec("gpu").trainer_gpu_default,
+        return gpu_layout.parse_gpu_ids(dotenv.get("TRAINER_GPU") or MODE_SPECS["gpu"].trainer_gpu_default,
                                         "TRAINER_GPU")
     except gpu_layout.LayoutError:
         return []

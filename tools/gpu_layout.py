@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from typing import TYPE_CHECKING
 
-from contract.train_mode import spec as mode_spec  # stdlib only: the GPU defaults of each mode
+from contract.train_mode import MODE_SPECS  # stdlib only: the GPU defaults of each mode
 
 if TYPE_CHECKING:  # the variant is handed in: this module stays standard library only
     from contract.config import TrainModeVariant
@@ -180,7 +180,7 @@ class GpuLayout:
 def colocate_trainer_gpu(trainer_gpu: str | None, gpu_count: int) -> tuple[str, str | None]:
     """TRAINER_GPU for colocate, and a note when it was changed: .env.example's TRAINER_GPU=1 is for the two-GPU
     split, and on a one-GPU host it means that GPU, device 0 (`make train` and `make doctor` agree on it)."""
-    value = trainer_gpu or mode_spec("colocate").trainer_gpu_default
+    value = trainer_gpu or MODE_SPECS["colocate"].trainer_gpu_default
     if gpu_count == 1 and value != "0":
         return "0", f"colocate: TRAINER_GPU={value} does not exist here; using GPU 0"
     return value, None

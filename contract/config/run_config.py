@@ -53,8 +53,9 @@ class RunConfig(*reversed(SECTIONS), BaseSettings):  # type: ignore[misc]  # pyd
         if problem:
             raise ValueError(problem)
         # ROLLOUTS chosen once: from here on `self.rollouts` is the variant, carrying its own knobs
-        flat = {name: getattr(self, name) for name in type(self).model_fields}
-        problem = rollouts_knob_problem(self.rollouts, flat, {k: default(k) for k in flat})
+        fields = type(self).model_fields
+        flat = {name: getattr(self, name) for name in fields}
+        problem = rollouts_knob_problem(self.rollouts, flat, {k: fields[k].default for k in flat})
         if problem:
             raise ValueError(problem)
         self.rollouts = rollouts_variant(self.rollouts, flat)
