@@ -81,9 +81,12 @@ def resolve_mode(values: dict[str, str], gpus: gpu_doctor.DockerGpus | None) -> 
         raise StackError(f"TRAIN_MODE: unknown value {want!r}; choose from {', '.join(MODES)} and edit .env")
     try:
         name, why = resolve_train_mode(want, gpus.count if gpus else 0, found=gpus.detail if gpus else "")
-        mode = train_mode_variant(name, {k.lower(): v for k, v in values.items() if v})
-    except (TrainModeError, ValueError) as exc:
+    except TrainModeError as exc:
         raise StackError(str(exc)) from None
+    try:
+        mode = train_mode_variant(name, {k.lower(): v for k, v in values.items() if v})
+    except ValueError:  # a bad knob (WEIGHT_TRANSFER=...): validate_run_config names it; the layout needs none
+        mode = train_mode_variant(name)
     spec = mode.spec
     if spec.runs_vllm_service:
         why += (f"; vLLM on GPU {values.get('VLLM_GPU') or spec.vllm_gpu_default}, trainer on GPU "

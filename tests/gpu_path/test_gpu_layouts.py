@@ -11,7 +11,7 @@ import pytest
 
 from tests.gpu_path.conftest import devices, resolved
 from tests.helpers import ROOT, free_port
-from contract.config import ColocateMode, CpuMode, GpuMode, RunConfig
+from contract.config import CpuMode, GpuMode, RunConfig
 from trainer.launch import LaunchError, launch_argv, process_count
 from tools import gpu_doctor
 from tools import gpu_layout
@@ -96,7 +96,7 @@ def test_two_and_one_gpu_defaults_are_unchanged_test_double_for_gpu_host(tmp_pat
     assert devices(two["vllm"])[0]["device_ids"] == ["0"] and devices(two["trainer"])[0]["device_ids"] == ["1"]
     assert flag(two["vllm"], "tensor-parallel-size") == "1" and flag(two["vllm"], "data-parallel-size") == "1"
     assert "NCCL_HOSTID" not in two["trainer"]["environment"] and two["trainer"]["environment"]["TRAINER_PROCESSES"] == "1"
-    one = resolved(tmp_path, monkeypatch, "\nTRAINER_GPU=0\n", host_with(1), mode=ColocateMode())
+    one = resolved(tmp_path, monkeypatch, "\nTRAINER_GPU=0\n", host_with(1), mode="colocate")
     assert "vllm" not in one and devices(one["trainer"])[0]["device_ids"] == ["0"]
 
 

@@ -17,7 +17,6 @@ import shutil
 
 import pytest
 
-from contract.config import GpuMode
 from tests.gpu_path.conftest import ensure_vllm_cpu_image, served_model, start_twin, stop_twin
 from tests.helpers import commit_download_cache
 from trainer.gpu import weight_check as wc
@@ -145,7 +144,7 @@ def test_generation_config_penalties_do_not_change_server_mode_sampling(twin, pe
 
     t, _ = twin
     cfg = RunConfig(train_mode="gpu", model_name=str(penalised_model))
-    args = grpo_args.grpo_config(cfg.resolved(GpuMode()), output_dir=str(tmp_path), use_cpu=True, bf16=False, **grpo_vllm_kwargs(cfg))
+    args = grpo_args.grpo_config(cfg, output_dir=str(tmp_path), use_cpu=True, bf16=False, **grpo_vllm_kwargs(cfg))
     model = AutoModelForCausalLM.from_pretrained(penalised_model, dtype=torch.float32).eval()
     ids = AutoTokenizer.from_pretrained(penalised_model)(wc.PROBE_TEXT)["input_ids"]
     client = trl_client_cls(base_url=t.url)

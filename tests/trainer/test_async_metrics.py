@@ -96,7 +96,7 @@ def state(step):
 
 def log_one(tmp_path, logs, rollouts, episodes=None, gpu=True):
     stats, lines = RolloutStats(), []
-    cb = MetricsCallback(str(tmp_path), stats, mode=GpuMode() if gpu else "cpu", print_fn=lines.append,
+    cb = MetricsCallback(str(tmp_path), stats, mode=GpuMode() if gpu else CpuMode(), print_fn=lines.append,
                          trackers=trackers.Trackers([], trackers.RunInfo(str(tmp_path), "r", str(tmp_path))),
                          rollouts=rollouts)
     cb.on_train_begin(None, state(0), None)
