@@ -17,12 +17,12 @@ from contract.config.errors import ConfigError, format_validation_error
 from contract.config.model import CPU_DEFAULT_MODEL, GPU_DEFAULT_MODEL, LoraSettings, is_hub_id, local_snapshot
 from contract.config.placement import ColocateMode, CpuMode, GpuMode, TrainMode, TrainModeVariant, train_mode_variant
 from contract.config.rollouts import AsyncRollouts, Rollouts, SyncRollouts, rollouts_variant
-from contract.config.run_config import ENV_VARS, SECTIONS, RunConfig, default, describe, section_of
+from contract.config.run_config import ENV_VARS, SECTIONS, RunConfig, default, describe
 from contract.config.training import CPU_DEFAULT_LR, GPU_DEFAULT_LR
 
 __all__ = [
     "AsyncRollouts", "CPU_DEFAULT_LR", "CPU_DEFAULT_MODEL", "ColocateMode", "ConfigError", "CpuMode", "ENV_VARS",
     "GPU_DEFAULT_LR", "GPU_DEFAULT_MODEL", "GpuMode", "LoraSettings", "RunConfig", "Rollouts", "SECTIONS",
     "SyncRollouts", "TrainMode", "TrainModeVariant", "default", "describe", "format_validation_error", "is_hub_id",
-    "known_envs", "local_snapshot", "rollouts_variant", "section_of", "train_mode_variant",
+    "known_envs", "local_snapshot", "rollouts_variant", "train_mode_variant",
 ]

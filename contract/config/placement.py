@@ -6,7 +6,7 @@ the variant (`cfg.placement.server`, `.colocated`, `.trainer_on_cpu`, `.reload_d
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, Field, TypeAdapter
 
@@ -137,6 +137,6 @@ class PlacementSettings(BaseModel):
                               "(trainer.core.grpo_args.resolve) and hand on the resolved config")
         return train_mode_variant(self.train_mode, self.__dict__)
 
-    def resolved(self, mode: TrainModeVariant):
+    def resolved(self, mode: TrainModeVariant) -> Self:
         """This config with TRAIN_MODE resolved to `mode` (its knobs stay this config's: placement reads them)."""
         return self.model_copy(update={"train_mode": mode.name})

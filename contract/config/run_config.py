@@ -132,14 +132,6 @@ def default(field: str) -> Any:
 ENV_VARS: tuple[str, ...] = tuple(name.upper() for name in RunConfig.model_fields)
 
 
-def section_of(field: str) -> str:
-    """The section (module of contract.config) a setting is declared in: docs and checks name it."""
-    for section in SECTIONS:
-        if field in section.model_fields:
-            return section.__module__.rsplit(".", 1)[-1]
-    raise KeyError(field)
-
-
 def describe() -> list[dict[str, str]]:
     """One row per variable (name, default, description)."""
     rows = []
