@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 from trl.experimental.async_grpo.async_grpo_trainer import _reduce_metric
 
-from contract.config import AsyncRollouts, CpuMode, GpuMode
+from contract.config import AsyncRollouts, CpuMode, GpuMode, rollouts_variant
 from tools.commands import smoke
 from trainer.core import async_metrics, trackers
 from contract import sampling_health, stages
@@ -98,7 +98,7 @@ def log_one(tmp_path, logs, rollouts, episodes=None, gpu=True):
     stats, lines = RolloutStats(), []
     cb = MetricsCallback(str(tmp_path), stats, mode=GpuMode() if gpu else CpuMode(), print_fn=lines.append,
                          trackers=trackers.Trackers([], trackers.RunInfo(str(tmp_path), "r", str(tmp_path))),
-                         rollouts=rollouts)
+                         rollouts=rollouts_variant(rollouts))
     cb.on_train_begin(None, state(0), None)
     cb.on_step_begin(None, state(1), None)
     for env, eps in (episodes or {}).items():
