@@ -80,7 +80,7 @@ def test_one_gpu_host_is_told_to_use_colocate_test_double_for_gpu_host():
 
 def test_missing_runtime_and_same_gpu_twice_are_reported_test_double_for_gpu_host():
     gpus = gpu_doctor.parse_gpu_csv(SMI_CSV_2)
-    rows = rows_by_name(gpu_doctor.diagnose(gpus, None, {"VLLM_GPU": "1", "TRAINER_GPU": "1"}, "gpu",
+    rows = rows_by_name(gpu_doctor.diagnose(gpus, None, {"VLLM_GPU": "1", "TRAINER_GPU": "1"}, GpuMode(),
                                             "img", "12.9.1"))
     assert not rows["Docker GPU access"][0] and "nvidia-container-toolkit" in rows["Docker GPU access"][1]
     assert not rows["GPU assignment"][0]
@@ -185,8 +185,8 @@ def test_vllms_gpu_keeps_room_for_a_weight_push_outside_its_share_test_double_fo
     assert "weight-push room GPU 1" not in rows  # the trainer's GPU
     assert rows_by_name(gpu_doctor.diagnose(card24, "CDI", {"VLLM_GPU": "0", "TRAINER_GPU": "1",
                                                             "VLLM_GPU_MEMORY_UTILIZATION": "0.89"},
-                                            "gpu", "img", None))["weight-push room GPU 0"][0]
-    assert rows_by_name(gpu_doctor.diagnose(gpu_doctor.parse_gpu_csv(SMI_CSV_2), "CDI", ENV, "gpu", "img",
+                                            GpuMode(), "img", None))["weight-push room GPU 0"][0]
+    assert rows_by_name(gpu_doctor.diagnose(gpu_doctor.parse_gpu_csv(SMI_CSV_2), "CDI", ENV, GpuMode(), "img",
                                             None))["weight-push room GPU 0"][0]
     colocate = rows_by_name(gpu_doctor.diagnose(card24[:1], "CDI", {"TRAINER_GPU": "0"}, ColocateMode(), "img", None))
     assert not any(name.startswith("weight-push room") for name in colocate)  # in-process load, no receive buffers
