@@ -37,7 +37,7 @@ def served_max_lora_rank(rank: int) -> int:
 
 def problem(cfg, mode) -> str | None:
     """One line naming what to change when the LoRA settings of `cfg` (a contract.config.RunConfig) cannot work together
-    (None: they can). `mode`: the resolved TRAIN_MODE's variant (contract.modes), None while it is still `auto`."""
+    (None: they can). `mode`: the resolved TRAIN_MODE's variant (contract.config.placement), None while it is still `auto`."""
     if cfg.lora_r > VLLM_MAX_LORA_RANKS[-1]:
         return (f"LORA_R={cfg.lora_r}: vLLM serves adapters up to rank {VLLM_MAX_LORA_RANKS[-1]} "
                 f"(--max-lora-rank); set LORA_R to {VLLM_MAX_LORA_RANKS[-1]} or less (edit .env)")

@@ -1,6 +1,6 @@
 """The trainer's GPU memory for a model and layout (standard library only: the host's `make doctor` imports it too).
 
-Per trainer GPU, for `method="full"` (every weight trained, fp32 master weights, bf16 autocast, AdamW):
+Per trainer GPU, for `FULL` (every weight trained, fp32 master weights, bf16 autocast, AdamW):
 
     weights     4 B x params / shards         fp32 master weights
     gradients   4 B x params / shards         fp32, like the weights they belong to
@@ -25,7 +25,7 @@ Per trainer GPU, for `method="full"` (every weight trained, fp32 master weights,
 shards = trainer processes under TRAINER_SHARDING=fsdp (or zero3), else 1 (ddp: a full copy per GPU). Available: the
 whole GPU with TRAIN_MODE=gpu (vLLM has its own), (1 - VLLM_GPU_MEMORY_UTILIZATION) of it when colocated.
 
-LoRA and QLoRA (`method="lora"` / `"qlora"`, LORA_R = r) train adapters only: A = r x in and B = out x r on every
+LoRA and QLoRA (`LORA` / `QLORA`, LORA_R = r) train adapters only: A = r x in and B = out x r on every
 targeted linear layer (default all of the decoder's: L = r x (in + out) per layer), so gradients and AdamW shrink to
 the adapters' share, while the frozen base stays:
 
@@ -47,17 +47,47 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from contract.modes import as_mode
-
 GIB = 1024 ** 3
 OVERHEAD_BYTES = 1 * GIB
 SHARDED = ("fsdp", "zero3")  # TRAINER_SHARDING values that split weights, gradients and optimizer over the GPUs
 GRADIENT_CHECKPOINTING = True  # TRL's GRPOConfig default, which the project keeps (tests check it)
 DEFAULT_PROMPT_TOKENS = 512  # the host's assumption; the trainer's preflight measures the longest prompt
 
-METHODS = ("full", "lora", "qlora")
 DEFAULT_LORA_R = 16  # the host's table and `make doctor` when LORA_R is 0 (full) but a LoRA row is shown
 NF4_BYTES = 0.52  # 4 bits + one fp8 scale per 64 weights + fp32 per 256 scales (double quantization): ~4.13 bits
+
+
+@dataclass(frozen=True)
+class Method:
+    """How the weights are trained, as far as memory goes (the formulas of the module's docstring)."""
+
+    name: str  # full, lora, qlora: the estimate's word
+    label: str  # what a line or the table shows
+    adapters: bool  # rank-r adapters on a frozen base (gradients and AdamW the adapters' only)
+    quantized: bool  # the base's linear layers in NF4: it cannot be sharded (RunConfig.lora_problem)
+    next_fix: str | None  # the cheaper method the verdict suggests
+
+    def frozen_bytes(self, shape: "ModelShape") -> float:
+        """The frozen base's bytes (none: every weight is trained, counted as trainable)."""
+        if not self.adapters:
+            return 0.0
+        params = shape.params()
+        if not self.quantized:
+            return 4.0 * params  # fp32: TRL merges the adapter into it for every push
+        linear = shape.linear_params()
+        return NF4_BYTES * linear + 2.0 * (params - linear)
+
+
+FULL = Method("full", "full", False, False, f"adapters instead of every weight (LORA_R={DEFAULT_LORA_R}, or QLORA=true "
+              "with it)")
+LORA = Method("lora", "LoRA", True, False, "a 4-bit base (QLORA=true)")
+QLORA = Method("qlora", "QLoRA", True, True, None)
+METHODS = (FULL, LORA, QLORA)
+
+
+def method_of(lora) -> Method:
+    """The method a run's `cfg.lora` (contract.config.LoraSettings, None: full fine-tuning) trains with."""
+    return FULL if lora is None else QLORA if lora.qlora else LORA
 # vLLM 0.31's packed NCCL producer (server mode's and async's weight push): two 1 GiB buffers, filled in turn
 PACKED_PUSH_BYTES = 2 * GIB
 # What vLLM's side of such a push allocates outside its VLLM_GPU_MEMORY_UTILIZATION share, after its KV cache filled the
@@ -150,7 +180,7 @@ class Estimate:
     push: int
     overhead: int
     gradient_checkpointing: bool
-    method: str
+    method: Method
     trainable: int = 0  # parameters AdamW updates: all of them (full) or the adapters' (LoRA, QLoRA)
     lora_r: int = 0
     autocast: int = 0  # bf16 autocast's cache of the trainable weights
@@ -164,8 +194,8 @@ class Estimate:
     def breakdown(self) -> str:
         """One line: each part in GiB, and the total per trainer GPU."""
         sharded = f", sharded over {self.shards} GPUs" if self.shards > 1 else ""
-        method = self.method if self.method == "full" else \
-            f"{self.method} r={self.lora_r}, {self.trainable / 1e6:.1f}M trainable"
+        method = (f"{self.method.name} r={self.lora_r}, {self.trainable / 1e6:.1f}M trainable" if self.method.adapters
+                  else self.method.name)
         return (f"{self.params / 1e9:.2f}B params ({method}{sharded}): weights {gib(self.weights)} + gradients "
                 f"{gib(self.gradients)} + AdamW {gib(self.optimizer)} + autocast cache {gib(self.autocast)} + "
                 f"activations {gib(self.activations)} "
@@ -180,18 +210,16 @@ def gib(n: float) -> str:
 
 def estimate(shape: ModelShape, *, processes: int = 1, sharding: str = "ddp", batch: int = 8,
              prompt_tokens: int = DEFAULT_PROMPT_TOKENS, completion_tokens: int = 256,
-             gradient_checkpointing: bool = GRADIENT_CHECKPOINTING, method: str = "full",
+             gradient_checkpointing: bool = GRADIENT_CHECKPOINTING, method: Method = FULL,
              lora_r: int = DEFAULT_LORA_R, packed_push: bool = True) -> Estimate:
     """Bytes per trainer GPU (the formula is the module's docstring)."""
     if method not in METHODS:
-        raise ShapeError(f"training method {method!r} has no memory model (known: {', '.join(METHODS)})")
+        known = ", ".join(m.name for m in METHODS)
+        raise ShapeError(f"training method {method!r} has no memory model (known: {known})")
     params = shape.params()
-    if method == "full":
-        trainable, frozen_bytes, lora_r = params, 0.0, 0
-    else:
-        trainable = shape.lora_params(lora_r)
-        linear = shape.linear_params()
-        frozen_bytes = 4.0 * params if method == "lora" else NF4_BYTES * linear + 2.0 * (params - linear)
+    trainable = shape.lora_params(lora_r) if method.adapters else params
+    lora_r = lora_r if method.adapters else 0
+    frozen_bytes = method.frozen_bytes(shape)
     w, g, o = frozen_bytes + 4 * trainable, 4 * trainable, 8 * trainable
     shards = max(processes, 1) if sharding in SHARDED else 1
     tokens = batch * (prompt_tokens + completion_tokens)
@@ -226,15 +254,13 @@ def verdict(est: Estimate, gpu_bytes: int, *, colocate: bool = False, vllm_share
         fixes.append("lower VLLM_GPU_MEMORY_UTILIZATION or give vLLM its own GPU (TRAIN_MODE=gpu)")
     if not colocate and rest < room:  # the model states can be sharded down to what is left (colocate: one GPU)
         need = math.ceil(states * est.shards / (room - rest))
-        if need > est.shards and est.method != "qlora":  # QLoRA cannot shard (RunConfig.lora_problem)
+        if need > est.shards and not est.method.quantized:  # QLoRA cannot shard (RunConfig.lora_problem)
             fixes.append(f"{need} trainer GPUs with TRAINER_SHARDING=fsdp (TRAINER_GPU)")
     if est.activations > room / 4:
         fixes.append("shorter lengths (MAX_COMPLETION_LENGTH) or a smaller PER_DEVICE_TRAIN_BATCH_SIZE "
                      "(GRADIENT_ACCUMULATION_STEPS keeps the batch; the estimate already holds its gradients)")
-    if est.method == "full":
-        fixes.append(f"adapters instead of every weight (LORA_R={DEFAULT_LORA_R}, or QLORA=true with it)")
-    elif est.method == "lora":
-        fixes.append("a 4-bit base (QLORA=true)")
+    if est.method.next_fix:
+        fixes.append(est.method.next_fix)
     fixes.append("a smaller model (MODEL_NAME)")
     return (f"the trainer needs ~{gib(est.total)} per GPU but has {where}: use "
             + ", or ".join(fixes) + " (edit .env)")
@@ -254,14 +280,15 @@ def vllm_push_room(gpu_bytes: int, share: float) -> str | None:
             f"own): the first push would run out of memory; {fix}")
 
 
-def check(config: dict, gpu_bytes: int, *, mode: str, processes: int, sharding: str, batch: int, prompt_tokens: int,
-          completion_tokens: int, vllm_share: float, method: str = "full",
+def check(config: dict, gpu_bytes: int, *, mode, processes: int, sharding: str, batch: int, prompt_tokens: int,
+          completion_tokens: int, vllm_share: float, method: Method = FULL,
           lora_r: int = DEFAULT_LORA_R) -> tuple[Estimate, str | None]:
-    """The estimate for a run's settings and its verdict on one trainer GPU of `gpu_bytes` (None: it fits)."""
+    """The estimate for a run's settings and its verdict on one trainer GPU of `gpu_bytes` (None: it fits). `mode`:
+    the resolved TRAIN_MODE's variant (contract.config.TrainModeVariant; only its `colocated` is read)."""
+    colocate = mode.colocated
     est = estimate(ModelShape.from_config(config), processes=processes, sharding=sharding, batch=batch,
                    prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, method=method,
-                   lora_r=lora_r or DEFAULT_LORA_R, packed_push=not as_mode(mode).colocated)
-    colocate = as_mode(mode).colocated
+                   lora_r=lora_r or DEFAULT_LORA_R, packed_push=not colocate)
     return est, verdict(est, gpu_bytes, colocate=colocate, vllm_share=vllm_share if colocate else 0.0)
 
 
@@ -280,7 +307,7 @@ def compare(config: dict, gpu_bytes: int | None = None, *, lora_r: int = 0, **se
     parts = []
     for method in METHODS:
         est, problem = check(config, gpu_bytes or 1 << 62, method=method, lora_r=lora_r, **settings)
-        label = {"full": "full", "lora": f"LoRA r={est.lora_r}", "qlora": f"QLoRA r={est.lora_r}"}[method]
+        label = f"{method.label} r={est.lora_r}" if method.adapters else method.label
         fits = "" if gpu_bytes is None else (" fits" if problem is None else " does not fit")
         parts.append(f"{label} {gib(est.total)}{fits}")
     return "; ".join(parts)
@@ -318,7 +345,7 @@ def fits_table(batch: int = 8, completion_tokens: int = 256, lora_r: int = DEFAU
                 for m in METHODS}
         cells = [name, " / ".join(f"{e.total / GIB:.1f}" for e in ests.values()) + " GiB"]
         for mib in CARDS_MIB.values():
-            fit = [{"full": "full", "lora": "LoRA", "qlora": "QLoRA"}[m] for m, e in ests.items()
+            fit = [m.label for m, e in ests.items()
                    if verdict(e, mib * 1024 ** 2) is None]
             cells.append(", ".join(fit) or "none (shard: TRAINER_SHARDING=fsdp)")
         rows.append("| " + " | ".join(cells) + " |")

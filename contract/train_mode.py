@@ -1,9 +1,10 @@
 """TRAIN_MODE, resolved by one rule wherever it is resolved (standard library only).
 
-The host (`tools/docker_host.py`) counts the GPUs Docker hands out and passes the result to the trainer
-as TRAIN_MODE; the trainer resolves `auto` itself only when started outside `make` (it counts the
-GPUs torch sees, and whether the vllm service's name resolves: inside the trainer container of a
-two-GPU host it sees only its own GPU).
+The host (`tools/derive.py`, from the GPUs Docker hands out) resolves `auto` once into its plan and passes the
+result to the trainer as TRAIN_MODE; the trainer resolves `auto` itself only when started outside `make`
+(trainer.core.grpo_args.resolve: the GPUs torch sees, and whether the vllm service's name resolves: inside the trainer
+container of a two-GPU host it sees only its own GPU). Either way the result is the config's variant
+(contract.config.placement: cfg.placement), which the code below asks; a row of the table: `cfg.placement.spec`.
 """
 
 from __future__ import annotations
@@ -39,11 +40,6 @@ MODE_SPECS: dict[str, ModeSpec] = {
                           "importance_sampling", "tool_calls")),
 }
 NEEDS_GPUS = {mode: spec.gpus_needed for mode, spec in MODE_SPECS.items()}
-
-
-def spec(mode: str) -> ModeSpec:
-    """The table's row of a resolved mode (cpu, gpu or colocate)."""
-    return MODE_SPECS[mode]
 
 
 class TrainModeError(ValueError):

@@ -1,4 +1,4 @@
-"""The rules about env names that the host (tools/) and the trainer (contract/config.py) share, written once.
+"""The rules about env names that the host (tools/) and the trainer (contract/config/) share, written once.
 
 Standard library only: both sides import it, and it imports neither.
 

@@ -1,15 +1,16 @@
-"""#47 item 2: ROLLOUTS and TRAIN_MODE each chosen once, as a typed choice (contract.modes): the variant carries its own
-knobs and refusals, the flat .env names stay, and the code below asks the variant instead of comparing the string."""
+"""#47 item 2, #62: ROLLOUTS and TRAIN_MODE each chosen once, as a typed choice (contract.config's pydantic
+discriminated unions): the variant carries its own knobs and refusals, the flat .env names stay, TRAIN_MODE=auto is
+resolved once into the config, and the code below asks the variant instead of comparing the string."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from contract import modes
+from contract import config as modes
 from contract.config import ConfigError, RunConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +47,7 @@ def test_rollouts_is_chosen_once_with_its_own_knobs(monkeypatch):
     monkeypatch.setenv("MAX_STALENESS", "7")
     cfg = RunConfig.load([])
     assert cfg.rollouts == modes.AsyncRollouts(max_staleness=7) and cfg.rollouts.is_async
-    with pytest.raises(dataclasses.FrozenInstanceError):
+    with pytest.raises(ValidationError, match="frozen"):
         cfg.rollouts.max_staleness = 1  # type: ignore[misc]
     # what is written down (run.json, `python -m contract.config`) is the .env value, as before
     assert cfg.model_dump()["rollouts"] == "async" and '"rollouts":"async"' in cfg.model_dump_json()
@@ -60,13 +61,14 @@ def test_rollouts_is_chosen_once_with_its_own_knobs(monkeypatch):
 def test_each_rollouts_variant_answers_what_the_code_asks():
     cfg = RunConfig.load([], rollouts="async", max_staleness=3, train_mode="gpu", per_device_train_batch_size=8)
     assert cfg.rollouts.session_pool(cfg, 2) == (3 * 8 * 2, 1)  # one pool, the rollout worker's
-    assert cfg.rollouts.problem(cfg.mode("cpu"), 1, "ddp").startswith("ROLLOUTS=async generates with a vLLM server")
-    assert cfg.rollouts.problem(cfg.mode("gpu"), 2, "ddp").startswith("ROLLOUTS=async shards 2 trainer processes")
-    assert cfg.rollouts.problem(cfg.mode("gpu"), 2, "fsdp") is None
+    assert cfg.rollouts.problem(modes.CpuMode(), 1, "ddp").startswith("ROLLOUTS=async generates with a vLLM server")
+    assert cfg.rollouts.problem(cfg.placement, 2, "ddp").startswith("ROLLOUTS=async shards 2 trainer processes")
+    assert cfg.rollouts.problem(cfg.placement, 2, "fsdp") is None
     sync = RunConfig.load([], per_device_train_batch_size=8)
     assert sync.rollouts.session_pool(sync, 2) == (8, 2)  # TRL's pool per process
-    assert sync.rollouts.problem(sync.mode("cpu"), 8, "ddp") is None
-    assert modes.as_rollouts("async") == modes.AsyncRollouts() and modes.as_rollouts(None) == modes.SyncRollouts()
+    assert sync.rollouts.problem(modes.CpuMode(), 8, "ddp") is None
+    assert modes.rollouts_variant("async") == modes.AsyncRollouts()
+    assert modes.rollouts_variant(None) == modes.SyncRollouts()
 
 
 @pytest.mark.parametrize("mode, transfer, want", [
@@ -77,12 +79,12 @@ def test_each_rollouts_variant_answers_what_the_code_asks():
 ])
 def test_each_train_mode_variant_answers_what_the_code_asks(mode, transfer, want):
     cfg = RunConfig.load([], train_mode=mode, weight_transfer=transfer, weight_reload_dir="/w")
-    chosen = cfg.mode()
+    chosen = cfg.placement
     assert {key: getattr(chosen, key) for key in want} == want
-    assert chosen == cfg.mode(mode) and str(chosen) == mode and chosen.spec.trainer_service
-    assert cfg.trainer_on_cpu() is want["trainer_on_cpu"]
-    # the host asks the same questions of a bare name (no knobs: layout questions only)
-    bare = modes.as_mode(mode)
+    assert chosen == cfg.placement and str(chosen) == mode and chosen.spec.trainer_service
+    assert cfg.placement.trainer_on_cpu is want["trainer_on_cpu"]
+    # the host asks the same questions of a variant with default knobs (layout questions only)
+    bare = modes.train_mode_variant(mode)
     assert (bare.server, bare.colocated, bare.uses_vllm) == (want["server"], want["colocated"], want["uses_vllm"])
     assert bare.vllm_memory_share == {"cpu": 0.0, "gpu": 0.9, "colocate": 0.3}[mode]
 
@@ -90,10 +92,10 @@ def test_each_train_mode_variant_answers_what_the_code_asks(mode, transfer, want
 def test_train_mode_auto_is_resolved_before_it_is_asked():
     cfg = RunConfig.load([])  # TRAIN_MODE=auto: only whoever counts the GPUs resolves it
     with pytest.raises(ConfigError, match="TRAIN_MODE=auto is not resolved yet"):
-        cfg.mode()
-    assert cfg.mode("colocate").colocated
+        cfg.placement  # noqa: B018
+    assert cfg.resolved(modes.ColocateMode()).placement.colocated
     with pytest.raises(ConfigError, match=r"TRAIN_MODE='tpu': choose from cpu, gpu, colocate"):
-        cfg.mode("tpu")
+        modes.train_mode_variant("tpu")
 
 
 # Comparing a mode's string to pick a branch, in the code below the config (the variant answers instead). Left alone:
@@ -106,5 +108,5 @@ def test_no_code_branches_on_a_mode_string():
     found = [f"{path.relative_to(ROOT)}:{n}: {line.strip()}"
              for top in ("contract", "trainer", "tools") for path in sorted((ROOT / top).rglob("*.py"))
              for n, line in enumerate(path.read_text().splitlines(), 1) if BRANCH_ON_STRING.search(line)]
-    assert not found, ("ask the variant (cfg.rollouts.is_async, cfg.mode(mode).server, contract.modes.as_mode(...)) "
+    assert not found, ("ask the variant (cfg.rollouts.is_async, cfg.placement.server, plan.mode.colocated) "
                        "instead of comparing the string:\n" + "\n".join(found))

@@ -11,7 +11,6 @@ from tools import gpu_layout, settings
 from tools.env_kinds import EnvKinds
 from tools.images import ENV_SERVER_BUILD, compose_yaml_services, image_ref
 from tools.settings import ROOT
-from contract.modes import as_mode
 
 
 def generated_compose_file(name: str = "compose.envs") -> Path:
@@ -120,7 +119,7 @@ def gpu_services(layout: gpu_layout.GpuLayout | None, cdi: bool) -> dict[str, di
     (a list, each id its own entry), and NCCL_FAST_PATH=1's shared layout (tools/gpu_layout.py says why)."""
     if layout is None:
         return {}
-    chosen = as_mode(layout.mode)
+    chosen = layout.mode
     default = chosen.server and len(layout.vllm) == 1 and len(layout.trainer) == 1 and not layout.fast_path
     if default or (chosen.colocated and len(layout.trainer) == 1):
         return {}

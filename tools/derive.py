@@ -14,9 +14,8 @@ from tools import env_replicas, gpu_doctor, gpu_layout, settings
 from tools.env_kinds import EnvKinds
 from tools.errors import StackError, parse_env_file
 from tools.settings import ROOT
+from contract.config import TrainModeVariant, train_mode_variant
 from contract.train_mode import MODES, TrainModeError, resolve_train_mode  # stdlib only
-from contract.train_mode import spec as mode_spec
-from contract.modes import as_mode  # stdlib only
 
 
 def fleet_mode(values: dict[str, str]) -> bool:
@@ -28,33 +27,40 @@ def fleet_stack_name(values: dict[str, str]) -> str:
     return values.get("FLEET_STACK") or "grpo-fleet"
 
 
-def resolve_mode(values: dict[str, str], gpus: gpu_doctor.DockerGpus | None) -> tuple[str, str]:
-    """(mode, one line saying why) for TRAIN_MODE in .env on a host with `gpus` (None: none found, not probed)."""
+def resolve_mode(values: dict[str, str], gpus: gpu_doctor.DockerGpus | None) -> tuple[TrainModeVariant, str]:
+    """(mode, one line saying why) for TRAIN_MODE in .env on a host with `gpus` (None: none found, not probed): the
+    host's one resolution of TRAIN_MODE=auto, into the variant (with its knobs from .env) every host function takes."""
     want = (values.get("TRAIN_MODE") or "auto").strip().lower()
     if want not in MODES:
         raise StackError(f"TRAIN_MODE: unknown value {want!r}; choose from {', '.join(MODES)} and edit .env")
     try:
-        mode, why = resolve_train_mode(want, gpus.count if gpus else 0, found=gpus.detail if gpus else "")
+        name, why = resolve_train_mode(want, gpus.count if gpus else 0, found=gpus.detail if gpus else "")
     except TrainModeError as exc:
         raise StackError(str(exc)) from None
-    if mode_spec(mode).runs_vllm_service:
-        spec = mode_spec(mode)
+    try:
+        mode = train_mode_variant(name, {k.lower(): v for k, v in values.items() if v})
+    except ValueError:  # a bad knob (WEIGHT_TRANSFER=...): validate_run_config names it; the layout needs none
+        mode = train_mode_variant(name)
+    spec = mode.spec
+    if spec.runs_vllm_service:
         why += (f"; vLLM on GPU {values.get('VLLM_GPU') or spec.vllm_gpu_default}, trainer on GPU "
                 f"{values.get('TRAINER_GPU') or spec.trainer_gpu_default}")
     return mode, why
 
 
-def run_config(values: dict[str, str], mode: str):
-    """The trainer's typed config (contract.config.RunConfig, light imports only) from .env's values."""
+def run_config(values: dict[str, str], mode: TrainModeVariant | None):
+    """The trainer's typed config (contract.config.RunConfig, light imports only) from .env's values, with TRAIN_MODE
+    resolved to `mode` (None: as .env says, `auto` left unresolved)."""
     from contract.config import RunConfig
 
     keys = set(parse_env_file(settings.ENV_EXAMPLE))
     chosen = {k: v for k, v in values.items() if k in keys and v != ""}
-    chosen["TRAIN_MODE"] = mode
+    if mode is not None:
+        chosen["TRAIN_MODE"] = mode.name
     return RunConfig(**{k.lower(): v for k, v in chosen.items() if k.lower() in RunConfig.model_fields})
 
 
-def validate_run_config(values: dict[str, str], mode: str) -> str | None:
+def validate_run_config(values: dict[str, str], mode: TrainModeVariant) -> str | None:
     """Validate .env against the trainer's typed config."""
     from pydantic import ValidationError
 
@@ -68,12 +74,12 @@ def validate_run_config(values: dict[str, str], mode: str) -> str | None:
     return None
 
 
-def colocated_flags_problem(values: dict[str, str], mode: str) -> str | None:
+def colocated_flags_problem(values: dict[str, str], mode: TrainModeVariant) -> str | None:
     """TRAIN_MODE=colocate: VLLM_EXTRA_ARGS must map onto the engine TRL builds in the trainer (contract/vllm_flags.py
     says which cannot); one line, or None."""
     from contract import vllm_flags
 
-    if not as_mode(mode).colocated:
+    if not mode.colocated:
         return None
     try:
         vllm_flags.engine_kwargs(vllm_flags.parse(values.get("VLLM_EXTRA_ARGS")))
@@ -82,10 +88,10 @@ def colocated_flags_problem(values: dict[str, str], mode: str) -> str | None:
     return None
 
 
-def gpu_layout_for(values: dict[str, str], mode: str,
+def gpu_layout_for(values: dict[str, str], mode: TrainModeVariant,
                    gpus: gpu_doctor.DockerGpus | None = None) -> gpu_layout.GpuLayout | None:
     """The GPU layout of a gpu/colocate run (None on CPU); a bad GPU list stops with its fix."""
-    if not as_mode(mode).uses_vllm:
+    if not mode.uses_vllm:
         return None
     try:
         return gpu_layout.plan(values, mode, {g.uuid: int(g.index) for g in (gpus.gpus if gpus else [])})

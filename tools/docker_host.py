@@ -15,6 +15,7 @@ import socket
 import subprocess
 from pathlib import Path
 
+from contract.config import TrainModeVariant
 from envs import naming
 from tools import env_replicas, gpu_doctor, settings
 from tools.derive import auto_replica_envs, last_counts_file, run_config
@@ -146,7 +147,7 @@ def check_gpu_driver(values: dict[str, str], gpus: gpu_doctor.DockerGpus) -> Non
         raise StackError(message)
 
 
-def resolve_auto_replicas(envs: EnvKinds, dotenv: dict[str, str], mode: str, processes: int,
+def resolve_auto_replicas(envs: EnvKinds, dotenv: dict[str, str], mode: TrainModeVariant | None, processes: int,
                           ports: dict[str, EnvPort]) -> dict[str, str]:
     """{ENV_<NAME>_REPLICAS: count} for the run's auto envs, measuring an image not measured yet (tools/env_replicas.py)
     on its server's port (`ports`, tools/env_ports.py); one line per env says what it found and how many containers run."""

@@ -25,6 +25,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from contract.config import TrainModeVariant
 from envs import naming
 from tools import compose_file, derive, docker_host, env_ports, settings
 from tools.plan import env_servers_plan
@@ -329,9 +330,9 @@ def local_only(image: str) -> bool:
     return r.returncode == 0 and json.loads(r.stdout or "[]") == []
 
 
-def cmd_up(dotenv: dict[str, str], mode: str | None = None, processes: int | None = None) -> int:
+def cmd_up(dotenv: dict[str, str], mode: TrainModeVariant | None = None, processes: int | None = None) -> int:
     """Deploy or update the fleet; ENV_<NAME>_REPLICAS=auto sized for `processes` trainer processes (default:
-    TRAINER_PROCESSES, else 1)."""
+    TRAINER_PROCESSES, else 1) in the resolved `mode` (None: TRAIN_MODE as .env says)."""
     require_manager()
     name = stack_name(dotenv)
     if not derive.fleet_mode(dotenv):
@@ -351,8 +352,7 @@ def cmd_up(dotenv: dict[str, str], mode: str | None = None, processes: int | Non
         say(line)
     dotenv = {**dotenv, **env_ports.compose_vars(ports)}  # the stack file's env services: their servers' ports
     processes = processes or int(dotenv.get("TRAINER_PROCESSES") or 1)
-    dotenv = {**dotenv, **docker_host.resolve_auto_replicas(envs, dotenv, mode or dotenv.get("TRAIN_MODE") or "auto",
-                                                             processes, ports)}
+    dotenv = {**dotenv, **docker_host.resolve_auto_replicas(envs, dotenv, mode, processes, ports)}
     path, spec = write_stack_file(dotenv)
     images = sorted({svc["image"] for svc in spec["services"].values()})
     local = [i for i in images if local_only(i)]
@@ -438,7 +438,7 @@ def role(dotenv: dict[str, str]) -> str:
     raise StackError(f"ENV_FLEET=swarm: {problem}")
 
 
-def up_here(dotenv: dict[str, str], mode: str, processes: int) -> None:
+def up_here(dotenv: dict[str, str], mode: TrainModeVariant, processes: int) -> None:
     """`make up/train` with ENV_FLEET=swarm: on a manager, deploy or update the fleet (a no-op when .env did not
     change); on a worker, join the fleet's network as it is."""
     if role(dotenv) == "manager":

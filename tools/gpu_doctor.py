@@ -20,13 +20,15 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from tools import gpu_layout, images, settings
 from tools.settings import load_env
 from contract import defaults
-from contract.train_mode import spec as mode_spec  # stdlib only: the GPU defaults of each mode
-from contract.modes import as_mode  # stdlib only
+from contract.train_mode import MODE_SPECS  # stdlib only: the GPU defaults of each mode
+
+if TYPE_CHECKING:  # the variant is handed in (tools/derive.py resolves TRAIN_MODE once)
+    from contract.config import TrainModeVariant
 
 ROOT = Path(__file__).resolve().parent.parent
 NO_GPU = "no NVIDIA GPU here"
@@ -143,7 +145,7 @@ def forward_compat(driver: str, need: str, image: str, image_cuda: str, gpu_name
                    f"{need}")
 
 
-def diagnose(gpus: list[Gpu], method: str | None, dotenv: dict[str, str], mode: str, image: str,
+def diagnose(gpus: list[Gpu], method: str | None, dotenv: dict[str, str], mode: "TrainModeVariant", image: str,
              image_cuda: str | None) -> list[tuple[bool, str, str]]:
     """(ok, check, message) rows; message names the fix for every problem. `method`: how Docker hands out
     GPUs (None: it does not)."""
@@ -153,7 +155,7 @@ def diagnose(gpus: list[Gpu], method: str | None, dotenv: dict[str, str], mode: 
                  "nvidia-container-toolkit, run `sudo nvidia-ctk runtime configure --runtime=docker` (or generate a "
                  "CDI spec: `sudo nvidia-ctk cdi generate --output=/etc/cdi/nvidia.yaml`), restart Docker"))
     n = len(gpus)
-    chosen = as_mode(mode)
+    chosen = mode
     if chosen.server:
         if n >= 2:
             rows.append((True, "GPU count", f"{n} GPUs: vLLM and the trainer each get one"))
@@ -167,7 +169,7 @@ def diagnose(gpus: list[Gpu], method: str | None, dotenv: dict[str, str], mode: 
         rows.append((n >= 1, "GPU count", f"{n} GPU(s){hint}"))
     ids = {g.index for g in gpus} | {g.uuid for g in gpus}
     by_id = {g.index: g for g in gpus} | {g.uuid: g for g in gpus}
-    defaults = mode_spec("gpu")
+    defaults = MODE_SPECS["gpu"]
     wanted = {"VLLM_GPU": dotenv.get("VLLM_GPU") or defaults.vllm_gpu_default,
               "TRAINER_GPU": dotenv.get("TRAINER_GPU") or defaults.trainer_gpu_default}
     if chosen.colocated:
@@ -223,13 +225,13 @@ def hf_cache_volume() -> str:
     return f"{settings.load().project}_hf-cache"
 
 
-def trainer_gpu_ids(dotenv: dict[str, str], mode: str, count: int) -> list[str]:
+def trainer_gpu_ids(dotenv: dict[str, str], mode: "TrainModeVariant", count: int) -> list[str]:
     """The GPUs the trainer's processes get (one each), as .env names them; [] when the list is bad (diagnose says)."""
     try:
-        if as_mode(mode).colocated:
+        if mode.colocated:
             return gpu_layout.parse_gpu_ids(gpu_layout.colocate_trainer_gpu(dotenv.get("TRAINER_GPU"), count)[0],
                                             "TRAINER_GPU")
-        return gpu_layout.parse_gpu_ids(dotenv.get("TRAINER_GPU") or mode_spec("gpu").trainer_gpu_default,
+        return gpu_layout.parse_gpu_ids(dotenv.get("TRAINER_GPU") or MODE_SPECS["gpu"].trainer_gpu_default,
                                         "TRAINER_GPU")
     except gpu_layout.LayoutError:
         return []
@@ -243,7 +245,7 @@ def model_config(cfg, runner: Runner | None = None, volume: str | None = None) -
     from contract.config import is_hub_id
 
     runner, volume = runner or run, volume or hf_cache_volume()
-    name, revision = cfg.resolved_model_name(), cfg.model_revision or "main"
+    name, revision = cfg.model_id, cfg.model_revision or "main"
     if not is_hub_id(name):
         found = memory.read_config(name)
         return (found, name) if found else (None, f"{name}/config.json not found")
@@ -260,7 +262,7 @@ def model_config(cfg, runner: Runner | None = None, volume: str | None = None) -
         return None, f"{name}@{revision[:12]}: unreadable config.json in volume {volume}"
 
 
-def memory_rows(gpus: list[Gpu], dotenv: dict[str, str], mode: str, cfg, config: dict | None,
+def memory_rows(gpus: list[Gpu], dotenv: dict[str, str], mode: "TrainModeVariant", cfg, config: dict | None,
                 where: str) -> list[tuple[bool, str, str]]:
     """One row per trainer GPU: contract.memory's estimate for this model, layout and lengths next to the GPU's memory;
     a FAIL names what to change. The host does not know the prompts: DEFAULT_PROMPT_TOKENS stands in (the trainer's
@@ -271,7 +273,7 @@ def memory_rows(gpus: list[Gpu], dotenv: dict[str, str], mode: str, cfg, config:
         return [(True, "trainer memory", f"not estimated: {where}; the trainer's preflight prints it")]
     ids = trainer_gpu_ids(dotenv, mode, len(gpus))
     by_id = {g.index: g for g in gpus} | {g.uuid: g for g in gpus}
-    share = float(cfg.vllm_gpu_memory_utilization or as_mode(mode).vllm_memory_share)
+    share = float(cfg.vllm_gpu_memory_utilization or mode.vllm_memory_share)
     rows = []
     for gpu in [by_id[i] for i in ids if i in by_id]:
         try:
@@ -279,7 +281,7 @@ def memory_rows(gpus: list[Gpu], dotenv: dict[str, str], mode: str, cfg, config:
                                         sharding=cfg.trainer_sharding, batch=cfg.per_device_train_batch_size,
                                         prompt_tokens=memory.DEFAULT_PROMPT_TOKENS,
                                         completion_tokens=cfg.max_completion_length, vllm_share=share,
-                                        method=cfg.training_method, lora_r=cfg.lora_r)
+                                        method=memory.method_of(cfg.lora), lora_r=cfg.lora_r)
         except memory.ShapeError as exc:
             return [(True, "trainer memory", f"not estimated ({where}): {exc}")]
         rows.append((True, f"trainer memory GPU {gpu.index}", f"{est.breakdown()} (prompts assumed "
@@ -376,11 +378,11 @@ def probe(runner: Runner = run, dotenv: dict[str, str] | None = None) -> DockerG
 
 def print_report(found: DockerGpus, dotenv: dict[str, str]) -> bool:
     """Print one ok/FAIL row per GPU check for GPUs already detected; True when all pass."""
+    from contract.config import train_mode_variant
     from contract.train_mode import resolve_train_mode
 
-    mode = (dotenv.get("TRAIN_MODE") or "auto").lower()
-    if mode == "auto":
-        mode = resolve_train_mode("auto", found.count)[0]
+    want = (dotenv.get("TRAIN_MODE") or "auto").lower()
+    mode = train_mode_variant(resolve_train_mode("auto", found.count)[0] if want == "auto" else want)
     image = dotenv.get("VLLM_IMAGE") or DEFAULT_VLLM_IMAGE
     rows = diagnose(found.gpus, found.method, dotenv, mode, image, cuda_of_image(image))
     for ok, name, msg in rows:

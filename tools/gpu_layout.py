@@ -19,8 +19,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from contract.train_mode import spec as mode_spec  # stdlib only: the GPU defaults of each mode
-from contract.modes import as_mode  # stdlib only
+from typing import TYPE_CHECKING
+
+from contract.train_mode import MODE_SPECS  # stdlib only: the GPU defaults of each mode
+
+if TYPE_CHECKING:  # the variant is handed in: this module stays standard library only
+    from contract.config import TrainModeVariant
 
 FAST_PATH_HOSTID = "grpo-stack-gpu-host"
 CDI_PREFIX = "nvidia.com/gpu="
@@ -138,7 +142,7 @@ def docker_run_gpu_flags(devices: list[str], cdi: bool) -> list[str]:
 @dataclass
 class GpuLayout:
     """The GPU layout of one run, resolved once from .env (tools/compose_file.py passes it to Compose)."""
-    mode: str
+    mode: "TrainModeVariant"
     vllm: list[str]
     trainer: list[str]
     tensor_parallel: int = 1
@@ -152,7 +156,7 @@ class GpuLayout:
         return self.tensor_parallel * self.data_parallel
 
     def placements(self) -> dict[str, Placement]:
-        if as_mode(self.mode).server:
+        if self.mode.server:
             return placements(self.vllm, self.trainer, self.fast_path, self.pci_index)
         env = {"NCCL_P2P_DISABLE": "0", "NCCL_SHM_DISABLE": "0"} if len(self.trainer) > 1 else {}
         return {"trainer": Placement(list(self.trainer), env)}
@@ -165,7 +169,7 @@ class GpuLayout:
                 "TRAINER_PROCESSES": str(len(self.trainer))}
 
     def describe(self) -> str:
-        if as_mode(self.mode).colocated:
+        if self.mode.colocated:
             return f"trainer on GPU {','.join(self.trainer)} ({len(self.trainer)} process(es), vLLM inside each)"
         how = (f"tensor parallel {self.tensor_parallel}" if self.tensor_parallel > 1 else
                f"data parallel {self.data_parallel}" if self.data_parallel > 1 else "one GPU")
@@ -176,19 +180,19 @@ class GpuLayout:
 def colocate_trainer_gpu(trainer_gpu: str | None, gpu_count: int) -> tuple[str, str | None]:
     """TRAINER_GPU for colocate, and a note when it was changed: .env.example's TRAINER_GPU=1 is for the two-GPU
     split, and on a one-GPU host it means that GPU, device 0 (`make train` and `make doctor` agree on it)."""
-    value = trainer_gpu or mode_spec("colocate").trainer_gpu_default
+    value = trainer_gpu or MODE_SPECS["colocate"].trainer_gpu_default
     if gpu_count == 1 and value != "0":
         return "0", f"colocate: TRAINER_GPU={value} does not exist here; using GPU 0"
     return value, None
 
 
-def plan(dotenv: dict[str, str], mode: str, pci_index: dict[str, int] | None = None) -> GpuLayout:
+def plan(dotenv: dict[str, str], mode: "TrainModeVariant", pci_index: dict[str, int] | None = None) -> GpuLayout:
     """VLLM_GPU, TRAINER_GPU, VLLM_PARALLEL and NCCL_FAST_PATH from .env, checked, for a GPU mode.
     `pci_index`: the detected GPUs' UUID -> index, to order GPUs named by UUID."""
-    trainer = parse_gpu_ids(dotenv.get("TRAINER_GPU") or mode_spec(mode).trainer_gpu_default, "TRAINER_GPU")
-    if as_mode(mode).colocated:
+    trainer = parse_gpu_ids(dotenv.get("TRAINER_GPU") or mode.spec.trainer_gpu_default, "TRAINER_GPU")
+    if mode.colocated:
         return GpuLayout(mode, [], trainer)
-    vllm = parse_gpu_ids(dotenv.get("VLLM_GPU") or mode_spec(mode).vllm_gpu_default, "VLLM_GPU")
+    vllm = parse_gpu_ids(dotenv.get("VLLM_GPU") or mode.spec.vllm_gpu_default, "VLLM_GPU")
     shared = sorted(set(vllm) & set(trainer))
     if shared:
         raise LayoutError(f"VLLM_GPU={dotenv.get('VLLM_GPU')} and TRAINER_GPU={dotenv.get('TRAINER_GPU')} share GPU "

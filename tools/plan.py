@@ -22,9 +22,8 @@ from tools.errors import StackError
 from tools.gpu_doctor import DockerGpus
 from tools.images import ENV_SERVER_BUILD, TRAINER_REHEARSE_BUILD, image_of
 from tools.settings import WHEELS, StackEnv
+from contract.config import CpuMode, GpuMode, TrainModeVariant
 from contract.train_mode import ModeSpec
-from contract.train_mode import spec as mode_spec
-from contract.modes import as_mode
 
 
 @dataclass(frozen=True)
@@ -32,7 +31,7 @@ class StackPlan:
     """What runs for this .env on this host: the one parsed object the host functions take."""
 
     settings: StackEnv              # .env as read (process variables win), typed
-    mode: str                       # cpu, gpu or colocate
+    mode: TrainModeVariant          # cpu, gpu or colocate, resolved once (derive.resolve_mode), with its knobs
     why: str                        # one line: how the mode was chosen
     envs: EnvKinds
     layout: gpu_layout.GpuLayout | None  # which GPUs each container gets (None on the CPU profile)
@@ -50,12 +49,12 @@ class StackPlan:
 
     @property
     def spec(self) -> ModeSpec:
-        return mode_spec(self.mode)
+        return self.mode.spec
 
     @property
     def profiles(self) -> list[str]:
         """The mode's profile, and one per env served here (a fleet serves them elsewhere)."""
-        ours = [self.mode, rehearsal.PROFILE] if self.rehearsal else [self.mode]
+        ours = [self.mode.name, rehearsal.PROFILE] if self.rehearsal else [self.mode.name]
         return ours if self.fleet else [*ours, *self.envs.names]
 
     @property
@@ -88,7 +87,7 @@ class StackPlan:
         if self.spec.runs_vllm_service:  # LoRA adapters synced alone: vLLM's LoRA flags (trainer/modeling/lora.py)
             services = compose_file.add_lora_serving(services, derive.run_config(self.values, self.mode))
         services = compose_file.add_extra_vllm_flags(services, self.values, self.spec.runs_vllm_service)
-        if as_mode(self.mode).uses_vllm and not self.rehearsal:
+        if self.mode.uses_vllm and not self.rehearsal:
             services = compose_file.add_cuda_compat(services, self.values)
         if not services:
             return {}
@@ -103,7 +102,7 @@ class StackPlan:
         out["STACK_NAME"] = self.settings.stack_name  # the project and image tags (compose.yaml's `name:`)
         # a built-in env with no image of its own runs ours, whatever an older .env.example put in .env (env_kinds)
         out.update({naming.image_var(n): "" for n in self.envs.builtin if n not in self.envs.images})
-        out["TRAIN_MODE"] = self.mode
+        out["TRAIN_MODE"] = self.mode.name
         out["COMPOSE_PROFILES"] = ",".join(self.profiles)
         out["COMPOSE_FILE"] = os.pathsep.join(str(f) for f in compose_files)
         if self.layout is not None:
@@ -133,7 +132,7 @@ def make_plan(settings: StackEnv | dict[str, str], gpus: DockerGpus | None,
     if problem:
         raise StackError(problem)
     ports, notes = env_ports.resolve(envs, values, exposed or {})
-    if as_mode(mode).colocated:
+    if mode.colocated:
         trainer_gpu, note = gpu_layout.colocate_trainer_gpu(values.get("TRAINER_GPU"), gpus.count if gpus else 0)
         if note:
             settings = StackEnv.from_values({**values, "TRAINER_GPU": trainer_gpu})
@@ -164,7 +163,7 @@ def env_servers_plan(values: dict[str, str], exposed: dict[str, tuple[str, ...]]
     values = {**values, "ENV_FLEET": "compose"}
     envs = env_kinds(values)
     ports, notes = env_ports.resolve(envs, values, exposed or {})
-    return StackPlan(settings=StackEnv.from_values(values), mode="cpu", why="env servers only", envs=envs,
+    return StackPlan(settings=StackEnv.from_values(values), mode=CpuMode(), why="env servers only", envs=envs,
                      layout=None, notes=tuple(notes), replicas=derive.replica_counts(envs, values), ports=ports)
 
 
@@ -174,7 +173,8 @@ def rehearsal_plan(settings: StackEnv | dict[str, str], exposed: dict[str, tuple
     settings = settings if isinstance(settings, StackEnv) else StackEnv.from_values(settings)
     values = {**settings.values, "WEIGHT_TRANSFER": "reload", "MODEL_NAME": rehearsal.CPU_DEFAULT_MODEL,
               "MODEL_REVISION": ""}  # what the generated file gives the trainer, validated as the trainer reads it
-    problem = derive.validate_run_config(values, "gpu")
+    mode = GpuMode(weight_transfer="reload", weight_reload_dir=values.get("WEIGHT_RELOAD_DIR") or "/weights")
+    problem = derive.validate_run_config(values, mode)
     if problem:
         raise StackError(problem)
     why = ("make rehearse: TRAIN_MODE=gpu's services on CPU: the vLLM CPU twin in the vllm service's place, serving "
@@ -182,6 +182,6 @@ def rehearsal_plan(settings: StackEnv | dict[str, str], exposed: dict[str, tuple
            "reload (WEIGHT_TRANSFER=reload), no GPU")
     envs = env_kinds(settings.values)
     ports, notes = env_ports.resolve(envs, settings.values, exposed or {})
-    return StackPlan(settings=settings, mode="gpu", why=why, envs=envs, layout=None, notes=tuple(notes),
+    return StackPlan(settings=settings, mode=mode, why=why, envs=envs, layout=None, notes=tuple(notes),
                      fleet=settings.ENV_FLEET == "swarm", replicas=derive.replica_counts(envs, settings.values),
                      rehearsal=True, ports=ports)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from contract.config import TrainModeVariant
 from tools import compose_file, derive, docker_host, env_ports, settings
 from tools.env_kinds import env_kinds
 from tools.errors import StackError, say
@@ -20,7 +21,7 @@ class Prepared:
     compose_vars: dict[str, str]  # the environment every `docker compose` call of this stack runs with
 
     @property
-    def mode(self) -> str:
+    def mode(self) -> TrainModeVariant:
         return self.plan.mode
 
     def compose(self, *args: str, extra_profiles: tuple[str, ...] = ()) -> int:

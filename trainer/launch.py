@@ -12,8 +12,7 @@ import importlib.util
 import os
 import sys
 
-from contract.config import ConfigError, RunConfig
-from contract.modes import as_mode
+from contract.config import ConfigError, RunConfig, TrainModeVariant
 from trainer.core import grpo_args
 
 RENDEZVOUS_PORT = 29500  # torch.distributed among the trainer's own processes (inside its container)
@@ -35,8 +34,9 @@ class LaunchError(RuntimeError):
     """The processes asked for cannot be started here; the message names the setting and the fix."""
 
 
-def process_count(cfg: RunConfig, mode: str, visible_gpus: int) -> int:
-    if cfg.trainer_on_cpu(mode):
+def process_count(cfg: RunConfig, visible_gpus: int) -> int:
+    """Trainer processes for a config with TRAIN_MODE resolved (trainer.core.grpo_args.resolve)."""
+    if cfg.placement.trainer_on_cpu:
         return cfg.trainer_processes or 1
     n = cfg.trainer_processes or max(visible_gpus, 1)
     if n > visible_gpus:
@@ -45,13 +45,13 @@ def process_count(cfg: RunConfig, mode: str, visible_gpus: int) -> int:
     return n
 
 
-def launch_argv(n: int, mode: str, sharding: str, args: list[str], port: int = RENDEZVOUS_PORT,
+def launch_argv(n: int, mode: TrainModeVariant, sharding: str, args: list[str], port: int = RENDEZVOUS_PORT,
                 rehearsal: bool = False) -> list[str]:
     """The command that runs trainer.train in `n` processes (n == 1: directly). `rehearsal`: server mode on CPU
     (TRAIN_MODE=gpu, WEIGHT_TRANSFER=reload), where ROLLOUTS=async shards 2 processes with FSDP2 over gloo."""
     if n == 1:
         return [sys.executable, "-m", "trainer.train", *args]
-    if as_mode(mode).trainer_on_cpu and sharding != "ddp" and not rehearsal:
+    if mode.trainer_on_cpu and sharding != "ddp" and not rehearsal:
         raise LaunchError(f"TRAINER_SHARDING={sharding} shards over GPUs; the CPU profile runs ddp (edit .env)")
     if sharding == "zero3" and importlib.util.find_spec("deepspeed") is None:
         raise LaunchError("TRAINER_SHARDING=zero3 needs DeepSpeed, which the trainer image does not carry; use "
@@ -62,7 +62,7 @@ def launch_argv(n: int, mode: str, sharding: str, args: list[str], port: int = R
             "--dynamo_backend", "no", *SHARDING_FLAGS[sharding], "-m", "trainer.train", *args]
 
 
-def pin_interfaces(mode: str, vllm_url: str, environ: dict[str, str] | None = None) -> dict[str, str]:
+def pin_interfaces(mode: TrainModeVariant, vllm_url: str, environ: dict[str, str] | None = None) -> dict[str, str]:
     """Keep the sockets the trainer processes open among themselves off envnet, on every rank (they inherit this
     environment): gloo on loopback (all ranks share this container); NCCL on the interface vLLM reaches us on in
     server mode (rank 0's weight sync needs it; prepare_rendezvous), on loopback when colocated. A value the user
@@ -70,7 +70,7 @@ def pin_interfaces(mode: str, vllm_url: str, environ: dict[str, str] | None = No
     environ = os.environ if environ is None else environ
     before = dict(environ)
     environ["GLOO_SOCKET_IFNAME"] = "lo"  # by default gloo listens on the hostname's address: envnet's or agentnet's
-    if as_mode(mode).server:
+    if mode.server:
         from trainer.gpu.nccl import prepare_rendezvous
         from trainer.gpu.server import VLLMPreflightError
 
@@ -78,7 +78,7 @@ def pin_interfaces(mode: str, vllm_url: str, environ: dict[str, str] | None = No
             prepare_rendezvous(vllm_url, environ)
         except VLLMPreflightError:
             pass  # rank 0's preflight runs it again and reports the problem with its fix
-    elif as_mode(mode).uses_vllm and not environ.get("NCCL_SOCKET_IFNAME"):
+    elif mode.uses_vllm and not environ.get("NCCL_SOCKET_IFNAME"):
         environ["NCCL_SOCKET_IFNAME"] = "lo"
     return {k: v for k, v in environ.items() if before.get(k) != v}
 
@@ -98,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"[launch] config error:\n{exc}", file=sys.stderr, flush=True)
         return 2
-    mode = grpo_args.resolved_train_mode(cfg)
-    chosen = cfg.mode(mode)
+    cfg = grpo_args.resolve(cfg)
+    chosen = cfg.placement
     if chosen.server:  # before any process starts: the container's exit code is this one, whatever the count
         from trainer.gpu.push_state import EXIT_VLLM_RESTART, restart_line, restart_reason
 
@@ -108,16 +108,16 @@ def main(argv: list[str] | None = None) -> int:
             print(restart_line(reason), file=sys.stderr, flush=True)
             return EXIT_VLLM_RESTART
     visible = 0
-    if not cfg.trainer_on_cpu(mode):
+    if not chosen.trainer_on_cpu:
         import torch
 
         visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
     try:
-        n = process_count(cfg, mode, visible)
-        problem = cfg.rollouts_problem(mode, n)
+        n = process_count(cfg, visible)
+        problem = cfg.rollouts_problem(n)
         if problem:
             raise LaunchError(problem)
-        cmd = launch_argv(n, "cpu" if cfg.trainer_on_cpu(mode) else mode, cfg.trainer_sharding, argv,
+        cmd = launch_argv(n, chosen.process_mode, cfg.trainer_sharding, argv,
                           rehearsal=chosen.server and chosen.trainer_on_cpu)
     except LaunchError as exc:
         print(f"[launch] {exc}", file=sys.stderr, flush=True)
@@ -126,13 +126,13 @@ def main(argv: list[str] | None = None) -> int:
         from trainer.train import main as train
 
         return train(argv)
-    backend = "gloo" if cfg.trainer_on_cpu(mode) else "nccl"
+    backend = "gloo" if chosen.trainer_on_cpu else "nccl"
     print(f"[launch] {n} trainer processes ({cfg.trainer_sharding}, {backend}) through "
           "accelerate; each opens its own env sessions, rank 0 logs and checkpoints", flush=True)
     os.environ.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(WORKER_STOP_GRACE_S))
-    if cfg.trainer_on_cpu(mode):
+    if chosen.trainer_on_cpu:
         place_cpu_ranks()
-    pin_interfaces("cpu" if cfg.trainer_on_cpu(mode) else mode, cfg.vllm_server_url)
+    pin_interfaces(chosen.process_mode, cfg.vllm_server_url)
     os.execv(cmd[0], cmd)  # the launcher becomes this container's process: signals reach every rank
     return 0  # pragma: no cover
 

@@ -23,7 +23,7 @@ import time
 from typing import Callable
 
 from contract.config import ConfigError, RunConfig
-from contract.modes import Rollouts, as_rollouts
+from contract.config import GpuMode, Rollouts, SyncRollouts
 from trainer.gpu import weight_check
 from trainer.gpu.nccl import prepare_rendezvous
 from trainer.gpu.server import VLLMPreflightError, check_vllm_server, explain_init_failure, version_skew
@@ -81,13 +81,13 @@ def training_model(model_name: str, cfg: RunConfig | None, device: str):
 
 
 def run(url: str, model_name: str, group_port: int, server_timeout_s: float, sync_timeout_s: float,
-        reload_dir: str | None = None, rollouts: Rollouts | str = "sync", cfg: RunConfig | None = None) -> int:
+        reload_dir: str | None = None, rollouts: Rollouts = SyncRollouts(), cfg: RunConfig | None = None) -> int:
     """`reload_dir`: WEIGHT_TRANSFER=reload's folder (the CPU rehearsal); None: NCCL, as on a GPU host.
     `rollouts`: async checks the path ROLLOUTS=async trains with (AsyncTransfer: TRL's async WeightTransferClient,
     vLLM's own NCCL trainer engine, pause -> send -> resume) instead of the sync client's init_communicator.
     `cfg`: the run's settings (LORA_R, QLORA); the model is loaded and pushed as training does (trainer.gpu.push_path)."""
     state: dict = {}
-    if as_rollouts(rollouts).is_async and not reload_dir:
+    if rollouts.is_async and not reload_dir:
         return _run_async(url, model_name, group_port, server_timeout_s, sync_timeout_s)
     how = f"weights by reload from {reload_dir}" if reload_dir else f"rendezvous port {group_port}"
     print(f"nccl-check --full: {url}, model {model_name}, {how}", flush=True)
@@ -353,9 +353,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"config error:\n{exc}", file=sys.stderr)
         return 2
-    return run(args.url or cfg.vllm_server_url, args.model or cfg.model_path("gpu"), cfg.vllm_group_port,
+    cfg = cfg.resolved(GpuMode())  # the check of server mode's push, whatever TRAIN_MODE says
+    return run(args.url or cfg.vllm_server_url, args.model or cfg.model_path, cfg.vllm_group_port,
                cfg.vllm_server_timeout_s, cfg.weight_sync_timeout_s,
-               reload_dir=cfg.mode("gpu").reload_dir,
+               reload_dir=cfg.placement.reload_dir,
                rollouts=cfg.rollouts, cfg=cfg)
 
 

@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:  # run as a script by torch.distributed.run
     sys.path.insert(0, str(ROOT))
 
+from contract.config import GpuMode
 from tests.gpu_path.master_weights import batch, fsdp2_accelerator, run_config  # noqa: E402
 
 LORA_R, LORA_ALPHA = 8, 16
@@ -57,7 +58,7 @@ def main(model_dir: Path, out: Path) -> None:
     from trainer.modeling.model import load_model_and_tokenizer
 
     cfg = run_config(model_dir).model_copy(update={"lora_r": LORA_R, "lora_alpha": LORA_ALPHA})
-    base, _ = load_model_and_tokenizer(cfg, "gpu")
+    base, _ = load_model_and_tokenizer(cfg.resolved(GpuMode()))
     model = get_peft_model(base, lora.peft_config(cfg))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     accelerator, _, _ = fsdp2_accelerator()

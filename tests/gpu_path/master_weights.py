@@ -11,6 +11,8 @@ accelerate's `fsdp2_prepare_model`, unchanged). Rank 0 prints one JSON line.
 
 from __future__ import annotations
 
+from contract.config import GpuMode
+
 import json
 import sys
 from pathlib import Path
@@ -52,8 +54,8 @@ def load(model_dir: Path, dtype: str):
 
     cfg = run_config(model_dir)
     if dtype == "fp32":
-        return load_model_and_tokenizer(cfg, "gpu")[0], cfg
-    return AutoModelForCausalLM.from_pretrained(cfg.model_path("gpu"), dtype=torch.bfloat16), cfg
+        return load_model_and_tokenizer(cfg.resolved(GpuMode()))[0], cfg
+    return AutoModelForCausalLM.from_pretrained(cfg.resolved(GpuMode()).model_path, dtype=torch.bfloat16), cfg
 
 
 def optimizer(model, cfg):
@@ -62,7 +64,7 @@ def optimizer(model, cfg):
 
     from trainer.core import grpo_args
 
-    args = grpo_args.grpo_config(cfg, "gpu")
+    args = grpo_args.grpo_config(cfg.resolved(GpuMode()))
     cls, kwargs = Trainer.get_optimizer_cls_and_kwargs(args, model)
     return cls([p for p in model.parameters() if p.requires_grad], **kwargs), kwargs
 

@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from contract.config import GpuMode
 from tests.gpu_path.conftest import devices, resolved
 from tests.helpers import ROOT
 from contract import stages
@@ -66,7 +67,7 @@ def test_gpus_are_counted_as_docker_hands_them_out_test_double_for_gpu_host(setu
     assert found.count == count
     assert (found.method is None) if method is None else found.method.startswith(method)
     mode, why = derive.resolve_mode({"TRAIN_MODE": "auto"}, found)
-    assert mode == ("gpu" if count else "cpu")  # a hook-only or CDI host no longer falls back to CPU
+    assert mode.name == ("gpu" if count else "cpu")  # a hook-only or CDI host no longer falls back to CPU
     assert found.detail in why  # says which method answered
     if not count:
         assert "could not select device driver" in found.detail and "unresolvable CDI devices" in found.detail
@@ -105,7 +106,7 @@ def test_an_old_driver_is_counted_and_named_not_mistaken_for_no_gpu_test_double_
 
     found = gpu_doctor.probe_docker_gpus(runner, image="vllm/vllm-openai:v0.31.0")
     assert found.count == 2 and found.gpus[0].driver == "550.127.05"
-    assert derive.resolve_mode({"TRAIN_MODE": "auto"}, found)[0] == "gpu"  # then check_driver says what to install
+    assert derive.resolve_mode({"TRAIN_MODE": "auto"}, found)[0].name == "gpu"  # then check_driver says what to install
 
 
 def test_the_gpu_host_page_states_the_minimum_driver_of_each_known_vllm_image():
@@ -192,14 +193,14 @@ def test_smoke_table_names_the_first_missing_stage_and_what_it_means():
         '[stage] {"stage": "first_generation", "seconds": 3.4, "detail": "first batch"}',
         '[stage] {"stage": "first_optimizer_step", "seconds": 7.9, "detail": "step 1"}',
     ])
-    lines, ok = smoke.smoke_table("gpu", stages.parse(log), failed_rc=75)
+    lines, ok = smoke.smoke_table(GpuMode(), stages.parse(log), failed_rc=75)
     assert not ok
     assert lines[0].startswith("  pass model download") and "41.0s" in lines[0]
     weight_sync = next(line for line in lines if "first weight sync" in line)
     assert weight_sync.startswith("  FAIL") and "never reached" in weight_sync and "make nccl-check FULL=1" in weight_sync
     assert lines[-1].startswith("  FAIL trainer exit") and "exit code 75" in lines[-1]
     full = log + '\n[stage] {"stage": "first_weight_sync", "seconds": 0.8}\n[stage] {"stage": "tool_calls", "value": 0.0}'
-    lines, ok = smoke.smoke_table("gpu", stages.parse(full), failed_rc=0)
+    lines, ok = smoke.smoke_table(GpuMode(), stages.parse(full), failed_rc=0)
     assert not ok and lines[-1].startswith("  FAIL tool calls per episode")  # 0 calls: reward would stay flat
 
 

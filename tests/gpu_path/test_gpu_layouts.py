@@ -11,7 +11,7 @@ import pytest
 
 from tests.gpu_path.conftest import devices, resolved
 from tests.helpers import ROOT, free_port
-from contract.config import RunConfig
+from contract.config import CpuMode, GpuMode, RunConfig
 from trainer.launch import LaunchError, launch_argv, process_count
 from tools import gpu_doctor
 from tools import gpu_layout
@@ -44,7 +44,7 @@ def test_bad_gpu_lists_name_the_variable(value, message):
 
 def test_a_gpu_on_both_sides_is_refused():
     with pytest.raises(gpu_layout.LayoutError, match="share GPU 1"):
-        gpu_layout.plan({"VLLM_GPU": "0-1", "TRAINER_GPU": "1-3"}, "gpu")
+        gpu_layout.plan({"VLLM_GPU": "0-1", "TRAINER_GPU": "1-3"}, GpuMode())
 
 
 @pytest.mark.parametrize("count,split", [(1, None), (2, None), (4, ("0-1", "2-3")), (8, ("0-3", "4-7"))])
@@ -62,7 +62,7 @@ def test_eight_gpu_host_with_default_env_keeps_the_two_gpu_layout_and_proposes_o
     prepared = prepare()
     compose_vars, mode = prepared.compose_vars, prepared.mode
     out = capsys.readouterr().out
-    assert mode == "gpu" and compose_vars["VLLM_TENSOR_PARALLEL_SIZE"] == "1" and compose_vars["TRAINER_PROCESSES"] == "1"
+    assert mode.name == "gpu" and compose_vars["VLLM_TENSOR_PARALLEL_SIZE"] == "1" and compose_vars["TRAINER_PROCESSES"] == "1"
     assert "vLLM on GPU 0 (one GPU), trainer on GPU 1 (1 process(es))" in out
     assert "this host has 8 GPUs and the run uses 2; to use all of them set VLLM_GPU=0-3 TRAINER_GPU=4-7 " \
            "VLLM_PARALLEL=tensor" in out
@@ -102,19 +102,19 @@ def test_two_and_one_gpu_defaults_are_unchanged_test_double_for_gpu_host(tmp_pat
 
 def test_launcher_runs_one_process_in_place_and_several_through_accelerate():
     cfg = RunConfig.load(["--train-mode", "cpu"])
-    assert launch_argv(1, "cpu", "ddp", ["--max-steps", "2"])[1:] == ["-m", "trainer.train", "--max-steps", "2"]
-    argv = launch_argv(2, "cpu", "ddp", ["--max-steps", "2"])
+    assert launch_argv(1, CpuMode(), "ddp", ["--max-steps", "2"])[1:] == ["-m", "trainer.train", "--max-steps", "2"]
+    argv = launch_argv(2, CpuMode(), "ddp", ["--max-steps", "2"])
     assert argv[1:3] == ["-m", "trainer.run.loopback_launch"] and "--multi_gpu" in argv
     assert argv[argv.index("--num_processes") + 1] == "2" and argv[-4:] == ["-m", "trainer.train", "--max-steps", "2"]
-    fsdp = launch_argv(4, "gpu", "fsdp", [])
+    fsdp = launch_argv(4, GpuMode(), "fsdp", [])
     assert "--use_fsdp" in fsdp and fsdp[fsdp.index("--fsdp_version") + 1] == "2"
     with pytest.raises(LaunchError, match="the CPU profile runs ddp"):
-        launch_argv(2, "cpu", "fsdp", [])
-    assert process_count(cfg, "cpu", 0) == 1
-    assert process_count(RunConfig.load(["--trainer-processes", "2"]), "cpu", 0) == 2
-    assert process_count(RunConfig.load([]), "gpu", 4) == 4  # GPU: one per visible trainer GPU
+        launch_argv(2, CpuMode(), "fsdp", [])
+    assert process_count(cfg.resolved(CpuMode()), 0) == 1
+    assert process_count(RunConfig.load(["--trainer-processes", "2"]).resolved(CpuMode()), 0) == 2
+    assert process_count(RunConfig.load([]).resolved(GpuMode()), 4) == 4  # GPU: one per visible trainer GPU
     with pytest.raises(LaunchError, match="sees 2 GPU"):
-        process_count(RunConfig.load(["--trainer-processes", "4"]), "gpu", 2)
+        process_count(RunConfig.load(["--trainer-processes", "4"]).resolved(GpuMode()), 2)
 
 
 def test_preflight_refuses_a_vllm_server_started_with_another_layout():
@@ -132,7 +132,7 @@ def test_zero3_without_deepspeed_in_the_image_says_what_to_use_instead(monkeypat
 
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     with pytest.raises(LaunchError, match="use TRAINER_SHARDING=fsdp"):
-        launch_argv(4, "gpu", "zero3", [])
+        launch_argv(4, GpuMode(), "zero3", [])
 
 
 def test_gpus_named_by_uuid_are_ordered_by_their_pci_index_not_alphabetically():

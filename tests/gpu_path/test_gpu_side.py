@@ -59,7 +59,7 @@ def test_both_modes_send_every_sampling_field_vllm_would_fill_from_the_generatio
     from generation_config.json, and colocate's SamplingParams get the same values: both sample one policy."""
     from contract.config import RunConfig
 
-    args = grpo_args.grpo_config(RunConfig(train_mode=mode), mode, output_dir=str(tmp_path), use_cpu=True, bf16=False,
+    args = grpo_args.grpo_config(RunConfig(train_mode=mode), output_dir=str(tmp_path), use_cpu=True, bf16=False,
                                                      **grpo_kwargs.grpo_vllm_kwargs(RunConfig(train_mode=mode)))
     # the fields trl 1.16 sets itself in both modes (vllm_generation.py), then generation_kwargs on top
     sent = {"repetition_penalty": args.repetition_penalty, "temperature": args.temperature, "top_p": args.top_p,

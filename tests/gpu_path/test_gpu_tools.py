@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from contract.config import ColocateMode, GpuMode
 from tests.helpers import ROOT
 from tools import gpu_doctor
 from tools import gpu_layout
@@ -53,7 +54,7 @@ def test_recorded_nvidia_smi_is_parsed_test_double_for_gpu_host():
 def test_two_gpu_host_with_old_driver_and_busy_vllm_gpu_test_double_for_gpu_host():
     gpus = gpu_doctor.parse_gpu_csv(SMI_CSV_2)
     gpus[0].free_mib = 20000  # someone else holds GPU 0
-    rows = rows_by_name(gpu_doctor.diagnose(gpus, "the nvidia runtime", ENV, "gpu", "vllm/vllm-openai:v0.31.0", "13.0"))
+    rows = rows_by_name(gpu_doctor.diagnose(gpus, "the nvidia runtime", ENV, GpuMode(), "vllm/vllm-openai:v0.31.0", "13.0"))
     assert rows["GPU count"][0] and rows["VLLM_GPU"][0] and rows["TRAINER_GPU"][0]
     ok, msg = rows["driver vs image"]
     assert not ok and "NVIDIA driver 550.54.15 is too old" in msg and ">= 580.65.06" in msg
@@ -64,22 +65,22 @@ def test_two_gpu_host_with_old_driver_and_busy_vllm_gpu_test_double_for_gpu_host
 
 def test_one_gpu_host_is_told_to_use_colocate_test_double_for_gpu_host():
     gpus = gpu_doctor.parse_gpu_csv(SMI_CSV_1)
-    rows = rows_by_name(gpu_doctor.diagnose(gpus, "CDI", ENV, "gpu", "img", None))
+    rows = rows_by_name(gpu_doctor.diagnose(gpus, "CDI", ENV, GpuMode(), "img", None))
     ok, msg = rows["GPU count"]
     assert not ok and "TRAIN_MODE=colocate" in msg
     assert not rows["TRAINER_GPU"][0]  # GPU 1 does not exist
-    colocate = rows_by_name(gpu_doctor.diagnose(gpus, "CDI", {"TRAINER_GPU": "0"}, "colocate", "img", None))
+    colocate = rows_by_name(gpu_doctor.diagnose(gpus, "CDI", {"TRAINER_GPU": "0"}, ColocateMode(), "img", None))
     assert all(ok for ok, _ in colocate.values())
     assert "colocate" in colocate["GPU count"][1]
     # .env.example's TRAINER_GPU=1 on this one-GPU host: `make train` uses GPU 0, and the doctor agrees.
-    example = rows_by_name(gpu_doctor.diagnose(gpus, "CDI", {"TRAINER_GPU": "1"}, "colocate", "img", None))
+    example = rows_by_name(gpu_doctor.diagnose(gpus, "CDI", {"TRAINER_GPU": "1"}, ColocateMode(), "img", None))
     assert all(ok for ok, _ in example.values()), example
     assert "using GPU 0" in example["TRAINER_GPU"][1] or "TRAINER_GPU=0" in example["TRAINER_GPU"][1]
 
 
 def test_missing_runtime_and_same_gpu_twice_are_reported_test_double_for_gpu_host():
     gpus = gpu_doctor.parse_gpu_csv(SMI_CSV_2)
-    rows = rows_by_name(gpu_doctor.diagnose(gpus, None, {"VLLM_GPU": "1", "TRAINER_GPU": "1"}, "gpu",
+    rows = rows_by_name(gpu_doctor.diagnose(gpus, None, {"VLLM_GPU": "1", "TRAINER_GPU": "1"}, GpuMode(),
                                             "img", "12.9.1"))
     assert not rows["Docker GPU access"][0] and "nvidia-container-toolkit" in rows["Docker GPU access"][1]
     assert not rows["GPU assignment"][0]
@@ -178,16 +179,16 @@ def test_vllms_gpu_keeps_room_for_a_weight_push_outside_its_share_test_double_fo
     from contract import memory
 
     card24 = gpu_doctor.parse_gpu_csv(SMI_CSV_1.replace("0, GPU-1", "1, GPU-1") + SMI_CSV_1)  # two RTX 4090s
-    rows = rows_by_name(gpu_doctor.diagnose(card24, "CDI", {"VLLM_GPU": "0", "TRAINER_GPU": "1"}, "gpu", "img", None))
+    rows = rows_by_name(gpu_doctor.diagnose(card24, "CDI", {"VLLM_GPU": "0", "TRAINER_GPU": "1"}, GpuMode(), "img", None))
     ok, msg = rows["weight-push room GPU 0"]
     assert not ok and "set VLLM_GPU_MEMORY_UTILIZATION=0.89 or lower (edit .env)" in msg
     assert "weight-push room GPU 1" not in rows  # the trainer's GPU
     assert rows_by_name(gpu_doctor.diagnose(card24, "CDI", {"VLLM_GPU": "0", "TRAINER_GPU": "1",
                                                             "VLLM_GPU_MEMORY_UTILIZATION": "0.89"},
-                                            "gpu", "img", None))["weight-push room GPU 0"][0]
-    assert rows_by_name(gpu_doctor.diagnose(gpu_doctor.parse_gpu_csv(SMI_CSV_2), "CDI", ENV, "gpu", "img",
+                                            GpuMode(), "img", None))["weight-push room GPU 0"][0]
+    assert rows_by_name(gpu_doctor.diagnose(gpu_doctor.parse_gpu_csv(SMI_CSV_2), "CDI", ENV, GpuMode(), "img",
                                             None))["weight-push room GPU 0"][0]
-    colocate = rows_by_name(gpu_doctor.diagnose(card24[:1], "CDI", {"TRAINER_GPU": "0"}, "colocate", "img", None))
+    colocate = rows_by_name(gpu_doctor.diagnose(card24[:1], "CDI", {"TRAINER_GPU": "0"}, ColocateMode(), "img", None))
     assert not any(name.startswith("weight-push room") for name in colocate)  # in-process load, no receive buffers
     for mib, ok in memory.CARDS_MIB.items():
         assert (memory.vllm_push_room(ok * 1024 ** 2, 0.9) is None) == (mib != "24 GB")

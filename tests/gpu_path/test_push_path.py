@@ -12,7 +12,7 @@ import pytest
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
-from contract.config import RunConfig  # noqa: E402
+from contract.config import GpuMode, RunConfig  # noqa: E402
 from trainer import gpu_selfcheck as selfcheck  # noqa: E402
 from trainer.gpu import push_path  # noqa: E402
 
@@ -67,7 +67,7 @@ def training_iterator(model, cfg: RunConfig, served_dtype: str, monkeypatch):
 
     monkeypatch.setattr(grpo_trainer, "make_trainer_class", lambda: Trainer)
     args = SimpleNamespace(vllm_group_port=51216, bf16=True)
-    trainer = grpo_trainer.build_sync_trainer(cfg, "gpu", model, None, None, None, [], [], args, None, served_dtype,
+    trainer = grpo_trainer.build_sync_trainer(cfg.resolved(GpuMode()), model, None, None, None, [], [], args, None, served_dtype,
                                               None)
     return trainer.vllm_generation._iter_named_params
 

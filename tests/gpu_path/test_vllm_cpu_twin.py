@@ -17,6 +17,7 @@ import time
 import pytest
 import requests
 
+from contract.config import AsyncRollouts
 from tests.gpu_path.conftest import VLLM_CPU_IMAGE
 from tests.helpers import ROOT
 
@@ -273,7 +274,7 @@ def test_nccl_check_full_async_path_stops_at_the_same_gpu_stage(vllm_cpu, capsys
     server stage passes, the same GPU stage stops it, before the async rendezvous."""
     from trainer import sync_check
 
-    assert sync_check.run(vllm_cpu.url, "tiny", 51216, 60, 60, rollouts="async") == 1
+    assert sync_check.run(vllm_cpu.url, "tiny", 51216, 60, 60, rollouts=AsyncRollouts()) == 1
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("nccl-check --full (ROLLOUTS=async)")
     assert lines[1].startswith("  ok   vLLM server: healthy, dev mode on, NCCL weight transfer configured")

@@ -144,7 +144,7 @@ def test_generation_config_penalties_do_not_change_server_mode_sampling(twin, pe
 
     t, _ = twin
     cfg = RunConfig(train_mode="gpu", model_name=str(penalised_model))
-    args = grpo_args.grpo_config(cfg, "gpu", output_dir=str(tmp_path), use_cpu=True, bf16=False, **grpo_vllm_kwargs(cfg))
+    args = grpo_args.grpo_config(cfg, output_dir=str(tmp_path), use_cpu=True, bf16=False, **grpo_vllm_kwargs(cfg))
     model = AutoModelForCausalLM.from_pretrained(penalised_model, dtype=torch.float32).eval()
     ids = AutoTokenizer.from_pretrained(penalised_model)(wc.PROBE_TEXT)["input_ids"]
     client = trl_client_cls(base_url=t.url)

@@ -53,6 +53,7 @@ print("JOINED", pg.broadcast_obj(None, src=0), flush=True)
 # trainer.launch with TRAINER_PROCESSES=2, up to the point the ranks have formed their group; then they hold.
 RANKS_HOLD = """
 import os, pathlib
+from contract.config import CpuMode
 from trainer.launch import launch_argv, pin_interfaces
 pathlib.Path("/tmp/ranks.py").write_text(
     "import signal, torch.distributed as dist\\n"
@@ -61,10 +62,10 @@ pathlib.Path("/tmp/ranks.py").write_text(
     "dist.barrier()\\n"
     "print('RANKS READY', s.num_processes, flush=True)\\n"
     "signal.pause()\\n")
-argv = launch_argv(2, "cpu", "ddp", [])
+argv = launch_argv(2, CpuMode(), "ddp", [])
 at = argv.index("trainer.train") - 1
 argv[at:at + 2] = ["/tmp/ranks.py"]
-pin_interfaces("cpu", "http://vllm-cpu:8000")
+pin_interfaces(CpuMode(), "http://vllm-cpu:8000")
 os.execv(argv[0], argv)
 """
 

@@ -1,16 +1,16 @@
-"""One config, four places: contract.config.RunConfig, .env.example, compose.yaml, docs/configuration.md's table."""
+"""One config, four places: contract.config.RunConfig, .env.example, compose.yaml, docs/configuration.md's table; the
+last three follow the first through `make config-docs` (tools/commands/config_docs.py)."""
 
 from __future__ import annotations
 
 import re
+import shutil
 
 import yaml
 
 from tests.helpers import ROOT
+from tools.commands.config_docs import FIXED_BY_COMPOSE
 from tools.errors import parse_env_file
-
-# Set by compose for every run, not by users: the container paths and service URLs.
-FIXED_BY_COMPOSE = {"OUTPUT_DIR", "VLLM_SERVER_URL", "VLLM_WORLD_SIZE"}  # the last: tools/gpu_layout.py, from VLLM_GPU
 
 
 def docs_table_vars() -> list[str]:
@@ -61,6 +61,48 @@ def test_compose_passes_every_run_config_field_to_both_trainers():
         env = services[name]["environment"]
         missing = [v for v in ENV_VARS if v not in env]
         assert not missing, f"{name} does not receive {missing}"
+
+
+def test_the_committed_files_are_what_make_config_docs_leaves():
+    from tools.commands import config_docs
+
+    assert config_docs.drift() == []  # `python -m tools config-docs --check` exits 0
+
+
+def test_a_setting_added_to_one_section_reaches_the_docs_env_example_and_compose(tmp_path):
+    """#62: a new trainer setting is written once, on its section (here a subclass of contract.config's training
+    section); the check names every file that lacks it until `make config-docs` writes them, then passes."""
+    from pydantic import Field
+
+    from contract.config import RunConfig
+    from contract.config.training import TrainingSettings
+    from tools.commands import config_docs
+
+    class TrainingPlus(TrainingSettings):
+        warmup_steps: int = Field(0, ge=0, description="Optimizer steps the learning rate ramps up over.")
+
+    class Extended(TrainingPlus, RunConfig):
+        pass
+
+    (tmp_path / "docs").mkdir()
+    for name in (".env.example", "compose.yaml", config_docs.PAGE):
+        shutil.copy(ROOT / name, tmp_path / name)
+    assert config_docs.drift(RunConfig, tmp_path) == []
+    # the page lists .env.example's keys: it follows once the example has the new line
+    assert config_docs.drift(Extended, tmp_path) == [
+        ".env.example lacks WARMUP_STEPS", "compose.yaml x-run-config lacks WARMUP_STEPS"]
+    assert config_docs.write(Extended, tmp_path) == [".env.example", "compose.yaml", config_docs.PAGE]
+    assert config_docs.drift(Extended, tmp_path) == [] and config_docs.write(Extended, tmp_path) == []
+    assert parse_env_file(tmp_path / ".env.example")["WARMUP_STEPS"] == ""
+    services = yaml.safe_load((tmp_path / "compose.yaml").read_text())["services"]
+    assert all(services[name]["environment"]["WARMUP_STEPS"] == "${WARMUP_STEPS:-}" for name in config_docs.TRAINERS)
+    assert "| `WARMUP_STEPS` | `0` | Optimizer steps the learning rate ramps up over. |" in (
+        tmp_path / config_docs.PAGE).read_text()
+    # the rest of each file as it was: only the new setting's lines were added
+    for name in (".env.example", "compose.yaml"):
+        before, after = (ROOT / name).read_text().splitlines(), (tmp_path / name).read_text().splitlines()
+        assert [line for line in after if line not in before] and all(line in after for line in before)
+    assert Extended.load([], warmup_steps=3).warmup_steps == 3
 
 
 def test_compose_fallbacks_and_env_example_repeat_the_one_python_default():

@@ -9,6 +9,7 @@ import uuid
 
 import pytest
 
+from contract.config import ColocateMode, GpuMode, train_mode_variant
 from tools import derive, gpu_doctor
 from tools.commands import doctor
 
@@ -25,7 +26,8 @@ ONE_24GB = gpu_doctor.parse_gpu_csv(
     "0, GPU-bbbbbbbb-1111-2222-3333-444444444444, NVIDIA GeForce RTX 4090, 24564, 0, 24000, 580.95.05\n")
 
 
-def rows_for(gpus, dotenv, mode, config=QWEN3_06B, where="test"):
+def rows_for(gpus, dotenv, mode_name, config=QWEN3_06B, where="test"):
+    mode = train_mode_variant(mode_name)
     return gpu_doctor.memory_rows(gpus, dotenv, mode, derive.run_config(dotenv, mode), config, where)
 
 
@@ -58,7 +60,7 @@ def test_a_12_gb_card_colocated_fails_with_one_line_naming_what_to_change_test_d
     assert "VLLM_GPU_MEMORY_UTILIZATION=0.3" in fails[0] and "a smaller model (MODEL_NAME)" in fails[0]
     # the same through `make doctor`'s own step, .env values typed by the host's one reader
     monkeypatch.setattr(gpu_doctor, "model_config", lambda cfg: (QWEN3_06B, "recorded"))
-    assert doctor.trainer_memory(gpu_doctor.DockerGpus("CDI", ONE_12GB, "1 GPU"), {}, "colocate") is False
+    assert doctor.trainer_memory(gpu_doctor.DockerGpus("CDI", ONE_12GB, "1 GPU"), {}, ColocateMode()) is False
     out = capsys.readouterr().out
     assert "ok   trainer memory GPU 0: 0.60B params" in out and "FAIL trainer memory GPU 0: the trainer needs" in out
     # a 24 GB card holds the same run colocated; the 12 GB one, with vLLM on a GPU of its own, holds LoRA (the full
@@ -78,9 +80,9 @@ def test_a_model_not_downloaded_yet_is_said_so_not_failed():
 
 def test_model_name_as_a_local_folder_is_read_from_it(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(QWEN3_06B))
-    cfg = derive.run_config({"MODEL_NAME": str(tmp_path)}, "gpu")
+    cfg = derive.run_config({"MODEL_NAME": str(tmp_path)}, GpuMode())
     assert gpu_doctor.model_config(cfg) == (QWEN3_06B, str(tmp_path))
-    missing = derive.run_config({"MODEL_NAME": str(tmp_path / "nope")}, "gpu")
+    missing = derive.run_config({"MODEL_NAME": str(tmp_path / "nope")}, GpuMode())
     assert gpu_doctor.model_config(missing)[0] is None
 
 
@@ -90,7 +92,7 @@ def test_config_json_is_read_from_the_hf_cache_volume_at_the_pinned_revision():
     container; a volume that does not exist is not created."""
     volume = f"grpo-test-hmaster-hf-{uuid.uuid4().hex[:8]}"
     rev = "c1899de289a04d12100db370d81485cdf75e47ca"
-    cfg = derive.run_config({"MODEL_NAME": "Qwen/Qwen3-0.6B", "MODEL_REVISION": rev}, "gpu")
+    cfg = derive.run_config({"MODEL_NAME": "Qwen/Qwen3-0.6B", "MODEL_REVISION": rev}, GpuMode())
     image = gpu_doctor.probe_image()
     try:
         assert gpu_doctor.model_config(cfg, volume=volume) == (
@@ -105,9 +107,9 @@ def test_config_json_is_read_from_the_hf_cache_volume_at_the_pinned_revision():
                        check=True, capture_output=True)
         config, where = gpu_doctor.model_config(cfg, volume=volume)
         assert config == QWEN3_06B and where == f"Qwen/Qwen3-0.6B@{rev[:12]} in volume {volume}"
-        main = derive.run_config({"MODEL_NAME": "Qwen/Qwen3-0.6B", "MODEL_REVISION": "main"}, "gpu")
+        main = derive.run_config({"MODEL_NAME": "Qwen/Qwen3-0.6B", "MODEL_REVISION": "main"}, GpuMode())
         assert gpu_doctor.model_config(main, volume=volume)[0] == QWEN3_06B  # a branch: through refs/
-        other = derive.run_config({"MODEL_NAME": "Qwen/Qwen3-0.6B", "MODEL_REVISION": "0" * 40}, "gpu")
+        other = derive.run_config({"MODEL_NAME": "Qwen/Qwen3-0.6B", "MODEL_REVISION": "0" * 40}, GpuMode())
         assert gpu_doctor.model_config(other, volume=volume)[0] is None
     finally:
         subprocess.run(["docker", "volume", "rm", "-f", volume], capture_output=True)

@@ -31,7 +31,7 @@ def rehearsal_config(tmp_path, monkeypatch, lines: str = "") -> tuple[dict, obje
 def test_the_twin_takes_the_vllm_services_place_with_its_flags_on_the_tiny_model(tmp_path, monkeypatch):
     config, plan = rehearsal_config(tmp_path, monkeypatch, "\nTRAIN_MODE=auto\n")
     vllm = config["services"]["vllm"]
-    assert plan.mode == "gpu" and plan.services == ["env-echo", "vllm"]  # gpu's long-running services, health-gated
+    assert plan.mode.name == "gpu" and plan.services == ["env-echo", "vllm"]  # gpu's long-running services, health-gated
     assert vllm["image"] == image_of(TWIN_BUILD) and vllm["entrypoint"] == ["vllm-serve", "/models/tiny-qwen3"]
     flags = vllm["command"]
     assert "--weight-transfer-config={\"backend\":\"nccl\"}" in flags and "--revision=main" in flags

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import re
 
+from contract.config import CpuMode
 from trainer.core import grpo_args
 
 
@@ -31,7 +32,7 @@ def make_trainer(url: str, model_dir, out_dir, batch: int, *flags: str, stock_lo
     else:
         trainer_class = make_trainer_class()
     trainer = trainer_class(
-        model=AutoModelForCausalLM.from_pretrained(model_dir), args=grpo_args.grpo_config(cfg, "cpu"),
+        model=AutoModelForCausalLM.from_pretrained(model_dir), args=grpo_args.grpo_config(cfg.resolved(CpuMode())),
         train_dataset=build_dataset(cfg, specs), processing_class=tokenizer,
         environment_factory=build_factories(cfg, specs))
     if not stock_loop:

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from contract.config import AsyncRollouts, GpuMode
 from trainer.core import trackers
 from trainer.run import checkpoints
 from trainer.core.metrics import MetricsCallback, read_metrics
@@ -46,7 +47,7 @@ def async_run(tmp_path_factory, tiny_model_dir):
     (run / "run.json").write_text(json.dumps({"base_model": str(tiny_model_dir), "mode": "gpu", "envs": ["echo"],
                                               "learning_rate": 1e-5, "base_dtype": None,
                                               "settings": {"rollouts": "async", "max_staleness": 4}}))
-    cb = MetricsCallback(str(run), mode="gpu", print_fn=lambda line: None, rollouts="async",
+    cb = MetricsCallback(str(run), mode=GpuMode(), print_fn=lambda line: None, rollouts=AsyncRollouts(),
                          trackers=trackers.Trackers([], trackers.RunInfo(str(run), run.name, str(outputs))))
     for step in (1, 2):
         state = SimpleNamespace(global_step=step, is_world_process_zero=True)

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 from trl.experimental.async_grpo.async_grpo_trainer import _reduce_metric
 
+from contract.config import AsyncRollouts, CpuMode, GpuMode, rollouts_variant
 from tools.commands import smoke
 from trainer.core import async_metrics, trackers
 from contract import sampling_health, stages
@@ -95,9 +96,9 @@ def state(step):
 
 def log_one(tmp_path, logs, rollouts, episodes=None, gpu=True):
     stats, lines = RolloutStats(), []
-    cb = MetricsCallback(str(tmp_path), stats, mode="gpu" if gpu else "cpu", print_fn=lines.append,
+    cb = MetricsCallback(str(tmp_path), stats, mode=GpuMode() if gpu else CpuMode(), print_fn=lines.append,
                          trackers=trackers.Trackers([], trackers.RunInfo(str(tmp_path), "r", str(tmp_path))),
-                         rollouts=rollouts)
+                         rollouts=rollouts_variant(rollouts))
     cb.on_train_begin(None, state(0), None)
     cb.on_step_begin(None, state(1), None)
     for env, eps in (episodes or {}).items():
@@ -178,10 +179,10 @@ def test_the_smoke_judges_staleness_and_the_async_ratio(capsys):
     found = stages.parse(capsys.readouterr().out)
     assert found["staleness"]["ok"] is True and "16 samples trained" in found["staleness"]["detail"]
     assert found["importance_sampling"]["ok"] is True and "ratio mean 1.010" in found["importance_sampling"]["detail"]
-    assert smoke.smoke_stages("gpu", "async").index("staleness") == smoke.smoke_stages("gpu").index(
+    assert smoke.smoke_stages(GpuMode(), AsyncRollouts()).index("staleness") == smoke.smoke_stages(GpuMode()).index(
         "first_weight_sync") + 1
-    assert "staleness" not in smoke.smoke_stages("gpu") and smoke.smoke_stages("cpu", "async") == \
-        smoke.smoke_stages("cpu")
+    assert "staleness" not in smoke.smoke_stages(GpuMode()) and smoke.smoke_stages(CpuMode(), AsyncRollouts()) == \
+        smoke.smoke_stages(CpuMode())
 
 
 def test_more_dropped_than_trained_fails_the_staleness_stage():

@@ -16,7 +16,7 @@ from envs.generic import GenericSpec
 from envs.generic.interface import EnvInterface, action_tool, mcp_tools
 from envs.registry import get
 from tests.helpers import ROOT
-from contract.config import ConfigError, RunConfig
+from contract.config import ConfigError, CpuMode, GpuMode, RunConfig
 from trainer.rollouts.envs_binding import EnvFactory, build_factories
 from trainer.rollouts.rewards import unfinished_penalty
 
@@ -43,14 +43,14 @@ def test_a_layout_async_cannot_run_is_refused_in_one_line_naming_the_fix(setting
 @pytest.mark.parametrize("processes, sharding", [(None, "ddp"), (1, "ddp"), (2, "fsdp")])
 def test_the_layouts_async_runs_are_accepted(processes, sharding):
     cfg = RunConfig.load([], rollouts="async", train_mode="gpu", trainer_processes=processes, trainer_sharding=sharding)
-    assert cfg.rollouts_problem("gpu", processes or 1) is None
+    assert cfg.resolved(GpuMode()).rollouts_problem(processes or 1) is None
 
 
 def test_auto_is_checked_once_resolved_by_the_launcher():
     cfg = RunConfig.load([], rollouts="async")  # TRAIN_MODE=auto: the host cannot tell yet
-    assert "`make rehearse`" in cfg.rollouts_problem("cpu", 1)
-    assert "huggingface/trl#6797" in cfg.rollouts_problem("gpu", 4)
-    assert RunConfig.load([]).rollouts_problem("cpu", 8) is None  # sync: nothing to refuse
+    assert "`make rehearse`" in cfg.resolved(CpuMode()).rollouts_problem(1)
+    assert "huggingface/trl#6797" in cfg.resolved(GpuMode()).rollouts_problem(4)
+    assert RunConfig.load([]).resolved(CpuMode()).rollouts_problem(8) is None  # sync: nothing to refuse
 
 
 def test_async_counts_the_sessions_of_its_rollouts_in_flight():
@@ -65,11 +65,11 @@ def test_max_inflight_rollouts_reaches_trls_worker_and_the_session_count():
 
     cfg = RunConfig.load([], rollouts="async", train_mode="gpu", weight_transfer="reload", max_staleness=3,
                          per_device_train_batch_size=8, max_inflight_rollouts=6)
-    assert build_async_config(cfg, "gpu").max_inflight_tasks == 6
+    assert build_async_config(cfg.resolved(GpuMode())).max_inflight_tasks == 6
     assert cfg.sessions_needed("echo", num_processes=2) == 6
     assert cfg.rollouts.inflight_rule(cfg) == "ROLLOUTS=async: MAX_INFLIGHT_ROLLOUTS 6"
     default = RunConfig.load([], rollouts="async", train_mode="gpu", weight_transfer="reload")
-    assert build_async_config(default, "gpu").max_inflight_tasks == -1
+    assert build_async_config(default.resolved(GpuMode())).max_inflight_tasks == -1
     assert "MAX_STALENESS 4 x PER_DEVICE_TRAIN_BATCH_SIZE" in default.rollouts.inflight_rule(default)
     with pytest.raises(ConfigError, match="MAX_INFLIGHT_ROLLOUTS=6 is a setting of ROLLOUTS=async"):
         RunConfig.load([], rollouts="sync", max_inflight_rollouts=6)
@@ -168,7 +168,7 @@ def test_the_async_config_carries_the_sync_settings():
 
     cfg = RunConfig.load([], rollouts="async", train_mode="gpu", weight_transfer="reload", max_staleness=2,
                          max_steps=7, num_generations=4, per_device_train_batch_size=8, tool_timeout_s=9)
-    args = build_async_config(cfg, "gpu")
+    args = build_async_config(cfg.resolved(GpuMode()))
     assert (args.max_staleness, args.max_steps, args.num_generations, args.per_device_train_batch_size) == (2, 7, 4, 8)
     assert args.vllm_server_base_url == cfg.vllm_server_url and args.dtype == "float32"
     assert args.use_cpu and not args.bf16  # the rehearsal trains on CPU
@@ -182,7 +182,7 @@ def test_async_step_samples_batch_trains_a_sync_steps_count():
     from trainer.async_grpo.async_trainer import build_async_config
 
     cfg = RunConfig.load([], rollouts="async", train_mode="gpu", weight_transfer="reload", async_step_samples="batch")
-    assert build_async_config(cfg, "gpu").token_budget == 0
+    assert build_async_config(cfg.resolved(GpuMode())).token_budget == 0
     with pytest.raises(ConfigError, match="ASYNC_STEP_SAMPLES=batch is a setting of ROLLOUTS=async"):
         RunConfig.load([], rollouts="sync", async_step_samples="batch")
 

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from contract.config import ENV_VARS, ConfigError, RunConfig, describe
+from contract import memory
+from contract.config import ENV_VARS, ColocateMode, ConfigError, CpuMode, GpuMode, RunConfig, describe
 from trainer.core import grpo_args
 
 REPO = Path(__file__).resolve().parents[2]
@@ -99,16 +100,16 @@ def test_env_urls_override_and_default(monkeypatch):
 
 def test_model_default_depends_on_mode(monkeypatch):
     cfg = load(monkeypatch)
-    assert cfg.resolved_model_name("cpu") == "/models/tiny-qwen3"
-    assert cfg.resolved_model_name("gpu") == "Qwen/Qwen3-0.6B"
-    assert load(monkeypatch, MODEL_NAME="/m/x").resolved_model_name("cpu") == "/m/x"
+    assert cfg.resolved(CpuMode()).model_id == "/models/tiny-qwen3"
+    assert cfg.resolved(GpuMode()).model_id == "Qwen/Qwen3-0.6B"
+    assert load(monkeypatch, MODEL_NAME="/m/x").resolved(CpuMode()).model_id == "/m/x"
 
 
 def test_to_grpo_config_cpu(monkeypatch, tmp_path):
     cfg = load(monkeypatch, OUTPUT_DIR=str(tmp_path), MAX_STEPS="5", NUM_GENERATIONS="4",
                PER_DEVICE_TRAIN_BATCH_SIZE="4", GRADIENT_ACCUMULATION_STEPS="2", SAVE_STEPS="2",
                MAX_TOOL_CALLING_ITERATIONS="3", TEMPERATURE="0.7")
-    args = grpo_args.grpo_config(cfg, "cpu")
+    args = grpo_args.grpo_config(cfg.resolved(CpuMode()))
     assert args.output_dir == f"{tmp_path}/echo"
     assert (args.max_steps, args.num_generations, args.per_device_train_batch_size) == (5, 4, 4)
     assert args.steps_per_generation == 2  # TRL's default: gradient_accumulation_steps
@@ -147,10 +148,10 @@ def test_auto_mode_on_a_machine_without_cuda(monkeypatch):
     torch = pytest.importorskip("torch")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     cfg = load(monkeypatch, TRAIN_MODE="auto")
-    assert grpo_args.resolved_train_mode(cfg) == "cpu"
-    assert cfg.resolved_learning_rate(grpo_args.resolved_train_mode(cfg)) == 2e-4  # the tiny model's default
-    assert load(monkeypatch, TRAIN_MODE="gpu").resolved_learning_rate() == 1e-5
-    assert load(monkeypatch, LEARNING_RATE="0.002").resolved_learning_rate("gpu") == 0.002
+    assert grpo_args.resolve(cfg).placement == CpuMode()
+    assert grpo_args.resolve(cfg).effective_learning_rate == 2e-4  # the tiny model's default
+    assert load(monkeypatch, TRAIN_MODE="gpu").effective_learning_rate == 1e-5
+    assert load(monkeypatch, LEARNING_RATE="0.002").resolved(GpuMode()).effective_learning_rate == 0.002
 
 
 def test_auto_mode_with_one_gpu_picks_server_or_colocate(monkeypatch):
@@ -158,10 +159,10 @@ def test_auto_mode_with_one_gpu_picks_server_or_colocate(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     # the gpu profile runs a `vllm` service whose name resolves; colocate has none
-    assert grpo_args.resolved_train_mode(load(monkeypatch, VLLM_SERVER_URL="http://127.0.0.1:8000")) == "gpu"
-    assert grpo_args.resolved_train_mode(load(monkeypatch, VLLM_SERVER_URL="http://vllm.invalid:8000")) == "colocate"
+    assert grpo_args.resolve(load(monkeypatch, VLLM_SERVER_URL="http://127.0.0.1:8000")).placement == GpuMode()
+    assert grpo_args.resolve(load(monkeypatch, VLLM_SERVER_URL="http://vllm.invalid:8000")).placement == ColocateMode()
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert grpo_args.resolved_train_mode(load(monkeypatch, VLLM_SERVER_URL="http://vllm.invalid:8000")) == "gpu"
+    assert grpo_args.resolve(load(monkeypatch, VLLM_SERVER_URL="http://vllm.invalid:8000")).placement == GpuMode()
 
 
 def test_accepts_none_tells_a_nullable_setting_from_one_with_a_bounded_default():
@@ -198,22 +199,22 @@ def test_lora_defaults_learning_rate_and_the_adapter_trl_gets(monkeypatch):
     from trainer.modeling import lora
 
     full = load(monkeypatch, TRAIN_MODE="cpu")
-    assert (full.lora_r, full.training_method, lora.peft_config(full)) == (0, "full", None)
+    assert (full.lora, memory.method_of(full.lora).name, lora.peft_config(full)) == (None, "full", None)
     cfg = load(monkeypatch, TRAIN_MODE="cpu", LORA_R="8")
-    assert cfg.training_method == "lora" and cfg.resolved_lora_alpha == 16
-    assert cfg.resolved_learning_rate("cpu") == 2e-3 and cfg.resolved_learning_rate("gpu") == 1e-4
+    assert memory.method_of(cfg.lora).name == "lora" and cfg.lora.alpha == 16
+    assert cfg.effective_learning_rate == 2e-3 and cfg.resolved(GpuMode()).effective_learning_rate == 1e-4
     config = lora.peft_config(cfg)
     assert (config.r, config.lora_alpha, config.lora_dropout, config.target_modules) == (8, 16, 0.0, "all-linear")
     listed = lora.peft_config(load(monkeypatch, TRAIN_MODE="cpu", LORA_R="4", LORA_ALPHA="4",
                                    LORA_TARGET_MODULES=" q_proj , v_proj"))
     assert (listed.lora_alpha, sorted(listed.target_modules)) == (4, ["q_proj", "v_proj"])
-    assert load(monkeypatch, TRAIN_MODE="gpu", LORA_R="16", QLORA="true").training_method == "qlora"
+    assert memory.method_of(load(monkeypatch, TRAIN_MODE="gpu", LORA_R="16", QLORA="true").lora).name == "qlora"
     assert [lora_rules.served_max_lora_rank(r) for r in (1, 4, 8, 9, 300, 512)] == [1, 8, 8, 16, 320, 512]
 
 
 def test_qlora_on_auto_mode_is_refused_once_the_trainer_resolves_cpu(monkeypatch, tmp_path, capsys):
     from trainer import train
 
-    monkeypatch.setattr(grpo_args, "resolved_train_mode", lambda cfg: "cpu")
+    monkeypatch.setattr(grpo_args, "resolve", lambda cfg: cfg.resolved(CpuMode()))
     assert train.main(["--lora-r", "8", "--qlora", "true", "--output-dir", str(tmp_path)]) == 2
     assert "QLORA=true needs a GPU" in capsys.readouterr().err

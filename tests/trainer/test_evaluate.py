@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from contract.config import CpuMode
 from envs import registry
 from contract import eval_report
 from trainer import train
@@ -125,7 +126,7 @@ def test_no_gpu_check_where_the_trainer_runs_on_cpu(tmp_path):
     from contract.config import RunConfig
     from trainer.after.evaluate import check_gpu_memory, weights_bytes
 
-    assert check_gpu_memory(RunConfig.load([]), "cpu", [str(tmp_path)]) is None  # no child process, no CUDA asked
+    assert check_gpu_memory(RunConfig.load([]).resolved(CpuMode()), [str(tmp_path)]) is None  # no child process, no CUDA asked
     (tmp_path / "model.safetensors").write_bytes(b"x" * 1000)
     assert weights_bytes(tmp_path) == 1000 and weights_bytes(tmp_path / "missing") == 0
 

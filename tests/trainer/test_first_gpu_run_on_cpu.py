@@ -12,7 +12,7 @@ import pytest
 
 from trainer.run import preflight
 from contract import stages
-from contract.config import RunConfig
+from contract.config import CpuMode, GpuMode, RunConfig
 from trainer.download_model import check_downloaded
 from tests.helpers import commit_download_cache
 from trainer.core import grpo_args
@@ -34,10 +34,10 @@ def rendered_generation_prompt(cfg: RunConfig, echo_server) -> str:
     from trainer.rollouts.envs_binding import build_factories
     from trainer.core.metrics import STATS
 
-    model, tokenizer = load_model_and_tokenizer(cfg, "cpu")
+    model, tokenizer = load_model_and_tokenizer(cfg.resolved(CpuMode()))
     specs = {"echo": registry.get("echo")}
     trainer_cls = make_trainer_class()
-    trainer = trainer_cls(model=model, args=grpo_args.grpo_config(cfg, "cpu"), train_dataset=build_dataset(cfg, specs),
+    trainer = trainer_cls(model=model, args=grpo_args.grpo_config(cfg.resolved(CpuMode())), train_dataset=build_dataset(cfg, specs),
                           processing_class=tokenizer, environment_factory=build_factories(cfg, specs, STATS))
     trainer._batch_environments = list(trainer._env_tools)[:1]  # what TRL sets per batch (one env here)
     prompt = trainer.train_dataset[0]["prompt"]
@@ -47,7 +47,7 @@ def rendered_generation_prompt(cfg: RunConfig, echo_server) -> str:
 
 def test_thinking_is_off_by_default_in_the_prompt_trl_generates_from(tmp_path, tiny_model_dir, echo_server):
     cfg = cfg_for(tiny_model_dir, echo_server.url, "--output-dir", str(tmp_path))
-    assert cfg.enable_thinking is False and grpo_args.grpo_config(cfg, "cpu").chat_template_kwargs == {"enable_thinking": False}
+    assert cfg.enable_thinking is False and grpo_args.grpo_config(cfg.resolved(CpuMode())).chat_template_kwargs == {"enable_thinking": False}
     text = rendered_generation_prompt(cfg, echo_server)
     assert text.endswith(THINK_OFF_SUFFIX)  # the model starts after an empty think block: straight to the tool call
     assert "<tools>" in text and '"type": "function"' in text  # rendered with the env's tools
@@ -70,30 +70,30 @@ def test_lengths_that_do_not_fit_vllms_max_model_len_stop_preflight_with_both_nu
     limit = prompt + 16  # the tiny tokenizer's prompt fits alone, not with a 32-token budget
     cfg = cfg_for(tiny_model_dir, echo_server.url, "--vllm-max-model-len", str(limit), "--max-completion-length", "32")
     assert env == "echo" and preflight.longest_prompt(cfg, tokenizer, specs) == (prompt, env)
-    errors, fits = preflight.check_lengths(cfg, "gpu", tokenizer, specs)
+    errors, fits = preflight.check_lengths(cfg.resolved(GpuMode()), tokenizer, specs)
     assert fits == "" and len(errors) == 1
     assert (f"longest prompt {prompt} tokens (env echo, rendered with its tools) + MAX_COMPLETION_LENGTH 32 = "
             f"{prompt + 32} > VLLM_MAX_MODEL_LEN {limit}") in errors[0]
     assert f"lower MAX_COMPLETION_LENGTH to <= {limit - prompt}" in errors[0]
     ok = cfg_for(tiny_model_dir, echo_server.url, "--vllm-max-model-len", "4096")
-    assert preflight.check_lengths(ok, "gpu", tokenizer, specs) == ([], f"lengths: longest prompt {prompt} tokens "
+    assert preflight.check_lengths(ok.resolved(GpuMode()), tokenizer, specs) == ([], f"lengths: longest prompt {prompt} tokens "
                                                                     "(env echo, rendered with its tools) + "
                                                                     "MAX_COMPLETION_LENGTH 256 = "
                                                                     f"{prompt + 256} <= VLLM_MAX_MODEL_LEN 4096")
     # Server mode: what the server reports wins (VLLM_MAX_MODEL_LEN may be unset, the service's default applies)
-    errors, _ = preflight.check_lengths(ok, "gpu", tokenizer, specs, server_max_model_len=limit)
+    errors, _ = preflight.check_lengths(ok.resolved(GpuMode()), tokenizer, specs, server_max_model_len=limit)
     assert f"> the vLLM server's max_model_len {limit}" in errors[0]
     # CPU generation is bounded by the model itself (TRL checks the same limit)
-    errors, fits = preflight.check_lengths(cfg, "cpu", tokenizer, specs)
+    errors, fits = preflight.check_lengths(cfg.resolved(CpuMode()), tokenizer, specs)
     assert not errors and "max_position_embeddings" in fits
 
 
 def test_model_revision_reaches_every_loader_of_a_hub_model_but_not_a_local_folder(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("MODEL_REVISION", "c1899de289a04d12100db370d81485cdf75e47ca")
     hub = RunConfig.load(["--model-name", "Qwen/Qwen3-0.6B", "--train-mode", "gpu"])
-    assert hub.model_load_kwargs("gpu") == {"revision": "c1899de289a04d12100db370d81485cdf75e47ca"}
+    assert hub.model_load_kwargs == {"revision": "c1899de289a04d12100db370d81485cdf75e47ca"}
     local = RunConfig.load(["--model-name", str(tiny_model_dir), "--train-mode", "cpu"])
-    assert local.model_load_kwargs("cpu") == {}
+    assert local.model_load_kwargs == {}
 
 
 def test_downloaded_model_chat_template_is_checked_before_vllm_starts(tmp_path, tiny_model_dir):
@@ -146,14 +146,14 @@ def test_a_pinned_revision_loads_offline_from_a_commit_download(tiny_model_dir, 
 
     monkeypatch.setenv("MODEL_REVISION", commit)
     cfg = RunConfig.load(["--model-name", "Qwen/Qwen3-0.6B", "--train-mode", "gpu"])
-    assert cfg.model_path("gpu") == str(snapshot) and cfg.model_load_kwargs("gpu") == {}
-    model = AutoModelForCausalLM.from_pretrained(cfg.model_path("gpu"))
+    assert cfg.model_path == str(snapshot) and cfg.model_load_kwargs == {}
+    model = AutoModelForCausalLM.from_pretrained(cfg.model_path)
     assert model.name_or_path == str(snapshot)  # what TRL colocate hands to vLLM's LLM(model=...)
-    assert AutoTokenizer.from_pretrained(cfg.model_path("gpu")).eos_token == "<|im_end|>"
+    assert AutoTokenizer.from_pretrained(cfg.model_path).eos_token == "<|im_end|>"
 
     # Not downloaded yet (another revision): by name, with the revision, as before.
     config.local_snapshot.cache_clear()
     monkeypatch.setenv("MODEL_REVISION", "0" * 40)
     other = RunConfig.load(["--model-name", "Qwen/Qwen3-0.6B", "--train-mode", "gpu"])
-    assert other.model_path("gpu") == "Qwen/Qwen3-0.6B" and other.model_load_kwargs("gpu") == {"revision": "0" * 40}
+    assert other.model_path == "Qwen/Qwen3-0.6B" and other.model_load_kwargs == {"revision": "0" * 40}
     config.local_snapshot.cache_clear()

@@ -13,6 +13,7 @@ import math
 import pytest
 from websockets.exceptions import ConnectionClosedError
 
+from contract.config import CpuMode
 from envs.core.client import EnvServerError, RedirectRefused
 from envs.core.untrusted import UntrustedReply
 from trainer.rollouts import infra_failures
@@ -212,7 +213,7 @@ def scripted_trainer(tmp_path, tiny_model_dir, echo_server, monkeypatch):
     specs = {"echo": registry.get("echo")}
     dataset = build_dataset(cfg, specs)
     trainer = make_trainer_class()(model=AutoModelForCausalLM.from_pretrained(tiny_model_dir),
-                                   args=grpo_args.grpo_config(cfg, "cpu"), train_dataset=dataset, processing_class=tokenizer,
+                                   args=grpo_args.grpo_config(cfg.resolved(CpuMode())), train_dataset=dataset, processing_class=tokenizer,
                                    environment_factory=build_factories(cfg, specs))
     trainer.configure_rollouts(cfg.tool_timeout_s, cfg.tool_concurrency)
     row = dict(dataset[0])

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from datetime import timedelta
 
+from contract.config import ColocateMode, CpuMode, GpuMode
 from tests.helpers import ROOT, free_port
 
 
@@ -53,11 +54,11 @@ def test_two_processes_from_trainer_launch_listen_on_loopback_only(tmp_path):
     from trainer.launch import launch_argv, pin_interfaces, place_cpu_ranks
 
     port = free_port()
-    argv = launch_argv(2, "cpu", "ddp", [], port=port)
+    argv = launch_argv(2, CpuMode(), "ddp", [], port=port)
     at = argv.index("trainer.train") - 1  # "-m trainer.train" -> the script that reports the listeners
     argv[at:at + 2] = [str(ROOT / "tests" / "trainer" / "rank_listeners.py")]
     env = {k: v for k, v in os.environ.items() if k != "GLOO_SOCKET_IFNAME"}
-    pin_interfaces("cpu", "http://vllm:8000", env)  # what trainer.launch does before it execs the launcher
+    pin_interfaces(CpuMode(), "http://vllm:8000", env)  # what trainer.launch does before it execs the launcher
     place_cpu_ranks(env)
     env["PYTHONPATH"] = str(ROOT)
     res = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
@@ -74,11 +75,11 @@ def test_two_processes_exit_with_the_code_rank_0_chose_not_the_launchers_1(tmp_p
     `make train` acts on by restarting vLLM and resuming), not the 1 of torchrun's ChildFailedError."""
     from trainer.launch import launch_argv, pin_interfaces
 
-    argv = launch_argv(2, "cpu", "ddp", [], port=free_port())
+    argv = launch_argv(2, CpuMode(), "ddp", [], port=free_port())
     at = argv.index("trainer.train") - 1
     argv[at:at + 2] = [str(ROOT / "tests" / "trainer" / "rank_exits.py")]
     env = {k: v for k, v in os.environ.items() if k != "GLOO_SOCKET_IFNAME"}
-    pin_interfaces("cpu", "http://vllm:8000", env)
+    pin_interfaces(CpuMode(), "http://vllm:8000", env)
     env.update(PYTHONPATH=str(ROOT), RANK0_EXIT="77", TORCH_ELASTIC_SHUTDOWN_TIMEOUT="10")
     res = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 77, res.stdout[-3000:] + res.stderr[-3000:]
@@ -99,15 +100,15 @@ def test_pin_interfaces_sets_gloo_on_loopback_and_nccl_on_every_rank():
     from trainer.launch import pin_interfaces
 
     cpu = {"GLOO_SOCKET_IFNAME": "eth1"}
-    assert pin_interfaces("cpu", "http://vllm:8000", cpu) == {"GLOO_SOCKET_IFNAME": "lo"}
+    assert pin_interfaces(CpuMode(), "http://vllm:8000", cpu) == {"GLOO_SOCKET_IFNAME": "lo"}
     assert "NCCL_SOCKET_IFNAME" not in cpu
     colocate: dict[str, str] = {}
-    pin_interfaces("colocate", "http://vllm:8000", colocate)
+    pin_interfaces(ColocateMode(), "http://vllm:8000", colocate)
     assert colocate["NCCL_SOCKET_IFNAME"] == "lo"  # no peer outside the container
     # server mode: the interface holding the address vLLM reaches (here: loopback's, by the address given)
     gpu = {"VLLM_HOST_IP": "127.0.0.1"}
-    pin_interfaces("gpu", "http://vllm:8000", gpu)
+    pin_interfaces(GpuMode(), "http://vllm:8000", gpu)
     assert gpu["NCCL_SOCKET_IFNAME"] == "lo" and gpu["NCCL_IB_DISABLE"] == "1"
     mine = {"NCCL_SOCKET_IFNAME": "ens5"}
-    pin_interfaces("colocate", "http://vllm:8000", mine)
+    pin_interfaces(ColocateMode(), "http://vllm:8000", mine)
     assert mine["NCCL_SOCKET_IFNAME"] == "ens5"  # the user's value wins

@@ -12,6 +12,7 @@ import sys
 
 import pytest
 
+from contract.config import CpuMode
 from tests.trainer.conftest import ROOT
 from contract import eval_report
 from trainer import train
@@ -201,10 +202,10 @@ def test_qlora_adapters_stay_fp32_after_trls_init(tmp_path, tiny_model_dir, echo
     from trainer.modeling.model import load_model_and_tokenizer
 
     cfg = RunConfig.load(lora_argv(tiny_model_dir, tmp_path, echo_server.url, "--lora-target-modules", "q_proj,v_proj"))
-    model, tokenizer = load_model_and_tokenizer(cfg, "cpu")
+    model, tokenizer = load_model_and_tokenizer(cfg.resolved(CpuMode()))
     model.is_loaded_in_4bit = True
     specs = {"echo": registry.get("echo")}
-    trainer = make_trainer_class()(model=model, args=grpo_args.grpo_config(cfg, "cpu"),
+    trainer = make_trainer_class()(model=model, args=grpo_args.grpo_config(cfg.resolved(CpuMode())),
                                    train_dataset=build_dataset(cfg, specs), processing_class=tokenizer,
                                    environment_factory=build_factories(cfg, specs, STATS),
                                    peft_config=lora.peft_config(cfg))

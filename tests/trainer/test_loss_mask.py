@@ -9,6 +9,7 @@ Trained = completion_mask * tool_mask (what `_compute_loss` multiplies the per-t
 from __future__ import annotations
 
 import pytest
+from contract.config import CpuMode
 from trainer.core import grpo_args
 
 CALL = '<tool_call>\n{"name": "echo_message", "arguments": {"message": "apple"}}\n</tool_call>'
@@ -34,7 +35,7 @@ def scripted_trainer(tmp_path, tiny_model_dir, echo_server):
     specs = {"echo": registry.get("echo")}
     dataset = build_dataset(cfg, specs)
     factory = bind("echo", specs["echo"].tool_class, echo_server.url)
-    trainer = GRPOTrainer(model=model, args=grpo_args.grpo_config(cfg, "cpu"), train_dataset=dataset,
+    trainer = GRPOTrainer(model=model, args=grpo_args.grpo_config(cfg.resolved(CpuMode())), train_dataset=dataset,
                           processing_class=tokenizer, environment_factory=factory)
 
     turns = [tokenizer.encode(CALL, add_special_tokens=False) + [tokenizer.eos_token_id],

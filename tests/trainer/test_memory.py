@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from contract import memory
-from contract.config import RunConfig
+from contract.config import GpuMode, RunConfig
 from trainer.core import grpo_args
 
 GIB = memory.GIB
@@ -78,27 +78,27 @@ def test_verdicts_fit_on_a_24_gib_gpu_and_say_what_to_change_on_smaller_ones():
 
 def test_gradient_checkpointing_assumed_is_what_the_project_hands_trl():
     cfg = RunConfig.load([], train_mode="cpu")
-    assert grpo_args.grpo_config(cfg, "cpu").gradient_checkpointing is memory.GRADIENT_CHECKPOINTING
+    assert grpo_args.grpo_config(cfg).gradient_checkpointing is memory.GRADIENT_CHECKPOINTING
 
 
 def test_preflight_prints_the_breakdown_and_fails_with_one_line_when_it_cannot_fit(capsys):
     from trainer.run import preflight
 
     cfg = RunConfig.load([], train_mode="colocate", max_completion_length=256)
-    errors, line = preflight.check_memory(cfg, "colocate", 1, 300, gpu_bytes=80 * GIB, config=QWEN3_06B)
+    errors, line = preflight.check_memory(cfg, 1, 300, gpu_bytes=80 * GIB, config=QWEN3_06B)
     assert errors == [] and line.startswith("trainer memory: 0.60B params") and "trainer GPU 80.0 GiB" in line
-    errors, line = preflight.check_memory(cfg, "colocate", 1, 300, gpu_bytes=12 * GIB, config=QWEN3_06B)
+    errors, line = preflight.check_memory(cfg, 1, 300, gpu_bytes=12 * GIB, config=QWEN3_06B)
     assert len(errors) == 1 and "lower VLLM_GPU_MEMORY_UTILIZATION" in errors[0] and line
     cfg = RunConfig.load([], train_mode="gpu", trainer_sharding="fsdp")
-    assert preflight.check_memory(cfg, "gpu", 2, 300, gpu_bytes=12 * GIB, config=QWEN3_06B)[0] == []
-    assert preflight.check_memory(cfg, "gpu", 1, 300, gpu_bytes=12 * GIB, config=QWEN3_06B)[0]
+    assert preflight.check_memory(cfg, 2, 300, gpu_bytes=12 * GIB, config=QWEN3_06B)[0] == []
+    assert preflight.check_memory(cfg, 1, 300, gpu_bytes=12 * GIB, config=QWEN3_06B)[0]
     # LORA_R: the preflight sizes LoRA and stops no run full fine-tuning could not do on 12 GiB colocated
     lora = RunConfig.load([], train_mode="colocate", max_completion_length=256, lora_r=16)
-    errors, line = preflight.check_memory(lora, "colocate", 1, 300, gpu_bytes=12 * GIB, config=QWEN3_06B)
+    errors, line = preflight.check_memory(lora, 1, 300, gpu_bytes=12 * GIB, config=QWEN3_06B)
     assert errors == [] and "(lora r=16, 10.1M trainable)" in line
     assert "by method: full 12.8 GiB does not fit; LoRA r=16 5.2 GiB fits; QLoRA r=16 3.5 GiB fits" in line
     rehearsal = RunConfig.load([], train_mode="gpu", weight_transfer="reload")  # trainer on CPU: nothing to size
-    assert preflight.check_memory(rehearsal, "gpu", 1, 300, gpu_bytes=8 * GIB, config=QWEN3_06B) == ([], "")
+    assert preflight.check_memory(rehearsal, 1, 300, gpu_bytes=8 * GIB, config=QWEN3_06B) == ([], "")
 
 
 def test_lora_adapter_count_equals_peft_and_its_memory_is_the_frozen_base_plus_adapter_states():
@@ -132,16 +132,16 @@ def test_what_fits_names_the_cheaper_method_and_the_readme_table_is_the_modules(
     from pathlib import Path
 
     config = memory.qwen3_config("Qwen3-8B")
-    _, problem = memory.check(config, 80 * GIB, mode="gpu", processes=1, sharding="ddp", batch=8, prompt_tokens=512,
+    _, problem = memory.check(config, 80 * GIB, mode=GpuMode(), processes=1, sharding="ddp", batch=8, prompt_tokens=512,
                               completion_tokens=256, vllm_share=0.9)
     assert problem and "LORA_R=16" in problem  # full fine-tuning of 8B does not fit 80 GB: the line names LoRA
-    est, problem = memory.check(config, 80 * GIB, mode="gpu", processes=1, sharding="ddp", batch=8,
-                                prompt_tokens=512, completion_tokens=256, vllm_share=0.9, method="lora", lora_r=16)
+    est, problem = memory.check(config, 80 * GIB, mode=GpuMode(), processes=1, sharding="ddp", batch=8,
+                                prompt_tokens=512, completion_tokens=256, vllm_share=0.9, method=memory.LORA, lora_r=16)
     assert problem is None, est.breakdown()
-    _, problem = memory.check(memory.qwen3_config("Qwen3-14B"), 48 * GIB, mode="gpu", processes=1, sharding="ddp",
-                              batch=8, prompt_tokens=512, completion_tokens=256, vllm_share=0.9, method="lora")
+    _, problem = memory.check(memory.qwen3_config("Qwen3-14B"), 48 * GIB, mode=GpuMode(), processes=1, sharding="ddp",
+                              batch=8, prompt_tokens=512, completion_tokens=256, vllm_share=0.9, method=memory.LORA)
     assert problem and "QLORA=true" in problem
-    line = memory.compare(config, 80 * GIB, mode="gpu", processes=1, sharding="ddp", batch=8, prompt_tokens=512,
+    line = memory.compare(config, 80 * GIB, mode=GpuMode(), processes=1, sharding="ddp", batch=8, prompt_tokens=512,
                           completion_tokens=256, vllm_share=0.9)
     assert "full" in line and "does not fit" in line and "LoRA r=16" in line and "QLoRA r=16" in line
     page = (Path(__file__).resolve().parents[2] / "docs/gpu-host.md").read_text()

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from contract.config import GpuMode
 from trainer.after import report
 from trainer.core.metrics import MetricsCallback, RolloutStats, read_metrics, summarize_episodes, truncate_metrics
 
@@ -58,7 +59,7 @@ def test_step_record_has_trl_metrics_env_metrics_and_time_split(tmp_path):
 
 def test_weight_sync_is_split_out_of_generation_on_gpu(tmp_path):
     stats = RolloutStats()
-    cb = MetricsCallback(str(tmp_path), stats, mode="gpu", print_fn=lambda s: None)
+    cb = MetricsCallback(str(tmp_path), stats, mode=GpuMode(), print_fn=lambda s: None)
     stats.add_time("weight_sync", 0.4)  # measured inside TRL's generation call
     log_step(cb, stats, 1, gen=1.4, gas=1.9)
     [row] = read_metrics(tmp_path)

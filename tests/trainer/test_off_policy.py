@@ -1,4 +1,4 @@
-"""OFF_POLICY_CORRECTION (contract/off_policy.py, trainer/core/off_policy.py, trainer/async_grpo/off_policy_loss.py).
+"""OFF_POLICY_CORRECTION (contract/config/off_policy.py, trainer/core/off_policy.py, trainer/async_grpo/off_policy_loss.py).
 
 The async test runs the real loss path: the stack's AsyncGRPOTrainer subclass's compute_loss (the hook) over TRL's
 own compute_loss, on the CPU profile's tiny model with TRL's fused LM head and the stack's tree attention, on a batch
@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from contract.config import ConfigError, RunConfig
-from contract.off_policy import OffPolicy
+from contract.config.off_policy import OffPolicy
 from trainer.core import off_policy as core
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # importing trl.experimental is on purpose here

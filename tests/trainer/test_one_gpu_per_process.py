@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from contract.config import RunConfig
+from contract.config import CpuMode, GpuMode, RunConfig
 from trainer.core import grpo_args
 
 
@@ -39,9 +39,9 @@ def test_the_sync_trainer_builds_on_one_gpu_when_the_process_sees_two(sees_two_g
 
     cfg = RunConfig.load(["--train-mode", "cpu", "--model-name", str(tiny_model_dir), "--env-name", "echo",
                           "--env-urls", f"echo={echo_server.url}", "--output-dir", str(tmp_path)])
-    args = grpo_args.grpo_config(cfg, "cpu", use_cpu=False)  # transformers' GPU branch, as on a GPU box
+    args = grpo_args.grpo_config(cfg.resolved(CpuMode()), use_cpu=False)  # transformers' GPU branch, as on a GPU box
     assert args.n_gpu == 1 and args.train_batch_size == args.per_device_train_batch_size
-    model, tokenizer = load_model_and_tokenizer(cfg, "cpu")
+    model, tokenizer = load_model_and_tokenizer(cfg.resolved(CpuMode()))
     specs = {"echo": registry.get("echo")}
     trainer = make_trainer_class()(model=model, args=args, train_dataset=build_dataset(cfg, specs),
                                    processing_class=tokenizer, environment_factory=build_factories(cfg, specs, STATS))
@@ -53,7 +53,7 @@ def test_the_async_trainer_is_never_given_more_than_one_gpu(sees_two_gpus):
     from trainer.async_grpo.async_trainer import build_async_config
 
     cfg = RunConfig.load([], rollouts="async", train_mode="gpu", weight_transfer="nccl")
-    args = build_async_config(cfg, "gpu")
+    args = build_async_config(cfg.resolved(GpuMode()))
     assert not args.use_cpu and args.n_gpu == 1
 
 

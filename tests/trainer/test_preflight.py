@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 import pytest
 
 from trainer.run import preflight
-from contract.config import RunConfig
+from contract.config import CpuMode, GpuMode, RunConfig
 from trainer.run.preflight import PreflightError, PreflightReport, check_chat_template, sessions_needed
 
 from .conftest import free_port
@@ -195,7 +195,7 @@ def test_unrecognized_template(tiny_tokenizer):
 
 def test_missing_model(tmp_path):
     cfg = cfg_for(model_name=str(tmp_path / "nope"))
-    tok, err = preflight.load_tokenizer(cfg, "cpu")
+    tok, err = preflight.load_tokenizer(cfg.resolved(CpuMode()))
     assert tok is None
     assert f"MODEL_NAME={tmp_path / 'nope'}: cannot load its tokenizer" in err
     assert "docker compose --profile cpu run --rm model-init" in err
@@ -216,7 +216,7 @@ def test_run_all_collects_every_failure(tmp_path, monkeypatch):
     cfg = cfg_for(env_urls=f"echo=http://127.0.0.1:{free_port()}", model_name=str(tmp_path / "nope"),
                   vllm_server_url="http://127.0.0.1:1")
     with pytest.raises(PreflightError) as exc:
-        preflight.run_all(cfg, "gpu", wait_s=0)
+        preflight.run_all(cfg.resolved(GpuMode()), wait_s=0)
     lines = str(exc.value).splitlines()
     assert len(lines) == 3
     assert lines[0].startswith("- env echo: not healthy")

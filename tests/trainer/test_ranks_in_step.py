@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 
+from contract.config import CpuMode
 from tests.helpers import ROOT, free_port
 
 MAX_STEPS = 4
@@ -27,7 +28,7 @@ def test_two_ranks_server_mode_double_stay_in_step_and_keep_their_own_samples(ec
             "--run-name", "ranks", "--resume", "fresh", "--env-name", "echo", "--env-urls", f"echo={echo_server.url}",
             "--num-generations", "2", "--per-device-train-batch-size", "4", "--max-steps", str(MAX_STEPS),
             "--save-steps", "100", "--dataset-size", "32"]
-    argv = launch_argv(2, "cpu", "ddp", args, port=free_port())
+    argv = launch_argv(2, CpuMode(), "ddp", args, port=free_port())
     at = argv.index("trainer.train") - 1  # "-m trainer.train" -> the script that wraps it
     argv[at:at + 2] = [str(ROOT / "tests" / "trainer" / "server_mode_ranks.py")]
     env = {"RANK_LOG_DIR": str(tmp_path), "TRL_EXPERIMENTAL_SILENCE": "1", "PYTHONPATH": str(ROOT)}

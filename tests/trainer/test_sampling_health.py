@@ -8,6 +8,7 @@ from collections import defaultdict
 
 import pytest
 
+from contract.config import GpuMode
 from tools.commands import smoke
 from contract import sampling_health as sh
 from contract import stages
@@ -67,7 +68,7 @@ def test_gpu_smoke_fails_on_the_stage_verdict():
              "first_weight_sync")] + ['[stage] {"stage": "tool_calls", "value": 1.0}']
 
     def table(record):
-        return smoke.smoke_table("gpu", stages.parse("\n".join([*base, "[stage] " + record])), failed_rc=0)
+        return smoke.smoke_table(GpuMode(), stages.parse("\n".join([*base, "[stage] " + record])), failed_rc=0)
 
     lines, ok = table('{"stage": "importance_sampling", "seconds": null, "detail": "step 2: ratio mean 1.0", "ok": true}')
     assert ok and any(line.startswith("  pass importance sampling") for line in lines)
@@ -75,7 +76,7 @@ def test_gpu_smoke_fails_on_the_stage_verdict():
                       '(> 10%)", "ok": false}')
     bad = next(line for line in lines if "importance sampling" in line)
     assert not ok and bad.startswith("  FAIL") and "40% of sequences masked" in bad and "make nccl-check FULL=1" in bad
-    lines, ok = smoke.smoke_table("gpu", stages.parse("\n".join(base)), failed_rc=0)
+    lines, ok = smoke.smoke_table(GpuMode(), stages.parse("\n".join(base)), failed_rc=0)
     assert not ok and "never reached" in next(line for line in lines if "importance sampling" in line)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from contract.config import AsyncRollouts, SyncRollouts
 from trainer.core import trl_privates
 from trainer.core.trl_privates import PINS, Pin
 
@@ -82,13 +83,13 @@ def test_a_moved_private_stops_the_run_with_one_line_naming_what_to_recheck(monk
     other_kind = Pin(trl_privates.GRPO, "_generate", "coroutine", "trainer/evaluate.py", "overridden")
     async_only = Pin(trl_privates.ASYNC_LOOP, "_nowhere", "attribute", "trainer/async_grpo/async_run.py", "not this run's")
     monkeypatch.setattr(trl_privates, "PINS", PINS + (gone, other_kind, async_only))
-    line = trl_privates.startup_problem("sync")
+    line = trl_privates.startup_problem(SyncRollouts())
     assert line is not None and "\n" not in line
     assert "GRPOTrainer._tool_call_loop_v2: gone (re-check trainer/rollouts/rollout_loop.py: the tool loop we copy)" in line
     assert "GRPOTrainer._generate: a method now, not a coroutine (re-check trainer/evaluate.py: overridden)" in line
     assert "_nowhere" not in line  # an async pin does not stop a sync run
     assert line.endswith(f"Install trl=={trl_privates.TRL_VERSION}, or re-check those and update the pins")
-    assert "_nowhere: no longer assigned by TRL" in trl_privates.startup_problem("async")
+    assert "_nowhere: no longer assigned by TRL" in trl_privates.startup_problem(AsyncRollouts())
     report = preflight.PreflightReport()
     assert preflight.check_trl(RunConfig.load([]), report) == [line]
 
@@ -127,14 +128,14 @@ def test_the_async_rollout_lifecycle_is_pinned_and_a_change_stops_an_async_run(m
     for name, params in (("_generate_loop", "self, stop_event"), ("_repeat_iterator", "self")):
         assert name in pinned and pinned[name].group == "async" and pinned[name].digest, name
         assert pinned[name].params == params
-    assert trl_privates.startup_problem("async") is None
+    assert trl_privates.startup_problem(AsyncRollouts()) is None
 
     async def _generate_loop(self, stop_event, episode_budget):  # another parameter list
         return None
 
     monkeypatch.setattr(_AsyncRolloutLoop, "_generate_loop", _generate_loop)
     monkeypatch.setattr(_AsyncRolloutLoop, "_repeat_iterator", None)
-    line = trl_privates.startup_problem("async")
+    line = trl_privates.startup_problem(AsyncRollouts())
     assert "_AsyncRolloutLoop._generate_loop: parameters (self, stop_event, episode_budget), not (self, stop_event)" in line
     assert "_AsyncRolloutLoop._repeat_iterator: a NoneType now, not a method" in line
-    assert trl_privates.startup_problem("sync") is None  # a sync run does not use them
+    assert trl_privates.startup_problem(SyncRollouts()) is None  # a sync run does not use them

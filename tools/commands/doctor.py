@@ -9,7 +9,7 @@ import shutil
 from tools import derive, docker_host, env_keys, env_ports, fleet, gpu_doctor, proxies, settings
 from tools.env_kinds import env_kinds
 from tools.errors import StackError, report_stack_error
-from contract.modes import as_mode
+from contract.config import CpuMode, TrainModeVariant
 
 def run(rest: list[str]) -> int:
     ok = True
@@ -39,7 +39,7 @@ def run(rest: list[str]) -> int:
         print(f"  WARN {line}")
     gpus = docker_host.detect_gpus() if not docker else gpu_doctor.DockerGpus(None, [], "docker not answering")
     report("GPUs for containers", None, gpus.detail)
-    mode = "cpu"
+    mode: TrainModeVariant = CpuMode()
     try:
         mode, why = derive.resolve_mode(dotenv, gpus)
         report("TRAIN_MODE", None, why)
@@ -61,9 +61,9 @@ def run(rest: list[str]) -> int:
     report("DASHBOARD_PORT", docker_host.check_port(dotenv, "DASHBOARD_PORT"), f"{dotenv.get('DASHBOARD_PORT', '6006')} free")
     if derive.fleet_mode(dotenv):
         report("ENV_FLEET=swarm", fleet.swarm_problem(), f"this node manages the swarm; fleet {fleet.stack_name(dotenv)}")
-    if as_mode(mode).uses_vllm or gpus.count:  # the GPUs detected above, not a second probe
+    if mode.uses_vllm or gpus.count:  # the GPUs detected above, not a second probe
         ok = gpu_doctor.print_report(gpus, dotenv) and ok
-    if as_mode(mode).uses_vllm and gpus.count:
+    if mode.uses_vllm and gpus.count:
         ok = trainer_memory(gpus, dotenv, mode) and ok
     print("all good" if ok else "doctor found problems: fix the FAIL lines above")
     return 0 if ok else 1
@@ -82,7 +82,7 @@ def docker_proxies() -> str:
                             os.environ.get("DOCKER_HOST"))
 
 
-def trainer_memory(gpus: gpu_doctor.DockerGpus, dotenv: dict[str, str], mode: str) -> bool:
+def trainer_memory(gpus: gpu_doctor.DockerGpus, dotenv: dict[str, str], mode: TrainModeVariant) -> bool:
     """The trainer's memory for the model and layout next to each trainer GPU's (contract.memory); False: cannot fit."""
     try:
         cfg = derive.run_config(dotenv, mode)

@@ -8,9 +8,8 @@ import time
 
 from tools import docker_host, settings
 from tools.errors import StackError, say
-from contract.train_mode import spec as mode_spec
 from contract import sampling_health
-from contract.modes import Rollouts, as_mode, as_rollouts
+from contract.config import Rollouts, SyncRollouts, TrainModeVariant, rollouts_variant
 from tools.commands.up import bring_up
 from tools.prepare import Prepared, prepare
 
@@ -45,18 +44,18 @@ SMOKE_STAGES = {
 }
 
 
-def smoke_stages(mode: str, rollouts: Rollouts | str = "sync") -> tuple[str, ...]:
+def smoke_stages(mode: TrainModeVariant, rollouts: Rollouts = SyncRollouts()) -> tuple[str, ...]:
     """The mode's stages; ROLLOUTS=async adds `staleness` after the first weight sync (the importance-sampling stage
     judges both modes on the same off_policy/* figures: contract.sampling_health.OFF_POLICY_RATIO)."""
-    found = mode_spec(mode).smoke_stages
-    if not as_rollouts(rollouts).is_async or "first_weight_sync" not in found:
+    found = mode.spec.smoke_stages
+    if not rollouts.is_async or "first_weight_sync" not in found:
         return found
     at = found.index("first_weight_sync") + 1
     return (*found[:at], "staleness", *found[at:])
 
 
-def smoke_table(mode: str, found: dict[str, dict], failed_rc: int | None,
-                rollouts: Rollouts | str = "sync") -> tuple[list[str], bool]:
+def smoke_table(mode: TrainModeVariant, found: dict[str, dict], failed_rc: int | None,
+                rollouts: Rollouts = SyncRollouts()) -> tuple[list[str], bool]:
     """The smoke run's verdict, one line per stage: pass with its time, or FAIL with what it usually means."""
     lines, ok = [], True
     for key in smoke_stages(mode, rollouts):
@@ -112,12 +111,12 @@ def smoke(prepared: Prepared, require_gpu: bool) -> int:
     from contract import stages
 
     mode, compose_vars = prepared.mode, prepared.compose_vars
-    rollouts = as_rollouts(prepared.plan.settings.values.get("ROLLOUTS") or "sync")
-    if require_gpu and not as_mode(mode).uses_vllm:
+    rollouts = rollouts_variant(prepared.plan.settings.values.get("ROLLOUTS") or "sync")
+    if require_gpu and not mode.uses_vllm:
         raise StackError(f"make gpu-smoke checks the GPU path, and this host has {docker_host.detect_gpus().detail}; "
                          "`make doctor` says why, `make train` trains on the CPU profile here")
     log_text, t0 = "", time.monotonic()
-    if as_mode(mode).uses_vllm:
+    if mode.uses_vllm:
         say("stage: model download (model-download job)")
         rc, text = run_logged(docker_host.compose_command(compose_vars, "run", "--rm", "-T", "model-download")[0], compose_vars)
         log_text += text

@@ -8,7 +8,6 @@ from typing import Callable
 from tools import docker_host, env_keys
 from tools.errors import say
 from contract.defaults import EXIT_VLLM_RESTART, EXIT_VLLM_WENT_AWAY
-from contract.modes import as_mode
 from tools.commands.up import bring_up
 from tools.prepare import Prepared, prepare
 
@@ -36,7 +35,7 @@ def train(prepared: Prepared, args: list[str]) -> int:
         return prepared.compose("up", "-d", "--no-deps", "--force-recreate", "--wait", "vllm")
 
     rc = recovering(run_trainer, restart_vllm) if spec.runs_vllm_service else run_trainer()
-    where = ("the CPU profile (tiny local model, no vLLM)" if not as_mode(mode).uses_vllm else
+    where = ("the CPU profile (tiny local model, no vLLM)" if not mode.uses_vllm else
              f"mode {mode}'s rehearsal on CPU" if prepared.plan.rehearsal else f"mode {mode}")
     if rc == 0:
         say(f"training finished on {where}; `make rollouts` shows what the model did, `make eval` scores it, "

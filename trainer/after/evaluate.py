@@ -44,7 +44,7 @@ from trainer.modeling import lora
 from trainer.run import checkpoints
 from trainer.run.held_out import DEFAULT_THRESHOLD, Episode, held_out, play
 from contract import eval_report
-from contract.config import ConfigError, RunConfig
+from contract.config import ColocateMode, ConfigError, RunConfig
 from trainer.core.progress import Progress
 from trainer.core import grpo_args
 
@@ -115,17 +115,17 @@ def summarize(model: str, env: str, episodes: list[Episode], generations: int, t
     }
 
 
-def _generation_kwargs(cfg: RunConfig, mode: str) -> dict[str, Any]:
+def _generation_kwargs(cfg: RunConfig) -> dict[str, Any]:
     """GRPOConfig kwargs for generation: none where the trainer runs on CPU (transformers generates); else vLLM
     colocated in this process on the model's folder, whatever TRAIN_MODE trained it (no vllm server, no weight sync
     needed), without TRL's importance-sampling forward pass (nothing is trained)."""
-    if cfg.trainer_on_cpu(mode):
+    if cfg.placement.trainer_on_cpu:
         return {}
     from trainer import gpu
 
     # server mode's VLLM_GPU_MEMORY_UTILIZATION is for vLLM's own GPU; here the model shares it (colocate's default)
-    colocated = cfg.model_copy(update={"train_mode": "colocate", "vllm_gpu_memory_utilization":
-                                       cfg.vllm_gpu_memory_utilization if cfg.mode(mode).colocated else None})
+    colocated = cfg.resolved(ColocateMode()).model_copy(update={
+        "vllm_gpu_memory_utilization": cfg.vllm_gpu_memory_utilization if cfg.placement.colocated else None})
     return {**gpu.grpo_vllm_kwargs(colocated), "vllm_importance_sampling_correction": False}
 
 
@@ -148,15 +148,15 @@ def gpu_memory_verdict(free_b: int, total_b: int, vllm_share: float, model_b: in
             "`make eval` again")
 
 
-def check_gpu_memory(cfg: RunConfig, mode: str, models: list[str]) -> str | None:
+def check_gpu_memory(cfg: RunConfig, models: list[str]) -> str | None:
     """On GPU hosts, before any vLLM loads: gpu_memory_verdict for the largest of the models played."""
-    if cfg.trainer_on_cpu(mode):
+    if cfg.placement.trainer_on_cpu:
         return None
     measured = _isolated(_cuda_memory)  # in a child: a CUDA context here would hold memory the models need
     if measured is None:
         return None  # no CUDA here: the model's own start fails with its message
     free_b, total_b, device = measured
-    share = _generation_kwargs(cfg, mode)["vllm_gpu_memory_utilization"]
+    share = _generation_kwargs(cfg)["vllm_gpu_memory_utilization"]
     return gpu_memory_verdict(free_b, total_b, share, max(weights_bytes(m) for m in models), device)
 
 
@@ -169,7 +169,7 @@ def _cuda_memory() -> tuple[int, int, str] | None:
     return free_b, total_b, f"GPU {torch.cuda.current_device()} ({torch.cuda.get_device_name()})"
 
 
-def play_model(cfg: RunConfig, mode: str, label: str, model_name: str,
+def play_model(cfg: RunConfig, label: str, model_name: str,
                tasks: dict[str, tuple[list[int], list[dict]]], threshold: float) -> list[dict[str, Any]]:
     """Every held-out episode of every env for one model (`model_name`: a hub id / folder, or a checkpoint
     folder); one eval.json row per env."""
@@ -189,16 +189,16 @@ def play_model(cfg: RunConfig, mode: str, label: str, model_name: str,
 
     transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bars between the progress lines
     report = preflight.resolve_envs(cfg)  # here too: a child process re-learns the generic envs' tools
-    model_cfg = cfg if model_name == cfg.model_path(mode) else cfg.model_copy(
+    model_cfg = cfg if model_name == cfg.model_path else cfg.model_copy(
         update={"model_name": model_name, "model_revision": None})
-    model, tokenizer = load_model_and_tokenizer(model_cfg, mode)
+    model, tokenizer = load_model_and_tokenizer(model_cfg)
     rows = [encoded(cfg, name, row) for name, (_, env_rows) in tasks.items() for row in env_rows]
     scratch = tempfile.mkdtemp(prefix="eval-")  # the trainer's output_dir: nothing is saved, never into the run
     trainer = make_trainer_class()(
         model=model,
         reward_funcs=([unfinished_penalty(cfg.unfinished_penalty, stop_token_ids(model, tokenizer))]
                       if cfg.unfinished_penalty else None),  # as training scores; the table reports the env's reward
-        args=grpo_args.grpo_config(cfg, mode, output_dir=scratch, **_generation_kwargs(cfg, mode)),
+        args=grpo_args.grpo_config(cfg, output_dir=scratch, **_generation_kwargs(cfg)),
         train_dataset=Dataset.from_list(rows),
         processing_class=tokenizer,
         environment_factory=build_factories(cfg, report.specs),
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     except EvalError as exc:
         print(f"[eval] {exc}", file=sys.stderr, flush=True)
         return 1
-    mode = grpo_args.resolved_train_mode(cfg)
+    cfg = grpo_args.resolve(cfg)  # TRAIN_MODE=auto: this host's GPUs decide how to generate
     if not info:
         log(f"run {run} has no {run_info.RUN_INFO_FILE} (trained before runs recorded their settings): using this "
             "host's settings (.env) for its envs and base model")
@@ -292,17 +292,17 @@ def main(argv: list[str] | None = None) -> int:
         print("[eval] env servers not ready:\n" + "\n".join(f"- {e}" for e in errors), file=sys.stderr, flush=True)
         return 3
 
-    base = cfg.model_path(mode)
+    base = cfg.model_path
     g = cfg.num_generations
-    log(f"run {run}: {checkpoint.name} (step {step}) vs the base model {cfg.resolved_model_name(mode)} on "
+    log(f"run {run}: {checkpoint.name} (step {step}) vs the base model {cfg.model_id} on "
         + ", ".join(f"{name} ({len(rows)} held-out tasks x {g})" for name, (_, rows) in tasks.items())
         + f"; success: reward > {args.threshold:g}; generation: "
-        + ("transformers" if cfg.trainer_on_cpu(mode) else "vLLM in this process"))
-    held = check_gpu_memory(cfg, mode, [base, str(checkpoint)])
+        + ("transformers" if cfg.placement.trainer_on_cpu else "vLLM in this process"))
+    held = check_gpu_memory(cfg, [base, str(checkpoint)])
     if held:
         print(f"[eval] {held}", file=sys.stderr, flush=True)
         return 4
-    isolate = args.isolate or not cfg.trainer_on_cpu(mode)
+    isolate = args.isolate or not cfg.placement.trainer_on_cpu
     rows = []
     with tempfile.TemporaryDirectory(prefix="eval-merged-") as scratch:
         trained = str(checkpoint)
@@ -310,9 +310,9 @@ def main(argv: list[str] | None = None) -> int:
             trained = str(lora.write_merged(checkpoint, Path(scratch) / "model", base))
             log(f"{checkpoint.name} holds a LoRA adapter: scoring the base model with it merged in")
         for label, model in (("base", base), ("trained", trained)):
-            call = (cfg, mode, label, model, tasks, args.threshold)
+            call = (cfg, label, model, tasks, args.threshold)
             rows += _isolated(play_model, *call) if isolate else play_model(*call)
-    data = {"run": run, "checkpoint": checkpoint.name, "step": step, "base_model": cfg.resolved_model_name(mode),
+    data = {"run": run, "checkpoint": checkpoint.name, "step": step, "base_model": cfg.model_id,
             "threshold": args.threshold, "episodes_per_env": max(len(r) for _, r in tasks.values()) * g,
             "ks": list(range(1, g + 1)),
             "seeds": {name: ids for name, (ids, _) in tasks.items()}, "rows": rows}

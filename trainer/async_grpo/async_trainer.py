@@ -50,12 +50,12 @@ logger = logging.getLogger("trainer.async")
 # trainer/core/trl_privates.py.
 
 
-def build_async_config(cfg: RunConfig, mode: str):
+def build_async_config(cfg: RunConfig):
     """AsyncGRPOConfig with the sync trainer's settings (trainer.core.grpo_args.grpo_config) where both have them."""
     from trl.experimental.async_grpo import AsyncGRPOConfig
 
     kwargs: dict[str, Any] = dict(
-        cfg.shared_trainer_kwargs(mode),
+        cfg.shared_trainer_kwargs(),
         # TRL's async default is constant (it may stop by epochs, an unknown step count); we always stop at
         # MAX_STEPS, so the sync trainer's linear decay applies here too.
         lr_scheduler_type="linear",
@@ -68,9 +68,9 @@ def build_async_config(cfg: RunConfig, mode: str):
         max_inflight_tasks=cfg.rollouts.max_inflight_rollouts or -1,  # -1: TRL's default, as modes.AsyncRollouts.inflight
         # fp32 master weights, as the sync trainer keeps (trainer.modeling.model.load_model_and_tokenizer says why)
         dtype="float32",
-        model_init_kwargs=cfg.model_load_kwargs(mode) or None,  # the pinned revision while MODEL_NAME is a hub id
+        model_init_kwargs=cfg.model_load_kwargs or None,  # the pinned revision while MODEL_NAME is a hub id
     )
-    if cfg.trainer_on_cpu(mode):  # the CPU rehearsal of server mode
+    if cfg.placement.trainer_on_cpu:  # the CPU rehearsal of server mode
         kwargs.update(use_cpu=True, bf16=False)
     else:
         import torch
@@ -313,7 +313,7 @@ def _unload_earlier_adapters(base_url: str, prefix: str) -> None:
               flush=True)
 
 
-def build_trainer(cfg: RunConfig, mode: str, *, tokenizer, dataset, factories, reward_funcs, callbacks,
+def build_trainer(cfg: RunConfig, *, tokenizer, dataset, factories, reward_funcs, callbacks,
                   served_dtype: str | None, served_model: str | None, server_max_model_len: int | None = None):
     """The async trainer for this run: tree attention installed first (TRL loads the model with it), the weight
     push by reload where WEIGHT_TRANSFER=reload (else TRL's own NCCL client)."""
@@ -326,15 +326,15 @@ def build_trainer(cfg: RunConfig, mode: str, *, tokenizer, dataset, factories, r
 
     peft = lora.peft_config(cfg)
     weight_transfer = None
-    reload_dir = cfg.mode(mode).reload_dir
+    reload_dir = cfg.placement.reload_dir
     if reload_dir and peft is None:  # LORA_R: TRL's adapter sync, the same on GPU (module doc)
         weight_transfer = ReloadWeightTransfer(cfg.vllm_server_url, reload_dir,
                                                float(cfg.weight_sync_timeout_s), served_dtype)
     trainer_cls = make_async_trainer_class()
     return trainer_cls(
-        model=cfg.model_path(mode),
+        model=cfg.model_path,
         reward_funcs=reward_funcs,
-        args=build_async_config(cfg, mode),
+        args=build_async_config(cfg),
         train_dataset=dataset,
         processing_class=tokenizer,
         environment_factory=factories,
@@ -345,7 +345,7 @@ def build_trainer(cfg: RunConfig, mode: str, *, tokenizer, dataset, factories, r
         tool_concurrency=cfg.tool_concurrency,
         served_model=served_model,
         served_dtype=served_dtype,
-        request_seeds=not cfg.trainer_on_cpu(mode),  # the rehearsal's vLLM runs on CPU (StackRolloutLoop says why)
+        request_seeds=not cfg.placement.trainer_on_cpu,  # the rehearsal's vLLM runs on CPU (StackRolloutLoop says why)
         zero_std_groups=cfg.zero_std_groups,
         max_model_len=server_max_model_len,  # each turn's max_tokens stays within it (StackRolloutLoop)
         off_policy=cfg.off_policy(),

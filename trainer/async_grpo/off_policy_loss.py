@@ -2,7 +2,7 @@
 `AsyncGRPOTrainer.compute_loss`.
 
 TRL's async loss is the PPO-clip term against the sampler's log-probs, -min(r·A, clip(r)·A) with r = π_θ/π_sampler,
-unbounded for a negative advantage (contract/off_policy.py). `OffPolicyLoss`, a mixin placed before
+unbounded for a negative advantage (contract/config/off_policy.py). `OffPolicyLoss`, a mixin placed before
 AsyncGRPOTrainer, keeps everything TRL's compute_loss does (the packed tree forward, its figures: ratio, kl, entropy,
 clip_ratio/*; the step's token accounting) by running it with the model call captured, then rebuilds the policy term
 from the captured log-probs under the run's correction (trainer.core.off_policy.corrected_loss), normalised as TRL
@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from contract.off_policy import OffPolicy
+from contract.config.off_policy import OffPolicy
 from trainer.core.off_policy import Window, corrected_loss
 
 

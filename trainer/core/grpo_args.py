@@ -8,15 +8,16 @@ import socket
 from typing import Any
 from urllib.parse import urlparse
 
-from contract.config import RunConfig
+from contract.config import RunConfig, train_mode_variant
 from contract.train_mode import resolve_train_mode
 
 
-def resolved_train_mode(cfg: RunConfig) -> str:
-    """TRAIN_MODE with `auto` resolved by contract.train_mode's rule from what this process sees: the GPUs torch counts,
-    and whether the vLLM server's name resolves. Imports torch only for auto."""
-    if cfg.train_mode != "auto":
-        return cfg.train_mode
+def resolve(cfg: RunConfig) -> RunConfig:
+    """The run's config with TRAIN_MODE=auto resolved, once, by contract.train_mode's rule from what this process sees:
+    the GPUs torch counts, and whether the vLLM server's name resolves (imports torch only for auto). Everything after
+    reads cfg.placement, the resolved variant."""
+    if cfg.placement_known:
+        return cfg
     import torch
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -25,18 +26,17 @@ def resolved_train_mode(cfg: RunConfig) -> str:
         vllm_service = True
     except OSError:
         vllm_service = False
-    return resolve_train_mode("auto", gpus, vllm_service=vllm_service)[0]
+    return cfg.resolved(train_mode_variant(resolve_train_mode("auto", gpus, vllm_service=vllm_service)[0]))
 
 
-def grpo_config(cfg: RunConfig, mode: str | None = None, **extra: Any):
-    """The run's settings as trl.GRPOConfig. gpu/colocate: the caller adds trainer.gpu's vLLM kwargs in `extra` (this
-    module sits below trainer.gpu and never imports it)."""
+def grpo_config(cfg: RunConfig, **extra: Any):
+    """The run's settings (TRAIN_MODE resolved: resolve above) as trl.GRPOConfig. gpu/colocate: the caller adds
+    trainer.gpu's vLLM kwargs in `extra` (this module sits below trainer.gpu and never imports it)."""
     from trl import GRPOConfig
 
-    mode = mode or resolved_train_mode(cfg)
-    kwargs: dict[str, Any] = dict(cfg.shared_trainer_kwargs(mode), steps_per_generation=cfg.effective_steps_per_generation)
-    kwargs.update(cfg.off_policy().sync_grpo_kwargs())  # OFF_POLICY_CORRECTION as TRL's fields (contract/off_policy.py)
-    chosen = cfg.mode(mode)
+    kwargs: dict[str, Any] = dict(cfg.shared_trainer_kwargs(), steps_per_generation=cfg.effective_steps_per_generation)
+    kwargs.update(cfg.off_policy().sync_grpo_kwargs())  # OFF_POLICY_CORRECTION as TRL's fields (contract/config/off_policy.py)
+    chosen = cfg.placement
     if not chosen.uses_vllm:
         kwargs.update(use_cpu=True, bf16=False, use_vllm=False)
     elif chosen.trainer_on_cpu:  # server mode rehearsed on CPU: vLLM generates, weights go by reload

@@ -26,7 +26,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from contract import sampling_health, stages
-from contract.modes import Rollouts, as_mode, as_rollouts
+from contract.config import CpuMode, SyncRollouts, TrainModeVariant
 from trainer.core.trackers import RunInfo, Trackers
 
 METRICS_FILE = "metrics.jsonl"
@@ -172,14 +172,15 @@ def truncate_metrics(run_dir: str | os.PathLike, last_step: int) -> int:
 class MetricsCallback(TrainerCallback):
     """Writes one JSONL record per logging step, hands it to the trackers, and prints a one-line progress."""
 
-    def __init__(self, run_dir: str, stats: RolloutStats = STATS, resume_step: int = 0, mode: str = "cpu",
-                 print_fn=print, trackers: Trackers | None = None, rollouts: Rollouts | str = "sync") -> None:
+    def __init__(self, run_dir: str, stats: RolloutStats = STATS, resume_step: int = 0,
+                 mode: TrainModeVariant = CpuMode(), print_fn=print, trackers: Trackers | None = None,
+                 rollouts=SyncRollouts()) -> None:
         self.run_dir = Path(run_dir)
         self.stats = stats
         self.resume_step = resume_step
         self.mode = mode
         # async: TRL's AsyncGRPOTrainer logs, mapped to these keys by trainer.core.async_metrics
-        self.rollouts = as_rollouts(rollouts)
+        self.rollouts = rollouts  # contract.config's SyncRollouts | AsyncRollouts
         self.print = print_fn
         # Opened lazily, at the first logged step: only the main process writes.
         self.trackers = trackers or Trackers(["tensorboard"], RunInfo(run_dir, self.run_dir.name,
@@ -190,7 +191,7 @@ class MetricsCallback(TrainerCallback):
         # vLLM's vs the trainer's log-probs: the smoke's stage after step 3, one warning when a step leaves bounds.
         # vLLM modes, both ROLLOUTS: judged on the off-policy figures alike (trainer.core.off_policy)
         self.sampling = sampling_health.Watch(stages.mark, lambda line: self.print(f"[train] {line}"),
-                                              ratio_key=sampling_health.OFF_POLICY_RATIO if as_mode(mode).uses_vllm
+                                              ratio_key=sampling_health.OFF_POLICY_RATIO if mode.uses_vllm
                                               else sampling_health.RATIO_MEAN)
         self.staleness = sampling_health.StalenessWatch(stages.mark)  # async: the smoke's staleness stage
 
@@ -227,7 +228,7 @@ class MetricsCallback(TrainerCallback):
         gen = max(0.0, timers.get("generation", 0.0) / steps - sync)
         env = timers.get("env", 0.0) / steps
         score_total = max(0.0, timers.get("generate_and_score", 0.0) / steps - sync)
-        record: dict[str, Any] = {"kind": "step", "step": state.global_step, "time": time.time(), "mode": self.mode}
+        record: dict[str, Any] = {"kind": "step", "step": state.global_step, "time": time.time(), "mode": self.mode.name}
         record.update({k: _clean(v) for k, v in logs.items()})
         record.update(summarize_episodes(episodes))
         record.update({f"env/{env}/infra_failures": n for env, n in sorted(infra.items())})  # trainer.rollouts.infra_failures
@@ -238,14 +239,14 @@ class MetricsCallback(TrainerCallback):
             record["time/env_s"] = env
             record["time/scoring_s"] = max(0.0, score_total - gen - env)  # logprobs, parsing, rewards
             record["time/training_s"] = max(0.0, step_s - score_total - sync)  # fwd/bwd/optimizer
-            if as_mode(self.mode).uses_vllm:
+            if self.mode.uses_vllm:
                 record["time/weight_sync_s"] = sync
         self._log_record(record, args, state)
 
     def _async_record(self, logs, episodes, step_s, step, steps=1) -> dict[str, Any]:
         from trainer.core import async_metrics
 
-        record: dict[str, Any] = {"kind": "step", "step": step, "time": time.time(), "mode": self.mode,
+        record: dict[str, Any] = {"kind": "step", "step": step, "time": time.time(), "mode": self.mode.name,
                                   "rollouts": "async"}
         record.update({k: _clean(v) for k, v in async_metrics.record(logs).items()})
         record.update(summarize_episodes(episodes))  # none here unless the env binding ran in this process

@@ -1,4 +1,4 @@
-"""The off-policy correction's loss terms and figures (OFF_POLICY_CORRECTION: contract/off_policy.py says what each
+"""The off-policy correction's loss terms and figures (OFF_POLICY_CORRECTION: contract/config/off_policy.py says what each
 choice means; docs/async.md "Stale samples and the loss" in full).
 
   * `corrected_loss`: ROLLOUTS=async's per-token loss under the run's correction, from the trained policy's log-probs
@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from contract.off_policy import OffPolicy
+from contract.config.off_policy import OffPolicy
 
 FIGURES = ("off_policy/ratio_mean", "off_policy/ratio_max", "off_policy/ratio_p99", "off_policy/clipped_share",
            "off_policy/weight_max", "off_policy/weight_cap", "off_policy/kl_to_sampler", "off_policy/staleness_max")

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-from contract.modes import Rollouts, as_rollouts
+from contract.config import Rollouts
 
 TRL_VERSION = "1.16.0"  # the release every pin below was read from (pyproject pins trl to it)
 
@@ -436,10 +436,10 @@ def installed_version() -> str:
     return trl.__version__
 
 
-def startup_problem(rollouts: Rollouts | str) -> str | None:
+def startup_problem(rollouts: Rollouts) -> str | None:
     """The trainer's check before it starts (trainer.run.preflight): one line naming every pin of this run's trainer
     that the installed TRL breaks, and what to do; None when they all hold."""
-    found = problems(("async",) if as_rollouts(rollouts).is_async else ("sync",))
+    found = problems(("async",) if rollouts.is_async else ("sync",))
     if not found:
         return None
     return (f"trl {installed_version()} breaks what the trainer relies on (pinned for trl {TRL_VERSION} in "

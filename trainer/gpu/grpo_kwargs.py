@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from trainer.core import grpo_args
 
 if TYPE_CHECKING:
     from contract.config import RunConfig
@@ -23,24 +22,11 @@ if TYPE_CHECKING:
 NEUTRAL_SAMPLING = {"presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
-def resolve_mode(cfg: "RunConfig") -> str:
-    """TRAIN_MODE with `auto` resolved from what this process sees."""
-    return grpo_args.resolved_train_mode(cfg)
-
-
-def _gpu_memory_share(cfg: "RunConfig", mode: str) -> float:
-    value = cfg.vllm_gpu_memory_utilization
-    if value:
-        return float(value)
-    return cfg.mode(mode).vllm_memory_share  # the mode's default (contract.modes)
-
-
 def grpo_vllm_kwargs(cfg: "RunConfig") -> dict[str, Any]:
     """GRPOConfig kwargs for vLLM generation. gpu -> `vllm_mode="server"` (the `vllm` service),
     colocate -> `vllm_mode="colocate"` (vLLM inside the trainer, one GPU, no vllm service),
     cpu -> `use_vllm=False`."""
-    mode = resolve_mode(cfg)
-    chosen = cfg.mode(mode)
+    chosen = cfg.placement
     if not chosen.uses_vllm:
         return {"use_vllm": False}
     if chosen.server:
@@ -56,7 +42,7 @@ def grpo_vllm_kwargs(cfg: "RunConfig") -> dict[str, Any]:
         kwargs: dict[str, Any] = {
             "use_vllm": True,
             "vllm_mode": "colocate",
-            "vllm_gpu_memory_utilization": _gpu_memory_share(cfg, mode),
+            "vllm_gpu_memory_utilization": cfg.vllm_memory_share,
             "vllm_tensor_parallel_size": 1,
             "generation_kwargs": dict(NEUTRAL_SAMPLING),
         }
@@ -66,13 +52,12 @@ def grpo_vllm_kwargs(cfg: "RunConfig") -> dict[str, Any]:
 
         kwargs.update(extra_flags(cfg)[1])
         return kwargs
-    raise ValueError(f"TRAIN_MODE={mode!r}: expected cpu, gpu or colocate (edit .env)")
+    raise ValueError(f"TRAIN_MODE={chosen}: expected cpu, gpu or colocate (edit .env)")
 
 
 def describe_mode(cfg: "RunConfig") -> str:
     """One line for `make train`'s log: which generation path this run uses."""
-    mode = resolve_mode(cfg)
-    chosen = cfg.mode(mode)
+    chosen = cfg.placement
     if chosen.reload_dir:
         return (f"TRAIN_MODE=gpu: generating through the vLLM server at {cfg.vllm_server_url}, trainer on CPU, weights "
                 f"pushed by a reload from {chosen.reload_dir} (WEIGHT_TRANSFER=reload: server mode rehearsed "
@@ -82,5 +67,5 @@ def describe_mode(cfg: "RunConfig") -> str:
                 f"weights synced over NCCL (trainer listens on port {cfg.vllm_group_port})")
     if chosen.colocated:
         return ("TRAIN_MODE=colocate: one GPU, vLLM runs inside the trainer process "
-                f"(gpu_memory_utilization={_gpu_memory_share(cfg, mode)}), no vllm service")
+                f"(gpu_memory_utilization={cfg.vllm_memory_share}), no vllm service")
     return "TRAIN_MODE=cpu: transformers generation on the CPU, no vLLM"

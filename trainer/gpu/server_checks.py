@@ -8,7 +8,6 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from contract import stages
-from trainer.gpu.grpo_kwargs import resolve_mode
 from trainer.gpu.nccl import NCCL_BRIDGE_DEFAULTS, check_group_port, pin_async_rendezvous_port, prepare_rendezvous
 from trainer.gpu.server import (
     VLLMPreflightError,
@@ -46,8 +45,7 @@ def preflight_vllm(cfg: "RunConfig") -> dict[str, Any]:
     armed around trl's init_communicator (it runs inside GRPOTrainer.__init__).
     colocate: CUDA and vllm importable. cpu: nothing to check.
     """
-    mode = resolve_mode(cfg)
-    chosen = cfg.mode(mode)
+    chosen = cfg.placement
     if not chosen.uses_vllm:
         return {"mode": "cpu"}
     problems: list[str] = []
@@ -56,7 +54,7 @@ def preflight_vllm(cfg: "RunConfig") -> dict[str, Any]:
     reload = chosen.reload_dir  # the CPU rehearsal: no GPU
     if not reload and not torch.cuda.is_available():
         problems.append(
-            f"TRAIN_MODE={mode} needs a CUDA GPU in the trainer container, and torch sees none; give the "
+            f"TRAIN_MODE={chosen} needs a CUDA GPU in the trainer container, and torch sees none; give the "
             "trainer service a GPU (NVIDIA runtime, TRAINER_GPU in .env; `make doctor`) or use TRAIN_MODE=cpu"
         )
     try:

@@ -105,7 +105,7 @@ def check_trainer_loop(device, tiny: bool) -> Result:
 
     from envs import registry
     from trainer import tiny_model
-    from contract.config import RunConfig, default
+    from contract.config import ColocateMode, CpuMode, RunConfig, default
     from trainer.rollouts.envs_binding import build_factories
     from trainer.core.metrics import STATS, MetricsCallback, read_metrics
     from trainer.core.trackers import RunInfo, Trackers
@@ -125,15 +125,15 @@ def check_trainer_loop(device, tiny: bool) -> Result:
                     "--trace-every", "0", "--report-to", "none", "--save-steps", "1000", "--dataset-size", "32"]
             if device.type == "cpu":
                 argv += ["--max-completion-length", "96"]  # a busy CI box: same code, shorter episodes
-            cfg = RunConfig.load(argv)
             # cpu: the CPU profile; cuda: the GPU settings (bf16 autocast where supported), transformers generation.
-            mode = "cpu" if device.type == "cpu" else "colocate"
-            training_args = grpo_args.grpo_config(cfg, mode, use_vllm=False)
-            model, tokenizer = load_model_and_tokenizer(cfg, mode)
+            cfg = RunConfig.load(argv).resolved(CpuMode() if device.type == "cpu" else ColocateMode())
+            training_args = grpo_args.grpo_config(cfg, use_vllm=False)
+            model, tokenizer = load_model_and_tokenizer(cfg)
             load_dtype = str(model.dtype).removeprefix("torch.")
             specs = {"echo": registry.get("echo")}
             trainer_cls = make_trainer_class()
-            metrics = MetricsCallback(cfg.run_dir, STATS, mode=mode, print_fn=lambda line: print(line, file=sys.stderr),
+            metrics = MetricsCallback(cfg.run_dir, STATS, mode=cfg.placement,
+                                      print_fn=lambda line: print(line, file=sys.stderr),
                                       trackers=Trackers([], RunInfo(cfg.run_dir, "selfcheck", cfg.output_dir)))
             trainer = trainer_cls(model=model, args=training_args, train_dataset=build_dataset(cfg, specs),
                                   processing_class=tokenizer, environment_factory=build_factories(cfg, specs, STATS),
@@ -255,9 +255,10 @@ def check_colocate_budget(device, tiny: bool) -> Result:
 
 def training_args(device):
     """The GRPOConfig training builds for this device with the default settings (grpo_args.grpo_config)."""
-    from contract.config import RunConfig
+    from contract.config import ColocateMode, CpuMode, RunConfig
 
-    return grpo_args.grpo_config(RunConfig.load([]), "cpu" if device.type == "cpu" else "colocate", use_vllm=False)
+    cfg = RunConfig.load([]).resolved(CpuMode() if device.type == "cpu" else ColocateMode())
+    return grpo_args.grpo_config(cfg, use_vllm=False)
 
 
 def checkpoint_as_training(model, args) -> bool:
@@ -275,7 +276,6 @@ def checkpoint_as_training(model, args) -> bool:
 def _gpu_memory_share_default() -> float:
     """Colocate's vLLM share as training would use it (trainer.gpu.grpo_kwargs: VLLM_GPU_MEMORY_UTILIZATION, else
     its colocate default)."""
-    from contract.config import RunConfig
-    from trainer.gpu.grpo_kwargs import _gpu_memory_share
+    from contract.config import ColocateMode, RunConfig
 
-    return _gpu_memory_share(RunConfig.load([]), "colocate")
+    return RunConfig.load([]).resolved(ColocateMode()).vllm_memory_share

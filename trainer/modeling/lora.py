@@ -33,12 +33,13 @@ ADAPTER_SYNC_DIR = ".vllm_lora"  # TRL's AsyncGRPOTrainer._lora_dir: <run dir>/.
 
 def peft_config(cfg: "RunConfig"):
     """The LoraConfig TRL wraps the model with, or None for full fine-tuning."""
-    if not cfg.lora_r:
+    lora = cfg.lora
+    if lora is None:
         return None
     from peft import LoraConfig
 
-    modules = parse_target_modules(cfg.lora_target_modules)
-    return LoraConfig(r=cfg.lora_r, lora_alpha=cfg.resolved_lora_alpha, lora_dropout=cfg.lora_dropout,
+    modules = parse_target_modules(lora.target_modules)
+    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                       target_modules=ALL_LINEAR if modules == [ALL_LINEAR] else modules, bias="none",
                       task_type="CAUSAL_LM")
 

@@ -6,21 +6,21 @@ from __future__ import annotations
 from contract.config import RunConfig
 
 
-def published_dtype(cfg: RunConfig, mode: str) -> str | None:
+def published_dtype(cfg: RunConfig) -> str | None:
     """The dtype the base model is published in (its config.json), for run.json: checkpoints hold the fp32 master
     weights, `make export` writes them back in this dtype."""
     from transformers import AutoConfig
 
     try:
-        dtype = AutoConfig.from_pretrained(cfg.model_path(mode), **cfg.model_load_kwargs(mode)).dtype
+        dtype = AutoConfig.from_pretrained(cfg.model_path, **cfg.model_load_kwargs).dtype
     except (OSError, ValueError):  # no readable config: the export then keeps the checkpoint's dtype
         return None
     return str(dtype).removeprefix("torch.") if dtype is not None else None
 
 
-def load_model_and_tokenizer(cfg: RunConfig, mode: str):
-    tokenizer = load_tokenizer(cfg, mode)
-    return load_model(cfg, cfg.model_path(mode), **cfg.model_load_kwargs(mode)), tokenizer
+def load_model_and_tokenizer(cfg: RunConfig):
+    tokenizer = load_tokenizer(cfg)
+    return load_model(cfg, cfg.model_path, **cfg.model_load_kwargs), tokenizer
 
 
 def load_model(cfg: RunConfig, name: str, **load_kwargs):
@@ -46,10 +46,10 @@ def attention_line(model) -> str:
     return f"attention: {impl} (transformers' attn_implementation for {type(model).__name__})"
 
 
-def load_tokenizer(cfg: RunConfig, mode: str):
+def load_tokenizer(cfg: RunConfig):
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(cfg.model_path(mode), **cfg.model_load_kwargs(mode))
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model_path, **cfg.model_load_kwargs)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     from envs.core.untrusted import register_tokenizer
@@ -58,7 +58,7 @@ def load_tokenizer(cfg: RunConfig, mode: str):
     return tokenizer
 
 
-def generation_config_of(cfg: RunConfig, mode: str):
+def generation_config_of(cfg: RunConfig):
     """What stop_token_ids reads off a model (its generation config), without loading the weights (async: TRL
     loads the model itself)."""
     from types import SimpleNamespace
@@ -66,7 +66,7 @@ def generation_config_of(cfg: RunConfig, mode: str):
     from transformers import GenerationConfig
 
     try:
-        config = GenerationConfig.from_pretrained(cfg.model_path(mode), **cfg.model_load_kwargs(mode))
+        config = GenerationConfig.from_pretrained(cfg.model_path, **cfg.model_load_kwargs)
     except OSError:  # no generation_config.json: the tokenizer's eos and pad only
         config = None
     return SimpleNamespace(generation_config=config)

@@ -162,7 +162,7 @@ def make_trainer_class():
     return InstrumentedGRPOTrainer
 
 
-def build_sync_trainer(cfg: RunConfig, mode: str, model, tokenizer, dataset, factories, reward_funcs, callbacks,
+def build_sync_trainer(cfg: RunConfig, model, tokenizer, dataset, factories, reward_funcs, callbacks,
                         training_args, server_max_model_len, served_dtype, trackers):
     """ROLLOUTS=sync: TRL's GRPOTrainer with the stack's rollout loop, traces and weight-sync hooks."""
     from trainer.modeling import lora
@@ -182,7 +182,7 @@ def build_sync_trainer(cfg: RunConfig, mode: str, model, tokenizer, dataset, fac
     trainer.configure_traces(cfg.run_dir, cfg.trace_every, cfg.trace_samples or cfg.num_generations, trackers)
     trainer.zero_std_groups = cfg.zero_std_groups  # trainer.rollouts.zero_variance
     trainer._off_policy_window.cap = cfg.off_policy().weight_cap(False, trainer.epsilon_high)  # off_policy/weight_cap
-    if cfg.mode(mode).uses_vllm:
+    if cfg.placement.uses_vllm:
         from trainer import gpu
 
         gpu.instrument_weight_sync(trainer, lambda seconds: STATS.add_time("weight_sync", seconds),
@@ -190,7 +190,7 @@ def build_sync_trainer(cfg: RunConfig, mode: str, model, tokenizer, dataset, fac
         from trainer.gpu import push_path
 
         pushed = push_path.install(trainer, cfg.qlora, served_dtype)  # the checks push through the same hooks
-        if cfg.mode(mode).colocated:  # server mode's is marked by the preflight, from /server_info
+        if cfg.placement.colocated:  # server mode's is marked by the preflight, from /server_info
             from trainer.gpu.colocate import scheduler
             from trainer.gpu.server_checks import mark_scheduler
 

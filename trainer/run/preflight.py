@@ -358,7 +358,7 @@ def longest_prompt(cfg: RunConfig, tokenizer, specs: dict) -> tuple[int, str]:
     return longest, where
 
 
-def check_lengths(cfg: RunConfig, mode: str, tokenizer, specs: dict,
+def check_lengths(cfg: RunConfig, tokenizer, specs: dict,
                   server_max_model_len: int | None = None) -> tuple[list[str], str]:
     """The worst case of an episode: longest prompt + MAX_COMPLETION_LENGTH must fit where generation happens. vLLM
     refuses a request whose prompt + max_tokens exceeds its max_model_len; TRL itself only checks the model's own
@@ -369,7 +369,7 @@ def check_lengths(cfg: RunConfig, mode: str, tokenizer, specs: dict,
     if not specs:
         return [], ""
     fix = "raise VLLM_MAX_MODEL_LEN (GPU memory permitting)"
-    chosen = cfg.mode(mode)
+    chosen = cfg.placement
     if chosen.server and server_max_model_len:
         limit, what = server_max_model_len, "the vLLM server's max_model_len"
     elif chosen.uses_vllm and cfg.vllm_max_model_len:
@@ -377,8 +377,8 @@ def check_lengths(cfg: RunConfig, mode: str, tokenizer, specs: dict,
     else:
         from transformers import AutoConfig
 
-        name = cfg.resolved_model_name(mode)
-        config = AutoConfig.from_pretrained(cfg.model_path(mode), **cfg.model_load_kwargs(mode))
+        name = cfg.model_id
+        config = AutoConfig.from_pretrained(cfg.model_path, **cfg.model_load_kwargs)
         limit = getattr(config, "max_position_embeddings", 0) or 0
         what, fix = f"the model's max_position_embeddings ({name})", "use a model with a longer context"
         if not limit:
@@ -393,16 +393,16 @@ def check_lengths(cfg: RunConfig, mode: str, tokenizer, specs: dict,
     return [], f"lengths: {line} <= {what} {limit}"
 
 
-def check_memory(cfg: RunConfig, mode: str, num_processes: int, prompt_tokens: int | None,
+def check_memory(cfg: RunConfig, num_processes: int, prompt_tokens: int | None,
                  gpu_bytes: int | None = None, config: dict | None = None) -> tuple[list[str], str]:
     """The trainer's GPU memory for this model, layout and lengths (contract.memory: weights, gradients, AdamW,
     activations) against its smallest GPU: (errors, the breakdown line). Nothing to check on CPU, or before the
     model's config.json is here (the tokenizer check names that)."""
     from contract import memory
 
-    if cfg.mode(mode).trainer_on_cpu:  # the CPU profile, the rehearsal
+    if cfg.placement.trainer_on_cpu:  # the CPU profile, the rehearsal
         return [], ""
-    config = config or memory.read_config(cfg.model_path(mode))
+    config = config or memory.read_config(cfg.model_path)
     if config is None:
         return [], ""
     if gpu_bytes is None:
@@ -411,32 +411,30 @@ def check_memory(cfg: RunConfig, mode: str, num_processes: int, prompt_tokens: i
         if not torch.cuda.is_available():
             return [], ""  # the vLLM checks name the missing GPU
         gpu_bytes = min(torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count()))
-    from trainer.gpu.grpo_kwargs import _gpu_memory_share  # the share colocated vLLM is given (GRPOConfig's)
-
     try:
         est, problem = memory.check(
-            config, gpu_bytes, mode=mode, processes=num_processes, sharding=cfg.trainer_sharding,
+            config, gpu_bytes, mode=cfg.placement, processes=num_processes, sharding=cfg.trainer_sharding,
             batch=cfg.per_device_train_batch_size, prompt_tokens=prompt_tokens or memory.DEFAULT_PROMPT_TOKENS,
-            completion_tokens=cfg.max_completion_length, vllm_share=_gpu_memory_share(cfg, mode),
-            method=cfg.training_method, lora_r=cfg.lora_r)
+            completion_tokens=cfg.max_completion_length, vllm_share=cfg.vllm_memory_share,
+            method=memory.method_of(cfg.lora), lora_r=cfg.lora_r)
     except memory.ShapeError as exc:
         return [], f"trainer memory: not estimated ({exc})"
     line = f"trainer memory: {est.breakdown()}; trainer GPU {memory.gib(gpu_bytes)}"
     line += "; by method: " + memory.compare(
-        config, gpu_bytes, mode=mode, processes=num_processes, sharding=cfg.trainer_sharding,
+        config, gpu_bytes, mode=cfg.placement, processes=num_processes, sharding=cfg.trainer_sharding,
         batch=cfg.per_device_train_batch_size, prompt_tokens=prompt_tokens or memory.DEFAULT_PROMPT_TOKENS,
-        completion_tokens=cfg.max_completion_length, vllm_share=_gpu_memory_share(cfg, mode), lora_r=cfg.lora_r)
+        completion_tokens=cfg.max_completion_length, vllm_share=cfg.vllm_memory_share, lora_r=cfg.lora_r)
     return ([f"{problem}"] if problem else []), line
 
 
-def load_tokenizer(cfg: RunConfig, mode: str):
+def load_tokenizer(cfg: RunConfig):
     from transformers import AutoTokenizer
 
-    name = cfg.resolved_model_name(mode)
+    name = cfg.model_id
     try:
-        return AutoTokenizer.from_pretrained(cfg.model_path(mode), **cfg.model_load_kwargs(mode)), None
+        return AutoTokenizer.from_pretrained(cfg.model_path, **cfg.model_load_kwargs), None
     except Exception as exc:  # noqa: BLE001 - OSError / ValueError / hub errors: all mean "not here"
-        if cfg.mode(mode).spec.makes_model_locally:
+        if cfg.placement.spec.makes_model_locally:
             fix = ("the CPU profile's init job makes it: `docker compose --profile cpu run --rm model-init` "
                    "(or `python -m trainer.tiny_model --out <dir>`), and the CPU profile never downloads")
         else:
@@ -496,7 +494,7 @@ def check_eval(cfg: RunConfig, report: PreflightReport) -> list[str]:
     return []
 
 
-def run_all(cfg: RunConfig, mode: str, wait_s: float = 20.0, tokenizer=None, num_processes: int = 1) -> PreflightReport:
+def run_all(cfg: RunConfig, wait_s: float = 20.0, tokenizer=None, num_processes: int = 1) -> PreflightReport:
     """Every check, once (rank 0 when several trainer processes run: capacity is counted for all of them)."""
     report = PreflightReport()
     errors = check_trl(cfg, report)
@@ -504,10 +502,10 @@ def run_all(cfg: RunConfig, mode: str, wait_s: float = 20.0, tokenizer=None, num
     errors += check_eval(cfg, report)
     errors += check_trackers(cfg, report)
     if tokenizer is None:
-        tokenizer, err = load_tokenizer(cfg, mode)
+        tokenizer, err = load_tokenizer(cfg)
         if err:
             errors.append(err)
-    chosen = cfg.mode(mode)
+    chosen = cfg.placement
     if chosen.uses_vllm:  # never imported on CPU: trainer.gpu's checks import torch.cuda / vllm
         try:
             from trainer import gpu
@@ -523,11 +521,11 @@ def run_all(cfg: RunConfig, mode: str, wait_s: float = 20.0, tokenizer=None, num
         except Exception as exc:  # noqa: BLE001 - trainer.gpu raises with its own diagnosis
             errors.append(f"vLLM: {exc}")
     if tokenizer is not None:
-        tmpl_errors = check_chat_template(tokenizer, cfg.resolved_model_name(mode))
+        tmpl_errors = check_chat_template(tokenizer, cfg.model_id)
         errors += tmpl_errors
         if not tmpl_errors:
             report.ok.append("chat template: TRL can parse and train tool calls with it")
-            length_errors, fits = check_lengths(cfg, mode, tokenizer, report.specs, report.server_max_model_len)
+            length_errors, fits = check_lengths(cfg, tokenizer, report.specs, report.server_max_model_len)
             errors += length_errors
             report.ok += [fits] if fits else []
     if chosen.uses_vllm:
@@ -535,7 +533,7 @@ def run_all(cfg: RunConfig, mode: str, wait_s: float = 20.0, tokenizer=None, num
             prompt = longest_prompt(cfg, tokenizer, report.specs)[0] if tokenizer is not None and report.specs else None
         except Exception:  # noqa: BLE001
             prompt = None
-        memory_errors, breakdown = check_memory(cfg, mode, num_processes, prompt)
+        memory_errors, breakdown = check_memory(cfg, num_processes, prompt)
         errors += memory_errors
         if breakdown:
             log(breakdown)
@@ -555,7 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[preflight] config error:\n{exc}", file=sys.stderr)
         return 2
     try:
-        run_all(cfg, grpo_args.resolved_train_mode(cfg))
+        run_all(grpo_args.resolve(cfg))
     except PreflightError as exc:
         print(f"[preflight] FAILED:\n{exc}", file=sys.stderr)
         return 3

@@ -20,11 +20,11 @@ RUN_INFO_FILE = "run.json"
 ADDRESS = re.compile(r"_(url|urls|uri)$")
 
 
-def write(cfg, mode: str, base_dtype: str | None = None) -> Path:
+def write(cfg, base_dtype: str | None = None) -> Path:
     path = Path(cfg.run_dir) / RUN_INFO_FILE
-    info = {"base_model": cfg.resolved_model_name(mode), "model_revision": cfg.model_revision,
-            "base_dtype": base_dtype, "mode": mode,
-            "envs": cfg.env_names, "learning_rate": cfg.resolved_learning_rate(mode),
+    info = {"base_model": cfg.model_id, "model_revision": cfg.model_revision,
+            "base_dtype": base_dtype, "mode": cfg.placement.name,
+            "envs": cfg.env_names, "learning_rate": cfg.effective_learning_rate,
             "settings": cfg.model_dump(mode="json", exclude=set(filter(ADDRESS.search, type(cfg).model_fields))),
             "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     tmp = path.with_suffix(".tmp")

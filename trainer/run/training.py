@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
-from contract import off_policy
+from contract.config import off_policy
 from contract.config import ConfigError, RunConfig
 from trainer.core import grpo_args, hang_dump
 from trainer.run.control import make_control_callback, stop_on_signals
@@ -37,9 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.core import trackers
 
     trackers.prepare_env(cfg.trackers, cfg.output_dir)
-    mode = grpo_args.resolved_train_mode(cfg)
-    chosen = cfg.mode(mode)  # TRAIN_MODE's variant (contract.modes): what the branches below ask
-    model_name = cfg.resolved_model_name(mode)
+    cfg = grpo_args.resolve(cfg)  # TRAIN_MODE=auto resolved once, here: the code below asks cfg.placement
+    chosen = cfg.placement
+    model_name = cfg.model_id
     if not chosen.uses_vllm:
         log(f"TRAIN_MODE=cpu: CPU profile with the tiny local model {model_name} (transformers generation, "
             "no vLLM); this proves the loop, not a useful policy. Use a GPU host for real training.")
@@ -48,12 +48,12 @@ def main(argv: list[str] | None = None) -> int:
 
         log(f"{gpu.describe_mode(cfg)}; model {model_name}")
     log(f"envs {', '.join(cfg.env_names)}; run dir {cfg.run_dir}")
-    problem = cfg.lora_problem(mode)  # the rules that need TRAIN_MODE=auto resolved
+    problem = cfg.lora_problem()  # the rules that need TRAIN_MODE=auto resolved
     if problem:
         print(f"[train] config error:\n{problem}", file=sys.stderr, flush=True)
         return 2
-    log(f"training: {cfg.training_description()}, learning rate {cfg.resolved_learning_rate(mode):g}")
-    correction = cfg.off_policy()  # OFF_POLICY_CORRECTION (contract/off_policy.py)
+    log(f"training: {cfg.training_description()}, learning rate {cfg.effective_learning_rate:g}")
+    correction = cfg.off_policy()  # OFF_POLICY_CORRECTION (contract/config/off_policy.py)
     log(correction.describe() + ("" if chosen.uses_vllm or cfg.rollouts.is_async else
                                  " (CPU profile: the trainer samples with its own policy; the ratio is 1 unless "
                                  "STEPS_PER_GENERATION > GRADIENT_ACCUMULATION_STEPS)"))
@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.core import dist
     from trainer.run import preflight
 
-    dist.init(cfg.trainer_on_cpu(mode))
-    problem = cfg.rollouts_problem(mode, dist.world_size())
+    dist.init(chosen.trainer_on_cpu)
+    problem = cfg.rollouts_problem(dist.world_size())
     if problem:
         print(f"[train] config error:\n{problem}", file=sys.stderr, flush=True)
         return 2
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             verdict = (0, resume_ckpt, resume_step)
         else:
             try:
-                report = preflight.run_all(cfg, mode, num_processes=dist.world_size())
+                report = preflight.run_all(cfg, num_processes=dist.world_size())
             except preflight.PreflightError as exc:
                 print(f"[preflight] FAILED:\n{exc}", file=sys.stderr, flush=True)
                 verdict = (3, resume_ckpt, resume_step)
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                 from trainer.run import run_info
 
                 # base model, envs, settings: for the model card of `make export`
-                run_info.write(cfg, mode, published_dtype(cfg, mode))
+                run_info.write(cfg, published_dtype(cfg))
     stop, resume_ckpt, resume_step = dist.from_main(verdict)
     if stop is not None:
         return stop
@@ -111,15 +111,15 @@ def main(argv: list[str] | None = None) -> int:
     from trainer.core.trackers import RunInfo, Trackers
 
     if cfg.rollouts.is_async:
-        model, tokenizer = None, load_tokenizer(cfg, mode)  # TRL's async trainer loads the model itself
+        model, tokenizer = None, load_tokenizer(cfg)  # TRL's async trainer loads the model itself
     else:
         vllm_kwargs: dict = {}
         if chosen.uses_vllm:
             from trainer import gpu
 
             vllm_kwargs = gpu.grpo_vllm_kwargs(cfg)
-        training_args = grpo_args.grpo_config(cfg, mode, **vllm_kwargs)
-        model, tokenizer = load_model_and_tokenizer(cfg, mode)
+        training_args = grpo_args.grpo_config(cfg, **vllm_kwargs)
+        model, tokenizer = load_model_and_tokenizer(cfg)
         log(attention_line(model))
     dataset = build_dataset(cfg, report.specs)
     factories = build_factories(cfg, report.specs, STATS)
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     transformers.utils.logging.disable_progress_bar()  # no "Writing model shards" bars in docker logs
     from trainer.rollouts.rewards import stop_token_ids, unfinished_penalty
 
-    stop_ids = stop_token_ids(model if model is not None else generation_config_of(cfg, mode), tokenizer)
+    stop_ids = stop_token_ids(model if model is not None else generation_config_of(cfg), tokenizer)
     reward_funcs = ([unfinished_penalty(cfg.unfinished_penalty, stop_ids)]
                     if cfg.unfinished_penalty else None)  # the env's own reward comes from its tool class
     evaluation = None  # EVAL_EVERY (ROLLOUTS=sync's knob): held-out episodes every N steps, checkpoint-best
@@ -145,18 +145,18 @@ def main(argv: list[str] | None = None) -> int:
 
         evaluation = EvalCallback(cfg, held_out(cfg, report.specs, cfg.rollouts.eval_episodes), STATS)
     # the evaluation after the step's timer (MetricsCallback) and before the control's disk check of the save it asks
-    callbacks = [MetricsCallback(cfg.run_dir, STATS, resume_step=resume_step, mode=mode, trackers=trackers,
+    callbacks = [MetricsCallback(cfg.run_dir, STATS, resume_step=resume_step, mode=chosen, trackers=trackers,
                                  rollouts=cfg.rollouts), *([evaluation] if evaluation else []), control]
     if cfg.rollouts.is_async:
         from trainer.async_grpo import async_trainer
 
-        trainer = async_trainer.build_trainer(cfg, mode, tokenizer=tokenizer, dataset=dataset, factories=factories,
+        trainer = async_trainer.build_trainer(cfg, tokenizer=tokenizer, dataset=dataset, factories=factories,
                                               reward_funcs=reward_funcs, callbacks=callbacks,
                                               served_dtype=served_dtype, served_model=served_model,
                                               server_max_model_len=server_max_model_len)
         trainer.configure_traces(cfg.run_dir, cfg.trace_every, cfg.trace_samples or cfg.num_generations, trackers)
     else:
-        trainer = build_sync_trainer(cfg, mode, model, tokenizer, dataset, factories, reward_funcs, callbacks,
+        trainer = build_sync_trainer(cfg, model, tokenizer, dataset, factories, reward_funcs, callbacks,
                                      training_args, server_max_model_len, served_dtype, trackers)
         if evaluation is not None:
             evaluation.bind(trainer)
