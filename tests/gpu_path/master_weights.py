@@ -11,8 +11,6 @@ accelerate's `fsdp2_prepare_model`, unchanged). Rank 0 prints one JSON line.
 
 from __future__ import annotations
 
-from contract.config import GpuMode
-
 import json
 import sys
 from pathlib import Path
@@ -52,6 +50,8 @@ def load(model_dir: Path, dtype: str):
 
     from trainer.modeling.model import load_model_and_tokenizer
 
+    from contract.config import GpuMode
+
     cfg = run_config(model_dir)
     if dtype == "fp32":
         return load_model_and_tokenizer(cfg.resolved(GpuMode()))[0], cfg
@@ -62,6 +62,7 @@ def optimizer(model, cfg):
     """The optimizer HF's Trainer builds from the project's GRPOConfig (AdamW, fused, the GPU learning rate 1e-5)."""
     from transformers import Trainer
 
+    from contract.config import GpuMode
     from trainer.core import grpo_args
 
     args = grpo_args.grpo_config(cfg.resolved(GpuMode()))

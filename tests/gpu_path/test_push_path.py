@@ -48,8 +48,11 @@ def training_iterator(model, cfg: RunConfig, served_dtype: str, monkeypatch):
     from trainer.run import grpo_trainer
 
     class Trainer:
+        epsilon_high = 0.2  # TRL's clip, read for the off-policy figures' weight cap (build_sync_trainer)
+
         def __init__(self, model, args, **kwargs):
             self.model, self.args = model, args
+            self._off_policy_window = SimpleNamespace(cap=None)  # the stack's GRPOTrainer subclass holds one
             gen = object.__new__(VLLMGeneration)  # TRL's, untouched: only the stack's hooks go on it
             gen.model, gen.mode = model, "server"
             from accelerate import Accelerator

@@ -88,7 +88,6 @@ def test_colocate_maps_extra_flags_onto_trls_engine_and_refuses_server_only_ones
             make_plan({"TRAIN_MODE": "colocate", "VLLM_EXTRA_ARGS": flag}, gpus(n=1))
     monkeypatch.setenv("VLLM_EXTRA_ARGS", "--no-async-scheduling --model-impl transformers")
     cfg = RunConfig.load(["--train-mode", "colocate"])
-    monkeypatch.setattr(grpo_kwargs, "resolve_mode", lambda cfg: "colocate")
     assert grpo_kwargs.grpo_vllm_kwargs(cfg)["vllm_model_impl"] == "transformers"
     built = []
     monkeypatch.setattr(vllm_generation, "LLM", lambda **kw: built.append(kw), raising=False)  # stands in for vllm.LLM
@@ -139,7 +138,7 @@ def test_every_container_that_talks_to_another_bypasses_an_injected_proxy_for_th
         assert {"vllm", "trainer", "localhost", "127.0.0.1"} <= hosts, name
         if name in ("trainer", "trainer-cpu", "model-init"):
             assert {"env-echo", "env-catch"} <= hosts, name
-    fleet = compose_file.fleet_attachments(__import__("tools.derive", fromlist=["x"]).env_kinds({"ENV_NAME": "echo"}))
+    fleet = compose_file.fleet_attachments(__import__("tools.env_kinds", fromlist=["x"]).env_kinds({"ENV_NAME": "echo"}))
     assert "tasks.env-echo" in fleet["trainer"]["environment"]["NO_PROXY"].split(",")
 
 

@@ -212,9 +212,10 @@ def off_policy_row(step, weight=2.0, clipped=0.01, **extra):
 @pytest.mark.parametrize("rollouts", ["sync", "async"])
 def test_gpu_smoke_judges_both_modes_on_the_off_policy_figures(rollouts):
     from contract import sampling_health as sh
+    from contract.config import CpuMode, GpuMode, rollouts_variant
     from trainer.core.metrics import MetricsCallback
 
-    callback = MetricsCallback("/tmp/unused", mode="gpu", rollouts=rollouts)
+    callback = MetricsCallback("/tmp/unused", mode=GpuMode(), rollouts=rollouts_variant(rollouts))
     assert callback.sampling.ratio_key == sh.OFF_POLICY_RATIO  # the same key, whichever trainer logged it
     ok, detail = sh.verdict([off_policy_row(2), off_policy_row(3)], ratio_key=sh.OFF_POLICY_RATIO)
     assert ok is True and "ratio max 6, p99 1.5, clipped 1.0%, weight max 2, cap 4, KL to sampler 0.01" in detail
@@ -222,7 +223,7 @@ def test_gpu_smoke_judges_both_modes_on_the_off_policy_figures(rollouts):
     assert ok is False and "step 2: a token's loss weight 5 over the off-policy correction's cap 4" in detail
     ok, detail = sh.verdict([off_policy_row(2), off_policy_row(3, clipped=0.2)], ratio_key=sh.OFF_POLICY_RATIO)
     assert ok is False and "step 3: 20% of trained tokens clipped or masked by the off-policy correction" in detail
-    assert MetricsCallback("/tmp/unused", mode="cpu").sampling.ratio_key == sh.RATIO_MEAN  # CPU: never judged
+    assert MetricsCallback("/tmp/unused", mode=CpuMode()).sampling.ratio_key == sh.RATIO_MEAN  # CPU: never judged
 
 
 def test_sync_figures_with_vllm_count_the_sequences_trl_masks():

@@ -1,4 +1,4 @@
-"""TRAIN_MODE=colocate's vLLM engine (TRL 1.16 builds `vllm.LLM` inside the trainer, VLLMGeneration._init_vllm):
+"""TRAIN_MODE=colocate's vLLM engine (TRL 1.16 builds `vllm.LLM` inside the trainer, in VLLMGeneration's set-up):
 VLLM_EXTRA_ARGS mapped onto it (contract/vllm_flags.py: engine arguments, or the GRPOConfig fields TRL reads for the
 ones it passes from its config), and which scheduler it runs."""
 
