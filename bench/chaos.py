@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
 import sys
 import tempfile
 import time
@@ -105,11 +106,14 @@ def run(args) -> dict:
         trainer.start("fresh")
         killed_at: list[dict] = []
         vllm_killed = 0.0
+        firing: dict[int, threading.Thread] = {}  # env faults off the loop: each is a few Docker calls, and the loop
+        # must see a restart's step as soon as it is logged (an async step can end while faults are being fired)
         deadline = time.monotonic() + args.guard_s  # a hang guard only
         while trainer.proc.poll() is None:
             # the trainer's progress: its step records (metrics.jsonl), each with the wall time it was logged
             done = trainer.steps_logged()
-            for fault in injector.due(done, time.time()):
+            due = injector.due(done, time.time())
+            for fault in sorted(due, key=lambda p: p.kind not in ("vllm_restart", "trainer_kill")):  # restarts first
                 if fault.kind == "vllm_restart":
                     vllm_killed = time.monotonic()
                     injector.fault_vllm_restart(trainer, done[-1]["step"])
@@ -123,8 +127,9 @@ def run(args) -> dict:
                         injector.record("trainer_kill", when=at, after_step=last)
                         trainer.start("auto")
                     injector.done(fault)
-                else:
-                    injector.fire(fault)
+                elif not (id(fault) in firing and firing[id(fault)].is_alive()):
+                    firing[id(fault)] = threading.Thread(target=injector.fire, args=(fault,), daemon=True)
+                    firing[id(fault)].start()
             if rehearsal and vllm_killed and time.monotonic() - vllm_killed > args.vllm_bound_s and not any(
                     "restarting the vllm service" in text for _, text in trainer.lines):
                 seen = last_lines(trainer)
@@ -137,6 +142,8 @@ def run(args) -> dict:
                 raise SystemExit(f"the run did not finish in {args.guard_s} s (a hang): see {work}; "
                                  f"the trainer's last lines:\n{seen}")
             time.sleep(POLL_S[rehearsal])  # a poll of the step records, not a wait for something
+        for thread in firing.values():
+            thread.join()
         injector.end()
         exit_code = trainer.proc.returncode
         if rehearsal:

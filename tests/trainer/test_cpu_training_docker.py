@@ -133,11 +133,11 @@ def test_cpu_smoke_tools_called_and_rewarded(project, tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG", rep.stdout
     print(rep.stdout)
 
-    # make rollouts: the host command prints the rollouts traced at steps 3 and 6 from the outputs volume
+    # make rollouts: the host command prints the rollouts traced at steps 1 (the first), 3 and 6 from the outputs volume
     shown = subprocess.run([sys.executable, "-m", "tools", "rollouts", "--run", RUN], cwd=ROOT, capture_output=True,
                            text=True, timeout=600, env=dict(os.environ, STACK_ENV_FILE=str(project.env_file)))
     assert shown.returncode == 0, shown.stdout[-2000:] + shown.stderr[-2000:]
-    assert f"run {RUN}, step 6: " in shown.stdout and "(traced steps: 3, 6)" in shown.stdout
+    assert f"run {RUN}, step 6: " in shown.stdout and "(traced steps: 1, 3, 6)" in shown.stdout
     assert "── step 6 · env echo · reward" in shown.stdout
 
     # make eval, then make export: the host commands, through Compose, on the run in the outputs volume
