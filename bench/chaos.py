@@ -70,7 +70,7 @@ from bench.chaos_proxy import ChaosProxy  # noqa: E402
 from bench.chaos_stack import (  # noqa: E402
     ComposeEnvs, Rehearsal, RemoteProxy, SwarmEnvs, Trainer, log, make_model, proxy_container, sh)
 
-POLL_S = {False: 0.25, True: 1.0}  # how often the step records are read: a local file; async: a docker exec
+POLL_S = {False: 0.25, True: 0.5}  # how often the step records are read: a local file; async: a docker exec
 SLOTS_BOUND_S = 100  # a freed slot shows in /health within: the server's ping (20 s) + its timeout (60 s) + margin
 
 
