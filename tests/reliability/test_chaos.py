@@ -75,9 +75,10 @@ def test_short_async_chaos_run_rides_out_a_vllm_restart(docker, tmp_path, tiny_m
     build_images("env-server")
     build = ensure_trainer_standin_image()
     assert build.returncode == 0, build.stdout[-2000:] + build.stderr[-2000:]
-    # 5 steps, the twin killed after step 2: three steps for the trainer to meet the dead twin (an async step can end
-    # within a second of the one before, and the driver reads the step records by docker exec on a busy machine)
-    args = chaos.parse_args(["--rollouts", "async", "--steps", "5", "--replicas", "2", "--per-kind", "1",
+    # 6 steps, the twin killed after step 2 (the env faults after the resume, chaos_faults.plan): steps left for the
+    # trainer to meet the dead twin (an async step can end within a second of the one before, and the driver reads the
+    # step records by docker exec on a busy machine) and for the env faults to fire
+    args = chaos.parse_args(["--rollouts", "async", "--steps", "6", "--replicas", "2", "--per-kind", "1",
                              "--vllm-restart-after", "2", "--kill-after", "0", "--vllm-bound-s", "240", "--seed", "3",
                              "--out", str(tmp_path / "chaos"), "--project", "grpo-test-chaos-async-ci",
                              "--guard-s", "1800", *same_model(tiny_model_dir)])
