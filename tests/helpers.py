@@ -29,8 +29,9 @@ LEARN_SEEDS = [int(s) for s in os.environ.get("LEARN_SEEDS", "42").split(",")]
 
 # The tests' stack name (tools/settings.py STACK_NAME): their images are grpo-test/*, whatever the checkout's folder,
 # for every `docker compose` and `python -m tools` they run (process variables win over an env file, as in Compose);
-# each test's containers are in a project of its own, grpo-test-<id> (COMPOSE_PROJECT_NAME).
-STACK_NAME = os.environ["STACK_NAME"] = "grpo-test"
+# each test's containers are in a project of its own, grpo-test-<id> (COMPOSE_PROJECT_NAME). TEST_STACK_NAME (starting
+# grpo-test, which .ci/run's teardown matches) gives a second checkout's tests images of their own on a shared engine.
+STACK_NAME = os.environ["STACK_NAME"] = os.environ.get("TEST_STACK_NAME") or "grpo-test"
 TRAINER_CPU_IMAGE = f"{STACK_NAME}/trainer:cpu"  # compose.yaml's x-image-tags trainer-cpu (build_images("trainer-cpu"))
 BUILD_SERVICES = {
     "env-server": "env-server-image",
