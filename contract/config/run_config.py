@@ -15,6 +15,7 @@ from contract import lora_rules
 from contract.config.off_policy import OffPolicySettings
 from contract.config.envs import EnvSettings
 from contract.config.errors import ConfigError, format_validation_error
+from contract.config.judge import JudgeSettings
 from contract.config.model import ModelSettings
 from contract.config.placement import PlacementSettings
 from contract.config.rollouts import RolloutSettings, rollouts_knob_problem, rollouts_variant
@@ -26,7 +27,7 @@ from contract.config.vllm import VllmSettings
 # The sections, in the order their settings are listed (ENV_VARS, `python -m contract.config --names`). A new setting
 # goes on the section it belongs to; a new section is a module here and one entry below.
 SECTIONS = (PlacementSettings, EnvSettings, ModelSettings, TrainingSettings, TrackingSettings, VllmSettings,
-            RolloutSettings, OffPolicySettings)
+            RolloutSettings, OffPolicySettings, JudgeSettings)
 
 
 class RunConfig(*reversed(SECTIONS), BaseSettings):  # type: ignore[misc]  # pydantic lists the last base's fields first
