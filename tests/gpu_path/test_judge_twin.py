@@ -8,6 +8,7 @@ max_model_len."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 from types import SimpleNamespace
 
@@ -102,3 +103,47 @@ def test_twin_preflight_answers_and_compares_the_longest_episode_with_its_max_mo
     too_long = preflight.check(RunConfig.load([], max_completion_length=1024, **common), prompt_tokens=100)
     assert len(too_long.errors) == 1 and "> the judge's max_model_len 512" in too_long.errors[0]
     assert "lower MAX_COMPLETION_LENGTH" in too_long.errors[0]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(os.environ.get("JUDGE_TRAINING_TEST") != "1", reason="a 2-step training run in the trainer image "
+                    "(~150 s on a busy 2-core machine, beyond CI's budget): JUDGE_TRAINING_TEST=1 runs it")
+def test_async_run_in_the_trainer_image_learns_beside_the_twin_as_its_judge(rehearsal_stack, tmp_path):
+    """Opt-in (JUDGE_TRAINING_TEST=1; the host-only tests/trainer/test_judge_runs.py covers both modes' hooks in CI).
+    The judge end to end where it runs: the trainer image (server mode through the twin, ROLLOUTS=async, so the
+    `judge` reward function is pickled into TRL's spawned rollout worker) with JUDGE_URL naming the twin on the
+    stack's private network: the twin serves the policy and judges it. Two steps; what it asserts holds whatever the
+    tiny judge answers: the judge's column and cost figures in every step record, its record in the traces."""
+    import json
+    import subprocess
+
+    from tests.gpu_path.test_server_mode_rehearsal import trainer_run
+    from trainer.rollouts import traces
+
+    network, twin, model_dir, weights = rehearsal_stack
+    outputs, judge_dir = tmp_path / "outputs", tmp_path / "judge"
+    outputs.mkdir()
+    outputs.chmod(0o777)
+    judge_dir.mkdir()
+    (judge_dir / "rubric.md").write_text(TWIN_RUBRIC)
+    for p in (judge_dir, judge_dir / "rubric.md"):
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    settings = {"ROLLOUTS": "async", "ASYNC_STEP_SAMPLES": "batch", "TRACE_EVERY": "1", "MAX_COMPLETION_LENGTH": "96",
+                "JUDGE_URL": "http://vllm:8000/v1", "JUDGE_RUBRIC": "/judge/rubric.md", "JUDGE_MAX_TOKENS": "4",
+                "JUDGE_WEIGHT": "1", "ENV_REWARD_WEIGHT": "0"}
+    flags = ["--rm", "-v", f"{judge_dir}:/judge:ro", *(f for k, v in settings.items() for f in ("-e", f"{k}={v}"))]
+    ran = subprocess.run(["docker", *trainer_run(network, model_dir, weights, outputs, "judged", 2, *flags)],
+                         capture_output=True, text=True)
+    log = ran.stdout + ran.stderr
+    assert ran.returncode == 0, log[-6000:]
+    assert "[preflight] ok: judge" in log and "judge: rubric (choice) at http://vllm:8000/v1" in log
+    rows = [r for r in map(json.loads, (outputs / "judged" / "metrics.jsonl").read_text().splitlines())
+            if r.get("kind") == "step"]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all("rewards/judge/mean" in r and r.get("judge/calls", 0) + r.get("judge/cache_hits", 0) > 0
+               for r in rows), rows
+    traced = traces.read(outputs / "judged" / traces.ROLLOUTS_FILE)
+    judged = [r["judge"] for r in traced if r.get("judge")]
+    assert judged, traced[:1]
+    for record in judged:  # a score on the scale, or a failure with its reason (its row left out), never both
+        assert (record["score"] in SCALE) != bool(record["failure"]), record

@@ -8,7 +8,6 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
@@ -139,3 +138,21 @@ def test_async_worker_weighs_the_judge_and_drops_a_failed_call_from_the_group(tm
     traced = traces.read(tmp_path / traces.ROLLOUTS_FILE)
     assert sorted(bool(r["judge"]["failure"]) for r in traced) == [False, True]
     assert [r["reward"] for r in traced if r["judge"]["failure"]] == [None]
+
+
+def test_a_judge_down_in_the_rollout_worker_stops_the_trainer_with_its_line():
+    """The worker's `judge` raises JudgeDown; TRL's child reports (type, message, traceback) and sets its failed
+    event; the trainer's health check raises that JudgeDown, one line, which trainer.train turns into exit 78."""
+    from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
+
+    from trainer.async_grpo.async_run import stop_on_env_or_vllm_down
+    from trainer.judge.costs import JudgeDown
+
+    worker = object.__new__(AsyncRolloutWorker)  # TRL's class (its __init__ wants vLLM installed)
+    worker._failed_event, worker._exception_info_queue = threading.Event(), queue.Queue()
+    worker._heartbeat_value, worker._process = SimpleNamespace(value=0.0), None
+    worker._failed_event.set()
+    worker._exception_info_queue.put(("JudgeDown", "the judge failed all of its last 9 calls over 301 s", "tb"))
+    stop_on_env_or_vllm_down(worker)
+    with pytest.raises(JudgeDown, match="the judge failed all of its last 9 calls"):
+        worker.check_health(300.0)
