@@ -142,12 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     judge_setup = None
     if cfg.judge_on:  # the judge's score beside the env's (trainer.judge): its own column, weighed (leave_out)
         from trainer.judge.reward import judge_reward
+        from envs.core.untrusted import strip_credentials
         from trainer.judge.setup import from_config
 
         judge_setup = from_config(cfg, dist.from_main(report.judge_model if dist.is_main() else None))
         reward_funcs.append(judge_reward(judge_setup))
-        log(f"judge: {cfg.judge_method} ({cfg.judge_score if cfg.judge_method == 'rubric' else 'relative'}) at "
-            f"{judge_setup.base_url}, weight {cfg.judge_weight:g} beside the env's {cfg.env_reward_weight:g}; "
+        how = {"rubric": cfg.judge_score, "ranking": "relative, one call a group", "reward_model": "a classifier"}
+        log(f"judge: {cfg.judge_method} ({how[cfg.judge_method]}) at "
+            f"{strip_credentials(judge_setup.base_url)}, weight {cfg.judge_weight:g} beside the env's {cfg.env_reward_weight:g}; "
             f"judged envs: {', '.join(sorted(judge_setup.judged_envs)) or 'none'}")
     from trl.trainer.utils import get_callable_name
 
