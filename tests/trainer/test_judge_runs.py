@@ -68,6 +68,30 @@ def test_sync_run_learns_from_the_judge_with_failed_calls_left_out(tmp_path, tin
     assert len(judge.posts()) == 8 + 1  # two steps of four episodes, and the preflight's test episode
 
 
+def test_two_trainer_processes_leave_out_their_failed_judge_rows_together(tmp_path, tiny_model_dir, echo_server,
+                                                                         fake_judge):
+    """TRAINER_PROCESSES=2 on CPU (trainer.launch, gloo): each process judges its own rows; the failed ones are gathered
+    so that every process NaNs the same rows (a process that did not would leave a collective waiting)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.trainer.test_train_local import ROOT
+
+    judge = fake_judge(every_other_call_fails())
+    argv = base_argv(tiny_model_dir, tmp_path, {"echo": echo_server.url}, "--max-steps", "2",
+                     "--per-device-train-batch-size", "4", "--num-generations", "2", "--dataset-size", "8",
+                     "--trainer-processes", "2", "--judge-url", judge.url, "--judge-weight", "2",
+                     "--env-reward-weight", "0", "--judge-cache-size", "0")
+    ran = subprocess.run([sys.executable, "-m", "trainer.launch", *argv], cwd=ROOT, capture_output=True, text=True,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=1800)
+    assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
+    rows = read_metrics(tmp_path / "echo")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["rewards/judge/mean"] == 1.0 and r["reward"] == pytest.approx(2.0) for r in rows), rows
+    assert len(judge.posts()) == 2 * 8 + 1  # both processes' rows, each step, and the preflight's test episode
+
+
 def test_sync_run_stops_with_exit_78_when_the_judge_stays_down(tmp_path, tiny_model_dir, echo_server, fake_judge,
                                                                capsys):
     """Preflight passes (the judge answers then), then every call fails: past JUDGE_DOWN_AFTER_S (1 ms: any step
