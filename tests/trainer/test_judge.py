@@ -324,3 +324,15 @@ def test_cost_figures_reach_the_step_record_and_line_in_both_modes():
     line = MetricsCallback._progress_line({"step": 3, **figures}, SimpleNamespace(max_steps=10))
     assert "judge 1.50s 8 calls 800 tok 2 cached 1 failed" in line
     assert "judge" not in MetricsCallback._progress_line({"step": 3}, SimpleNamespace(max_steps=10))
+
+
+def test_the_evaluations_judge_costs_are_set_apart_from_the_steps():
+    costs.COSTS.add(calls=3, seconds=1.0)
+    with costs.COSTS.set_apart() as apart:
+        costs.COSTS.add(calls=2, tokens=40)
+    assert apart == {"judge/calls": 2.0, "judge/seconds": 0.0, "judge/tokens": 40.0, "judge/cache_hits": 0.0,
+                     "judge/failures": 0.0}
+    assert costs.COSTS.drain()["judge/calls"] == 3.0
+    with costs.COSTS.set_apart() as apart:
+        pass
+    assert apart == {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import contextmanager
 from typing import Callable
 
 FIGURES = ("calls", "seconds", "tokens", "cache_hits", "failures")
@@ -42,6 +43,23 @@ class JudgeCosts:
             out = {f"{PREFIX}{name}": value for name, value in self._figures.items()}
             self._figures = dict.fromkeys(FIGURES, 0.0)
         return out
+
+
+    @contextmanager
+    def set_apart(self):
+        """Figures recorded inside go to the dict this yields (filled on exit), not to the step's (the evaluation
+        during training plays between two steps, and its episodes are judged too)."""
+        with self._lock:
+            saved, seen = self._figures, self.seen
+            self._figures = dict.fromkeys(FIGURES, 0.0)
+        apart: dict[str, float] = {}
+        try:
+            yield apart
+        finally:
+            with self._lock:
+                if any(self._figures.values()):
+                    apart.update({f"{PREFIX}{name}": value for name, value in self._figures.items()})
+                self._figures, self.seen = saved, seen or self.seen
 
 
 COSTS = JudgeCosts()

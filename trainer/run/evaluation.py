@@ -183,12 +183,15 @@ class EvalCallback(TrainerCallback):
         trainer = self.trainer
         rank, world = trainer.accelerator.process_index, trainer.accelerator.num_processes
         record: dict[str, float] = {}
-        with greedy(trainer), self.stats.set_apart():
+        from trainer.judge.costs import COSTS
+
+        with greedy(trainer), self.stats.set_apart(), COSTS.set_apart() as judged:
             for name, (_, rows) in self.tasks.items():
                 share, own = my_share(rows, rank, world)
                 episodes = play(trainer, self.cfg, name, share, generations=1)[:own]
                 everyone = gather_object(episodes) if world > 1 else episodes
                 record.update(figures(name, everyone))
+        record.update({f"eval/{key}": value for key, value in judged.items()})  # a judge on: eval/judge/calls, ...
         return record
 
     @staticmethod
