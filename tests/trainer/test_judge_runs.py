@@ -66,6 +66,9 @@ def test_sync_run_learns_from_the_judge_with_failed_calls_left_out(tmp_path, tin
     assert failed and scored and all(r["reward"] is None for r in failed)
     assert all(r["judge"]["verdict"] == "9" and r["reward"] == 2.0 for r in scored)
     assert len(judge.posts()) == 8 + 1  # two steps of four episodes, and the preflight's test episode
+    # the rubric saw each episode's env reward: TRL runs the (async) judge after the env's get_reward column
+    assert all("this episode was: none" not in body["messages"][0]["content"] for body in judge.posts()[1:])
+    assert all("this episode was: " in body["messages"][0]["content"] for body in judge.posts()[1:])
 
 
 def test_two_trainer_processes_leave_out_their_failed_judge_rows_together(tmp_path, tiny_model_dir, echo_server,
