@@ -71,6 +71,33 @@ def test_sync_run_learns_from_the_judge_with_failed_calls_left_out(tmp_path, tin
     assert all("this episode was: " in body["messages"][0]["content"] for body in judge.posts()[1:])
 
 
+def test_several_envs_one_unjudged_keeps_its_rows_scored_by_its_env_alone(tmp_path, tiny_model_dir,
+                                                                          env_server_factory, fake_judge,
+                                                                          monkeypatch):
+    """ENV_CATCH_JUDGE=0 beside a judged echo: only echo's episodes are sent to the judge; catch's rows get None from
+    `judge`, which TRL's nansum skips, so they keep their env reward (weighed ENV_REWARD_WEIGHT) and stay trained."""
+    echo, catch = env_server_factory("echo"), env_server_factory("catch")
+    judge = fake_judge(lambda path, body: (200, chat_reply("9")))
+    monkeypatch.setenv("ENV_CATCH_JUDGE", "0")
+    argv = base_argv(tiny_model_dir, tmp_path, {"echo": echo.url, "catch": catch.url}, "--max-steps", "1",
+                     "--per-device-train-batch-size", "8", "--num-generations", "2", "--dataset-size", "8",
+                     "--judge-url", judge.url, "--judge-cache-size", "0", "--trace-every", "1", "--trace-samples", "8")
+    from trainer import train
+
+    assert train.main(argv) == 0
+    [row] = read_metrics(tmp_path / "echo+catch")
+    assert row["rewards/judge/mean"] == 1.0 and "rewards/CatchTool/mean" in row and "rewards/EchoTool/mean" in row
+    traced = traces.read(tmp_path / "echo+catch" / traces.ROLLOUTS_FILE)  # the whole batch (TRACE_SAMPLES=8)
+    echo_rows = [r for r in traced if r["env"] == "echo"]
+    catch_rows = [r for r in traced if r["env"] == "catch"]
+    assert echo_rows and catch_rows and len(traced) == 8
+    assert all(r["judge"]["verdict"] == "9" and r["rewards"]["judge"] == 1.0 for r in echo_rows)
+    for r in catch_rows:  # not judged, not left out: scored by its env (and the unfinished penalty)
+        assert r["judge"] is None and r["rewards"]["judge"] is None and r["reward"] is not None
+        assert r["rewards"]["CatchTool"] == r["env_reward"]
+    assert row["judge/calls"] == len(echo_rows) == len(judge.posts()) - 1  # - the preflight's test episode
+
+
 def test_two_trainer_processes_leave_out_their_failed_judge_rows_together(tmp_path, tiny_model_dir, echo_server,
                                                                          fake_judge):
     """TRAINER_PROCESSES=2 on CPU (trainer.launch, gloo): each process judges its own rows; the failed ones are gathered
