@@ -41,9 +41,11 @@ short version and asserts what must hold):
   optimizer steps lost or repeated        0     across the trainer kills: steps 1..N logged once each, the resumed
                                                   run continues from its checkpoint, trainer_state ends at N
   stalls ended within bound, diagnosed    all   each stop/half_open: the next step came within its bound and a
-                                                  one-line diagnosis is in the trainer's log after it (a stop inside
-                                                  a trainer or vLLM restart, or after the last step, is listed
-                                                  apart: no step to time it by)
+                                                  one-line diagnosis of its own is in the trainer's log after it (a
+                                                  line naming one of the fault's links: bench/chaos_figures.own_lines;
+                                                  a stop inside a trainer or vLLM restart, or after the last step,
+                                                  and a half-open link a restart closed before the client gave up on
+                                                  it, are listed apart: nothing to time them by)
   floods ended by the client              all   each hostile_frames: the trainer's side closed that link first, within
                                                   HOSTILE_BOUND_S (not an env fault, a restart or the run's end)
 
