@@ -253,3 +253,24 @@ def test_model_download_fetches_the_judge_at_its_revision_with_a_stand_in_hub(mo
     monkeypatch.setenv("JUDGE_MODEL", "/models/tiny-qwen3")  # model-init's: nothing to fetch
     assert download_model.main() == 0 and len(asked) == 1
     assert "judge Qwen/Qwen3-1.7B (revision 70d244cc) ready" in capsys.readouterr().out
+
+
+def test_make_train_on_the_cpu_profile_starts_the_judge_after_model_init_made_its_model(monkeypatch):
+    """The CPU judge may serve model-init's tiny model: model-init runs in the foreground first (its messages seen),
+    then the judge, health-gated, then the trainer. Docker's calls recorded, not run (a stand-in for Compose)."""
+    from tools.commands import train
+    from tools.plan import make_plan
+    from tools.prepare import Prepared
+
+    calls = []
+    monkeypatch.setattr(train, "bring_up", lambda prepared, hold=(): calls.append(("bring_up", *hold)))
+
+    class Recorded(Prepared):
+        def compose(self, *args, extra_profiles=()):
+            calls.append(args[:4])
+            return 0
+
+    plan = make_plan({"TRAIN_MODE": "cpu", "JUDGE_MODEL": "/models/tiny-qwen3"}, None)
+    assert train.train(Recorded(plan, {}), []) == 0
+    assert calls[:3] == [("bring_up", "judge"), ("run", "--rm", "model-init"), ("up", "-d", "--wait", "judge")]
+    assert calls[3][:3] == ("run", "--rm", "--no-deps") and calls[3][3] == "trainer-cpu"
