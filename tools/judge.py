@@ -290,6 +290,11 @@ def doctor_rows(values: dict[str, str], mode, layout: gpu_layout.GpuLayout | Non
             rows.append(("ok", "judge GPU split", f"GPU {gpu.index} {gpu.name}: judge {judge_gpu.share:g} + vLLM "
                          f"{judge_gpu.vllm_share:g} of {gpu.total_mib} MiB"
                          + (" (the trainer's memory below counts both)" if judge_gpu.shares_with == "trainer" else "")))
+        need = int(gpu.total_mib * claimed)  # what the engines on it will claim, against what is free now
+        rows.append(("ok", "judge free memory", f"GPU {gpu.index}: {gpu.free_mib} MiB free, {need} MiB to claim")
+                    if gpu.free_mib >= need else
+                    ("FAIL", "judge free memory", f"GPU {gpu.index}: {gpu.free_mib} MiB free, the judge and vLLM on it "
+                     f"will claim {need} MiB: stop what uses the GPU (`nvidia-smi`) or lower JUDGE_GPU_MEMORY_SHARE"))
     return rows
 
 

@@ -185,11 +185,12 @@ def test_a_judge_setting_that_cannot_run_stops_preflight_in_one_line_with_its_fi
 
 
 # ------------------------------------------------------------------ make doctor
-def doctor(values: dict[str, str], mode: str = "gpu", gpus: int = 2, total_mib: int = 81559):
+def doctor(values: dict[str, str], mode: str = "gpu", gpus: int = 2, total_mib: int = 81559, used_mib: int = 0):
     from contract.config import train_mode_variant
     from tools import derive, gpu_doctor, judge
 
-    csv = "".join(f"{i}, GPU-{i:08d}-aaaa, NVIDIA TEST, {total_mib}, 0, {total_mib}, 580.95.05\n" for i in range(gpus))
+    csv = "".join(f"{i}, GPU-{i:08d}-aaaa, NVIDIA TEST, {total_mib}, {used_mib}, {total_mib - used_mib}, 580.95.05\n"
+                  for i in range(gpus))
     found = gpu_doctor.parse_gpu_csv(csv)
     chosen = train_mode_variant(mode)
     layout = derive.gpu_layout_for(values, chosen, gpu_doctor.DockerGpus("nvidia", found, "")) if gpus else None
@@ -206,6 +207,9 @@ def test_doctor_warns_of_an_unpinned_judge_and_checks_its_gpu_and_split():
     small = doctor({"JUDGE_MODEL": "a/b", "JUDGE_MODEL_REVISION": "c"}, total_mib=24564)
     fails = [m for s, n, m in small if s == "FAIL"]
     assert len(fails) == 1 and "JUDGE_GPU_MEMORY_SHARE" in fails[0], small
+    busy = doctor({"JUDGE_MODEL": "a/b", "JUDGE_MODEL_REVISION": "c", "JUDGE_GPU": "1"}, mode="colocate", gpus=2,
+                  used_mib=20000)  # another process holds 20 GB of the judge's GPU: 0.9 of it is not free
+    assert [(s, n) for s, n, _ in busy if s == "FAIL"] == [("FAIL", "judge free memory")], busy
 
 
 def test_doctor_checks_the_judge_url_and_its_key_file_without_printing_the_key(tmp_path):
