@@ -113,7 +113,11 @@ def place(values: dict[str, str], mode, layout: gpu_layout.GpuLayout | None) -> 
         vllm_share, lowered = (set_vllm, False) if set_vllm else (round(VLLM_ALONE_SHARE - share, 2), True)
     elif shares_with == "trainer":
         vllm_share = set_vllm or mode.vllm_memory_share
-    if shares_with and (vllm_share <= 0 or vllm_share + share >= 1):
+    if lowered and vllm_share < 0.1:
+        raise StackError(f"JUDGE_GPU_MEMORY_SHARE={share:g} on vLLM's GPU {gpu} leaves vLLM {max(vllm_share, 0):g} of "
+                         f"it: set JUDGE_GPU_MEMORY_SHARE={SHARED_SHARE:g} (or VLLM_GPU_MEMORY_UTILIZATION as well), or "
+                         "give the judge a GPU of its own (JUDGE_GPU) (edit .env)")
+    if shares_with and vllm_share + share >= 1:
         fits = round(max(0.05, (0.9 if shares_with == "vllm" else 0.6) - vllm_share), 2)
         raise StackError(f"the judge and vLLM share GPU {gpu} and claim {share:g} + {vllm_share:g} of its memory "
                          f"(JUDGE_GPU_MEMORY_SHARE + VLLM_GPU_MEMORY_UTILIZATION), leaving nothing "
@@ -123,7 +127,7 @@ def place(values: dict[str, str], mode, layout: gpu_layout.GpuLayout | None) -> 
     return JudgeGpu(gpu, share, shares_with, vllm_share, lowered)
 
 
-def problems(values: dict[str, str], mode, on_cpu: bool) -> list[str]:
+def problems(values: dict[str, str], on_cpu: bool) -> list[str]:
     """What stops a run before anything starts, one line each with its fix (the settings section refuses more)."""
     out = []
     name, where = model(values), url(values)
@@ -247,7 +251,7 @@ def doctor_rows(values: dict[str, str], mode, layout: gpu_layout.GpuLayout | Non
     name, where = model(values), url(values)
     if not name and not where:
         return [("ok", "judge", "none (JUDGE_MODEL and JUDGE_URL empty): every reward is the env's")]
-    rows = [("FAIL", "judge", line) for line in problems(values, mode, on_cpu)]
+    rows = [("FAIL", "judge", line) for line in problems(values, on_cpu)]
     if rows:
         return rows
     if where:

@@ -181,7 +181,7 @@ def make_plan(settings: StackEnv | dict[str, str], gpus: DockerGpus | None,
 def judge_preflight(values: dict[str, str], mode: TrainModeVariant, layout: gpu_layout.GpuLayout | None,
                     notes: list[str], on_cpu: bool) -> judge.JudgeGpu | None:
     """The judge's checks (one StackError line with its fix), its GPU and split on a GPU host, and its notes."""
-    problems = judge.problems(values, mode, on_cpu)
+    problems = judge.problems(values, on_cpu)
     if problems:
         raise StackError(problems[0])
     judge_gpu = None if on_cpu else judge.place(values, mode, layout)

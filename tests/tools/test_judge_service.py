@@ -131,6 +131,7 @@ def test_the_cpu_profiles_judge_is_the_vllm_cpu_twin_serving_the_tiny_model(tmp_
     assert judge["entrypoint"] == ["vllm-serve", "/models/tiny-qwen3"]
     assert flags(judge)["--served-model-name"] == "/models/tiny-qwen3"
     assert "deploy" not in judge  # no GPU
+    assert "VLLM_SERVER_DEV_MODE" not in judge["environment"]  # the twin's image does not set it either
     assert {v["target"]: v["read_only"] for v in judge["volumes"]} == {"/models": True}
     assert judge["depends_on"] == {"model-init": {"condition": "service_completed_successfully", "required": True}}
     assert healthy(config["services"]["trainer-cpu"], "judge")
@@ -172,6 +173,8 @@ def test_no_env_container_shares_a_network_with_the_judge(tmp_path, monkeypatch,
     (PINNED + "JUDGE_GPU=0,2\n", "the judge runs on one GPU"),
     (PINNED + "JUDGE_GPU=x\n", "'x' is not a GPU id"),
     (PINNED + "JUDGE_GPU_MEMORY_SHARE=0.5\nVLLM_GPU_MEMORY_UTILIZATION=0.6\n", "JUDGE_GPU_MEMORY_SHARE=0.3 or lower"),
+    (PINNED + "JUDGE_GPU_MEMORY_SHARE=0.85\n", "leaves vLLM 0.05 of it"),
+    (PINNED + "JUDGE_GPU_MEMORY_SHARE=1.5\n", "JUDGE_GPU_MEMORY_SHARE"),
     (TINY, "only the CPU profile and `make rehearse` serve a local model"),
     ("\nJUDGE_URL=https://user:pw@x.example/v1\n", "JUDGE_URL holds a user or password"),
     ("\nJUDGE_URL=http://judge:8000/v1\n", "names the stack's own judge service"),
