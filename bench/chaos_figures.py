@@ -136,6 +136,7 @@ def figures(args, trainer: Trainer, injector: Injector, killed_at: list[dict], s
         "replayed": sum(replay_in_time(text) for _, text in trainer.lines),
         "replay_failed": sum(REPLAY_FAILED in text for _, text in trainer.lines),
         "rollouts": args.rollouts, "vllm_restart": vllm_restart_figure(injector.events, trainer.lines),
+        "judge_restart": judge_restart_figure(injector.events, rows),
     }
 
 
@@ -192,6 +193,19 @@ def vllm_restart_figure(events: list[dict], lines: list[tuple[float, str]]) -> d
             "trainer_stopped": any("went away mid-run" in text for text in after),
             "restarted": any("restarting the vllm service" in text for text in after),
             "resumed_from": int(resumed.group(1)) if resumed else None}
+
+
+def judge_restart_figure(events: list[dict], rows: list[dict]) -> dict | None:
+    """The judge killed once (--judge): when it was started again and back healthy, and the rows the trainer left out
+    for failed judge calls over the run (its judge/failures; None: the trainer logs no such figure). None: no judge
+    restart was injected."""
+    kill = next((e for e in events if e["kind"] == "judge_restart" and not e.get("error")), None)
+    if kill is None:
+        return None
+    failures = [r["judge/failures"] for r in rows if r.get("judge/failures") is not None]
+    return {"after_step": kill["after_step"], "down_s": kill.get("down_s"),
+            "healthy_after_s": kill["healthy"] - kill["time"] if kill.get("healthy") else None,
+            "judge_failures": sum(int(f) for f in failures) if failures else None}
 
 
 def replay_in_time(line: str) -> bool:
@@ -278,3 +292,9 @@ def print_figures(f: dict) -> None:
         line("vLLM twin killed mid-run, recovered", f"after step {v.get('after_step')}: resumed from checkpoint-"
              f"{v.get('resumed_from')}" if v else "not injected", "yes",
              bool(v) and v["restarted"] and v["resumed_from"] is not None and f["final_global_step"] == f["steps"])
+    j = f.get("judge_restart")
+    if j is not None:
+        back = "never" if j["healthy_after_s"] is None else f"healthy {j['healthy_after_s']:.0f} s after the kill"
+        failed = "not logged" if j["judge_failures"] is None else f"{j['judge_failures']} rows left out (judge/failures)"
+        line("judge killed mid-run, started again", f"after step {j['after_step']}: {back}; {failed}", "back",
+             j["healthy_after_s"] is not None and f["final_global_step"] == f["steps"])

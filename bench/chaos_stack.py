@@ -310,7 +310,8 @@ class Rehearsal:
     the trainer container) and a start again (RESUME=auto). `out` gets the run's folder copied from the outputs
     volume at the end (`collect`), so the figures read it as the sync run's."""
 
-    def __init__(self, model: Path, proxy_url: str, work: Path, steps: int, seed: int, project: str) -> None:
+    def __init__(self, model: Path, proxy_url: str, work: Path, steps: int, seed: int, project: str,
+                 judge: str | None = None) -> None:
         from bench.async_figures import Project
 
         self.out, self.steps = work / "outputs", steps
@@ -322,7 +323,9 @@ class Rehearsal:
             # faults, not learning: a step of PER_DEVICE_TRAIN_BATCH_SIZE samples, as a sync one (ASYNC_STEP_SAMPLES=batch;
             # packed fills a step up to max_model_len tokens: ~120 samples at 512, ~500 at 4096 on the CPU twin); 512
             # holds the longest echo episode (~410 tokens)
-            "ASYNC_STEP_SAMPLES": "batch", "VLLM_MAX_MODEL_LEN": "512"},
+            "ASYNC_STEP_SAMPLES": "batch", "VLLM_MAX_MODEL_LEN": "512",
+            # a run with a judge: make rehearse serves it on the twin (tools/judge.py), killed once (judge_restart)
+            **({"JUDGE_MODEL": judge} if judge else {})},
             name=f"{project}-rehearse")
         # the trainer reaches the proxy on its envnet: made here, labelled as Compose makes it, so the proxy can join
         # it before the run starts (Compose then takes it as its own)
