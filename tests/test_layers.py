@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TRAINER_FLOORS = [("gpu_selfcheck",), ("*.py",), ("after",), ("run",), ("async_grpo",), ("judge",), ("gpu", "rollouts"),
                   ("core", "modeling")]
 # tools/'s floors, top first, by module (commands/ is one unit): the same rule.
-TOOLS_FLOORS = [("__main__",), ("cli",), ("commands",), ("fleet",), ("prepare",), ("plan",), ("docker_host", "rehearsal"),
+TOOLS_FLOORS = [("__main__",), ("cli",), ("commands",), ("fleet",), ("prepare",), ("plan",), ("docker_host", "rehearsal", "judge"),
                 ("compose_file", "derive", "nccl_check"), ("env_replicas", "gpu_doctor"),
                 ("env_ports", "gpu_layout", "images", "env_keys"), ("env_kinds", "settings"),
                 ("errors", "host_python", "proxies")]

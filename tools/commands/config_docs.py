@@ -67,6 +67,8 @@ COMPOSE_ONLY = {
     "WANDB_API_KEY_FILE": "`WANDB_MODE=online`: file holding your W&B API key (a Compose secret), e.g. "
     "`./.secrets/wandb_api_key`",
     "TORCH_INDEX_URL": "where CPU images get torch when no local wheel is found",
+    "JUDGE_MEM_LIMIT": "memory limit of the judge container (host memory; its GPU memory is `JUDGE_GPU_MEMORY_SHARE`)",
+    "JUDGE_SHM_SIZE": "/dev/shm of the judge container",
 }
 
 # Keys whose name holds the env's: any env of ENV_NAME, read by the generated env services (tools/compose_file.py).

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from tools import docker_host, env_keys
+from tools import docker_host, env_keys, judge
 from tools.errors import say
 from contract.defaults import EXIT_VLLM_RESTART, EXIT_VLLM_WENT_AWAY
 from tools.commands.up import bring_up
@@ -15,8 +15,10 @@ from tools.prepare import Prepared, prepare
 def train(prepared: Prepared, args: list[str]) -> int:
     for line in env_keys.unread_keys(prepared.plan.values):  # a misspelled setting would silently keep its default
         say(f"WARNING: {line}")
-    bring_up(prepared)
     spec, mode = prepared.plan.spec, prepared.mode
+    # the CPU profile's judge once model-init has run in the foreground (it may serve model-init's tiny model)
+    held = (judge.SERVICE,) if spec.makes_model_locally and prepared.plan.judge_served else ()
+    bring_up(prepared, hold=held)
     deps: list[str] = []
     if spec.makes_model_locally:  # the init job in the foreground, so its messages (e.g. an env's bad schema) are seen
         rc = prepared.compose("run", "--rm", "model-init")
@@ -24,6 +26,12 @@ def train(prepared: Prepared, args: list[str]) -> int:
             say(f"the CPU profile's model-init job failed (exit {rc}); the messages above say why")
             return rc
         deps = ["--no-deps"]  # env servers are up and healthy (above), the model is made
+    if held:
+        say("starting the judge (the vLLM CPU twin) and waiting until healthy")
+        rc = prepared.compose("up", "-d", "--wait", *held)
+        if rc != 0:
+            say(f"the judge did not become healthy (exit {rc}): `make logs` shows why; `make doctor` checks its settings")
+            return rc
     say(f"training with `{spec.trainer_service}` (mode {mode}); outputs go to the `outputs` volume")
 
     def run_trainer(extra: tuple[str, ...] = ()) -> int:

@@ -342,7 +342,7 @@ def environment_pool(trainer: Any) -> dict[Any, list]:
 
 
 # ---------------------------------------------------------------------------------------------- the checks
-def resolve(dotted: str) -> Any:
+def import_dotted(dotted: str) -> Any:
     """The object a dotted path names: the longest importable module, then attributes (class, then member)."""
     parts = dotted.split(".")
     for split in range(len(parts) - 1, 0, -1):
@@ -372,7 +372,7 @@ def parameters(func: Any) -> str:
 def _assigned(owner: str) -> frozenset[str]:
     """Instance attributes TRL's code assigns in the owner class or its TRL bases (`self.x = ...`)."""
     names: set[str] = set()
-    for cls in inspect.getmro(resolve(owner)):
+    for cls in inspect.getmro(import_dotted(owner)):
         if cls.__module__.split(".")[0] == "trl":
             names |= set(re.findall(r"self\.(\w+)\s*(?::[^=\n]+)?=(?!=)", inspect.getsource(cls)))
     return frozenset(names)
@@ -387,7 +387,7 @@ def kind_of(pin: Pin, obj: Any) -> str:
     if inspect.iscoroutinefunction(obj):
         return "coroutine"
     if inspect.isfunction(obj):
-        return "method" if inspect.isclass(resolve(pin.owner)) else "function"
+        return "method" if inspect.isclass(import_dotted(pin.owner)) else "function"
     return type(obj).__name__
 
 
@@ -395,9 +395,9 @@ def problem(pin: Pin) -> str | None:
     """What no longer holds for `pin` on the installed TRL (None: it holds)."""
     try:
         if pin.kind == "attribute":  # an instance attribute TRL's code assigns, or a class attribute
-            held = pin.name in _assigned(pin.owner) or hasattr(resolve(pin.owner), pin.name)
+            held = pin.name in _assigned(pin.owner) or hasattr(import_dotted(pin.owner), pin.name)
             return None if held else "no longer assigned by TRL"
-        obj = resolve(pin.dotted)
+        obj = import_dotted(pin.dotted)
     except (ImportError, AttributeError):
         return "gone"
     kind = kind_of(pin, obj)
@@ -425,7 +425,7 @@ def digest_changes() -> list[str]:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     out = []
     for pin in PINS:
-        if pin.digest and problem(pin) is None and source_digest(resolve(pin.dotted)) != pin.digest:
+        if pin.digest and problem(pin) is None and source_digest(import_dotted(pin.dotted)) != pin.digest:
             out.append(f"{pin.dotted} changed (re-check {pin.where}: {pin.why})")
     return out
 

@@ -180,7 +180,10 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS,
             if not self._call_failure_counted:  # it may have failed by itself as the loop gave up on it
                 self._call_failure_counted = True
                 self._episode_failures += 1
-        where = getattr(session_of(self), "shown_url", url)
+        session = session_of(self)
+        where = getattr(session, "shown_url", url)
+        conn = getattr(session, "connection", None)  # which of the replica's sessions (envs.core.client.stalled)
+        where += f" (from {conn})" if conn else ""
         _log_infra(env_name, f"{self._infra_failure} ({where})")  # the stall's one-line diagnosis
         close_session(self)
 
