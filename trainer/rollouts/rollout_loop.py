@@ -293,15 +293,9 @@ def make_rollout_loop_class(base: type) -> type:
                 return
             start = time.perf_counter()
             for i, turns in enumerate(completions):
-                last = turns[-1] if turns else None
-                if not isinstance(last, dict) or last.get("role") != "assistant" or last.get("tool_calls"):
-                    continue
-                env = self.environments[i]
-                submitted = submit_final_answer(env, final_text(last.get("content")))
-                trace = trace_of(env)
-                if submitted is not None and trace is not None:
-                    name, arguments, result, failed = submitted
-                    trace.call(f"{name} (final answer, submitted by the stack)", arguments, result, failed)
+                last = ended_in_text(turns)
+                if last is not None:
+                    submit_final(self.environments[i], last)
             STATS.add_time("env", time.perf_counter() - start)
 
         def _generate_and_score_completions(self, inputs):
@@ -372,6 +366,24 @@ def server_fits(prompt_tokens: int, max_tokens: int, max_model_len: int) -> bool
     """vLLM 0.31's check on a request: it refuses (HTTP 400) a prompt longer than max_model_len - max_tokens.
     TRL asks for max_tokens = max_completion_length on every turn, tool rounds included."""
     return prompt_tokens + max_tokens <= max_model_len
+
+
+def ended_in_text(completion: list) -> dict | None:
+    """The episode's last assistant turn when it ended in plain text (no tool call), else None."""
+    last = completion[-1] if completion else None
+    if isinstance(last, dict) and last.get("role") == "assistant" and not last.get("tool_calls"):
+        return last
+    return None
+
+
+def submit_final(env: Any, turn: dict) -> None:
+    """`turn`'s text submitted through the env's answer tool where it has one (envs.core.tool.submit_final_answer),
+    traced as the stack's call, not the model's. Both ROLLOUTS modes (trainer.async_grpo.async_budget)."""
+    submitted = submit_final_answer(env, final_text(turn.get("content")))
+    trace = trace_of(env)
+    if submitted is not None and trace is not None:
+        name, arguments, result, failed = submitted
+        trace.call(f"{name} (final answer, submitted by the stack)", arguments, result, failed)
 
 
 def final_text(content) -> str:

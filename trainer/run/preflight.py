@@ -491,7 +491,7 @@ def task_line(name: str, spec: Any) -> str:
 
 def check_eval(cfg: RunConfig, report: PreflightReport) -> list[str]:
     """EVAL_EVERY: every env has held-out rows (trainer.run.held_out), played on the sessions training opens."""
-    if cfg.rollouts.is_async or not cfg.rollouts.eval_every or set(cfg.env_names) - set(report.specs):
+    if not cfg.rollouts.eval_every or set(cfg.env_names) - set(report.specs):
         return []  # off, or an env not resolved (its error is listed already)
     from trainer.run.held_out import NoHeldOutRows, batch_rows, held_out
 
@@ -503,8 +503,10 @@ def check_eval(cfg: RunConfig, report: PreflightReport) -> list[str]:
     sources = ", ".join(f"{name} {rows[0]['reset_kwargs']['split']!r} split" for name, (_, rows) in tasks.items()
                         if rows and "split" in rows[0].get("reset_kwargs", {}))
     report.ok.append(f"eval every {cfg.rollouts.eval_every} steps: {cfg.rollouts.eval_episodes} held-out episodes per "
-                     f"env (seeds training never uses{'; tasks of ' + sources if sources else ''}), greedy; {batches}, "
-                     "on the training sessions (no env capacity beyond training's)")
+                     f"env (seeds training never uses{'; tasks of ' + sources if sources else ''}), greedy; "
+                     + (f"{cfg.rollouts.eval_sessions(cfg)} at once in the trainer's process beside the rollout worker, "
+                        "on env sessions of their own (counted in the capacity above)" if cfg.rollouts.is_async else
+                        f"{batches}, on the training sessions (no env capacity beyond training's)"))
     return []
 
 

@@ -138,12 +138,13 @@ def main(argv: list[str] | None = None) -> int:
     stop_ids = stop_token_ids(model if model is not None else generation_config_of(cfg), tokenizer)
     reward_funcs = ([unfinished_penalty(cfg.unfinished_penalty, stop_ids)]
                     if cfg.unfinished_penalty else None)  # the env's own reward comes from its tool class
-    evaluation = None  # EVAL_EVERY (ROLLOUTS=sync's knob): held-out episodes every N steps, checkpoint-best
-    if not cfg.rollouts.is_async and cfg.rollouts.eval_every:
-        from trainer.run.evaluation import EvalCallback
+    evaluation = None  # EVAL_EVERY: held-out episodes every N steps, checkpoint-best
+    if cfg.rollouts.eval_every:
+        from trainer.run.evaluation import AsyncEvalCallback, EvalCallback
         from trainer.run.held_out import held_out
 
-        evaluation = EvalCallback(cfg, held_out(cfg, report.specs, cfg.rollouts.eval_episodes), STATS)
+        kind = AsyncEvalCallback if cfg.rollouts.is_async else EvalCallback
+        evaluation = kind(cfg, held_out(cfg, report.specs, cfg.rollouts.eval_episodes), STATS)
     # the evaluation after the step's timer (MetricsCallback) and before the control's disk check of the save it asks
     callbacks = [MetricsCallback(cfg.run_dir, STATS, resume_step=resume_step, mode=chosen, trackers=trackers,
                                  rollouts=cfg.rollouts), *([evaluation] if evaluation else []), control]
@@ -155,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                                               served_dtype=served_dtype, served_model=served_model,
                                               server_max_model_len=server_max_model_len)
         trainer.configure_traces(cfg.run_dir, cfg.trace_every, cfg.trace_samples or cfg.num_generations, trackers)
+        if evaluation is not None:
+            evaluation.bind(trainer)
     else:
         trainer = build_sync_trainer(cfg, model, tokenizer, dataset, factories, reward_funcs, callbacks,
                                      training_args, server_max_model_len, served_dtype, trackers)
