@@ -158,8 +158,9 @@ class RolloutSettings(BaseModel):
     # evaluation during training (#66): both variants' knobs (trainer/run/evaluation.py, trainer/async_grpo/async_eval.py)
     eval_every: int = Field(0, ge=0, description="Score the policy greedily on held-out episodes every this many steps "
                             "(eval/<env>/... in metrics.jsonl, every tracker and `make report`; the best by eval reward "
-                            "kept as checkpoint-best, `make export CHECKPOINT=best`). Empty or 0: off. ROLLOUTS=async plays them beside "
-                            "the rollout worker, on env sessions of their own (at most one step's samples at once).")
+                            "kept as checkpoint-best, `make export CHECKPOINT=best`). Empty or 0: off. ROLLOUTS=async "
+                            "plays them beside the rollout worker, on env sessions of their own (at most one step's "
+                            "samples at once).")
     eval_episodes: int = Field(DEFAULT_EVAL_EPISODES, ge=1, le=4096, description="EVAL_EVERY: held-out episodes "
-                               "per env each time, one greedy episode per seed training never uses (as `make eval`'s; an env serving its own "
-                               "tasks: its test split).")
+                               "per env each time, one greedy episode per seed training never uses (as `make eval`'s; "
+                               "an env serving its own tasks: its test split).")
