@@ -2,10 +2,16 @@
 `orwd init` makes: 64 train and 16 test tasks, one `answer` tool), imported with the real `openenv import --type ors`
 (the openenv 0.10.0 CLI), and what the import produced served in this process and learned by the generic path: the
 stack trains on its train split, shows the task's prompt and never its spec (which holds the solution), and scores a
-plain-text final answer through the `answer` tool. Host-only; what the import needs is recorded in the first test."""
+plain-text final answer through the `answer` tool; and a real CPU run (the tiny model, TRL's trainer) trains it: each
+GRPO group plays one train task, whose problem (never its solution) is the user message, rewards are read from the env,
+and the evaluation every EVAL_EVERY steps plays its test split. Host-only; what the import needs is recorded in the first
+test."""
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import subprocess
 import sys
 from importlib.metadata import version
@@ -19,6 +25,9 @@ from tests.envs.inprocess import ThreadServer
 
 SOURCE = Path(__file__).resolve().parents[1] / "fixtures" / "envs" / "ors_arith" / "source"
 NAME = "ors_arith"
+
+
+BATCH = 4  # PER_DEVICE_TRAIN_BATCH_SIZE = NUM_GENERATIONS: one group, one task, a step
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +104,60 @@ def test_the_imported_env_trains_on_its_tasks_through_the_generic_path(imported)
         assert tool.answer(answer="-1").startswith("Wrong!") and tool.get_reward() == 0.0
     finally:
         tool._client.close()
+
+
+@pytest.fixture(scope="module")
+def ors_run(imported, tmp_path_factory, tiny_model_dir):
+    """2 steps on the imported env, an evaluation at step 2. The import serves one session per container; here its
+    generated Environment class is served by one create_app with BATCH sessions (marked concurrent: each session has
+    its own instance) instead of BATCH containers."""
+    from openenv.core.env_server.http_server import create_app
+    from openenv.core.env_server.mcp_types import CallToolAction, CallToolObservation
+
+    from ors_arith.server.ors_arith_environment import OrsArithEnvironment
+    from trainer import train
+
+    served = type("OrsArithServed", (OrsArithEnvironment,), {"SUPPORTS_CONCURRENT_SESSIONS": True})
+    app = create_app(served, CallToolAction, CallToolObservation, env_name=NAME, max_concurrent_envs=BATCH)
+    out = tmp_path_factory.mktemp("ors-run")
+    printed = io.StringIO()
+    with ThreadServer(NAME, app=app) as server, contextlib.redirect_stdout(printed):
+        code = train.main(["--train-mode", "cpu", "--model-name", str(tiny_model_dir), "--output-dir", str(out),
+                           "--env-name", NAME, "--env-urls", f"{NAME}={server.url}", "--run-name", "ors",
+                           "--max-steps", "2", "--save-steps", "2", "--per-device-train-batch-size", str(BATCH),
+                           "--num-generations", str(BATCH), "--max-completion-length", "48", "--trace-every", "1",
+                           "--eval-every", "2", "--eval-episodes", "3"])
+    print(printed.getvalue())
+    assert code == 0
+    return out / "ors", printed.getvalue()
+
+
+def test_a_cpu_run_trains_the_imported_env_on_its_train_tasks(ors_run):
+    import importlib.util
+
+    from trainer.core.metrics import read_metrics
+
+    run_dir, printed = ors_run
+    found = importlib.util.spec_from_file_location("ors_arith_source_run", SOURCE / "server.py")
+    source = importlib.util.module_from_spec(found)
+    found.loader.exec_module(source)
+    assert "serves its own tasks (OpenEnv's Task API): train (train) 64 tasks, test (test) 16 tasks; trains on " \
+           "'train'" in printed and "submitted through its 'answer' tool" in printed
+    rows = [json.loads(line) for line in (run_dir / "rollouts.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 * BATCH
+    for step in (1, 2):
+        group = [r for r in rows if r["step"] == step]
+        [task] = {json.dumps(r["reset"]["reset_kwargs"], sort_keys=True) for r in group}  # one task a group
+        task = json.loads(task)
+        spec = source.TRAIN[task["index"]]
+        user = [m for m in group[0]["prompt"] if m["role"] == "user"][-1]["content"]
+        assert task["split"] == "train" and user == spec["problem"], user  # its prompt, never its spec
+        for row in group:  # each episode scored by the env: the model's `answer` call, or its text submitted
+            answers = [c for c in row["tool_calls"] if c["tool"].startswith("answer")]
+            assert answers and row["env_reward"] in (0.0, 1.0), row
+            assert row["env_reward"] == float(answers[-1]["arguments"].get("answer", "").strip() == spec["solution"])
+    metrics = read_metrics(run_dir)
+    assert all(r[f"env/{NAME}/episodes"] == BATCH and r.get(f"env/{NAME}/infra_failures", 0) == 0 for r in metrics)
+    [evaluated] = [r for r in metrics if f"eval/{NAME}/episodes" in r]
+    assert evaluated["step"] == 2 and evaluated[f"eval/{NAME}/episodes"] == 3
+    assert "tasks of ors_arith 'test' split" in printed
