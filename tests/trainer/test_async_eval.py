@@ -123,3 +123,20 @@ def test_eval_every_is_a_setting_of_both_rollouts_modes():
     off = RunConfig.load(["--rollouts", "async", "--train-mode", "gpu"])
     assert off.rollouts.eval_sessions(off) == 0 and off.sessions_needed("echo") == cfg.sessions_needed("echo") - 3
     json.dumps(cfg.model_dump(mode="json"))  # run.json records it
+
+
+def test_an_async_step_record_carries_the_evaluation_figures(tmp_path):
+    """The async step record (MetricsCallback's, from TRL's async logs) takes the eval/... figures the callback left
+    for its step, as the sync record does (a rehearsal run first wrote none)."""
+    from contract.config import GpuMode
+    from contract.config.rollouts import rollouts_variant
+    from trainer.core.metrics import MetricsCallback, read_metrics
+
+    stats = RolloutStats()
+    callback = MetricsCallback(str(tmp_path), stats, mode=GpuMode(), rollouts=rollouts_variant("async"),
+                               print_fn=lambda line: None)
+    stats.add_figures({"eval/echo/reward_mean": 0.75, "eval/reward": 0.75, "time/eval_s": 1.5})
+    state = SimpleNamespace(global_step=2, is_world_process_zero=True, max_steps=4)
+    callback.on_log(SimpleNamespace(max_steps=4), state, SimpleNamespace(), logs={"loss": 0.1})
+    [row] = read_metrics(tmp_path)
+    assert row["rollouts"] == "async" and row["eval/echo/reward_mean"] == 0.75 and row["time/eval_s"] == 1.5
