@@ -30,6 +30,7 @@ from tests.trainer.test_async_episode_budget import ClientError, Reply
 from trainer.async_grpo.async_eval import EpisodePlayer
 from trainer.async_grpo.async_trainer import StackRolloutLoop
 from trainer.core.metrics import RolloutStats
+from trainer.core.trl_privates import environment_pool
 from trainer.rollouts.envs_binding import EnvFactory, tool_class_source
 from trainer.run.evaluation import AsyncEvalCallback
 from trainer.run.held_out import held_out
@@ -103,7 +104,7 @@ def test_async_eval_plays_held_out_tasks_greedily_and_frees_its_sessions(sums_se
             assert record["eval/sums/episodes"] == 4 and record["eval/sums/infra_failures"] == 0
             assert record["eval/sums/reward_mean"] == pytest.approx(sum(right) / 4) and 0 < sum(right) < 4
             assert record["eval/sums/tool_calls_per_episode"] == 0  # the stack's submission is not the model's call
-            pool = player.loop._environment_pool[None]
+            pool = environment_pool(player.loop)[None]
             assert 1 <= len(pool) <= 2 + 1 and all(session_of(env)._ws is None for env in pool)  # freed
         assert {p["temperature"] for p in vllm.payloads} == {0.0} and {p["model"] for p in vllm.payloads} == {"tiny"}
         questions = [tokenizer.decode(p["prompt"]) for p in vllm.payloads]

@@ -24,6 +24,10 @@ from types import SimpleNamespace
 from typing import Any
 
 from envs.core.tool import close_session, infra_failure_of
+from trainer.core.trl_privates import environment_pool
+
+# The TRL privates used here (the loop's `_loop`, `_env_tools`, `_standalone_tools`, `_tool_pool`, `_generate_one`,
+# its env pool through trl_privates.environment_pool) are pinned in trainer/core/trl_privates.py.
 
 # (task index, env reward, tool calls, failed calls, tokens generated, why the env side ended it or None)
 Played = tuple[int, float, int, int, int, "str | None"]
@@ -64,7 +68,7 @@ class EpisodePlayer:
         try:
             return self.loop._loop.run_until_complete(self._play(key, rows))
         finally:
-            for env in self.loop._environment_pool.get(key, []):
+            for env in environment_pool(self.loop).get(key, []):
                 close_session(env)  # between evaluations the sessions are free again (a reset opens a new one)
             while not self.metrics.empty():
                 self.metrics.get_nowait()
@@ -84,7 +88,7 @@ class EpisodePlayer:
 
     async def _episode(self, task: int, key: str | None, row: dict) -> Played:
         loop, running = self.loop, asyncio.get_running_loop()
-        pool = loop._environment_pool[key]
+        pool = environment_pool(loop)[key]
         env = pool.pop() if pool else loop.environment_factories[key]()
         try:
             kwargs = {k: v for k, v in row.items() if k != "environment"}
@@ -101,7 +105,7 @@ class EpisodePlayer:
             pool.append(env)
 
     def close(self) -> None:
-        for envs in self.loop._environment_pool.values():
+        for envs in environment_pool(self.loop).values():
             for env in envs:
                 close_session(env)
         if self._own_session and self.loop.session is not None:
