@@ -179,7 +179,8 @@ def test_make_rehearse_trains_through_the_twin_and_learns(rehearsal, tiny_model_
         assert [r["step"] for r in evaluated] == [2, 4], rows[-1]
         assert all(r["eval/echo/episodes"] == 4 and r["eval/echo/infra_failures"] == 0 for r in evaluated), evaluated
         assert re.search(r"eval at step 4: echo reward \d\.\d{3} .*\(ROLLOUTS=async: the vLLM server's policy", log)
-        print(f"[{run}] eval reward at steps 2, 4: {[r['eval/echo/reward_mean'] for r in evaluated]}")
+        print(f"[{run}] eval reward at steps 2, 4: {[r['eval/echo/reward_mean'] for r in evaluated]}, "
+              f"{[round(r['time/eval_s'], 1) for r in evaluated]} s each")
     if rollouts == "sync":
         assert "[launch] 2 trainer processes (ddp, gloo)" in log
         print(f"[{run}] " + "; ".join(f"step {r['step']}: {sampling_health.describe(r)}" for r in rows))
