@@ -74,7 +74,7 @@ def warm_start_specs(cfg) -> dict:
     when the run has a built-in env or nothing else (built-ins share echo's warm-start, as before)."""
     from envs import registry
 
-    specs = {n: registry.resolve(n, cfg.env_url(n), **cfg.generic_env_options())
+    specs = {n: registry.resolve(n, cfg.env_url(n), **cfg.generic_env_options(n))
              for n in cfg.env_names if not registry.is_builtin(n)}
     if not specs or any(registry.is_builtin(n) for n in cfg.env_names):
         specs = {"echo": registry.get("echo"), **specs}

@@ -82,6 +82,8 @@ PER_ENV = [
      "the port env `<name>`'s server listens on inside its container (1-65535): where the stack publishes, "
      "health-checks, measures and reaches it; an image exposing several ports gets `8000` and a line naming this"),
     ("ENV_<NAME>_USER", "`10001:10001`", "only for an image that needs root (`0`)"),
+    ("ENV_<NAME>_SPLIT", "its train split", "an env that publishes its own tasks (OpenEnv's Task API): the split to "
+     "train on, one row per task ([Envs that bring their own tasks](environments.md#envs-that-bring-their-own-tasks))"),
 ]
 
 HEADER = """# Configuration: every `.env` variable

@@ -253,6 +253,7 @@ class MetricsCallback(TrainerCallback):
                                   "rollouts": "async"}
         record.update({k: _clean(v) for k, v in async_metrics.record(logs).items()})
         record.update(summarize_episodes(episodes))  # none here unless the env binding ran in this process
+        record.update(self.stats.drain_figures())  # eval/<env>/... at an EVAL_EVERY step (trainer.async_grpo.async_eval)
         record.update(async_metrics.time_split(logs, step_s, steps))
         stages.mark("first_generation", record.get("time/generation_s"),
                     "first scored rollouts reached the trainer (async rollout worker)")

@@ -182,7 +182,8 @@ PINS: tuple[Pin, ...] = (
         "max_tokens) StackRolloutLoop edits in _post; its vLLM call goes through _retry(_post), which lets "
         "ContextFull through",
         "self, prompt_ids", "cc52b73f459a70923cbc305102f559d33f1b67204e2c24924a7124c173b31d8b"),
-    Pin(ASYNC_LOOP, "_generate_one", "coroutine", "trainer/async_grpo/async_run.py, trainer/async_grpo/async_budget.py",
+    Pin(ASYNC_LOOP, "_generate_one", "coroutine", "trainer/async_grpo/async_run.py, trainer/async_grpo/async_budget.py, "
+        "trainer/async_grpo/async_eval.py",
         "copied by BudgetedRollouts with the episode budget (port any change); wrapped by TracedRollouts: returns "
         "the completion list first, the env is the tools' __self__",
         "self, prompt, tool_dict, tools, group_id=",
@@ -233,8 +234,18 @@ PINS: tuple[Pin, ...] = (
         "c199044c82c73dce8cdc1b7294599dcd616cf2f632042dbc1280151a0c41a7e4"),
     Pin(ASYNC_LOOP, "_push_metrics", "method", "trainer/async_grpo/async_run.py",
         "called: floats and (numerator, denominator) rates to the trainer's log()", "self, values"),
-    Pin(ASYNC_LOOP, "_tool_pool", "attribute", "trainer/async_grpo/async_trainer.py",
-        "replaced: the thread pool for env calls, sized by TOOL_CONCURRENCY"),
+    Pin(ASYNC_LOOP, "_tool_pool", "attribute", "trainer/async_grpo/async_trainer.py, trainer/async_grpo/async_eval.py",
+        "replaced: the thread pool for env calls, sized by TOOL_CONCURRENCY; the evaluation's resets and rewards run in it"),
+    # EVAL_EVERY with ROLLOUTS=async (trainer/async_grpo/async_eval.py): a greedy copy of the worker's loop in the
+    # trainer's process plays each held-out row as _generate_loop plays a rollout
+    Pin(ASYNC_LOOP, "_loop", "attribute", "trainer/async_grpo/async_eval.py",
+        "run: the loop's own asyncio event loop (made in __init__), which the evaluation runs its episodes on"),
+    Pin(ASYNC_LOOP, "_env_tools", "attribute", "trainer/async_grpo/async_eval.py",
+        "read: {env name (None for one env): the tools shown with that env's rows}, as _generate_loop passes them"),
+    Pin(ASYNC_LOOP, "_standalone_tools", "attribute", "trainer/async_grpo/async_eval.py",
+        "read: tools outside any env, added to each rollout's tool dict as _generate_loop adds them"),
+    Pin(ASYNC_WORKER, "_model_version_value", "attribute", "trainer/run/evaluation.py",
+        "shared with the evaluation's loop: the policy version its requests name (a LoRA adapter's -v<N>)"),
     Pin(ASYNC_WORKER, "start", "method", "trainer/async_grpo/async_trainer.py, trainer/async_grpo/async_run.py",
         "spawns `self._loop_cls(**self._loop_kwargs)`: the per-instance loop class and kwargs the stack sets", "self",
         "e18c56d86e4e0bf4ed77c7a551a731b5a70406421be38991c1ab203a9e414f10"),
@@ -255,10 +266,11 @@ PINS: tuple[Pin, ...] = (
         "read and put back: (type name, message, traceback) of the child's failure, which TRL's check chains"),
     Pin(ASYNC_WORKER, "_process", "attribute", "trainer/async_grpo/async_run.py",
         "read: the spawned worker process, whose silent death is noticed without TRL's heartbeat"),
-    Pin(ASYNC_WORKER, "_loop_cls", "attribute", "trainer/async_grpo/async_trainer.py, trainer/async_grpo/async_run.py",
-        "set: the loop class the spawned worker runs"),
-    Pin(ASYNC_WORKER, "_loop_kwargs", "attribute", "trainer/async_grpo/async_trainer.py, trainer/async_grpo/async_run.py",
-        "updated: TOOL_TIMEOUT_S, TOOL_CONCURRENCY, request seeds, the served model id, max_model_len, trace settings"),
+    Pin(ASYNC_WORKER, "_loop_cls", "attribute", "trainer/async_grpo/async_trainer.py, trainer/async_grpo/async_run.py, "
+        "trainer/run/evaluation.py", "set: the loop class the spawned worker runs (read: the evaluation's copy)"),
+    Pin(ASYNC_WORKER, "_loop_kwargs", "attribute", "trainer/async_grpo/async_trainer.py, trainer/async_grpo/async_run.py, "
+        "trainer/run/evaluation.py", "updated: TOOL_TIMEOUT_S, TOOL_CONCURRENCY, request seeds, the served model id, "
+        "max_model_len, trace settings (read: the evaluation's copy of the loop is made from them)"),
     Pin(f"{ASYNC}.async_grpo_trainer", "get_peak_flops_per_device", "function", "trainer/async_grpo/async_trainer.py",
         "replaced while AsyncGRPOTrainer.__init__ runs: None on a CPU trainer", "accelerator, dtype"),
     Pin(ASYNC_TRAINER, "__init__", "method", "trainer/async_grpo/async_trainer.py",

@@ -37,6 +37,15 @@ class JudgeSetup:
     def judges(self, env: str | None) -> bool:
         return env is None or env in self.judged_envs
 
+    def describe(self, judge_weight: float, env_weight: float) -> str:
+        """One line for the trainer's log (the URL without credentials)."""
+        from envs.core.untrusted import strip_credentials
+
+        how = {"rubric": self.score, "ranking": "relative, one call a group", "reward_model": "a classifier"}
+        return (f"judge: {self.method} ({how[self.method]}) at {strip_credentials(self.base_url)}, weight "
+                f"{judge_weight:g} beside the env's {env_weight:g}; judged envs: "
+                f"{', '.join(sorted(self.judged_envs)) or 'none'}")
+
 
 def rubric_path(name: str) -> Path:
     """JUDGE_RUBRIC as a file: as given (relative to the working directory), else under /prompts, where the trainer

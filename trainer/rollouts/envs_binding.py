@@ -401,7 +401,8 @@ def tool_class_source(spec: Any) -> Any:
     from envs.generic.tool import make_tool_class
 
     if isinstance(spec, GenericSpec):
-        return functools.partial(make_tool_class, spec.name, spec.interface, spec.reward, spec.observation_chars)
+        return functools.partial(make_tool_class, spec.name, spec.interface, spec.reward, spec.observation_chars,
+                                 spec.answer)
     return spec.tool_class
 
 

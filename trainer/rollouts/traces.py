@@ -138,12 +138,30 @@ def seed_of(reset: Any) -> Any:
     return reset.get("seed", inner.get("seed") if isinstance(inner, dict) else None)
 
 
+def task_of(reset: Any) -> tuple[str, int] | None:
+    """(split, index) of the task an episode played, for an env that serves its own tasks (envs.generic.tasks), else
+    None."""
+    inner = reset.get("reset_kwargs") if isinstance(reset, dict) else None
+    if isinstance(inner, dict) and "split" in inner and "index" in inner:
+        return inner["split"], inner["index"]
+    return None
+
+
+def episode_key(reset: Any) -> str:
+    """What a GRPO group shares: `task test[3]` for an env's own task, else `seed 7`, else `no seed`."""
+    task = task_of(reset)
+    if task is not None:
+        return f"task {task[0]}[{task[1]}]"
+    seed = seed_of(reset)
+    return f"seed {json.dumps(seed)}" if seed is not None else "no seed"
+
+
 def seed_groups(rows: list[dict[str, Any]]) -> str:
-    """"seed 7 ×4, seed 9 ×4": the seed each traced group played, first seen first (a GRPO group shares its row's seed)."""
+    """"seed 7 ×4, seed 9 ×4" (or "task train[3] ×4"): the seed or task each traced group played, first seen first
+    (a GRPO group shares its row's seed or task)."""
     counts: dict[str, int] = {}
     for row in rows:
-        seed = seed_of(row.get("reset"))
-        key = f"seed {json.dumps(seed)}" if seed is not None else "no seed"
+        key = episode_key(row.get("reset"))
         counts[key] = counts.get(key, 0) + 1
     return ", ".join(f"{key} ×{n}" for key, n in counts.items())
 
@@ -152,9 +170,12 @@ def render(row: dict[str, Any]) -> str:
     """One rollout as a terminal reader wants it: the prompt's last user turn, each turn, each call and result."""
     reward = f"{row['reward']:+.3f}" if row["reward"] is not None else "none"
     seed = seed_of(row["reset"])
+    task = task_of(row["reset"])
+    played = (f"split {task[0]} · index {task[1]}" if task is not None
+              else f"seed {json.dumps(seed) if seed is not None else '-'}")
     lines = [f"── step {row['step']} · env {row['env']} · reward {reward} "
              f"(env {row['env_reward'] if row['env_reward'] is not None else '-'}) · "
-             f"seed {json.dumps(seed) if seed is not None else '-'} · reset {json.dumps(row['reset'])}"]
+             f"{played} · reset {json.dumps(row['reset'])}"]
     if row.get("infra_failure"):
         lines.append(f"  LEFT OUT (the env side ended it): {_one_line(row['infra_failure'])}")
     user = [m for m in row["prompt"] if isinstance(m, dict) and m.get("role") == "user"]

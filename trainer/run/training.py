@@ -142,24 +142,21 @@ def main(argv: list[str] | None = None) -> int:
     judge_setup = None
     if cfg.judge_on:  # the judge's score beside the env's (trainer.judge): its own column, weighed (leave_out)
         from trainer.judge.reward import judge_reward
-        from envs.core.untrusted import strip_credentials
         from trainer.judge.setup import from_config
 
         judge_setup = from_config(cfg, dist.from_main(report.judge_model if dist.is_main() else None))
         reward_funcs.append(judge_reward(judge_setup))
-        how = {"rubric": cfg.judge_score, "ranking": "relative, one call a group", "reward_model": "a classifier"}
-        log(f"judge: {cfg.judge_method} ({how[cfg.judge_method]}) at "
-            f"{strip_credentials(judge_setup.base_url)}, weight {cfg.judge_weight:g} beside the env's {cfg.env_reward_weight:g}; "
-            f"judged envs: {', '.join(sorted(judge_setup.judged_envs)) or 'none'}")
+        log(judge_setup.describe(cfg.judge_weight, cfg.env_reward_weight))
     from trl.trainer.utils import get_callable_name
 
     passed_names = [get_callable_name(f) for f in reward_funcs]  # TRL's column names of the functions passed in
-    evaluation = None  # EVAL_EVERY (ROLLOUTS=sync's knob): held-out episodes every N steps, checkpoint-best
-    if not cfg.rollouts.is_async and cfg.rollouts.eval_every:
-        from trainer.run.evaluation import EvalCallback
+    evaluation = None  # EVAL_EVERY: held-out episodes every N steps, checkpoint-best
+    if cfg.rollouts.eval_every:
+        from trainer.run.evaluation import AsyncEvalCallback, EvalCallback
         from trainer.run.held_out import held_out
 
-        evaluation = EvalCallback(cfg, held_out(cfg, report.specs, cfg.rollouts.eval_episodes), STATS)
+        kind = AsyncEvalCallback if cfg.rollouts.is_async else EvalCallback
+        evaluation = kind(cfg, held_out(cfg, report.specs, cfg.rollouts.eval_episodes), STATS)
     # the evaluation after the step's timer (MetricsCallback) and before the control's disk check of the save it asks
     from trainer.judge.costs import COSTS
 
@@ -176,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         trainer.configure_traces(cfg.run_dir, cfg.trace_every, cfg.trace_samples or cfg.num_generations, trackers)
         if judge_setup is not None:  # TRL's worker sums its columns unweighted: the stack's loop weighs them again
             trainer.configure_weights(passed_names, cfg.judge_weight, cfg.env_reward_weight)
+        if evaluation is not None:
+            evaluation.bind(trainer)
     else:
         trainer = build_sync_trainer(cfg, model, tokenizer, dataset, factories, reward_funcs or None, callbacks,
                                      training_args, server_max_model_len, served_dtype, trackers)
