@@ -70,6 +70,9 @@ class JudgeSettings(BaseModel):
         "`make train` resumes once it is back.")
     judge_max_tokens: int = Field(256, ge=1, le=8192, description="rubric/ranking: the judge's reply budget "
                                   "(its rationale and verdict).")
+    judge_cache_size: int = Field(4096, ge=0, le=1_000_000, description="Judge replies kept per trainer process for "
+                                  "identical requests (the same episode text, method and rubric: answered once); 0: "
+                                  "no cache.")
 
     @field_validator("judge_url")
     @classmethod

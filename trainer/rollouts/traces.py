@@ -9,7 +9,8 @@ line:
     arguments, result, failed}] in order), step_rewards (the env's per-step rewards where it reports them, else null),
     env_reward (the episode's reward from the env), reward (what GRPO used: the sum of every reward function; null for
     an episode left out), rewards ({function: value}), infra_failure (why the env side ended the episode, which
-    training then left out: trainer.rollouts.infra_failures; else null)
+    training then left out: trainer.rollouts.infra_failures; else null), judge (a judge on: {score, verdict,
+    rationale, failure, flagged, cached} of trainer.judge.reward, a failed call's row left out; else null)
 
 ROLLOUTS=async: the rollout worker writes them (trainer.async_grpo.async_run), TRACE_SAMPLES rollouts (groups as they
 are scored) of the first and each TRACE_EVERY-th policy version, with `policy_version` (how many weight updates the generating policy
@@ -51,6 +52,7 @@ class Trace:
         self.env_reward: float | None = None
         self.infra_failure: str | None = None  # set by the binding: why the env side ended the episode
         self.call_count = self.failure_count = 0  # the binding's counts at the reward (`scored`)
+        self.judge: dict[str, Any] | None = None  # the judge's record of the episode (trainer.judge.reward)
 
     def scored(self, env_reward: float, call_count: int, failure_count: int) -> None:
         """The episode's env reward and its tool calls and failed calls as the binding counted them (calls made after
@@ -88,11 +90,17 @@ def rows(step: int, prompts: list, completions: list, environments: list, reward
             "tool_calls": trace.calls if trace else [],
             "step_rewards": step_rewards,
             "env_reward": trace.env_reward if trace else None,
-            "reward": None if trace and trace.infra_failure else total[i],
+            "reward": None if trace and (trace.infra_failure or _judge_failed(trace)) else total[i],
             "rewards": {k: (None if v != v else v) for k, v in rewards[i].items()},  # NaN (not scored): null
             "infra_failure": trace.infra_failure if trace else None,
+            "judge": getattr(trace, "judge", None) if trace else None,
         }))
     return out
+
+
+def _judge_failed(trace: Trace) -> bool:
+    judged = getattr(trace, "judge", None)
+    return isinstance(judged, dict) and bool(judged.get("failure"))
 
 
 def append(run_dir: Path, new_rows: list[dict[str, Any]]) -> None:
@@ -165,7 +173,25 @@ def render(row: dict[str, Any]) -> str:
         lines.append(f"  [{i}] {call['tool']}({json.dumps(call['arguments'])}) -> {mark}{_one_line(call['result'])}")
     if row.get("step_rewards"):
         lines.append(f"  step rewards: {row['step_rewards']}")
+    judged = row.get("judge")
+    if isinstance(judged, dict):
+        lines.append(f"  judge: {_judge_line(judged)}")
     return "\n".join(lines)
+
+
+def _judge_line(judged: dict[str, Any]) -> str:
+    """The judge's record of a rollout: score, verdict, rationale; a failed call says why (the row was left out)."""
+    if judged.get("failure"):
+        text = f"FAILED, left out: {judged['failure']}"
+    else:
+        score = judged.get("score")
+        text = f"score {score:.3f}" if isinstance(score, (int, float)) else "score -"
+        text += f" · verdict {judged.get('verdict')}"
+        if judged.get("rationale"):
+            text += f" · {judged['rationale']}"
+    marks = [m for m, on in (("cached", judged.get("cached")), ("FLAGGED: its text addresses the judge",
+                                                                 judged.get("flagged"))) if on]
+    return _one_line(text + (f" ({'; '.join(marks)})" if marks else ""), 400)
 
 
 def _one_line(text: Any, limit: int = 300) -> str:

@@ -45,6 +45,7 @@ class PreflightReport:
     server_max_model_len: int | None = None  # server mode: what the vLLM server reports (it refuses beyond it)
     served_dtype: str | None = None  # server mode: vLLM's weights dtype (/server_info); weight pushes cast to it
     served_model: str | None = None  # server mode: the model id vLLM serves (/v1/models); async requests name it
+    judge_model: str | None = None  # JUDGE_*: the id the judge serves (/v1/models; trainer.judge.preflight)
 
 
 def log(msg: str) -> None:
@@ -528,6 +529,13 @@ def run_all(cfg: RunConfig, wait_s: float = 20.0, tokenizer=None, num_processes:
             length_errors, fits = check_lengths(cfg, tokenizer, report.specs, report.server_max_model_len)
             errors += length_errors
             report.ok += [fits] if fits else []
+    if cfg.judge_on:  # the rubric parses, the judge answers, its context fits (trainer.judge.preflight)
+        from trainer.judge import preflight as judge_preflight
+
+        judged = judge_preflight.check(cfg, _prompt_tokens(cfg, tokenizer, report.specs))
+        errors += judged.errors
+        report.ok += judged.ok
+        report.judge_model = judged.model
     if chosen.uses_vllm:
         try:  # the activations scale with the real prompt; a template error is reported above
             prompt = longest_prompt(cfg, tokenizer, report.specs)[0] if tokenizer is not None and report.specs else None
@@ -544,6 +552,13 @@ def run_all(cfg: RunConfig, wait_s: float = 20.0, tokenizer=None, num_processes:
     if errors:
         raise PreflightError(log_text("\n".join(f"- {e}" for e in errors)))  # errors quote env text and URLs
     return report
+
+
+def _prompt_tokens(cfg: RunConfig, tokenizer, specs: dict) -> int | None:
+    try:
+        return longest_prompt(cfg, tokenizer, specs)[0] if tokenizer is not None and specs else None
+    except Exception:  # noqa: BLE001 - a template error is reported by its own check
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:
