@@ -15,7 +15,7 @@ With --compare-zero-std, instead: ZERO_STD_GROUPS=keep vs drop (#43), the same s
 env served in-process on loopback (with the episode settings of EPISODE_ARGS): per run the mean env reward of steps
 1-10, 11-20, ..., the mean share of flat groups (frac_reward_zero_std) and, at the end, greedy exact first calls where
 the env's expert first call can be read from its prompt (FIRST_CALL_ENVS), else the mean reward of the last 10 steps.
-Then (--judge also, the default; --judge only: alone) the judge case, bench/judge_learning.py: the same seeds, 30
+Then (--judge also, the default; --judge only: alone) the judge case, bench/judge_learning.py: the same seeds, 20
 steps each, learning from the tiny judge alone (ENV_REWARD_WEIGHT=0) served on the vLLM CPU twin (Docker).
 A benchmark, not a test: it prints figures beside the goals and never fails on them.
 """
@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 from bench.adapter_overhead import start_echo_server  # noqa: E402
 
 GOALS = {"gain_30": 0.2, "exact_100": 0.8, "clipped": 0.1}
+JUDGE_STEPS = 20  # the judge case's runs: its reward has risen by step 10 (docs/judge.md)
 WINDOW = 10  # steps per point of the compared reward curves
 # Envs whose expert first call can be read from the prompt trainer.after.first_turn renders (echo's word); catch's
 # needs the reset board, which that prompt lacks, and wordle's is the hidden secret.
@@ -152,7 +153,7 @@ def main() -> None:
             compare_zero_std(model, Path(tmp), envs, seeds, args.steps)
             return
         if args.judge == "only":
-            judge_case(model, None, seeds, 30, Path(tmp))
+            judge_case(model, None, seeds, JUDGE_STEPS, Path(tmp))
             return
         base = evaluate(str(model))["exact_rate"]
         proc, url = start_echo_server(64)
@@ -173,7 +174,7 @@ def main() -> None:
         finally:
             proc.terminate()
         if args.judge == "also":
-            judge_case(model, None, seeds, 30, Path(tmp))
+            judge_case(model, None, seeds, JUDGE_STEPS, Path(tmp))
 
 
 if __name__ == "__main__":
