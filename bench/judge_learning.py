@@ -69,14 +69,13 @@ def serve_judge(model_dir: Path, image: str | None = None, timeout_s: float = 60
 
 def judge_flags() -> list[str]:
     """compose.yaml's judge command (x-judge-serve-flags) as the CPU profile resolves it for JUDGE_MODEL=SERVED_AS and
-    every other setting at its default; a local folder has no revision (tools/judge.py serves it from /models)."""
+    every other setting at its default (--revision=main included: vLLM takes it for a local folder)."""
     import re
 
     from tools.images import compose_yaml_services
 
     flags = [re.sub(r"\$\{JUDGE_MODEL:-[^}]*\}", SERVED_AS, flag) for flag in compose_yaml_services()["judge"]["command"]]
-    return [re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", flag) for flag in flags
-            if not flag.startswith(("--revision", "--tokenizer-revision"))]
+    return [re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", flag) for flag in flags]
 
 
 def stop_judge(name: str) -> None:
