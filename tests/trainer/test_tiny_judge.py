@@ -3,6 +3,7 @@ judge's learning on the twin is tests/trainer/test_judge_learning.py (docker).""
 
 from __future__ import annotations
 
+import random
 import subprocess
 from types import SimpleNamespace
 
@@ -21,7 +22,7 @@ def test_examples_are_the_trainers_rubric_calls_with_the_env_reward_apart_from_t
         assert "<transcript>" in text and "Use the echo tool to say the word:" in text
         assert ("[assistant calls] echo_message(" in text) == (kind != "none")
     # the same render trainer.judge.reward sends for an episode
-    completion = tiny_judge.episode("right", "river", __import__("random").Random(1))
+    completion = tiny_judge.episode("right", "river", random.Random(1))
     sent = methods.rubric_request(setup, "Use the echo tool to say the word: river", transcript.render(completion), 0.2)
     assert tiny_judge.rendered(setup, [{"role": "user", "content": "Use the echo tool to say the word: river"}],
                                completion, 0.2) == sent["messages"]
