@@ -9,8 +9,8 @@ What this judge teaches is the call (it grades any echo call 9, a call with anot
 bar is on greedy first turns that call the tool, and exact calls well above the base. Measured (2026-12-07, this
 2-core machine loaded to a load average of 20-30): seed 42 after 10 steps (this test): exact 0.80 (0.00 before);
 bench/judge_learning.py after 20 steps: seed 42 calls 1.00, exact 0.60; seed 7 calls 1.00, exact 1.00. Bars: calls
->= 0.6, exact >= 0.4 (0.2 under the lowest measured exact share). Its time: 892 s there (twin start 60 s, steps at
-85-105 s while the load was 20-30, 5 s when it eased); on an idle machine the twin's ~30 s and 10 steps of ~5 s, plus
+>= 0.6, exact >= 0.4 (0.2 under the lowest measured exact share). Its time: 194 s with the tiny judge made earlier
+(TINY_JUDGE_DIR; twin start 55 s; calls 1.00, exact 0.80 again), 892 s under a load average of 20-30; on an idle machine the twin's ~30 s and 10 steps of ~5 s, plus
 the tiny judge's SFT unless TINY_JUDGE_DIR names one made earlier.
 """
 
