@@ -25,6 +25,8 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 JudgeMethod = Literal["rubric", "ranking", "reward_model"]
 JudgeScore = Literal["choice", "probabilities"]
 DEFAULT_RUBRIC = "prompts/judge/rubric.md"
+# The CPU profile's tiny judge: JUDGE_MODEL naming it makes model-init build it (trainer.tiny_judge, docs/judge.md).
+TINY_JUDGE = "/models/tiny-judge"
 SERVED_URL = "http://judge:8000/v1"  # the stack's judge service (agentnet only): compose.yaml `judge`
 # JUDGE_URL's key: the host's JUDGE_API_KEY_FILE, mounted as a Compose secret (never an env var, a log or a trace).
 API_KEY_SECRET = "/run/secrets/judge_api_key"
