@@ -166,17 +166,22 @@ PYTEST_SOME = { $(2) $(PYTEST_RUN) $(1) || [ $$? = 5 ]; }
 test: $(VENV)/.test-ok ## Run every test: the host-only part (no engine reachable) beside the real containers (needs Docker)
 	@# Both parts at once: the two together finish ~8 minutes sooner than one after the other on 2 cores (the container
 	@# part itself runs no faster); the host part's output follows the container part's. Either red fails the target.
-	@# The tiny model both parts use is made once, first (TINY_MODEL_DIR: one made earlier, or where to make it).
+	@# The tiny model both parts use is made once, first (TINY_MODEL_DIR: one made earlier, or where to make it); the
+	@# tiny judge (one container test's, ~2 CPU-minutes) is made beside them on idle CPU, and that test waits for it
+	@# (TINY_JUDGE_DONE: tests/helpers.py make_tiny_judge).
 	@# The host part runs at low priority (LOW_PRIORITY): the container part is the longer, and CPU-bound, so it gets
 	@# the cores first.
 	@tmp=$$(mktemp -d -t grpo-tests.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; host_log=$$tmp/host-tests.log; \
 	export TINY_MODEL_DIR=$${TINY_MODEL_DIR:-$$tmp/tiny-qwen3}; \
 	$(VENV)/bin/python -c 'import sys; from pathlib import Path; from tests.helpers import make_tiny_model; make_tiny_model(Path(sys.argv[1]))' "$$TINY_MODEL_DIR" || exit 1; \
+	export TINY_JUDGE_DIR=$${TINY_JUDGE_DIR:-$$tmp/tiny-judge}; judge_done=$$tmp/tiny-judge.done; \
+	{ $(LOW_PRIORITY) $(VENV)/bin/python -c 'import sys; from pathlib import Path; from tests.helpers import make_tiny_judge; make_tiny_judge(Path(sys.argv[1]))' "$$TINY_JUDGE_DIR" >$$tmp/tiny-judge.log 2>&1; echo $$? >$$judge_done.part; mv $$judge_done.part $$judge_done; } & judge=$$!; \
+	export TINY_JUDGE_DONE=$$judge_done; \
 	{ $(call PYTEST_SOME,-m "not docker",$(LOW_PRIORITY) $(NO_ENGINE)) >$$host_log 2>&1; echo $$? >$$host_log.rc; } & host=$$!; \
-	trap 'kill $$host 2>/dev/null; rm -rf "$$tmp"' INT TERM; \
+	trap 'kill $$host $$judge 2>/dev/null; rm -rf "$$tmp"' INT TERM; \
 	rc=0; $(call PYTEST_SOME,-m docker) || rc=1; wait $$host; \
 	echo "[test] the host-only part (-m 'not docker'), run beside the container part:"; cat $$host_log; \
-	[ "$$(cat $$host_log.rc)" = 0 ] || rc=1; exit $$rc
+	[ "$$(cat $$host_log.rc)" = 0 ] || rc=1; wait $$judge 2>/dev/null; exit $$rc
 
 test-host: $(VENV)/.test-ok ## The host-only tests alone: unit, compose config, in-process servers; no container (minutes)
 	@# two workers (pytest-xdist): many of these tests wait on timers and subprocesses, so two overlap well on 2 cores

@@ -233,6 +233,18 @@ def make_tiny_model(out: Path) -> Path:
     return out
 
 
+JUDGE_BUILD_BOUND_S = 3600  # the tiny judge's SFT: ~2 CPU-minutes, on idle CPU beside the suite (a bound, not a wait)
+
+
+def wait_for_file(path: Path, bound_s: float, what: str) -> None:
+    """Until `path` exists (a job beside this one writes it when it ends), at most `bound_s`."""
+    deadline = time.monotonic() + bound_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not done after {bound_s:.0f} s")
+        time.sleep(1)
+
+
 def make_tiny_judge(out: Path) -> Path:
     """The CPU profile's tiny judge (`python -m trainer.tiny_judge`, what model-init runs for
     JUDGE_MODEL=/models/tiny-judge) at `out` (TINY_JUDGE_DIR: there instead), reused when complete; world-readable for
@@ -240,6 +252,9 @@ def make_tiny_judge(out: Path) -> Path:
     from trainer.tiny_judge import is_complete
 
     out = Path(os.environ.get("TINY_JUDGE_DIR") or out)  # like TINY_MODEL_DIR: one made earlier, or where to make it
+    done = os.environ.pop("TINY_JUDGE_DONE", "")  # `make test` makes it beside the tests: wait for that, once
+    if done:
+        wait_for_file(Path(done), JUDGE_BUILD_BOUND_S, f"the tiny judge `make test` makes beside the tests ({out})")
     if not is_complete(out):
         subprocess.run([sys.executable, "-m", "trainer.tiny_judge", "--out", str(out)], cwd=ROOT, check=True)
     for p in [out, *out.rglob("*")]:
