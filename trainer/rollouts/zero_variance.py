@@ -28,8 +28,9 @@ import math
 from typing import Sequence
 
 METRIC = "frac_reward_zero_std"  # TRL 1.16's sync key; the async worker logs the same share under it
+EXTRA_GENERATION = "zero_std/extra_generation"  # groups generated to replace flat ones, per group trained
 TOLERANCE = 1e-8  # torch.isclose's atol: TRL's test for frac_reward_zero_std
-MODES = ("keep", "drop")
+MODES = ("keep", "drop", "resample")
 
 
 def is_flat(rewards: Sequence[float]) -> bool:
@@ -99,3 +100,26 @@ def group_rewards(completions: list, samples: list) -> list[float]:
     for sample in samples:
         reward.setdefault(id(sample.completion), sample.metrics.get("reward", math.nan))
     return [reward.get(id(completion), math.nan) for completion in completions]
+
+
+class WorkerResample:
+    """Async: which flat groups the worker leaves out of the queue. The worker never stops generating, so a group left
+    out is replaced by the next one to finish: `drop` leaves every flat group out (no bound on the extra generation);
+    `resample` leaves one out only while the groups left out stay within ZERO_STD_RESAMPLE_MAX x (the groups sent to
+    train + one step's groups), and past it sends it to train as `keep` does (advantage 0), so a run whose groups are
+    nearly all flat still trains."""
+
+    def __init__(self, mode: str, bound: float, step_groups: int) -> None:
+        if mode not in MODES:
+            raise ValueError(f"ZERO_STD_GROUPS={mode!r}: choose from {', '.join(MODES)}")
+        self.mode, self.bound, self.step_groups = mode, bound, step_groups
+        self.left_out = 0  # flat groups left out so far
+        self.trained = 0  # groups sent to train so far (the worker counts them)
+
+    def leave_out(self, flat: bool) -> bool:
+        if not flat or self.mode == "keep":
+            return False
+        if self.mode == "resample" and self.left_out + 1 > self.bound * (self.trained + self.step_groups):
+            return False
+        self.left_out += 1
+        return True
