@@ -72,6 +72,7 @@ def leave_out_of_normaliser(trainer, rewards_per_func) -> None:
         return  # no groups to judge (one completion per prompt in eval): TRL's own value stands
     rows = flat_rows(rewards.double().tolist(), group)
     trainer._flat_share = sum(rows) / len(rows)
+    trainer._flat_rows = rows  # every process's rows: ZERO_STD_GROUPS=resample refills them (trainer.rollouts.resample)
     if getattr(trainer, "zero_std_groups", "keep") != "drop" or not trainer.model.training or not any(rows):
         return
     if getattr(trainer, "multi_objective_aggregation", "sum_then_normalize") != "sum_then_normalize":
