@@ -17,6 +17,12 @@ other token: with half the groups flat, the rest learn at about half the rate.
     on echo 0.57-0.78 of groups are flat and drop's reward curve and final check match keep's). Async runs log their reward figures over trained
     samples only (env/<env>/reward_mean included), so with `drop` those figures leave the flat groups out.
 
+  * ZERO_STD_GROUPS=resample (issue 65 item 4, DAPO's dynamic sampling): flat groups are replaced by informative ones
+    from extra generation, at most ZERO_STD_RESAMPLE_MAX x the groups a step trains; past the bound they are trained as
+    with keep. Sync: trainer.rollouts.resample (whole extra batches, informative groups swapped into the flat ones'
+    rows). Async: `WorkerResample`, in the rollout worker, which never stops generating: a flat group left out of the
+    queue is replaced by the next to finish (with `drop` as well, without a bound). Both log EXTRA_GENERATION.
+
 A group is flat when at least two of its completions were scored (an episode the env side ended is not) and the
 sample standard deviation of their rewards is at most TOLERANCE: the test TRL applies to its own metric
 (`torch.isclose(std, 0)`, Bessel-corrected `nanstd`). Light at import: torch only inside the sync hook.
