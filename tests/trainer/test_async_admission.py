@@ -173,3 +173,19 @@ def test_the_worker_logs_generated_and_trained_figures_and_bounded_keeps_every_s
         assert sink["async/admission_wait_s"]
     else:
         assert trainer.dropped  # TRL's free admission: what came back late was dropped
+
+
+# ---------------------------------------------------------------------------- the setting
+def test_async_admission_is_an_async_knob_and_reaches_the_worker():
+    from contract.config import ConfigError, GpuMode, RunConfig
+
+    default = RunConfig.load([], rollouts="async")
+    assert default.rollouts.async_admission == "free"
+    assert RunConfig.load([], rollouts="async", async_admission="bounded").rollouts.async_admission == "bounded"
+    with pytest.raises(ConfigError, match="ASYNC_ADMISSION=bounded is a setting of ROLLOUTS=async"):
+        RunConfig.load([], rollouts="sync", async_admission="bounded")
+    with pytest.raises(ConfigError, match="ASYNC_ADMISSION"):
+        RunConfig.load([], rollouts="async", async_admission="hold")
+    cfg = RunConfig.load([], rollouts="async", train_mode="gpu", weight_transfer="reload", zero_std_groups="resample",
+                         zero_std_resample_max=0.5)
+    assert cfg.resolved(GpuMode()).zero_std_resample_max == 0.5
