@@ -163,8 +163,14 @@ def main() -> None:
     p.add_argument("--model", type=Path, default=None, help="a tiny model already made (trainer.tiny_model)")
     p.add_argument("--json", type=Path, default=ROOT / "reports" / "bench-async-stress.json")
     p.add_argument("--logs", type=Path, default=ROOT / "reports" / "bench-async-logs")
+    p.add_argument("--report", type=Path, default=None, help="print the table and goals of a saved --json (a bench "
+                   "cut short included) and run nothing")
     args = p.parse_args()
     from contract.config.off_policy import DEFAULTS
+
+    if args.report:
+        report(json.loads(args.report.read_text()), f"OFF_POLICY_CORRECTION={DEFAULTS['async']}")
+        return
 
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     split = lambda text: [x.strip() for x in text.split(",") if x.strip()]  # noqa: E731
@@ -215,8 +221,12 @@ def main() -> None:
             project.down()
     print(f"\nasync under stress on make rehearse (slow echo, {args.max_steps} steps, LEARNING_RATE={args.learning_rate}, "
           f"MAX_STALENESS={args.staleness}, ASYNC_STEP_SAMPLES=batch), beside sync on the same seeds:")
+    report(results, f"OFF_POLICY_CORRECTION={DEFAULTS['async']}")
+
+
+def report(results: dict[str, dict], default_label: str) -> None:
     print("\n".join(table(results)))
-    for line in verdicts(results, f"OFF_POLICY_CORRECTION={DEFAULTS['async']}"):
+    for line in verdicts(results, default_label):
         print(f"  {line}")
 
 
