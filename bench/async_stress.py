@@ -163,13 +163,19 @@ def main() -> None:
     p.add_argument("--model", type=Path, default=None, help="a tiny model already made (trainer.tiny_model)")
     p.add_argument("--json", type=Path, default=ROOT / "reports" / "bench-async-stress.json")
     p.add_argument("--logs", type=Path, default=ROOT / "reports" / "bench-async-logs")
-    p.add_argument("--report", type=Path, default=None, help="print the table and goals of a saved --json (a bench "
-                   "cut short included) and run nothing")
+    p.add_argument("--skip", default="", help="runs of the plan not to run, by label (e.g. \"sync 42,async none "
+                   "free 42\": measured already)")
+    p.add_argument("--report", type=Path, nargs="+", default=None, help="print the table and goals of saved --json "
+                   "files together (benches cut short included) and run nothing")
     args = p.parse_args()
     from contract.config.off_policy import DEFAULTS
 
     if args.report:
-        report(json.loads(args.report.read_text()), f"OFF_POLICY_CORRECTION={DEFAULTS['async']}")
+        saved: dict[str, dict] = {}
+        for path in args.report:
+            saved.update(json.loads(path.read_text()))
+        report(dict(sorted(saved.items(), key=lambda kv: (kv[0].split()[-1], kv[0]))),
+               f"OFF_POLICY_CORRECTION={DEFAULTS['async']}")
         return
 
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -185,6 +191,8 @@ def main() -> None:
     for correction in split(args.extra):
         plan += [(f"async {correction} free {seed}", {"OFF_POLICY_CORRECTION": correction, "SEED": str(seed)})
                  for seed in seeds]
+    skip = set(split(args.skip))
+    plan = [(label, variant) for label, variant in plan if label not in skip]
     sets = cpusets(args.cpusets)
     settings = {"ENV_NAME": "echo", "MAX_STEPS": str(args.max_steps), "RESUME": "fresh", "LOGGING_STEPS": "1",
                 "TRACE_EVERY": "0", "DATASET_SIZE": "64", "VLLM_SERVER_TIMEOUT_S": "900", "VLLM_MAX_MODEL_LEN": "512",
