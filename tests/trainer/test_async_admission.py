@@ -66,6 +66,19 @@ def test_packed_steps_that_take_more_rows_than_a_step_s_samples_widen_the_room()
     assert ledger.per_version == 10
 
 
+def test_within_a_version_the_rows_taken_so_far_widen_the_room_before_any_bump():
+    """A packed first step takes hundreds of rows before the version moves: counted at a step's samples (2), the
+    rule would let one group start at a time; the trainer has taken 12 and not stepped, so it takes 13 or more."""
+    ledger = Ledger(max_staleness=1, step_samples=2, group_size=2)
+    ledger.observe(0, 0)
+    for group in range(6):
+        ledger.start(group, 0)
+        ledger.scored(group, 0, rows=2)
+    ledger.observe(0, 0)  # all 12 taken at version 0
+    ledger.start(6, 0)
+    assert ledger.room(0)  # 12 + 2 + 2 <= (0 + 1 + 1 - 0) x 13
+
+
 # ---------------------------------------------------------------------------- TRL's real loop
 class Trainer:
     """The trainer's side, played by the test: takes `per_step` rows from the queue, then bumps the version (TRL's

@@ -22,7 +22,8 @@ every other outstanding row: it stays in time while
                                                                the trainer takes per version
 
 (AReaL's staleness-bounded admission, anchored at the oldest outstanding version rather than the current one; rows per
-version: the samples of one optimizer step, or more where the trainer was seen to take more: packed steps). A group
+version: the samples of one optimizer step, or more where the trainer was seen to take more: packed steps, learned
+from the last version bump and, within a version, at least one more than taken so far). A group
 already started is never held (its group-mates are what lets it be scored), work already past the bound does not
 anchor the rule (it is dropped whatever happens), and with nothing outstanding a group always starts. The trainer still
 drops what comes back stale (an episode may produce more rows than the one counted); the figures say how often.
@@ -85,8 +86,11 @@ class Ledger:
         live = [v for v in (*self.open.values(), *(v for v, _ in self.queued)) if version - v <= self.max_staleness]
         oldest = min(live, default=version)
         taken_now = self.taken - self.taken_at_version
+        # the trainer has not stepped yet: it takes at least one row more than it took at this version (a packed step,
+        # before a version bump has shown its size, else trickles one group at a time)
+        per_version = max(self.per_version, taken_now + 1)
         return taken_now + outstanding + self.group_size <= \
-            (oldest + self.max_staleness + 1 - version) * self.per_version
+            (oldest + self.max_staleness + 1 - version) * per_version
 
     def start(self, group_id: int, version: int) -> None:
         self.open.setdefault(group_id, version)
