@@ -159,6 +159,8 @@ def main() -> None:
     p.add_argument("--admissions", default="bounded", help="ASYNC_ADMISSION values run beside free (default "
                    "correction)")
     p.add_argument("--extra", default="", help="more corrections, run last on every seed (e.g. token_tis)")
+    p.add_argument("--step-samples", choices=("batch", "packed"), default="batch", help="ASYNC_STEP_SAMPLES of the "
+                   "async runs (batch: a sync step's count, comparable step by step; packed: the default)")
     p.add_argument("--cpusets", default="auto", help="auto, none, or VLLM:TRAINER cpuset lists")
     p.add_argument("--model", type=Path, default=None, help="a tiny model already made (trainer.tiny_model)")
     p.add_argument("--json", type=Path, default=ROOT / "reports" / "bench-async-stress.json")
@@ -197,7 +199,7 @@ def main() -> None:
     settings = {"ENV_NAME": "echo", "MAX_STEPS": str(args.max_steps), "RESUME": "fresh", "LOGGING_STEPS": "1",
                 "TRACE_EVERY": "0", "DATASET_SIZE": "64", "VLLM_SERVER_TIMEOUT_S": "900", "VLLM_MAX_MODEL_LEN": "512",
                 "LEARNING_RATE": args.learning_rate, "ENV_STEP_DELAY_S": str(args.delay), "SAVE_STEPS": "1000"}
-    async_settings = {"ROLLOUTS": "async", "MAX_STALENESS": str(args.staleness), "ASYNC_STEP_SAMPLES": "batch"}
+    async_settings = {"ROLLOUTS": "async", "MAX_STALENESS": str(args.staleness), "ASYNC_STEP_SAMPLES": args.step_samples}
     print(f"[bench-async-stress] {len(plan)} runs: slow echo ({args.delay * 1000:.0f} ms a call), {args.max_steps} steps, "
           f"LEARNING_RATE={args.learning_rate}, async MAX_STALENESS={args.staleness}; CPU sets {sets or 'none'}",
           flush=True)
@@ -228,7 +230,7 @@ def main() -> None:
         finally:
             project.down()
     print(f"\nasync under stress on make rehearse (slow echo, {args.max_steps} steps, LEARNING_RATE={args.learning_rate}, "
-          f"MAX_STALENESS={args.staleness}, ASYNC_STEP_SAMPLES=batch), beside sync on the same seeds:")
+          f"MAX_STALENESS={args.staleness}, ASYNC_STEP_SAMPLES={args.step_samples}), beside sync on the same seeds:")
     report(results, f"OFF_POLICY_CORRECTION={DEFAULTS['async']}")
 
 
