@@ -156,8 +156,8 @@ def main() -> None:
     p.add_argument("--learning-rate", default="5e-4", help="LEARNING_RATE of every run (CPU default: 2e-4)")
     p.add_argument("--delay", type=float, default=0.25, help="seconds the slow env takes per tool call")
     p.add_argument("--corrections", default="none,two_sided", help="OFF_POLICY_CORRECTION of the async runs")
-    p.add_argument("--admissions", default="bounded", help="ASYNC_ADMISSION values run beside free (default "
-                   "correction)")
+    p.add_argument("--admissions", default="bounded", help="ASYNC_ADMISSION values run beside free (TRL's; the "
+                   "--corrections runs use it), with the default correction")
     p.add_argument("--extra", default="", help="more corrections, run last on every seed (e.g. token_tis)")
     p.add_argument("--step-samples", choices=("batch", "packed"), default="batch", help="ASYNC_STEP_SAMPLES of the "
                    "async runs (batch: a sync step's count, comparable step by step; packed: the default)")
@@ -186,13 +186,14 @@ def main() -> None:
     for seed in seeds:
         plan.append((f"sync {seed}", {"ROLLOUTS": "sync", "SEED": str(seed)}))
         for correction in split(args.corrections):
-            plan.append((f"async {correction} free {seed}", {"OFF_POLICY_CORRECTION": correction, "SEED": str(seed)}))
+            plan.append((f"async {correction} free {seed}", {"OFF_POLICY_CORRECTION": correction,
+                                                             "ASYNC_ADMISSION": "free", "SEED": str(seed)}))
         for admission in split(args.admissions):
             plan.append((f"async {DEFAULTS['async']} {admission} {seed}", {"ASYNC_ADMISSION": admission,
                                                                              "SEED": str(seed)}))
     for correction in split(args.extra):
-        plan += [(f"async {correction} free {seed}", {"OFF_POLICY_CORRECTION": correction, "SEED": str(seed)})
-                 for seed in seeds]
+        plan += [(f"async {correction} free {seed}", {"OFF_POLICY_CORRECTION": correction, "ASYNC_ADMISSION": "free",
+                                                      "SEED": str(seed)}) for seed in seeds]
     skip = set(split(args.skip))
     plan = [(label, variant) for label, variant in plan if label not in skip]
     sets = cpusets(args.cpusets)
