@@ -125,7 +125,7 @@ bench: $(VENV)/.test-ok ## Env-server figures next to their goals: Wordle, echo 
 	@$(VENV)/bin/python bench/adapter_overhead.py
 	@$(VENV)/bin/python bench/tool_rounds.py
 
-bench-learning: $(VENV)/.test-ok ## The CPU profile's learning curve on echo (seeds 42 and 7) next to its goals (a few minutes)
+bench-learning: $(VENV)/.test-ok ## The CPU profile's learning curve on echo (seeds 42 and 7) next to its goals, then learning from the tiny judge alone on the twin (ARGS="--judge only|no"; a few minutes)
 	@$(VENV)/bin/python bench/learning_curve.py $(ARGS)
 
 bench-async: $(VENV)/.test-ok ## Which learns sooner, sync or async rollouts, on make rehearse (twin and trainer on CPU sets of their own), slow env (250 ms tool calls) and instant, 2 seeds: time to learn, samples/min, busy shares, staleness, reward plots (ARGS="--seeds 42 --max-steps 20")

@@ -32,6 +32,14 @@ rehearse's recovery (tools/commands/train.py `recovering`) must recreate it and 
 Episodes in async are the worker's (env/echo/episodes of each step record), infra failures its rollout/infra_failures,
 both per step as in sync. Extra figure: the twin's restart, recovered, resumed from.
 
+    .venv/bin/python bench/chaos.py --rollouts async --judge /models/tiny-qwen3 [--judge-restart-after N]
+
+adds a judge to that run (JUDGE_MODEL: make rehearse starts the judge service on the vLLM CPU twin, the trainers wait
+for it healthy; here the tiny model the run trains) and one more fault, judge_restart: the judge container SIGKILLed at
+a drawn point of the step after --judge-restart-after (default: between the twin's restart and the first trainer kill),
+started again JUDGE_DOWN_S later. Extra figure: the judge back healthy, and the rows its death failed (the trainer's
+judge/failures: left out of the loss, never a 0 reward).
+
 Figures, each beside its goal, after the count of each fault kind injected (goal: --per-kind each, the trainer kills and
 the twin's restart as asked) (a benchmark: it prints, it never fails on a figure; tests/reliability/test_chaos.py runs a
 short version and asserts what must hold):
@@ -41,9 +49,11 @@ short version and asserts what must hold):
   optimizer steps lost or repeated        0     across the trainer kills: steps 1..N logged once each, the resumed
                                                   run continues from its checkpoint, trainer_state ends at N
   stalls ended within bound, diagnosed    all   each stop/half_open: the next step came within its bound and a
-                                                  one-line diagnosis is in the trainer's log after it (a stop inside
-                                                  a trainer or vLLM restart, or after the last step, is listed
-                                                  apart: no step to time it by)
+                                                  one-line diagnosis of its own is in the trainer's log after it (a
+                                                  line naming one of the fault's links: bench/chaos_figures.own_lines;
+                                                  a stop inside a trainer or vLLM restart, or after the last step,
+                                                  and a half-open link a restart closed before the client gave up on
+                                                  it, are listed apart: nothing to time them by)
   floods ended by the client              all   each hostile_frames: the trainer's side closed that link first, within
                                                   HOSTILE_BOUND_S (not an env fault, a restart or the run's end)
 
@@ -91,7 +101,8 @@ def run(args) -> dict:
             + (f" on {', '.join(f'{h}:{p}' for h, p in backends)}" if backends else ""))
         if rehearsal:  # the trainer container reaches the proxy's container by name on its envnet
             proxy_name = f"{args.project}-proxy"
-            trainer = Rehearsal(model, f"http://{proxy_name}:9000", work, args.steps, args.seed, args.project)
+            trainer = Rehearsal(model, f"http://{proxy_name}:9000", work, args.steps, args.seed, args.project,
+                                judge=args.judge)
             proxy, _ = proxy_container(proxy_name, f"{args.project}_envnet", "env-echo:8000", args.seed,
                                        also=(trainer.envnet,))
             generation_batch = None  # async: episodes read from the step records (figures)
@@ -100,8 +111,9 @@ def run(args) -> dict:
             trainer = Trainer(model, url, work / "outputs", args.steps, args.seed)
             generation_batch = RunConfig.load([], **{"env_name": "echo"}).generation_batch_size
         planned = plan(args.steps, args.seed, args.per_kind, tuple(args.kill_after),
-                       args.vllm_restart_after if rehearsal else None)
-        injector = Injector(envs, proxy, args.seed, planned, work / "chaos-log.jsonl")
+                       args.vllm_restart_after if rehearsal else None, args.judge_restart_after if args.judge else None)
+        injector = Injector(envs, proxy, args.seed, planned, work / "chaos-log.jsonl",
+                            judge=(lambda: trainer.container("judge")) if args.judge else None)
         log(f"faults planned by step: {', '.join(f'{p.kind}@{p.after_step}' for p in planned)}")
         trainer.start("fresh")
         killed_at: list[dict] = []
@@ -209,6 +221,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "(default: steps/4; the trainer kills then at steps/2 and 3 steps/4)")
     p.add_argument("--vllm-bound-s", type=float, default=300.0, help="async: the trainer must stop for the killed "
                    "twin (exit 77, make rehearse restarts it) within this (else the run ends with one line)")
+    p.add_argument("--judge", default=None, metavar="MODEL", help="async: the run has a judge the stack serves "
+                   "(JUDGE_MODEL, e.g. /models/tiny-qwen3: the twin serves the tiny model), killed once mid-run "
+                   "(judge_restart)")
+    p.add_argument("--judge-restart-after", type=int, default=None, help="--judge: kill the judge after this step "
+                   "(default: between the twin's restart and the first trainer kill)")
     p.add_argument("--project", default="grpo-test-chaos")
     p.add_argument("--out", default=None, help="work folder (default: a new temporary one)")
     p.add_argument("--model-cache", default=str(Path(tempfile.gettempdir()) / "grpo-chaos-model"))
@@ -230,6 +247,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                 "(a restart after the last step has no step to resume)")
     if args.rollouts == "async" and args.fleet != "compose":
         p.error("--rollouts async runs on the compose fleet (make rehearse's own project)")
+    if args.judge and args.rollouts != "async":
+        p.error("--judge needs --rollouts async: the judge is a service of make rehearse's stack (the sync run's "
+                "trainer runs on this machine, off agentnet)")
+    if args.judge and args.judge_restart_after is None:
+        args.judge_restart_after = max(1, (args.vllm_restart_after + min(args.kill_after or [args.steps - 1])) // 2)
+    if args.judge and not 1 <= args.judge_restart_after < args.steps - 1:
+        p.error(f"--judge-restart-after {args.judge_restart_after}: a step in 1..{args.steps - 2} (a step after it "
+                "must show what the dead judge did)")
     return args
 
 

@@ -1,6 +1,6 @@
 """`make chaos`'s injector (bench/chaos.py): a seeded plan of faults by training step (`plan`), fired as the trainer
 logs its steps (`Injector.due`, fed the run's metrics.jsonl step records), against the env replicas and the proxy
-(bench/chaos_stack.py); every event logged with its wall time.
+(bench/chaos_stack.py), and the judge container of a run with a judge; every event logged with its wall time.
 
 By step, not by second: a run's faults must not thin out as its steps get faster (#63 item 8: at one fault per 30 s
 a 40-step run of 39 s drew one delay and the trainer kill). A default run gets every kind PER_KIND times."""
@@ -23,7 +23,10 @@ from bench.chaos_stack import TOOL_TIMEOUT_S, Rehearsal, log, pid_of, sh
 
 ENV_KINDS = ("kill", "stop", "drop", "half_open", "delay", "hostile_frames")  # the injector's own
 RESTARTS = ("trainer_kill", "vllm_restart")  # the driver's (bench/chaos.py): each restarts the run
-KINDS = ENV_KINDS + RESTARTS
+JUDGE_KINDS = ("judge_restart",)  # a run with a judge (--judge): its container SIGKILLed mid-step, started again
+KINDS = ENV_KINDS + RESTARTS + JUDGE_KINDS
+JUDGE_DOWN_S = 5.0  # the judge stays dead this long before it is started again: calls made meanwhile fail
+JUDGE_BACK_BOUND_S = 600.0  # how long the injector follows the started judge to healthy (the twin: ~40 s idle)
 PER_KIND = 2
 RETRY_S = 1.0  # a fault that found nothing to break (no live link, a container mid-restart) is tried again this late
 STEP_S_UNKNOWN = 2.0  # a step's time before two consecutive steps were seen
@@ -38,11 +41,12 @@ class Planned:
 
 
 def plan(steps: int, seed: int, per_kind: int = PER_KIND, trainer_kills: tuple[int, ...] = (),
-         vllm_restart: int | None = None) -> list[Planned]:
+         vllm_restart: int | None = None, judge_restart: int | None = None) -> list[Planned]:
     """Every env kind `per_kind` times, spread evenly over steps 1..steps-2 in a seeded order (several to a step when
     there are more faults than steps; a whole step after the fault's own is left to time what it did and to try a
     fault again that found nothing to break), none after the step of a restart (it would land in the restart,
-    untimed); the restarts after their own steps."""
+    untimed); the restarts after their own steps; a run with a judge, its judge killed and started again at a drawn
+    point of the step after `judge_restart` (drawn last: a seed's other faults are the same with a judge or without)."""
     rng = random.Random(seed)
     restarts = [Planned(s, "trainer_kill", rng.uniform(0.2, 0.8)) for s in trainer_kills]
     if vllm_restart:
@@ -57,6 +61,8 @@ def plan(steps: int, seed: int, per_kind: int = PER_KIND, trainer_kills: tuple[i
     variants = itertools.cycle(("pong", "ping"))
     faults = [Planned(slots[i * len(slots) // len(kinds)], kind, rng.uniform(0.1, 0.9),
                       next(variants) if kind == "hostile_frames" else "") for i, kind in enumerate(kinds)]
+    if judge_restart:
+        faults.append(Planned(judge_restart, "judge_restart", rng.uniform(0.2, 0.8)))
     return sorted(restarts + faults, key=lambda p: (p.after_step, p.into))
 
 
@@ -65,8 +71,10 @@ class Injector:
     """The plan's faults, each fired once its step is logged and its share of the next step has passed; one that
     found nothing to break is tried again RETRY_S later until the run ends. Every event logged (JSONL)."""
 
-    def __init__(self, envs, proxy: ChaosProxy, seed: int, planned: list[Planned], log_path: Path) -> None:
+    def __init__(self, envs, proxy: ChaosProxy, seed: int, planned: list[Planned], log_path: Path,
+                 judge=None) -> None:
         self.envs, self.proxy = envs, proxy
+        self.judge = judge  # a run with a judge: () -> its container's id ("" while there is none)
         self.random = random.Random(seed)
         self.planned = list(planned)
         self.pending = list(planned)
@@ -117,9 +125,10 @@ class Injector:
         return effective
 
     def end(self) -> None:
-        """Every stopped server continued (its hold is the fault's length) before the run's figures are read."""
+        """Every stopped server continued (its hold is the fault's length), and a killed judge started again and
+        followed to healthy, before the run's figures are read."""
         for timer in self.timers:
-            timer.join(TOOL_TIMEOUT_S + 30)
+            timer.join(TOOL_TIMEOUT_S + 30 + JUDGE_BACK_BOUND_S)
 
     def counts(self) -> dict[str, int]:
         return {k: sum(1 for e in self.events if e["kind"] == k and not e.get("error")) for k in KINDS}
@@ -177,6 +186,31 @@ class Injector:
         self.proxy.delay(1.5, 10.0)
         self.record("delay", seconds=1.5, for_s=10.0, after_step=planned.after_step)
         return True
+
+    def fault_judge_restart(self, planned: Planned) -> bool:
+        """SIGKILL the judge container (a crash: the calls in flight and those made while it is down fail), start it
+        again JUDGE_DOWN_S later and follow it back to healthy (the event's `started` and `healthy` times)."""
+        container = self.judge() if self.judge else ""
+        if not container:
+            raise RuntimeError("no judge container (starting)")
+        sh("docker", "kill", container)
+        event = self.record("judge_restart", container=container[:12], down_s=JUDGE_DOWN_S,
+                            after_step=planned.after_step)
+        timer = threading.Timer(JUDGE_DOWN_S, self._judge_back, args=(container, event))
+        timer.daemon = True
+        timer.start()
+        self.timers.append(timer)
+        return True
+
+    def _judge_back(self, container: str, event: dict) -> None:
+        sh("docker", "start", container, check=False)
+        event["started"] = time.time()
+        deadline = time.monotonic() + JUDGE_BACK_BOUND_S
+        while time.monotonic() < deadline:  # a poll of its health, for the figure, not a wait for the run
+            if sh("docker", "inspect", "-f", "{{.State.Health.Status}}", container, check=False) == "healthy":
+                event["healthy"] = time.time()
+                return
+            time.sleep(1)
 
     def fault_vllm_restart(self, trainer: "Rehearsal", after_step: int) -> None:
         """SIGKILL the twin (a crash): make rehearse's recovery must recreate it and resume (tools/commands/train)."""

@@ -14,6 +14,13 @@ from bench.chaos_stack import RESET_TIMEOUT_S, TOOL_TIMEOUT_S, Trainer
 PING_S = 20 + 60  # the session client's keepalive: an idle socket nobody answers is closed within ping interval + timeout
 HOSTILE_BOUND_S = 10.0  # a flood of control frames ends its session within: the client's rate window (1 s) + margin
 DIAGNOSIS = ("stalled:", "no reply", "reset failed", "connection lost", "env session failed", "left out of training")
+# What a silent server (a stopped one, or a half-open link) makes the trainer say: a reply late, or none (a step's, a
+# reset's, a replay's "no reply and the server no pong"), pings or the session's close unanswered, a handshake that
+# timed out (a stopped server takes the connection, never answers). Not a flood's abort, a dropped or killed link's
+# (code 1006), a full server's: those lines are other faults', and a stall is never credited with them (#63).
+SILENT = ("reply took", "no reply", "pings unanswered", "no answer to the session's close",
+          "timed out during opening handshake")
+FROM = re.compile(r"\(from ([^()\s]+)\)")  # the connection a line names (envs.core.client.stalled): the trainer's side
 REPLAYED, REPLAY_FAILED = "reset was replayed", "could not start the episode again"  # envs.core.client lines
 
 
@@ -61,7 +68,7 @@ def figures(args, trainer: Trainer, injector: Injector, killed_at: list[dict], s
     repeated = sorted({s for s in steps if steps.count(s) > 1})
     # stalls: a stopped server: the next step came within its bound; a half-open link: the trainer's side closed it
     # within its bound (a call's TOOL_TIMEOUT_S, a reset's RESET_TIMEOUT_S, an idle socket's keepalive). Diagnosis:
-    # a line of the trainer's saying what failed, from the stall's start to its end (+5 s).
+    # a line of the trainer's saying that a server was silent, naming one of the fault's own links (own_lines).
     bounds = {"stop": TOOL_TIMEOUT_S + 5 + 2 * RESET_TIMEOUT_S + args.step_allowance_s,
               "half_open": max(TOOL_TIMEOUT_S + 5, 2 * RESET_TIMEOUT_S, PING_S) + 5}
     # A restart (the trainer killed, the vLLM twin killed) logs no step until the run is back, and none comes after
@@ -71,13 +78,14 @@ def figures(args, trainer: Trainer, injector: Injector, killed_at: list[dict], s
                 for e in injector.events if e["kind"] in ("trainer_kill", "vllm_restart") and not e.get("error")]
     if rows:
         restarts.append((rows[-1]["time"], math.inf))
+    by_link = getattr(injector.proxy, "sees_trainer_ports", True)
     stalls, during_restart = [], []
     for event in injector.events:
         if event["kind"] not in bounds or event.get("error") or event.get("link", 1) is None:
             continue
         start = event["time"]
         if event["kind"] == "stop" and any(a <= event.get("continued", start) and start <= b for a, b in restarts):
-            during_restart.append({"kind": "stop", "at": start})
+            during_restart.append({"kind": "stop", "at": start, "why": "a restart while the server was stopped"})
             continue
         link = None
         if event["kind"] == "stop":
@@ -91,10 +99,19 @@ def figures(args, trainer: Trainer, injector: Injector, killed_at: list[dict], s
         if event["kind"] == "stop":
             window_end = max(window_end, event.get("continued", start) + 5)
             backend = tuple(event["backend"]) if event.get("backend") else None
-            waited = injector.proxy.waited(backend, start, event.get("continued", window_end))
-        else:  # a frozen link: a request went into it (a ping does not count), or it was idle until closed
+            conns = set(injector.proxy.waited(backend, start, event.get("continued", window_end)) or ())
+            waited = bool(conns)
+        else:  # a frozen link: a request went into it since it froze (a ping does not count), or it was idle
             waited = bool(getattr(link, "waited", False)) if link is not None else True
-        diagnosed = [text for t, text in trainer.lines if start <= t <= window_end and any(d in text for d in DIAGNOSIS)]
+            conns = {event["client"]} if event.get("client") else None  # None: a proxy that did not say
+        diagnosed = own_lines(trainer.lines, start, window_end, conns if by_link else None)
+        # the trainer killed, or the run ended, while the link was frozen and before the client gave up on it: the
+        # client never stalled on it (no line of its own): listed apart, as a stop inside a restart
+        if event["kind"] == "half_open" and not diagnosed and end is not None and any(
+                start <= a <= end or (b == math.inf and a <= start) for a, b in restarts):
+            during_restart.append({"kind": "half_open", "at": start, "why": "a restart closed the link before the "
+                                   f"client gave up on it ({took:.1f} s after it froze)"})
+            continue
         # a stopped server nothing waited on stalled nothing: the time to the next step is then the step's own
         # (on a loaded machine an async step outlasted the bound: 98 s, with no request sent to the stopped server)
         within = (took is not None and took <= bounds[event["kind"]]) or (event["kind"] == "stop" and not waited)
@@ -119,7 +136,25 @@ def figures(args, trainer: Trainer, injector: Injector, killed_at: list[dict], s
         "replayed": sum(replay_in_time(text) for _, text in trainer.lines),
         "replay_failed": sum(REPLAY_FAILED in text for _, text in trainer.lines),
         "rollouts": args.rollouts, "vllm_restart": vllm_restart_figure(injector.events, trainer.lines),
+        "judge_restart": judge_restart_figure(injector.events, rows),
     }
+
+
+def own_lines(lines: list[tuple[float, str]], start: float, window_end: float, conns: set[str] | None) -> list[str]:
+    """The trainer's lines from `start` on that diagnose a silent server on one of `conns`, the fault's own links by
+    the trainer's side of each (HOST:PORT, as the proxy saw it; a line names its connection: envs.core.client.stalled).
+    A line naming no connection (a connect that never opened one) counts up to `window_end`. `conns` None (the proxy
+    cannot see the trainer's sockets: the fleet's, behind Docker's published port): any such line up to `window_end`.
+    By link, not by time: two faults in one window (a flood beside a half-open link) each get their own line."""
+    out = []
+    for t, text in lines:
+        if t < start or not any(d in text for d in DIAGNOSIS) or not any(k in text for k in SILENT):
+            continue
+        named = FROM.search(text)
+        if (conns is not None and named is not None and named.group(1) in conns) or (
+                (conns is None or named is None) and t <= window_end):
+            out.append(text)
+    return out
 
 
 def hostile_ended(injector: Injector, restarts: list[tuple[float, float]]) -> list[dict]:
@@ -158,6 +193,19 @@ def vllm_restart_figure(events: list[dict], lines: list[tuple[float, str]]) -> d
             "trainer_stopped": any("went away mid-run" in text for text in after),
             "restarted": any("restarting the vllm service" in text for text in after),
             "resumed_from": int(resumed.group(1)) if resumed else None}
+
+
+def judge_restart_figure(events: list[dict], rows: list[dict]) -> dict | None:
+    """The judge killed once (--judge): when it was started again and back healthy, and the rows the trainer left out
+    for failed judge calls over the run (its judge/failures; None: the trainer logs no such figure). None: no judge
+    restart was injected."""
+    kill = next((e for e in events if e["kind"] == "judge_restart" and not e.get("error")), None)
+    if kill is None:
+        return None
+    failures = [r["judge/failures"] for r in rows if r.get("judge/failures") is not None]
+    return {"after_step": kill["after_step"], "down_s": kill.get("down_s"),
+            "healthy_after_s": kill["healthy"] - kill["time"] if kill.get("healthy") else None,
+            "judge_failures": sum(int(f) for f in failures) if failures else None}
 
 
 def replay_in_time(line: str) -> bool:
@@ -221,9 +269,9 @@ def print_figures(f: dict) -> None:
     diagnosed = [s for s in felt if s["diagnosis"]]
     line("stalls diagnosed (one line each)", f"{len(diagnosed)} of {len(felt)} (+{len(f['stalls']) - len(felt)} "
          "nothing waited on)", "all", len(diagnosed) == len(felt))
-    if f.get("stalls_during_restart"):
-        print(f"    + {len(f['stalls_during_restart'])} stop(s) during a restart (trainer or vLLM killed, no step until "
-              "the run is back) or after the last step: not timed")
+    for s in f.get("stalls_during_restart") or []:
+        print(f"    + {s['kind']} not timed: {s.get('why', 'during a restart')} (trainer or vLLM killed, or the run's "
+              "end: no step, and nothing of the client's, to time it by)")
     for s in f["stalls"]:
         took = "never" if s["ended_after_s"] is None else f"{s['ended_after_s']:.1f} s"
         print(f"    {s['kind']}: ended after {took} (bound {s['bound_s']:.0f} s); "
@@ -244,3 +292,9 @@ def print_figures(f: dict) -> None:
         line("vLLM twin killed mid-run, recovered", f"after step {v.get('after_step')}: resumed from checkpoint-"
              f"{v.get('resumed_from')}" if v else "not injected", "yes",
              bool(v) and v["restarted"] and v["resumed_from"] is not None and f["final_global_step"] == f["steps"])
+    j = f.get("judge_restart")
+    if j is not None:
+        back = "never" if j["healthy_after_s"] is None else f"healthy {j['healthy_after_s']:.0f} s after the kill"
+        failed = "not logged" if j["judge_failures"] is None else f"{j['judge_failures']} rows left out (judge/failures)"
+        line("judge killed mid-run, started again", f"after step {j['after_step']}: {back}; {failed}", "back",
+             j["healthy_after_s"] is not None and f["final_global_step"] == f["steps"])

@@ -49,11 +49,14 @@ class Link:
     flooded_until: float = 0.0  # monotonic: hostile frames flow; the client's pongs to them are not requests
     client_closed_at: float | None = None  # wall clock: the trainer's side closed a live link (EOF or reset) ...
     server_closed_at: float | None = None  # ... the server's side did (whichever came first ended the link)
+    peer: str | None = None  # the trainer's side as HOST:PORT: its session client's `stalled:` lines name it
 
     @property
     def waited(self) -> bool:
-        """A request went through it and its reply came late or never (pings and pongs are not requests)."""
-        return bool(self.waits) or self.pending_since is not None
+        """A request went through it and its reply came late or never (pings and pongs are not requests); a frozen
+        link: since it froze (a slow reply before, in a delay fault, is not this stall's)."""
+        since = self.frozen_at or 0.0
+        return self.pending_since is not None or any(end > since for _, end in self.waits)
 
 
 class FrameCursor:
@@ -121,6 +124,8 @@ REQUEST_BYTES = 16  # a WebSocket frame from the client bigger than a ping/pong/
 
 
 class ChaosProxy:
+    sees_trainer_ports = True  # the trainer connects to it directly: a link's peer is the trainer's own socket
+
     def __init__(self, backends, seed: int = 0, host: str = "127.0.0.1", port: int = 0) -> None:
         self.backends = backends  # [(host, port)], or a function giving them now (a fleet's tasks)
         self.host, self.listen_port = host, port
@@ -160,17 +165,18 @@ class ChaosProxy:
     def delay(self, seconds: float, for_s: float) -> None:
         self.delay_s, self.delay_until = seconds, time.monotonic() + for_s
 
-    def waited(self, backend: tuple[str, int] | None, start: float, end: float) -> bool:
-        """Whether the trainer waited (over WAIT_S) on a reply from `backend` (None: any) between `start` and `end`
-        (wall clock): a stopped server nobody waited on stalled nothing, and there is nothing to diagnose."""
+    def waited(self, backend: tuple[str, int] | None, start: float, end: float) -> list[str]:
+        """The links on which the trainer waited (over WAIT_S) on a reply from `backend` (None: any) between `start`
+        and `end` (wall clock), by their trainer's side (HOST:PORT, "?" unknown); empty: a stopped server nobody
+        waited on stalled nothing, and there is nothing to diagnose."""
+        out = []
         for link in list(self.history):
             if backend is not None and link.backend != backend:
                 continue
-            if link.pending_since is not None and link.pending_since < end:
-                return True  # still waiting (a frozen link included)
-            if any(a < end and b > start for a, b in link.waits):
-                return True
-        return False
+            still = link.pending_since is not None and link.pending_since < end  # a frozen link included
+            if still or any(a < end and b > start for a, b in link.waits):
+                out.append(link.peer or "?")
+        return out
 
     def close(self) -> None:
         """Stop accepting; frozen links stay as they are (the servers must free them by themselves)."""
@@ -210,7 +216,7 @@ class ChaosProxy:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             writer.transport.abort()
         self.links.pop(link.id, None)
-        return {"link": link.id, "backend": link.backend[1]}
+        return {"link": link.id, "backend": link.backend[1], "client": link.peer}
 
     def _half_open(self) -> dict | None:
         live = self._live()
@@ -219,7 +225,7 @@ class ChaosProxy:
         link = self.random.choice(live)
         link.frozen_at = time.time()
         self.frozen.append(link)
-        return {"link": link.id, "backend": link.backend[1]}
+        return {"link": link.id, "backend": link.backend[1], "client": link.peer}
 
     def _hostile(self, kind: str) -> dict | None:
         live = [link for link in self._live() if link.cursor.websocket and link.client_closed_at is None
@@ -229,7 +235,7 @@ class ChaosProxy:
         link = self.random.choice(live)
         link.flooded_until = time.monotonic() + HOSTILE_FOR_S + 1
         self.loop.create_task(self._flood(link, HOSTILE_FRAMES[kind] * HOSTILE_BURST))
-        return {"link": link.id, "backend": link.backend[1], "frames": kind}
+        return {"link": link.id, "backend": link.backend[1], "frames": kind, "client": link.peer}
 
     async def _flood(self, link: Link, burst: bytes) -> None:
         """Bursts between the server's frames (the pump writes whole chunks on this loop: between two of its writes
@@ -265,7 +271,8 @@ class ChaosProxy:
             client_w.transport.abort()
             return
         self.opened += 1
-        link = Link(next(self._ids), backend, client_w, server_w)
+        peer = client_w.get_extra_info("peername")
+        link = Link(next(self._ids), backend, client_w, server_w, peer=f"{peer[0]}:{peer[1]}" if peer else None)
         self.links[link.id] = link
         self.history.append(link)
         await asyncio.gather(self._pump(link, client_r, server_w, to_client=False),
@@ -284,7 +291,7 @@ class ChaosProxy:
                         _closed_from(link, to_client)
                     raise
                 now = time.time()
-                if to_client and data and link.pending_since is not None:
+                if to_client and data and link.pending_since is not None and link.frozen_at is None:
                     if now - link.pending_since > WAIT_S:
                         link.waits.append((link.pending_since, now))
                     link.pending_since = None
@@ -381,7 +388,7 @@ def serve_control(proxy: ChaosProxy, port: int, token: str, host: str = "0.0.0.0
         if cmd == "frozen":
             link = proxy.frozen_link(int(rest[0]))
             return None if link is None else {"frozen_at": link.frozen_at, "client_gone_at": link.client_gone_at,
-                                              "waited": link.waited}
+                                              "waited": link.waited, "peer": link.peer}
         if cmd == "close":
             proxy.close()
             return {}

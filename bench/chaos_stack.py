@@ -137,7 +137,7 @@ class SwarmEnvs:
         return sh("docker", "ps", "-q", "--filter", f"label=com.docker.swarm.service.name={self.stack}_env-echo").split()
 
     def proxy(self, backends, seed: int) -> tuple["RemoteProxy", str]:
-        return proxy_container(self.proxy_name, self.stack, "tasks.env-echo:8000", seed)
+        return proxy_container(self.proxy_name, self.stack, "tasks.env-echo:8000", seed, from_host=True)
 
     def held(self, backends, proxy) -> dict[str, int]:
         return proxy.held()
@@ -152,10 +152,10 @@ class SwarmEnvs:
 
 
 def proxy_container(name: str, network: str, backends: str, seed: int, image: str | None = None,
-                    also: tuple[str, ...] = ()) -> tuple["RemoteProxy", str]:
+                    also: tuple[str, ...] = (), from_host: bool = False) -> tuple["RemoteProxy", str]:
     """bench/chaos_proxy.py in a container `name` on `network` (and the networks `also`), resolving `backends`
     (NAME:PORT) per connection; its port and control port published on 127.0.0.1. Returns the proxy's driver and
-    its address from the host."""
+    its address from the host. `from_host`: the trainer runs on the host and comes in through the published port."""
     sh("docker", "rm", "-f", name, check=False)
     token = secrets.token_hex(16)  # the control port is on the env network too: only the injector may drive it
     # Only the proxy's one file is mounted (the checkout holds .env and its ENV_URLS credentials); limits as an env's.
@@ -169,13 +169,16 @@ def proxy_container(name: str, network: str, backends: str, seed: int, image: st
         sh("docker", "network", "connect", other, name)
     listen = sh("docker", "port", name, "9000").splitlines()[0]
     control = sh("docker", "port", name, "9001").splitlines()[0]
-    return RemoteProxy(control, token), f"http://{listen}"
+    return RemoteProxy(control, token, sees_trainer_ports=not from_host), f"http://{listen}"
 
 
 class RemoteProxy:
-    """bench/chaos_proxy.py in a container, driven over its control port (one JSON line per command)."""
+    """bench/chaos_proxy.py in a container, driven over its control port (one JSON line per command).
+    `sees_trainer_ports`: False when the trainer reaches it through Docker's published port (the fleet's proxy, from
+    the host): the links' peers are then Docker's port forwarder, not the sockets the trainer's log lines name."""
 
-    def __init__(self, address: str, token: str) -> None:
+    def __init__(self, address: str, token: str, sees_trainer_ports: bool = True) -> None:
+        self.sees_trainer_ports = sees_trainer_ports
         import socket as socket_module
 
         host, port = address.rsplit(":", 1)
@@ -231,8 +234,8 @@ class RemoteProxy:
     def held(self) -> dict[str, int]:
         return self.ask("held")
 
-    def waited(self, backend, start: float, end: float) -> bool:
-        return bool(self.ask(f"waited {start} {end}"))
+    def waited(self, backend, start: float, end: float) -> list[str]:
+        return self.ask(f"waited {start} {end}") or []
 
     def close(self) -> None:
         self.ask("close")
@@ -307,7 +310,8 @@ class Rehearsal:
     the trainer container) and a start again (RESUME=auto). `out` gets the run's folder copied from the outputs
     volume at the end (`collect`), so the figures read it as the sync run's."""
 
-    def __init__(self, model: Path, proxy_url: str, work: Path, steps: int, seed: int, project: str) -> None:
+    def __init__(self, model: Path, proxy_url: str, work: Path, steps: int, seed: int, project: str,
+                 judge: str | None = None) -> None:
         from bench.async_figures import Project
 
         self.out, self.steps = work / "outputs", steps
@@ -319,7 +323,9 @@ class Rehearsal:
             # faults, not learning: a step of PER_DEVICE_TRAIN_BATCH_SIZE samples, as a sync one (ASYNC_STEP_SAMPLES=batch;
             # packed fills a step up to max_model_len tokens: ~120 samples at 512, ~500 at 4096 on the CPU twin); 512
             # holds the longest echo episode (~410 tokens)
-            "ASYNC_STEP_SAMPLES": "batch", "VLLM_MAX_MODEL_LEN": "512"},
+            "ASYNC_STEP_SAMPLES": "batch", "VLLM_MAX_MODEL_LEN": "512",
+            # a run with a judge: make rehearse serves it on the twin (tools/judge.py), killed once (judge_restart)
+            **({"JUDGE_MODEL": judge} if judge else {})},
             name=f"{project}-rehearse")
         # the trainer reaches the proxy on its envnet: made here, labelled as Compose makes it, so the proxy can join
         # it before the run starts (Compose then takes it as its own)

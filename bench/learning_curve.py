@@ -1,6 +1,6 @@
 """The CPU profile's learning curve on echo, next to its goals (docs/profiles.md "CPU profile: what the learning curve shows").
 
-    .venv/bin/python bench/learning_curve.py [--seeds 42,7] [--model DIR]
+    .venv/bin/python bench/learning_curve.py [--seeds 42,7] [--model DIR] [--judge also|only|no]
     .venv/bin/python bench/learning_curve.py --compare-zero-std [--envs echo,catch] [--steps 30] [--seeds 42,7]
     .venv/bin/python bench/learning_curve.py --compare-zero-std --envs catch --model DIR  (DIR from
         `python -m trainer.tiny_model --warm-on catch --out DIR`: the echo-warmed model never calls catch's tool)
@@ -15,6 +15,8 @@ With --compare-zero-std, instead: ZERO_STD_GROUPS=keep vs drop (#43), the same s
 env served in-process on loopback (with the episode settings of EPISODE_ARGS): per run the mean env reward of steps
 1-10, 11-20, ..., the mean share of flat groups (frac_reward_zero_std) and, at the end, greedy exact first calls where
 the env's expert first call can be read from its prompt (FIRST_CALL_ENVS), else the mean reward of the last 10 steps.
+Then (--judge also, the default; --judge only: alone) the judge case, bench/judge_learning.py: the same seeds, 20
+steps each, learning from the tiny judge alone (ENV_REWARD_WEIGHT=0) served on the vLLM CPU twin (Docker).
 A benchmark, not a test: it prints figures beside the goals and never fails on them.
 """
 
@@ -34,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 from bench.adapter_overhead import start_echo_server  # noqa: E402
 
 GOALS = {"gain_30": 0.2, "exact_100": 0.8, "clipped": 0.1}
+JUDGE_STEPS = 20  # the judge case's runs: its reward has risen by step 10 (docs/judge.md)
 WINDOW = 10  # steps per point of the compared reward curves
 # Envs whose expert first call can be read from the prompt trainer.after.first_turn renders (echo's word); catch's
 # needs the reset board, which that prompt lacks, and wordle's is the hidden secret.
@@ -126,8 +129,12 @@ def main() -> None:
                    help="only ZERO_STD_GROUPS keep vs drop, side by side per env and seed")
     p.add_argument("--envs", default="echo,catch", help="built-in envs for --compare-zero-std (default echo,catch)")
     p.add_argument("--steps", type=int, default=30, help="steps per run for --compare-zero-std (default 30)")
+    p.add_argument("--judge", choices=("also", "only", "no"), default="also",
+                   help="the judge case (bench/judge_learning.py: learning from the tiny judge alone on the twin, "
+                        "needs Docker): after the env's figures (also, the default), alone (only), or not (no)")
     args = p.parse_args()
     from envs import registry
+    from bench.judge_learning import judge_case
     from trainer.after.first_turn import evaluate
 
     seeds = [int(s) for s in args.seeds.split(",")]
@@ -144,6 +151,9 @@ def main() -> None:
                            stdout=subprocess.DEVNULL)
         if args.compare_zero_std:
             compare_zero_std(model, Path(tmp), envs, seeds, args.steps)
+            return
+        if args.judge == "only":
+            judge_case(model, None, seeds, JUDGE_STEPS, Path(tmp))
             return
         base = evaluate(str(model))["exact_rate"]
         proc, url = start_echo_server(64)
@@ -163,6 +173,8 @@ def main() -> None:
                       f"on held-out rows: {base:.2f} base -> {greedy:.2f} after 30 steps")
         finally:
             proc.terminate()
+        if args.judge == "also":
+            judge_case(model, None, seeds, JUDGE_STEPS, Path(tmp))
 
 
 if __name__ == "__main__":

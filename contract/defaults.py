@@ -10,3 +10,6 @@ EXIT_VLLM_RESTART = 76
 # the trainer exits with this when vLLM went away mid-run (died, stopped or restarted: the weights pushed to it went
 # with it: trainer.gpu.server.went_away); `make train` restarts it and trains again resuming from the last checkpoint.
 EXIT_VLLM_WENT_AWAY = 77
+# the trainer exits with this when the judge failed every call for JUDGE_DOWN_AFTER_S (trainer.judge.costs.JudgeDown):
+# no row was scored by it (each failure is left out of the loss); `make train` again resumes from the last checkpoint.
+EXIT_JUDGE_DOWN = 78

@@ -67,6 +67,11 @@ def image_var(name: str) -> str:
     return f"ENV_{name.upper()}_IMAGE"
 
 
+def split_var(name: str) -> str:
+    """The split an env serving OpenEnv's Task API trains on (envs.generic.tasks; default: its train split)."""
+    return f"ENV_{name.upper()}_SPLIT"
+
+
 def replicas_var(name: str) -> str:
     return f"ENV_{name.upper()}_REPLICAS"
 

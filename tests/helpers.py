@@ -233,6 +233,20 @@ def make_tiny_model(out: Path) -> Path:
     return out
 
 
+def make_tiny_judge(out: Path) -> Path:
+    """The CPU profile's tiny judge (`python -m trainer.tiny_judge`, what model-init runs for
+    JUDGE_MODEL=/models/tiny-judge) at `out` (TINY_JUDGE_DIR: there instead), reused when complete; world-readable for
+    the twin (uid 10001)."""
+    from trainer.tiny_judge import is_complete
+
+    out = Path(os.environ.get("TINY_JUDGE_DIR") or out)  # like TINY_MODEL_DIR: one made earlier, or where to make it
+    if not is_complete(out):
+        subprocess.run([sys.executable, "-m", "trainer.tiny_judge", "--out", str(out)], cwd=ROOT, check=True)
+    for p in [out, *out.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)
+    return out
+
+
 def seed_models_volume(project: str, tiny_model_dir: Path, image: str) -> None:
     """`project`'s `models` volume, labelled as Compose makes it, holding the session's tiny model where model-init
     makes it (the same model: make_tiny_model runs model-init's code), so model-init finds it complete and exits in

@@ -16,10 +16,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # trainer/'s floors, top first: a module imports its own package and packages on lower floors only; packages on one
 # floor do not import each other. The entrypoints (trainer/*.py, `python -m trainer.X`) are the top floor, under
 # gpu_selfcheck/ (`python -m trainer.gpu_selfcheck`, an entrypoint big enough to be a package: it uses tiny_model.py).
-TRAINER_FLOORS = [("gpu_selfcheck",), ("*.py",), ("after",), ("run",), ("async_grpo",), ("gpu", "rollouts"),
+TRAINER_FLOORS = [("gpu_selfcheck",), ("*.py",), ("after",), ("run",), ("async_grpo",), ("judge",), ("gpu", "rollouts"),
                   ("core", "modeling")]
 # tools/'s floors, top first, by module (commands/ is one unit): the same rule.
-TOOLS_FLOORS = [("__main__",), ("cli",), ("commands",), ("fleet",), ("prepare",), ("plan",), ("docker_host", "rehearsal"),
+TOOLS_FLOORS = [("__main__",), ("cli",), ("commands",), ("fleet",), ("prepare",), ("plan",), ("docker_host", "rehearsal", "judge"),
                 ("compose_file", "derive", "nccl_check"), ("env_replicas", "gpu_doctor"),
                 ("env_ports", "gpu_layout", "images", "env_keys"), ("env_kinds", "settings"),
                 ("errors", "host_python", "proxies")]

@@ -74,7 +74,7 @@ def env_services(envs: EnvKinds, fleet: bool = False) -> dict[str, dict]:
         services[naming.service_name(n)] = service
     depends = {naming.service_name(n): {"condition": "service_healthy", "required": False} for n in names}
     images = {naming.image_var(n): f"${{{naming.image_var(n)}:-}}" for n in names}  # named in preflight errors
-    reach = {**images, **server_ports(names), **no_proxy(naming.service_name(n) for n in names)}
+    reach = {**images, **splits(envs.custom), **server_ports(names), **no_proxy(naming.service_name(n) for n in names)}
     for trainer in ("trainer", "trainer-cpu"):
         services[trainer] = {"depends_on": depends, "environment": reach}
     learned = {naming.service_name(n): depends[naming.service_name(n)] for n in envs.custom}
@@ -92,6 +92,11 @@ def server_ports(names) -> dict[str, str]:
     return {naming.port_var(n): port_ref(n) for n in names}
 
 
+def splits(names) -> dict[str, str]:
+    """ENV_<NAME>_SPLIT for the envs learned from their server: the split one serving OpenEnv's Task API trains on."""
+    return {naming.split_var(n): f"${{{naming.split_var(n)}:-}}" for n in names}
+
+
 def no_proxy(hosts) -> dict[str, str]:
     """NO_PROXY and no_proxy for a service that reaches these hosts besides the stack's own names (compose.yaml's
     x-no-proxy, read from the trainer): an injected HTTP(S)_PROXY must not carry traffic between the containers."""
@@ -105,7 +110,7 @@ def fleet_attachments(envs: EnvKinds) -> dict[str, dict]:
     warm start) also join the fleet's overlay network (added to the networks compose.yaml gives them).
     vLLM does not: its dev routes stay off it."""
     images = {naming.image_var(n): f"${{{naming.image_var(n)}:-}}" for n in envs.custom}
-    reach = {**images, **server_ports(envs.served_here),
+    reach = {**images, **splits(envs.custom), **server_ports(envs.served_here),
              **no_proxy(f"tasks.{naming.service_name(n)}" for n in envs.served_here)}
 
     def attach() -> dict:  # a fresh dict per service: YAML would write a shared one as an anchor

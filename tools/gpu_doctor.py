@@ -263,19 +263,21 @@ def model_config(cfg, runner: Runner | None = None, volume: str | None = None) -
 
 
 def memory_rows(gpus: list[Gpu], dotenv: dict[str, str], mode: "TrainModeVariant", cfg, config: dict | None,
-                where: str) -> list[tuple[bool, str, str]]:
+                where: str, judge_share: dict[str, float] | None = None) -> list[tuple[bool, str, str]]:
     """One row per trainer GPU: contract.memory's estimate for this model, layout and lengths next to the GPU's memory;
     a FAIL names what to change. The host does not know the prompts: DEFAULT_PROMPT_TOKENS stands in (the trainer's
-    preflight measures them)."""
+    preflight measures them). `judge_share`: GPU index -> the judge's share of it (colocate, judge on the trainer's
+    GPU: counted with the colocated vLLM's)."""
     from contract import memory
 
     if config is None:
         return [(True, "trainer memory", f"not estimated: {where}; the trainer's preflight prints it")]
     ids = trainer_gpu_ids(dotenv, mode, len(gpus))
     by_id = {g.index: g for g in gpus} | {g.uuid: g for g in gpus}
-    share = float(cfg.vllm_gpu_memory_utilization or mode.vllm_memory_share)
+    base_share = float(cfg.vllm_gpu_memory_utilization or mode.vllm_memory_share)
     rows = []
     for gpu in [by_id[i] for i in ids if i in by_id]:
+        share = base_share + (judge_share or {}).get(gpu.index, 0.0)
         try:
             est, problem = memory.check(config, gpu.total_mib * 1024 ** 2, mode=mode, processes=len(ids),
                                         sharding=cfg.trainer_sharding, batch=cfg.per_device_train_batch_size,

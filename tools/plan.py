@@ -15,12 +15,12 @@ import os
 from dataclasses import dataclass, field
 
 from envs import naming
-from tools import compose_file, derive, env_ports, gpu_layout, rehearsal
+from tools import compose_file, derive, env_ports, gpu_layout, judge, rehearsal
 from tools.env_kinds import EnvKinds, env_kinds
 from tools.env_ports import EnvPort
 from tools.errors import StackError
 from tools.gpu_doctor import DockerGpus
-from tools.images import ENV_SERVER_BUILD, TRAINER_REHEARSE_BUILD, image_of
+from tools.images import ENV_SERVER_BUILD, TRAINER_REHEARSE_BUILD, TWIN_BUILD, image_of
 from tools.settings import WHEELS, StackEnv
 from contract.config import CpuMode, GpuMode, TrainModeVariant
 from contract.train_mode import ModeSpec
@@ -41,6 +41,7 @@ class StackPlan:
     replicas: dict[str, str] = field(default_factory=dict)  # ENV_<NAME>_REPLICAS as Compose reads them
     ports: dict[str, EnvPort] = field(default_factory=dict)  # each served env's server port (tools/env_ports.py)
     rehearsal: bool = False         # `make rehearse`: mode gpu's services on CPU (tools/rehearsal.py)
+    judge_gpu: judge.JudgeGpu | None = None  # JUDGE_MODEL on a GPU host: the judge's GPU and split (tools/judge.py)
 
     @property
     def values(self) -> dict[str, str]:
@@ -52,16 +53,27 @@ class StackPlan:
         return self.mode.spec
 
     @property
+    def judge_served(self) -> bool:
+        """JUDGE_MODEL: the stack's judge service runs (JUDGE_URL: a judge elsewhere, no container)."""
+        return judge.served(self.values)
+
+    @property
+    def judge_on_cpu(self) -> bool:
+        """The judge runs on the vLLM CPU twin's image: the CPU profile and `make rehearse`."""
+        return self.judge_served and (self.rehearsal or not self.mode.uses_vllm)
+
+    @property
     def profiles(self) -> list[str]:
-        """The mode's profile, and one per env served here (a fleet serves them elsewhere)."""
+        """The mode's profile, the judge's when served, and one per env served here (a fleet serves them elsewhere)."""
         ours = [self.mode.name, rehearsal.PROFILE] if self.rehearsal else [self.mode.name]
+        ours += [judge.PROFILE] if self.judge_served else []
         return ours if self.fleet else [*ours, *self.envs.names]
 
     @property
     def services(self) -> list[str]:
-        """The long-running services `make up` starts and waits for: env servers here, and vLLM in gpu mode."""
+        """The long-running services `make up` starts and waits for: env servers here, vLLM in gpu mode, the judge."""
         out = [] if self.fleet else [naming.service_name(n) for n in self.envs.served_here]
-        return out + (["vllm"] if self.spec.runs_vllm_service else [])
+        return out + (["vllm"] if self.spec.runs_vllm_service else []) + ([judge.SERVICE] if self.judge_served else [])
 
     @property
     def images(self) -> list[str]:
@@ -70,17 +82,23 @@ class StackPlan:
         ours = any(self.envs.images.get(n, local) == local for n in self.envs.names)
         if self.rehearsal:  # model-init's CPU image; the twin is built first (the trainer image is built on it)
             return (["env-server-image"] if ours else []) + ["trainer-cpu-image", TRAINER_REHEARSE_BUILD]
-        return (["env-server-image"] if ours else []) + [self.spec.trainer_image_service]
+        twin = [TWIN_BUILD] if self.judge_on_cpu else []  # the CPU profile's judge runs on the twin's image
+        return (["env-server-image"] if ours else []) + [self.spec.trainer_image_service, *twin]
 
     @property
     def build_profiles(self) -> tuple[str, ...]:
-        """The profiles of the build services `images` names (and the twin's, for the rehearsal)."""
-        return ("build", "build-gpu", *(rehearsal.BUILD_PROFILES if self.rehearsal else ()))
+        """The profiles of the build services `images` names (and the twin's, for the rehearsal or a CPU judge)."""
+        twin = rehearsal.BUILD_PROFILES if self.rehearsal else (TWIN_BUILD,) if self.judge_on_cpu else ()
+        return ("build", "build-gpu", *twin)
 
     def generated_compose(self) -> dict:
         """What the generated compose file adds to compose.yaml: env services (or the trainers' attachment to the
         fleet's network), and the GPU layouts compose.yaml's one-GPU-each default cannot express."""
         envs = compose_file.env_services(self.envs, fleet=self.fleet)
+        trainers = ("trainer",) if self.rehearsal or self.mode.uses_vllm else ("trainer-cpu",)
+        # the judge's part first: the rehearsal's trainer keeps these depends_on when it drops model-download's
+        envs = compose_file.merge_services(envs, judge.compose_services(self.values, self.judge_on_cpu, trainers,
+                                                                        self.judge_gpu))
         services = compose_file.merge_services(envs, compose_file.gpu_services(self.layout, self.cdi))
         if self.rehearsal:
             services = compose_file.merge_services(services, rehearsal.services(envs.get("trainer", {}).get("depends_on", {})))
@@ -117,6 +135,8 @@ class StackPlan:
             out["MODEL_REVISION"] = ""
         if self.settings.TRAINER_GPU:
             out["TRAINER_GPU"] = self.settings.TRAINER_GPU
+        if self.judge_gpu is not None:  # its GPU, its share, and vLLM's lowered share beside it (tools/judge.py)
+            out.update(self.judge_gpu.compose_env())
         return out
 
 
@@ -139,6 +159,7 @@ def make_plan(settings: StackEnv | dict[str, str], gpus: DockerGpus | None,
             values = settings.values
             notes.append(note)
     layout = derive.gpu_layout_for(values, mode, gpus)
+    judge_gpu = judge_preflight(values, mode, layout, notes, on_cpu=not mode.uses_vllm)
     if layout is not None:
         from contract import lora_rules
 
@@ -154,7 +175,18 @@ def make_plan(settings: StackEnv | dict[str, str], gpus: DockerGpus | None,
                          "(docs/gpu-host.md \"Every GPU of a host\")")
     return StackPlan(settings=settings, mode=mode, why=why, envs=envs, layout=layout, cdi=bool(gpus and gpus.cdi),
                      notes=tuple(notes), fleet=settings.ENV_FLEET == "swarm", replicas=derive.replica_counts(envs, values),
-                     ports=ports)
+                     ports=ports, judge_gpu=judge_gpu)
+
+
+def judge_preflight(values: dict[str, str], mode: TrainModeVariant, layout: gpu_layout.GpuLayout | None,
+                    notes: list[str], on_cpu: bool) -> judge.JudgeGpu | None:
+    """The judge's checks (one StackError line with its fix), its GPU and split on a GPU host, and its notes."""
+    problems = judge.problems(values, on_cpu)
+    if problems:
+        raise StackError(problems[0])
+    judge_gpu = None if on_cpu else judge.place(values, mode, layout)
+    notes.extend(judge.notes(values, judge_gpu, on_cpu))
+    return judge_gpu
 
 
 def env_servers_plan(values: dict[str, str], exposed: dict[str, tuple[str, ...]] | None = None) -> StackPlan:
@@ -182,6 +214,7 @@ def rehearsal_plan(settings: StackEnv | dict[str, str], exposed: dict[str, tuple
            "reload (WEIGHT_TRANSFER=reload), no GPU")
     envs = env_kinds(settings.values)
     ports, notes = env_ports.resolve(envs, settings.values, exposed or {})
+    judge_preflight(settings.values, mode, None, notes, on_cpu=True)
     return StackPlan(settings=settings, mode=mode, why=why, envs=envs, layout=None, notes=tuple(notes),
                      fleet=settings.ENV_FLEET == "swarm", replicas=derive.replica_counts(envs, settings.values),
                      rehearsal=True, ports=ports)

@@ -48,6 +48,17 @@ class StackEnv(BaseSettings):
     # empty: the mode's default (contract.train_mode.MODE_SPECS)
     VLLM_GPU: str = Field("", description="GPU(s) for vllm: an id, a list `0,1` or a range `0-3`")
     TRAINER_GPU: str = Field("", description="GPU(s) for the trainer, one process each: an id, a list or a range `4-7`")
+    # the judge service (JUDGE_MODEL set; tools/judge.py resolves the empty defaults, `make doctor` checks them)
+    JUDGE_GPU: str = Field("", description="GPU for the judge service (JUDGE_MODEL): one id; empty: vLLM's first GPU "
+                           "(TRAIN_MODE=gpu) or the trainer's (colocate), shared with a memory split "
+                           "([Serving the judge](judge.md#serving-the-judge))")
+    JUDGE_GPU_MEMORY_SHARE: Optional[float] = Field(
+        None, gt=0, lt=1, description="the judge's share of its GPU's memory (its vLLM --gpu-memory-utilization); "
+        "empty: 0.9 on a GPU of its own, 0.3 on a shared one (vLLM's share then defaults to 0.6)")
+    JUDGE_MAX_MODEL_LEN: Optional[int] = Field(8192, ge=256, description="the judge's context in tokens: the rubric "
+                                               "and a whole episode's transcript (ranking: a group's)")
+    JUDGE_API_KEY_FILE: str = Field("", description="`JUDGE_URL`: file holding its API key (a Compose secret mounted "
+                                    "into the trainers, never an env var, a log or `make config`); empty: no key")
     VLLM_PARALLEL: Literal["tensor", "data"] = Field(
         "tensor", description="how vLLM uses several GPUs: `tensor` (one model split over them) or `data` (a copy per "
         "GPU)")

@@ -42,7 +42,7 @@ def run_env(name: str, cfg: RunConfig, episodes: int, max_turns: int, seed: int)
     from trainer.rollouts.envs_binding import bind, resolve_replicas
     from trainer.run.preflight import probe_server
 
-    spec = registry.resolve(name, cfg.env_url(name), **cfg.generic_env_options())
+    spec = registry.resolve(name, cfg.env_url(name), **cfg.generic_env_options(name))
     cls = bind(name, spec.tool_class, cfg.env_url(name), text_chars=cfg.env_observation_chars)  # same class, replicas and counters as training
     for url in resolve_replicas(cfg.env_url(name)):  # fail fast: the session client would retry a dead server for a while
         healthy, detail, _, _ = probe_server(url)

@@ -1,5 +1,7 @@
 """Init job of the GPU profiles: download MODEL_NAME at MODEL_REVISION once into the shared HF cache,
-then check its chat template the way preflight does, before vLLM starts on it.
+then check its chat template the way preflight does, before vLLM starts on it; and JUDGE_MODEL at JUDGE_MODEL_REVISION
+when the stack serves a judge (the judge service's model: no tool-call template check, it is asked, not trained). On
+the CPU profile it runs for a Hub judge alone (MODEL_NAME empty: the CPU policy is model-init's tiny model).
 
 The only service that sees HF_TOKEN (a Compose secret at /run/secrets/hf_token); vLLM and the
 trainer then load the model offline from the cache volume, at the same revision.
@@ -53,16 +55,11 @@ def check_downloaded(path: str, model: str) -> list[str]:
 
 
 def main() -> int:
-    from contract import stages
-
     model = os.environ.get("MODEL_NAME", "")
-    revision = os.environ.get("MODEL_REVISION") or None
-    if not model:
+    judge = os.environ.get("JUDGE_MODEL", "")
+    if not model and not judge:
         print("error: MODEL_NAME is empty; set it in .env", file=sys.stderr)
         return 2
-    if Path(model).exists():
-        print(f"[model-download] {model} is a local path; nothing to download")
-        return 0
     try:
         token = SECRET.read_text().strip() if SECRET.exists() else ""
     except PermissionError:
@@ -70,6 +67,22 @@ def main() -> int:
               "`chmod 644` the file named by HF_TOKEN_FILE and `chmod 700` its directory (`make doctor` checks it)",
               file=sys.stderr)
         return 2
+    if model:
+        code = fetch(model, os.environ.get("MODEL_REVISION") or None, token, trained=True)
+        if code:
+            return code
+    return fetch(judge, os.environ.get("JUDGE_MODEL_REVISION") or None, token, trained=False) if judge else 0
+
+
+def fetch(model: str, revision: str | None, token: str, trained: bool) -> int:
+    """One model at its revision into the cache: the policy (`trained`: its chat template checked as preflight does)
+    or the judge."""
+    from contract import stages
+
+    name_var, revision_var = ("MODEL_NAME", "MODEL_REVISION") if trained else ("JUDGE_MODEL", "JUDGE_MODEL_REVISION")
+    if Path(model).exists() or model.startswith("/"):
+        print(f"[model-download] {model} is a local path; nothing to download")
+        return 0
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
@@ -79,16 +92,19 @@ def main() -> int:
     try:
         path = snapshot_download(model, revision=revision, token=token or None)
     except RevisionNotFoundError:
-        print(f"error: {model!r} has no revision {revision!r}; set MODEL_REVISION in .env to a commit of that model "
+        print(f"error: {model!r} has no revision {revision!r}; set {revision_var} in .env to a commit of that model "
               "(its hub page, \"Files and versions\" > history), or empty for main", file=sys.stderr)
         return 2
     except (GatedRepoError, RepositoryNotFoundError) as e:
-        print(f"error: cannot download {model!r}: {type(e).__name__}. Check MODEL_NAME in .env; for a gated "
+        print(f"error: cannot download {model!r}: {type(e).__name__}. Check {name_var} in .env; for a gated "
               f"model put a token in the file named by HF_TOKEN_FILE (default .secrets/hf_token).", file=sys.stderr)
         return 2
     finally:
         stop.set()
-    at = f"revision {revision}" if revision else "revision main (unpinned: set MODEL_REVISION in .env)"
+    at = f"revision {revision}" if revision else f"revision main (unpinned: set {revision_var} in .env)"
+    if not trained:  # the judge: served as it is, asked rather than trained
+        print(f"[model-download] judge {model} ({at}) ready at {path}")
+        return 0
     stages.mark("model_download", time.monotonic() - start, f"{model} at {at}")
     problems = check_downloaded(path, model)
     if problems:

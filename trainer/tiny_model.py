@@ -74,7 +74,7 @@ def warm_start_specs(cfg) -> dict:
     when the run has a built-in env or nothing else (built-ins share echo's warm-start, as before)."""
     from envs import registry
 
-    specs = {n: registry.resolve(n, cfg.env_url(n), **cfg.generic_env_options())
+    specs = {n: registry.resolve(n, cfg.env_url(n), **cfg.generic_env_options(n))
              for n in cfg.env_names if not registry.is_builtin(n)}
     if not specs or any(registry.is_builtin(n) for n in cfg.env_names):
         specs = {"echo": registry.get("echo"), **specs}
@@ -439,9 +439,10 @@ def main(argv: list[str] | None = None) -> int:
         images = "".join(image_hint(n) for n in cfg.env_names)
         log(f"cannot learn the tools of {cfg.env_name}{images}: {exc}")
         return 1
+    judge_rc = tiny_judge_if_named(cfg)
     if is_complete(out, tools_fingerprint(specs)) and not args.force:
         log(f"{out} is already complete; nothing to do (--force rebuilds)")
-        return 0
+        return judge_rc
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         probe = out.parent / f".write-test-{os.getpid()}"
@@ -451,7 +452,20 @@ def main(argv: list[str] | None = None) -> int:
         log(f"cannot write to {out.parent} ({exc.strerror}): mount a writable volume there (compose: models:/models)")
         return 1
     build(out, specs, cfg, args.examples, args.epochs, args.lr, args.seed, args.vocab_size, args.tool_share)
-    return 0
+    return judge_rc
+
+
+def tiny_judge_if_named(cfg) -> int:
+    """JUDGE_MODEL=/models/tiny-judge on the CPU profile: this init job makes that judge too (`python -m
+    trainer.tiny_judge`, its own folder; the policy's recipe above is untouched). Its exit code (0: made or there)."""
+    import subprocess
+
+    from contract.config.judge import TINY_JUDGE
+
+    if (cfg.judge_model or "").rstrip("/") != TINY_JUDGE:
+        return 0
+    return subprocess.run([sys.executable, "-m", "trainer.tiny_judge", "--out", TINY_JUDGE, "--rubric",
+                           cfg.judge_rubric]).returncode
 
 
 if __name__ == "__main__":

@@ -106,10 +106,14 @@ class EnvSettings(BaseModel):
         port = naming.port_of(name, os.environ)
         return self.env_url_overrides.get(name) or naming.service_url(name, self.env_fleet == "swarm", port)
 
-    def generic_env_options(self) -> dict[str, Any]:
-        """How envs learned from their server are prompted and scored (envs.generic.GenericSpec's options)."""
+    def generic_env_options(self, name: str | None = None) -> dict[str, Any]:
+        """How envs learned from their server are prompted and scored (envs.generic.GenericSpec's options); with the
+        env's `name`, the split it trains on where it serves the Task API (ENV_<NAME>_SPLIT, passed in by Compose)."""
         options: dict[str, Any] = {"prompts_file": self.env_prompts_file, "reward": self.env_reward,
                                    "observation_chars": self.env_observation_chars}
         if self.env_instruction:
             options["instruction"] = self.env_instruction
+        split = os.environ.get(naming.split_var(name), "").strip() if name else ""
+        if split:
+            options["split"] = split
         return options

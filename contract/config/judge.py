@@ -25,6 +25,8 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 JudgeMethod = Literal["rubric", "ranking", "reward_model"]
 JudgeScore = Literal["choice", "probabilities"]
 DEFAULT_RUBRIC = "prompts/judge/rubric.md"
+# The CPU profile's tiny judge: JUDGE_MODEL naming it makes model-init build it (trainer.tiny_judge, docs/judge.md).
+TINY_JUDGE = "/models/tiny-judge"
 SERVED_URL = "http://judge:8000/v1"  # the stack's judge service (agentnet only): compose.yaml `judge`
 # JUDGE_URL's key: the host's JUDGE_API_KEY_FILE, mounted as a Compose secret (never an env var, a log or a trace).
 API_KEY_SECRET = "/run/secrets/judge_api_key"
@@ -70,6 +72,9 @@ class JudgeSettings(BaseModel):
         "`make train` resumes once it is back.")
     judge_max_tokens: int = Field(256, ge=1, le=8192, description="rubric/ranking: the judge's reply budget "
                                   "(its rationale and verdict).")
+    judge_cache_size: int = Field(4096, ge=0, le=1_000_000, description="Judge replies kept per trainer process for "
+                                  "identical requests (the same episode text, method and rubric: answered once); 0: "
+                                  "no cache.")
 
     @field_validator("judge_url")
     @classmethod

@@ -29,8 +29,8 @@ class SyncRollouts(Variant):
     setting: ClassVar[str] = "ROLLOUTS"
     is_async: ClassVar[bool] = False
     name: Literal["sync"] = "sync"
-    # EVAL_EVERY (0: off) and EVAL_EPISODES: evaluation during training (trainer.run.evaluation), sync only: the async
-    # trainer's process holds no env session and does not generate (its rollout worker does)
+    # EVAL_EVERY (0: off) and EVAL_EPISODES: evaluation during training (trainer.run.evaluation), on the sessions TRL's
+    # environment pool already holds
     eval_every: int = 0
     eval_episodes: int = DEFAULT_EVAL_EPISODES
 
@@ -53,6 +53,10 @@ class AsyncRollouts(Variant):
     async_step_samples: Literal["packed", "batch"] = "packed"  # packed (TRL's token budget) or batch
     max_inflight_rollouts: int | None = None  # None: TRL's default (inflight below)
     async_admission: Literal["free", "bounded"] = DEFAULT_ADMISSION  # trainer.async_grpo.admission
+    # EVAL_EVERY and EVAL_EPISODES: evaluation during training, played in the trainer's process beside the rollout
+    # worker's (trainer.async_grpo.async_eval), on env sessions of its own (eval_sessions)
+    eval_every: int = 0
+    eval_episodes: int = DEFAULT_EVAL_EPISODES
 
     @property
     def token_budget(self) -> int | None:
@@ -90,16 +94,27 @@ class AsyncRollouts(Variant):
         return (max(self.max_staleness, 1) * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
                 * num_processes)
 
+    def eval_sessions(self, cfg: StepShape) -> int:
+        """Env sessions the evaluation during training holds beside the worker's (EVAL_EVERY): its episodes run in the
+        trainer's process, at most one step's samples (PER_DEVICE_TRAIN_BATCH_SIZE x GRADIENT_ACCUMULATION_STEPS), and
+        never more than EVAL_EPISODES, at once."""
+        if not self.eval_every:
+            return 0
+        return min(self.eval_episodes, cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps)
+
     def inflight_rule(self, cfg: StepShape) -> str:
-        """What inflight() counted, in .env's names (preflight's line when the env servers are too few)."""
+        """What session_pool() counted, in .env's names (preflight's line when the env servers are too few)."""
+        evaluation = f" + {self.eval_sessions(cfg)} for EVAL_EVERY's episodes" if self.eval_every else ""
         if self.max_inflight_rollouts:
-            return f"ROLLOUTS=async: MAX_INFLIGHT_ROLLOUTS {self.max_inflight_rollouts}"
+            return f"ROLLOUTS=async: MAX_INFLIGHT_ROLLOUTS {self.max_inflight_rollouts}{evaluation}"
         return (f"ROLLOUTS=async: MAX_STALENESS {max(self.max_staleness, 1)} x PER_DEVICE_TRAIN_BATCH_SIZE "
-                f"{cfg.per_device_train_batch_size} x GRADIENT_ACCUMULATION_STEPS {cfg.gradient_accumulation_steps}")
+                f"{cfg.per_device_train_batch_size} x GRADIENT_ACCUMULATION_STEPS {cfg.gradient_accumulation_steps}"
+                f"{evaluation}")
 
     def session_pool(self, cfg: StepShape, num_processes: int) -> tuple[int, int]:
-        """One pool, the rollout worker's on rank 0, one env instance per rollout in flight."""
-        return self.inflight(cfg, num_processes), 1
+        """One pool, the rollout worker's on rank 0, one env instance per rollout in flight; plus the evaluation's
+        sessions (EVAL_EVERY), in the trainer's process on rank 0."""
+        return self.inflight(cfg, num_processes) + self.eval_sessions(cfg), 1
 
 
 Rollouts = Annotated[SyncRollouts | AsyncRollouts, Field(discriminator="name")]
@@ -149,9 +164,12 @@ class RolloutSettings(BaseModel):
         "oldest unfinished one past MAX_STALENESS before the trainer reaches it (docs/async.md \"Stale samples: drop or "
         "hold\": measured, it cut the samples dropped and the trained-vs-generated gap; the default). Another value with "
         "ROLLOUTS=sync is refused.")
-    # evaluation during training (#66): ROLLOUTS=sync's knobs (SyncRollouts; trainer/run/evaluation.py)
+    # evaluation during training (#66): both variants' knobs (trainer/run/evaluation.py, trainer/async_grpo/async_eval.py)
     eval_every: int = Field(0, ge=0, description="Score the policy greedily on held-out episodes every this many steps "
                             "(eval/<env>/... in metrics.jsonl, every tracker and `make report`; the best by eval reward "
-                            "kept as checkpoint-best, `make export CHECKPOINT=best`). Empty or 0: off. ROLLOUTS=sync.")
+                            "kept as checkpoint-best, `make export CHECKPOINT=best`). Empty or 0: off. ROLLOUTS=async "
+                            "plays them beside the rollout worker, on env sessions of their own (at most one step's "
+                            "samples at once).")
     eval_episodes: int = Field(DEFAULT_EVAL_EPISODES, ge=1, le=4096, description="EVAL_EVERY: held-out episodes "
-                               "per env each time, one greedy episode per seed training never uses (as `make eval`'s).")
+                               "per env each time, one greedy episode per seed training never uses (as `make eval`'s; "
+                               "an env serving its own tasks: its test split).")

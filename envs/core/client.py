@@ -15,7 +15,9 @@ again, checked to answer the same, then the step), since an OpenEnv session live
 step of it has been seen yet; so is one whose first step is SLOW_REPLY_S late on a server that answers no ping
 (stopped, or a half-open link), while a slow tool on a live server is waited for; every stall the client rides
 out or gives up on says so in one `stalled:` log line (what, where, which bound, what happens next), at most one
-per replica and kind every STALL_LOG_EVERY_S (a replay's line: every time, one episode's fate).
+per replica and kind every STALL_LOG_EVERY_S (a replay's line: every time, one episode's fate). The line names the
+connection by its local address, `(from HOST:PORT)`, as the env server's own log names its peer: which of a replica's
+sessions stalled (bench/chaos.py credits each fault only with the lines of its own links).
 """
 
 from __future__ import annotations
@@ -64,15 +66,25 @@ _stall_logged: dict[tuple[str, str], float] = {}
 _stall_lock = threading.Lock()
 
 
-def stalled(where: str, kind: str, text: str, every: bool = False) -> None:
-    """The one-line diagnosis of a stall (bench/chaos.py counts them): `where` a replica's URL, `kind` what stalled.
-    `every`: said each time (one episode's fate), not once per burst."""
+def stalled(where: str, kind: str, text: str, every: bool = False, conn: Optional[str] = None) -> None:
+    """The one-line diagnosis of a stall (bench/chaos.py counts them): `where` a replica's URL, `kind` what stalled,
+    `conn` the connection's local HOST:PORT (None: none was open). `every`: said each time (one episode's fate), not
+    once per burst (the burst is the replica's: `conn` is not part of it)."""
     now = time.monotonic()
     with _stall_lock:
         if not every and now - _stall_logged.get((where, kind), -STALL_LOG_EVERY_S) < STALL_LOG_EVERY_S:
             return
         _stall_logged[(where, kind)] = now
-    log.warning("stalled: %s: %s", where, text)
+    log.warning("stalled: %s%s: %s", where, f" (from {conn})" if conn else "", text)
+
+
+def _local(ws: ClientConnection) -> Optional[str]:
+    """A connection's local HOST:PORT (what the server, or a proxy, sees as its peer), None when not known."""
+    try:
+        host, port = ws.local_address[:2]
+    except (TypeError, ValueError, AttributeError):
+        return None
+    return f"{host}:{port}"
 
 
 def _background_loop() -> asyncio.AbstractEventLoop:
@@ -186,6 +198,7 @@ class SessionClient:
         self.capacity_wait_s = capacity_wait_s
         self.reconnect_wait_s = reconnect_wait_s
         self._ws: Optional[ClientConnection] = None
+        self._conn: Optional[str] = None  # the last connection's local HOST:PORT, kept after it closed (stall lines)
         self._closing: set[int] = set()  # ids of sockets this client closes itself (the idle-close watch skips them)
         # The current episode's reset (its data and reply) while none of its steps has been answered: what a lost
         # connection replays on a fresh session (module docstring). None once a step was answered or tried in vain.
@@ -221,12 +234,13 @@ class SessionClient:
             except TimeoutError:
                 if timed_out:
                     stalled(self.shown_url, "reset", f"no reply to a reset twice (RESET_TIMEOUT_S "
-                            f"{_bound(self.reset_timeout_s)}); this episode goes on without its env, left out")
+                            f"{_bound(self.reset_timeout_s)}); this episode goes on without its env, left out",
+                            conn=self._conn)
                     raise
                 timed_out = True  # the socket is closed already: the next try opens a fresh session
                 stalled(self.shown_url, "reset", f"no reply to a reset within RESET_TIMEOUT_S "
                         f"({_bound(self.reset_timeout_s)}); the session was closed; trying once more on a fresh one"
-                        + (" on another replica" if self._replicas is not None else ""))
+                        + (" on another replica" if self._replicas is not None else ""), conn=self._conn)
                 if self._replicas is not None and self._replica is not None:
                     self._replicas.refused(self._replica)  # a hung replica is skipped for a while, unless alone
                 continue
@@ -235,7 +249,7 @@ class SessionClient:
                 if e.code != "CAPACITY_REACHED" or time.monotonic() + delay > start + capacity_wait_s:
                     raise
                 stalled(self.shown_url, "capacity", f"no free session slot (CAPACITY_REACHED); waiting up to "
-                        f"{capacity_wait_s:g} s for one, on another replica first")
+                        f"{capacity_wait_s:g} s for one, on another replica first", conn=self._conn)
                 if self._replica:
                     full.add(self._replica)
             except (ConnectionError, ConnectionClosed) as e:
@@ -304,7 +318,7 @@ class SessionClient:
         did: the session died with its socket and no step of it was answered, so the episode goes on as if nothing
         happened. Else SESSION_LOST, as before."""
         data, first = replay
-        lost_at = self.shown_url
+        lost_at, lost_conn = self.shown_url, self._conn
         budget = self.message_timeout_s if self.message_timeout_s is not None else self.reconnect_wait_s
         # A replay is worth it only inside the step's own bound: each connect and reset reply gets REPLAY_REPLY_S (a
         # healthy server answers in ms), so one that lands on a stopped server is given up on in time for another.
@@ -316,7 +330,7 @@ class SessionClient:
             again = self._reset_within(data, min(self.capacity_wait_s, budget), min(self.reconnect_wait_s, budget))
         except (EnvServerError, ConnectionError, ConnectionClosed, TimeoutError, UntrustedReply) as e:
             stalled(lost_at, "replay", f"connection lost {when}; could not start the episode again on a fresh "
-                    f"session ({one_line(str(e), 160)}); it is left out", every=True)
+                    f"session ({one_line(str(e), 160)}); it is left out", every=True, conn=lost_conn)
             raise EnvServerError(f"The env-server session was lost mid-episode and could not be re-established "
                                  f"({one_line(str(e), 300)}); this episode cannot continue. Stop calling tools.",
                                  code="SESSION_LOST") from None
@@ -325,11 +339,12 @@ class SessionClient:
         self._replayable = None
         if again != first:
             stalled(lost_at, "replay", f"connection lost {when}; the env's reset answered differently on a fresh "
-                    "session (not reproducible), so the episode is left out", every=True)
+                    "session (not reproducible), so the episode is left out", every=True, conn=lost_conn)
             raise EnvServerError("The env-server session was lost mid-episode; this episode cannot continue. "
                                  "Stop calling tools.", code="SESSION_LOST")
         stalled(lost_at, "replay", f"connection lost {when}; the episode's reset was replayed on a fresh session "
-                f"({self.shown_url}) {time.monotonic() - started:.1f} s into the step, which goes on", every=True)
+                f"({self.shown_url}) {time.monotonic() - started:.1f} s into the step, which goes on", every=True,
+                conn=lost_conn)
 
     def close(self) -> None:
         self._closes += 1
@@ -347,6 +362,11 @@ class SessionClient:
     def shown_url(self) -> str:
         """The URL as messages, logs and the model may see it: without credentials."""
         return strip_credentials(self.url)
+
+    @property
+    def connection(self) -> Optional[str]:
+        """The session's connection (the last one, once closed) by its local HOST:PORT, as its server sees it."""
+        return self._conn
 
     @property
     def connected(self) -> bool:
@@ -370,6 +390,7 @@ class SessionClient:
     async def _connect(self) -> None:
         if self._ws is not None:
             await self._close()
+        self._conn = None
         try:
             self._ws = await open_session(
                 self.url,
@@ -377,7 +398,8 @@ class SessionClient:
                 ping_interval=self.ping_interval_s,
                 ping_timeout=self.ping_timeout_s,
             )
-            asyncio.get_running_loop().create_task(self._watch(self._ws, self.shown_url))
+            self._conn = _local(self._ws)
+            asyncio.get_running_loop().create_task(self._watch(self._ws, self.shown_url, self._conn))
         except RedirectRefused as e:
             self._ws = None
             raise RedirectRefused(f"env server at {self.shown_url} {e}") from None
@@ -386,7 +408,7 @@ class SessionClient:
             raise ConnectionError(f"Cannot reach env server at {self.shown_url}: "
                                   f"{one_line(strip_credentials(str(e)), 300)}") from e
 
-    async def _watch(self, ws: ClientConnection, where: str) -> None:
+    async def _watch(self, ws: ClientConnection, where: str, conn: Optional[str]) -> None:
         """Say when a connection dies under the client (a crashed server, a dropped link, keepalive pings unanswered
         on a half-open one), not when the client or an idle-reaping server closes it in order."""
         await ws.wait_closed()
@@ -395,11 +417,12 @@ class SessionClient:
             return
         code = ws.close_code
         if getattr(ws, "abort_reason", None):
-            stalled(where, "flood", f"{ws.abort_reason}; the session's episode is left out or replayed")
+            stalled(where, "flood", f"{ws.abort_reason}; the session's episode is left out or replayed", conn=conn)
         elif code in ABNORMAL_CLOSE:
             why = "keepalive pings unanswered" if code == 1011 else "closed without a close frame"
             stalled(where, "closed", f"connection lost ({why}, code {code}); an episode that has made no step "
-                    "yet is replayed on a fresh session, one that has is left out, the next reset reconnects")
+                    "yet is replayed on a fresh session, one that has is left out, the next reset reconnects",
+                    conn=conn)
 
     async def _recv_probing(self, ws: ClientConnection, timeout_s: Optional[float], probe_after_s: float) -> Any:
         """`ws.recv()` within `timeout_s`, asking the server for a pong once the reply is `probe_after_s` late
@@ -442,6 +465,9 @@ class SessionClient:
         try:
             if ws.state is State.OPEN and not _queued_frames(ws) and not ws.transport.get_write_buffer_size():
                 await asyncio.wait_for(self._close_handshake(ws), CLOSE_HANDSHAKE_S)
+        except asyncio.TimeoutError:  # the caller waited that long on a server that answers nothing: a stall
+            stalled(self.shown_url, "close", f"no answer to the session's close within {CLOSE_HANDSHAKE_S:g} s (a "
+                    "stopped server or a half-open link); the socket was aborted", conn=_local(ws) or self._conn)
         except Exception:
             pass
         finally:
@@ -515,7 +541,7 @@ class SessionClient:
         took = time.monotonic() - sent_at
         if took > SLOW_REPLY_S:
             stalled(self.shown_url, "slow", f"a {message.get('type')} reply took {took:.1f} s (bound "
-                    f"{_bound(timeout_s)}); answered, the episode goes on")
+                    f"{_bound(timeout_s)}); answered, the episode goes on", conn=self._conn)
         try:
             reply = loads_reply(raw) if len(raw) <= PARSE_INLINE_CHARS else \
                 await asyncio.get_running_loop().run_in_executor(_parser(), loads_reply, raw)

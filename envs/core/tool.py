@@ -80,6 +80,19 @@ def infra_failure_of(tool: Any) -> str | None:
     return getattr(tool, "_infra_failure", None)
 
 
+def submit_final_answer(tool: Any, text: str) -> tuple[str, dict, str, bool] | None:
+    """An episode that ended in plain text, for a tool class that scores final answers through a tool (envs.generic's
+    for an env serving its tasks with an answer tool): the text submitted through it; (tool, arguments, result,
+    failed), or None where nothing was submitted. A failure of the env side is a failed submission, not a raise."""
+    submit = getattr(tool, "_submit_final", None)
+    if not callable(submit):
+        return None
+    try:
+        return submit(text)
+    except Exception as exc:  # noqa: BLE001 - a lost session: the episode keeps the reward it had
+        return "", {}, f"{type(exc).__name__}: {exc}", True
+
+
 def detached(tool: Any) -> SimpleNamespace:
     """What the functions above read from `tool` now, kept after the instance goes back to TRL's pool and its next
     reset replaces them (ROLLOUTS=async traces a group once it is scored). The trace object stays this episode's."""

@@ -8,7 +8,12 @@ Same contract as the hand-written tool classes (`__init__(base_url)`, `reset(**r
   * each tool: one step on the server; MCP tools return the tool's result, typed actions the new
     observation as readable text (trimmed to a budget); an error the env reports is raised, so TRL
     shows it to the model and the run goes on;
-  * reward: the episode's step rewards, summed (or the last one); after `done` a call says so.
+  * reward: the episode's step rewards, summed (or the last one); after `done` a call says so;
+  * an env that publishes its tasks (envs.generic.tasks) and scores a final answer through a tool (its answer tool):
+    a model that ends the episode in plain text has that text submitted through it (`_submit_final`), the episode's
+    reward then being the one that call reports.
+A reset observation is shown as the task's prompt where the env gives one (`metadata.prompt`, as `openenv import`'s
+ORS wrapper does), and never with a `task_spec` (it may hold the answer: an ORS task spec carries its `solution`).
 """
 
 from __future__ import annotations
@@ -152,10 +157,44 @@ def render_observation(observation: dict, budget: int) -> str:
     return trim("\n".join(lines), budget)
 
 
+# Keys of a reset observation never shown to the model: a task's spec may hold its answer (ORS: `solution`).
+HIDDEN_KEYS = ("task_spec",)
+
+
+def blocks_text(value: Any) -> str | None:
+    """The text of a prompt given as a string, content blocks ([{"type": "text", "text": ...}], ORS's and MCP's) or
+    chat messages ([{"role", "content"}]); None for anything else."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+        parts = [v.get("text") if isinstance(v.get("text"), str) else blocks_text(v.get("content")) for v in value]
+        parts = [p for p in parts if p]
+        return "\n".join(parts) if parts else None
+    return None
+
+
+def reset_text(data: dict, budget: int) -> str:
+    """What the model is shown of a reset: the observation's fields (task_spec left out), or, where it has none but
+    metadata (OpenEnv's bare `Observation`, `openenv import`'s wrappers), the prompt the metadata gives, else that
+    metadata without its task_spec."""
+    observation = {k: v for k, v in (data.get("observation") or {}).items() if k not in HIDDEN_KEYS}
+    metadata = observation.get("metadata") if isinstance(observation.get("metadata"), dict) else data.get("metadata")
+    if not any(v not in (None, "", [], {}) for k, v in observation.items() if k != "metadata") \
+            and isinstance(metadata, dict):
+        prompt = blocks_text(metadata.get("prompt"))
+        if prompt:
+            return trim(_take([prompt], budget), budget)
+        observation = {"metadata": {k: v for k, v in metadata.items() if k not in HIDDEN_KEYS}}
+    return render_observation(observation, budget)
+
+
 def mcp_result_text(result: Any, budget: int) -> str:
-    """A FastMCP CallToolResult (as JSON) -> its value (`data`, else structured content, else text blocks), trimmed."""
+    """A FastMCP CallToolResult (as JSON) -> its value (`data`, else structured content, else text blocks; an ORS
+    tool's `blocks`), trimmed."""
     if isinstance(result, dict):
-        if result.get("data") is not None:
+        if isinstance(result.get("blocks"), list) and blocks_text(result["blocks"]) is not None:
+            result = blocks_text(result["blocks"])
+        elif result.get("data") is not None:
             result = result["data"]
         elif result.get("structured_content") is not None:
             result = result["structured_content"]
@@ -172,6 +211,7 @@ class GenericTool(EnvTool):
     _interface: EnvInterface
     _reward_mode: RewardMode = "sum"
     _budget: int = 2000
+    _answer: tuple[str, str] | None = None  # (tool, argument) a plain-text final answer is submitted through
 
     def __init__(self, base_url: str) -> None:
         super().__init__(base_url)
@@ -181,8 +221,23 @@ class GenericTool(EnvTool):
     def reset(self, reset_kwargs: dict | None = None, **row: Any) -> str | None:
         self._rewards, self._done = [], False
         data = self._client.reset(**(reset_kwargs or {}))
-        text = render_observation(data.get("observation") or {}, self._budget)
-        return f"\n\n{text}" if text else None
+        text = reset_text(data, self._budget)
+        prompt = row.get("prompt")
+        empty = isinstance(prompt, list) and prompt and not (prompt[-1] or {}).get("content")
+        return (text if empty else f"\n\n{text}") if text else None  # a task row's user message is the task's prompt
+
+    def _submit_final(self, text: str) -> tuple[str, dict, str, bool] | None:
+        """The episode ended in plain text and the env scores answers through a tool: submit `text` through it.
+        (tool, arguments, result, failed), or None when there is nothing to submit (no answer tool, episode over)."""
+        if self._answer is None or self._done:
+            return None
+        name, argument = self._answer
+        spec = self._interface.tool(name)
+        arguments = {argument: text}
+        try:
+            return name, arguments, self._step(spec, arguments), False
+        except RuntimeError as exc:  # the env refused it: the model sees nothing more, the reward stays the episode's
+            return name, arguments, str(exc), True
 
     def _step(self, spec: ToolSpec, arguments: dict) -> str:
         if self._done:
@@ -253,10 +308,12 @@ def tool_function(spec: ToolSpec):
 
 
 def make_tool_class(env_name: str, interface: EnvInterface, reward_mode: RewardMode = "sum",
-                    budget: int = 2000) -> type:
-    """The tool class for one env: GenericTool plus one method per tool the server declares."""
+                    budget: int = 2000, answer: tuple[str, str] | None = None) -> type:
+    """The tool class for one env: GenericTool plus one method per tool the server declares. `answer`: the (tool,
+    argument) a plain-text final answer is submitted through (envs.generic.tasks.answer_tool)."""
     session_class = McpHttpSession if interface.transport == TRANSPORT else SessionClient  # the env's transport
     namespace: dict[str, Any] = {"_interface": interface, "_reward_mode": reward_mode, "_budget": budget,
+                                 "_answer": answer,
                                  "_session_class": session_class,
                                  "__doc__": f"One {env_name} session per rollout; tools learned from the server.",
                                  "__module__": __name__}

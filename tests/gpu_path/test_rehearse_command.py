@@ -34,7 +34,8 @@ PROMPT = [11, 12, 13, 14, 15]
 # dozens of samples. Every run measured was at 1.00 after these steps (the spread in the test's docstring).
 LEARN_STEPS = {"sync": 6, "async": 4}
 LEARN_SETTINGS = {"sync": {"TRAINER_PROCESSES": "2", "PER_DEVICE_TRAIN_BATCH_SIZE": "16"},
-                  "async": {"TRAINER_PROCESSES": "1"}}
+                  # #66: the async run evaluates too (4 held-out echo episodes at steps 2 and 4, greedy, on the twin)
+                  "async": {"TRAINER_PROCESSES": "1", "EVAL_EVERY": "2", "EVAL_EPISODES": "4"}}
 # Greedy exact first calls after LEARN_STEPS, of the run's last checkpoint: the bar each mode must reach. The twin's
 # sampling is not seeded (TRL's server client sends no per-request seed), so runs of one seed differ; the spreads
 # measured are in the test's docstring, and each bar leaves the worst of them a margin.
@@ -173,6 +174,13 @@ def test_make_rehearse_trains_through_the_twin_and_learns(rehearsal, tiny_model_
     rows = step_rows(rehearsal, run)
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     assert sum(r["tools/call_frequency"] for r in rows) > 0
+    if rollouts == "async":  # EVAL_EVERY with ROLLOUTS=async (trainer.async_grpo.async_eval): played on the twin
+        evaluated = [r for r in rows if "eval/echo/episodes" in r]
+        assert [r["step"] for r in evaluated] == [2, 4], rows[-1]
+        assert all(r["eval/echo/episodes"] == 4 and r["eval/echo/infra_failures"] == 0 for r in evaluated), evaluated
+        assert re.search(r"eval at step 4: echo reward \d\.\d{3} .*\(ROLLOUTS=async: the vLLM server's policy", log)
+        print(f"[{run}] eval reward at steps 2, 4: {[r['eval/echo/reward_mean'] for r in evaluated]}, "
+              f"{[round(r['time/eval_s'], 1) for r in evaluated]} s each")
     if rollouts == "sync":
         assert "[launch] 2 trainer processes (ddp, gloo)" in log
         print(f"[{run}] " + "; ".join(f"step {r['step']}: {sampling_health.describe(r)}" for r in rows))

@@ -190,6 +190,32 @@ def test_make_train_restarts_vllm_once_on_the_restart_code_stand_in_commands():
     assert recovering(trainer, restart) == EXIT_VLLM_WENT_AWAY and len(calls) == 3
 
 
+def test_make_train_restarts_the_stacks_judge_once_when_it_stayed_down_stand_in_commands():
+    """Issue 64 item 4: a judge that stays down stops the run (EXIT_JUDGE_DOWN); `make train` restarts the stack's
+    judge service, health-gated, and resumes, once; a judge elsewhere (JUDGE_URL: no restart given) leaves the exit."""
+    from contract.defaults import EXIT_JUDGE_DOWN
+    from tools.commands.train import recovering
+
+    def scripted(codes):
+        calls = []
+
+        def run_trainer(extra=()):
+            calls.append(" ".join(["trainer", *extra]))
+            return codes.pop(0)
+
+        return calls, run_trainer
+
+    calls, trainer = scripted([EXIT_JUDGE_DOWN, 0])
+    assert recovering(trainer, None, lambda: calls.append("restart judge") or 0) == 0
+    assert calls == ["trainer", "restart judge", "trainer --resume auto"]
+    calls, trainer = scripted([EXIT_JUDGE_DOWN, EXIT_JUDGE_DOWN])
+    assert recovering(trainer, None, lambda: 0) == EXIT_JUDGE_DOWN and len(calls) == 2  # once, no loop
+    calls, trainer = scripted([EXIT_JUDGE_DOWN])
+    assert recovering(trainer, lambda: 0, None) == EXIT_JUDGE_DOWN and calls == ["trainer"]  # JUDGE_URL: not ours
+    calls, trainer = scripted([EXIT_VLLM_WENT_AWAY])
+    assert recovering(trainer, None, lambda: 0) == EXIT_VLLM_WENT_AWAY and calls == ["trainer"]  # no vllm service
+
+
 def test_a_vllm_that_went_away_mid_run_is_named_and_any_other_failure_is_not_stub_servers(trl_client_cls):
     """#33 item 5: TRL's own client generating against a server that then stops (its port closed: what a vLLM
     restart or crash leaves) fails with a connection error the trainer reads as 'vLLM went away' (exit

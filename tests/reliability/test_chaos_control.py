@@ -77,7 +77,7 @@ def test_the_proxy_container_mounts_only_its_file_and_has_limits(monkeypatch):
 
     tokens = []
     monkeypatch.setattr(chaos_stack, "sh", sh)
-    monkeypatch.setattr(chaos_stack, "RemoteProxy", lambda address, token: tokens.append(token) or address)
+    monkeypatch.setattr(chaos_stack, "RemoteProxy", lambda address, token, **_: tokens.append(token) or address)
     remote, url = chaos_stack.proxy_container("p", "net", "tasks.env-echo:8000", 7, image="img")
     assert remote == "127.0.0.1:5555" and url == "http://127.0.0.1:5555"
     argv, env = next((a, e) for a, e in runs if a[:2] == ("docker", "run"))

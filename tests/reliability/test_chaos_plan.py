@@ -20,7 +20,8 @@ from bench.chaos_faults import ENV_KINDS, Injector, Planned, plan
 def default_plan(*argv: str) -> tuple[list[Planned], object]:
     args = chaos.parse_args(list(argv))
     return plan(args.steps, args.seed, args.per_kind, tuple(args.kill_after),
-                args.vllm_restart_after if args.rollouts == "async" else None), args
+                args.vllm_restart_after if args.rollouts == "async" else None,
+                args.judge_restart_after if args.judge else None), args
 
 
 @pytest.mark.parametrize("argv", [(), ("--rollouts", "async"), ("--seed", "7"), ("--steps", "60", "--seed", "7")])
@@ -117,6 +118,57 @@ def test_a_stop_never_signals_a_server_with_no_process(tmp_path, monkeypatch):
     for kind in ("stop", "kill"):
         assert inj.fire(Planned(1, kind, 0.0)) is False
     assert signalled == [] and inj.counts()["stop"] == 0 and "no process" in inj.events[0]["error"]
+
+
+# ---------------------------------------------------------------------------- a run with a judge (#64)
+JUDGE = ("--rollouts", "async", "--judge", "/models/tiny-qwen3")
+
+
+@pytest.mark.parametrize("steps", ["20", "8"])
+def test_a_run_with_a_judge_plans_one_judge_kill_between_the_restarts_and_keeps_the_seeds_other_faults(steps):
+    with_judge, args = default_plan(*JUDGE, "--steps", steps)
+    without, _ = default_plan("--rollouts", "async", "--steps", steps)
+    judged = [p for p in with_judge if p.kind == "judge_restart"]
+    assert len(judged) == 1 and judged[0].after_step == args.judge_restart_after
+    assert args.vllm_restart_after <= args.judge_restart_after <= min(args.kill_after), args  # between the restarts
+    assert 1 <= args.judge_restart_after <= args.steps - 2  # a step after it shows what the dead judge did
+    assert [p for p in with_judge if p.kind != "judge_restart"] == without
+
+
+@pytest.mark.parametrize("argv", [("--judge", "/models/tiny-qwen3"), (*JUDGE, "--steps", "10", "--judge-restart-after", "9")])
+def test_a_judge_needs_the_async_run_and_a_step_after_its_kill(argv, capsys):
+    with pytest.raises(SystemExit):
+        chaos.parse_args(list(argv))
+    assert "--judge" in capsys.readouterr().err
+
+
+def test_the_judge_fault_kills_the_judge_and_starts_it_again_with_a_stand_in_docker(tmp_path, monkeypatch):
+    """A test double for Docker (the injector's calls, no container): no judge container yet is tried again later; then
+    docker kill, docker start JUDGE_DOWN_S later, followed to healthy; counted once."""
+    calls = []
+
+    def docker(*args, **kw):
+        calls.append(args[1])
+        return "healthy" if args[1] == "inspect" else ""
+
+    monkeypatch.setattr(chaos_faults, "sh", docker)
+    monkeypatch.setattr(chaos_faults, "JUDGE_DOWN_S", 0.0)
+    container = [""]
+    fault = Planned(2, "judge_restart", 0.5)
+    inj = Injector(None, ProxyDouble(), 0, [fault], tmp_path / "chaos-log.jsonl", judge=lambda: container[0])
+    assert inj.fire(fault) is False and calls == [] and "no judge container" in inj.events[0]["error"]
+    container[0] = "d00dfeed" * 8
+    assert inj.fire(fault) is True
+    inj.end()
+    assert calls == ["kill", "start", "inspect"]
+    event = inj.events[-1]
+    assert event["container"] == "d00dfeed" * 1 + "d00d" and event["healthy"] >= event["started"] >= event["time"]
+    assert inj.counts()["judge_restart"] == 1 and inj.pending == []
+    from bench.chaos_figures import judge_restart_figure
+
+    figure = judge_restart_figure(inj.events, [{"step": 3, "judge/failures": 2}, {"step": 4, "judge/failures": 0}])
+    assert figure["after_step"] == 2 and figure["judge_failures"] == 2 and figure["healthy_after_s"] >= 0
+    assert judge_restart_figure(inj.events, [{"step": 3}])["judge_failures"] is None  # the trainer logs none
 
 
 # ---------------------------------------------------------------------------- the proxy's hostile frames

@@ -205,18 +205,22 @@ def test_a_stall_line_is_said_once_per_replica_and_kind_in_a_burst(caplog):
 def test_a_first_step_into_a_half_open_link_is_replayed_once_no_pong_comes(caplog):
     """#33 item 3: the first step sent into a frozen link gets no reply; after SLOW_REPLY_S the client pings, no pong
     comes within PONG_WAIT_S, and the episode is replayed on a fresh session, well inside TOOL_TIMEOUT_S-sized bounds
-    (not lost at the bound). A delayed but live link answers the ping and is waited for."""
+    (not lost at the bound). A delayed but live link answers the ping and is waited for. The replay's line names the
+    frozen connection as the proxy saw its trainer's side (bench/chaos_figures.py credits each fault by it, #63)."""
     pytest.importorskip("openenv")
     from envs.core.client import PONG_WAIT_S, SLOW_REPLY_S
 
     server, proxy, client = _served_through_proxy(message_timeout_s=30)
     try:
-        assert proxy.half_open() is not None
+        frozen = proxy.half_open()
+        assert frozen is not None and frozen["client"] == client.connection, (frozen, client.connection)
         t0 = time.monotonic()
         assert client.step(ECHO)["observation"]["result"]["data"] == "a"
         took = time.monotonic() - t0
         assert took >= SLOW_REPLY_S and proxy.opened == 2, (took, proxy.opened)
-        assert any("no pong" in r.getMessage() and "reset was replayed" in r.getMessage() for r in caplog.records)
+        [said] = [r.getMessage() for r in caplog.records if "no pong" in r.getMessage()]
+        assert "reset was replayed" in said and f"(from {frozen['client']}):" in said, said
+        assert client.connection != frozen["client"]  # the fresh session's own
 
         client.reset(target="beta")
         proxy.delay(SLOW_REPLY_S + 1.0, 60.0)  # every reply chunk (pongs too) late: slow, not dead
@@ -225,6 +229,28 @@ def test_a_first_step_into_a_half_open_link_is_replayed_once_no_pong_comes(caplo
         assert any("a step reply took" in r.getMessage() for r in caplog.records)  # said, as a stall ridden out
         assert PONG_WAIT_S < 30
         client.close()
+    finally:
+        proxy.close()
+        server.terminate()
+        server.wait(10)
+
+
+def test_a_close_into_a_half_open_link_is_bounded_and_said_naming_its_connection(caplog, monkeypatch):
+    """#63: the session's close waited CLOSE_HANDSHAKE_S on a frozen link, the caller with it, and said nothing (a
+    chaos run's half-open stall then had no line of its own); now one `stalled:` line names the connection."""
+    pytest.importorskip("openenv")
+    from envs.core import client as client_module
+
+    monkeypatch.setattr(client_module, "CLOSE_HANDSHAKE_S", 0.5)
+    server, proxy, client = _served_through_proxy(message_timeout_s=30)
+    try:
+        frozen = proxy.half_open()
+        assert frozen is not None
+        t0 = time.monotonic()
+        client.close()
+        assert time.monotonic() - t0 < 10  # the handshake's bound, then the abort (a hang guard, not a timing)
+        [said] = [r.getMessage() for r in caplog.records if "no answer to the session's close" in r.getMessage()]
+        assert said.startswith(f"stalled: ws://127.0.0.1:{proxy.port}/ws (from {frozen['client']}): "), said
     finally:
         proxy.close()
         server.terminate()

@@ -186,9 +186,10 @@ def test_vllm_dev_routes_stay_on_the_private_network(full):
 
 
 def test_env_images_never_share_a_network_with_vllm(full, every):
-    """An env image is code the user did not write: it must not reach vLLM's weight routes (SECURITY.md)."""
+    """An env image is code the user did not write: it must not reach vLLM's weight routes, nor the judge that scores
+    its transcripts (SECURITY.md)."""
     for cfg in (full, every):
-        vllm_nets = {n for name in ("vllm", "vllm-cpu") if name in cfg["services"]
+        vllm_nets = {n for name in ("vllm", "vllm-cpu", "judge") if name in cfg["services"]
                      for n in cfg["services"][name]["networks"]}
         for name, svc in cfg["services"].items():
             if name.startswith("env-") or name == "model-init":

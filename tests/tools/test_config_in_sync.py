@@ -147,7 +147,7 @@ def test_make_train_warns_of_a_misspelled_key_before_anything_starts(monkeypatch
     class Started(Exception):
         pass
 
-    def bring_up(prepared):
+    def bring_up(prepared, **kwargs):
         raise Started
 
     monkeypatch.setattr(train, "bring_up", bring_up)

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from contract.config import ConfigError, RunConfig
+from contract.config import RunConfig
 from trainer import train
 from trainer.after import report
 from trainer.core import trackers
@@ -198,9 +198,8 @@ def test_held_out_seeds_are_never_training_seeds_and_a_prompts_file_env_is_refus
     assert "\n" not in str(exc.value) and "EVAL_EVERY" in str(exc.value)
 
 
-def test_eval_every_with_async_rollouts_is_refused_in_one_line():
-    with pytest.raises(ConfigError) as exc:
-        RunConfig.load(["--rollouts", "async", "--train-mode", "gpu", "--eval-every", "10"])
-    message = str(exc.value)
-    assert message.startswith("EVAL_EVERY=10 is a setting of ROLLOUTS=sync") and "\n" not in message
+def test_eval_every_with_async_rollouts_is_accepted_and_sized():
+    """(It was refused in one line before the async evaluation: tests/trainer/test_async_eval.py.)"""
+    cfg = RunConfig.load(["--rollouts", "async", "--train-mode", "gpu", "--eval-every", "10"])
+    assert cfg.rollouts.is_async and cfg.rollouts.eval_every == 10 and cfg.rollouts.eval_sessions(cfg) > 0
     assert RunConfig.load(["--rollouts", "async", "--train-mode", "gpu", "--eval-every", "0"]).rollouts.is_async

@@ -38,3 +38,20 @@ def test_grpo_run_turns_no_tool_call_into_exact_echoes(tmp_path, tiny_model_dir,
     assert after["exact_rate"] >= 0.8, (before, after)
     assert after["exact_rate"] >= before["exact_rate"] + 0.6
 
+
+
+def test_greedy_scoring_generates_once_per_distinct_prompt():
+    """The held-out rows repeat their prompts (echo's 60 are its 6 words): greedy scoring asks the model once per
+    distinct prompt and gives every repeat that answer (first_turn.once_per_prompt)."""
+    asked: list[tuple[int, ...]] = []
+
+    def generate(ids: list[int]) -> list[int]:
+        asked.append(tuple(ids))
+        return [len(asked)]  # a different answer each call: a repeat served from the memo shows as the same answer
+
+    once = first_turn.once_per_prompt(generate)
+    answers = [once(ids) for ids in ([1, 2], [3], [1, 2], [1, 2], [3])]
+    assert asked == [(1, 2), (3,)]
+    assert answers == [[1], [2], [1], [1], [2]]
+    answers[0].append(9)  # a caller changing its answer does not change the next repeat's
+    assert once([1, 2]) == [1]

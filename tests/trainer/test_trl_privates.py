@@ -31,7 +31,7 @@ def test_each_pin_holds_on_the_installed_trl(pin):
     found = trl_privates.problem(pin)
     assert found is None, f"{pin.dotted}: {found}: re-check {pin.where}: {pin.why}"
     if pin.digest:
-        digest = trl_privates.source_digest(trl_privates.resolve(pin.dotted))
+        digest = trl_privates.source_digest(trl_privates.import_dotted(pin.dotted))
         assert digest == pin.digest, f"{pin.dotted} changed in trl: re-check {pin.where}: {pin.why}"
 
 
@@ -45,7 +45,7 @@ def trl_private_names() -> dict[str, set[str]]:
     attributes TRL's code assigns on their instances), or of the modules."""
     out: dict[str, set[str]] = {}
     for owner in {pin.owner for pin in PINS}:
-        obj = trl_privates.resolve(owner)
+        obj = trl_privates.import_dotted(owner)
         if inspect.isclass(obj):
             names = set(trl_privates._assigned(owner))
             for cls in inspect.getmro(obj):

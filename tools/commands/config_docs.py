@@ -67,6 +67,8 @@ COMPOSE_ONLY = {
     "WANDB_API_KEY_FILE": "`WANDB_MODE=online`: file holding your W&B API key (a Compose secret), e.g. "
     "`./.secrets/wandb_api_key`",
     "TORCH_INDEX_URL": "where CPU images get torch when no local wheel is found",
+    "JUDGE_MEM_LIMIT": "memory limit of the judge container (host memory; its GPU memory is `JUDGE_GPU_MEMORY_SHARE`)",
+    "JUDGE_SHM_SIZE": "/dev/shm of the judge container",
 }
 
 # Keys whose name holds the env's: any env of ENV_NAME, read by the generated env services (tools/compose_file.py).
@@ -80,6 +82,8 @@ PER_ENV = [
      "the port env `<name>`'s server listens on inside its container (1-65535): where the stack publishes, "
      "health-checks, measures and reaches it; an image exposing several ports gets `8000` and a line naming this"),
     ("ENV_<NAME>_USER", "`10001:10001`", "only for an image that needs root (`0`)"),
+    ("ENV_<NAME>_SPLIT", "its train split", "an env that publishes its own tasks (OpenEnv's Task API): the split to "
+     "train on, one row per task ([Envs that bring their own tasks](environments.md#envs-that-bring-their-own-tasks))"),
 ]
 
 HEADER = """# Configuration: every `.env` variable

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import shutil
 
-from tools import derive, docker_host, env_keys, env_ports, fleet, gpu_doctor, proxies, settings
+from tools import derive, docker_host, env_keys, env_ports, fleet, gpu_doctor, judge, proxies, settings
 from tools.env_kinds import env_kinds
 from tools.errors import StackError, report_stack_error
 from contract.config import CpuMode, TrainModeVariant
@@ -57,6 +57,7 @@ def run(rest: list[str]) -> int:
         report_stack_error(exc)
         ok = False
     report(".env values", derive.validate_run_config(dotenv, mode))
+    ok = judge_rows(dotenv, mode, gpus) and ok
     report("HF token file", docker_host.check_token_file(dotenv), "readable by the containers' user")
     report("DASHBOARD_PORT", docker_host.check_port(dotenv, "DASHBOARD_PORT"), f"{dotenv.get('DASHBOARD_PORT', '6006')} free")
     if derive.fleet_mode(dotenv):
@@ -67,6 +68,19 @@ def run(rest: list[str]) -> int:
         ok = trainer_memory(gpus, dotenv, mode) and ok
     print("all good" if ok else "doctor found problems: fix the FAIL lines above")
     return 0 if ok else 1
+
+
+def judge_rows(dotenv: dict[str, str], mode: TrainModeVariant, gpus: gpu_doctor.DockerGpus) -> bool:
+    """The judge's lines (tools/judge.py): JUDGE_MODEL/JUDGE_URL, JUDGE_GPU and its split, the key file, the pin.
+    False: a FAIL among them."""
+    try:
+        layout = derive.gpu_layout_for(dotenv, mode, gpus)
+    except StackError:  # the GPU rows below name it
+        layout = None
+    rows = judge.doctor_rows(dotenv, mode, layout, gpus.gpus, on_cpu=not mode.uses_vllm)
+    for status, name, msg in rows:
+        print(f"  {status:<4} {name}: {msg}")
+    return all(status != "FAIL" for status, _, _ in rows)
 
 
 def docker_proxies() -> str:
@@ -89,7 +103,12 @@ def trainer_memory(gpus: gpu_doctor.DockerGpus, dotenv: dict[str, str], mode: Tr
     except Exception:  # noqa: BLE001 - a bad .env is reported by the `.env values` row
         return True
     config, where = gpu_doctor.model_config(cfg)
-    rows = gpu_doctor.memory_rows(gpus.gpus, dotenv, mode, cfg, config, where)
+    try:  # colocate: a judge on the trainer's GPU takes its share too (tools/judge.py)
+        layout = derive.gpu_layout_for(dotenv, mode, gpus)
+    except StackError:
+        layout = None
+    judge_share = {g.index: judge.trainer_gpu_share(dotenv, mode, layout, g.index) for g in gpus.gpus}
+    rows = gpu_doctor.memory_rows(gpus.gpus, dotenv, mode, cfg, config, where, judge_share)
     for fine, name, msg in rows:
         print(f"  {'ok  ' if fine else 'FAIL'} {name}: {msg}")
     return all(fine for fine, _, _ in rows)

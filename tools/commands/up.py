@@ -8,9 +8,10 @@ from tools.commands.build import build
 from tools.prepare import Prepared, prepare
 
 
-def bring_up(prepared: Prepared) -> None:
-    """Build, deploy the fleet if any, start the plan's long-running services and wait until they are healthy.
-    Adds the resolved replica counts to `prepared.compose_vars`, so later compose calls keep the scale."""
+def bring_up(prepared: Prepared, hold: tuple[str, ...] = ()) -> None:
+    """Build, deploy the fleet if any, start the plan's long-running services (but those in `hold`, the caller's to
+    start) and wait until they are healthy. Adds the resolved replica counts to `prepared.compose_vars`, so later
+    compose calls keep the scale."""
     plan, values = prepared.plan, prepared.plan.values
     if plan.fleet:
         fleet.role(values)  # no swarm: say so before any build
@@ -22,7 +23,7 @@ def bring_up(prepared: Prepared) -> None:
     if plan.fleet:
         fleet.up_here(values, plan.mode, processes)
         prepared.read_ports_again()  # the fleet's images are here now: the trainer reaches their servers' ports
-    services, profiles = list(plan.services), prepared.compose_vars["COMPOSE_PROFILES"]
+    services, profiles = [s for s in plan.services if s not in hold], prepared.compose_vars["COMPOSE_PROFILES"]
     if plan.settings.DASHBOARD:
         problem = docker_host.check_port(values, "DASHBOARD_PORT")
         if problem:

@@ -19,7 +19,8 @@ runs on CPU); on GPU hosts vLLM inside this process on the checkpoint folder (TR
 Held-out tasks (trainer.run.held_out, as the evaluation during training takes them): NUM_GENERATIONS episodes per task
 (pass@k for k = 1..NUM_GENERATIONS, contract.eval_report.pass_at_k), each task a seed training never used (they go to
 eval.json's "seeds"); an env whose rows come from ENV_PROMPTS_FILE is scored on the rows of --prompts-file (their
-indices are its "seeds").
+indices are its "seeds"); an env that serves its own tasks (OpenEnv's Task API) on its test split, else its
+validation split (the tasks' indices are its "seeds", the split is eval.json's "splits").
 
 Reported per env and model (contract.eval_report's schema): the env's own episode reward (get_reward; the trainer's
 UNFINISHED_PENALTY shaping is left out), success = reward above --threshold (default 0.5), pass@k, tool calls and
@@ -113,6 +114,12 @@ def summarize(model: str, env: str, episodes: list[Episode], generations: int, t
         "tool_failures_per_episode": mean([ep.failures for ep in scored]),
         "tokens_per_episode": mean([ep.tokens for ep in scored]),
     }
+
+
+def split_note(rows: list[dict]) -> str:
+    """` of split S` for the rows of an env that serves its own tasks, else nothing."""
+    split = (rows[0].get("reset_kwargs") or {}).get("split") if rows else None
+    return f" of its {split!r} split" if split else ""
 
 
 def _generation_kwargs(cfg: RunConfig) -> dict[str, Any]:
@@ -295,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     base = cfg.model_path
     g = cfg.num_generations
     log(f"run {run}: {checkpoint.name} (step {step}) vs the base model {cfg.model_id} on "
-        + ", ".join(f"{name} ({len(rows)} held-out tasks x {g})" for name, (_, rows) in tasks.items())
+        + ", ".join(f"{name} ({len(rows)} held-out tasks{split_note(rows)} x {g})" for name, (_, rows) in tasks.items())
         + f"; success: reward > {args.threshold:g}; generation: "
         + ("transformers" if cfg.placement.trainer_on_cpu else "vLLM in this process"))
     held = check_gpu_memory(cfg, [base, str(checkpoint)])
@@ -316,6 +323,10 @@ def main(argv: list[str] | None = None) -> int:
             "threshold": args.threshold, "episodes_per_env": max(len(r) for _, r in tasks.values()) * g,
             "ks": list(range(1, g + 1)),
             "seeds": {name: ids for name, (ids, _) in tasks.items()}, "rows": rows}
+    splits = {name: rows_[0]["reset_kwargs"]["split"] for name, (_, rows_) in tasks.items()
+              if rows_ and "split" in (rows_[0].get("reset_kwargs") or {})}
+    if splits:  # envs serving their own tasks: "seeds" are task indices of these splits
+        data["splits"] = splits
     path = eval_report.write(cfg.run_dir, data)
     print(eval_report.markdown_table(data), flush=True)
     log(f"wrote {path}")

@@ -44,7 +44,22 @@ def first_calls(model, tokenizer, prompts: list[tuple[list[dict], list]], templa
                                  pad_token_id=tokenizer.pad_token_id, **sampling)
         return out[0][len(ids):].tolist()
 
-    return parsed_first_calls(generate, tokenizer, prompts, template_kwargs)
+    return parsed_first_calls(once_per_prompt(generate) if greedy else generate, tokenizer, prompts, template_kwargs)
+
+
+def once_per_prompt(generate):
+    """`generate` run once per distinct prompt: greedy decoding gives one answer to one prompt, and held-out rows
+    repeat their prompts (echo's 60 are its 6 words, catch's and wordle's one prompt each), so a repeat costs nothing
+    and scores the same. Only for greedy generation: sampled answers differ on each call."""
+    answers: dict[tuple[int, ...], list[int]] = {}
+
+    def once(ids: list[int]) -> list[int]:
+        key = tuple(ids)
+        if key not in answers:
+            answers[key] = generate(ids)
+        return list(answers[key])
+
+    return once
 
 
 def served_generate(server: str, max_new_tokens: int = 48, timeout_s: float = 120):
@@ -113,7 +128,7 @@ def evaluate(model_dir: str, env: str = "echo", rows: int = 60, seed: int = HELD
     prompts = [(row["prompt"], tools) for row in data]
     kwargs = template_kwargs if template_kwargs is not None else {"enable_thinking": False}
     if server:
-        calls = parsed_first_calls(served_generate(server), tokenizer, prompts, kwargs)
+        calls = parsed_first_calls(once_per_prompt(served_generate(server)), tokenizer, prompts, kwargs)
     else:
         model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
         calls = first_calls(model, tokenizer, prompts, kwargs, greedy=True)

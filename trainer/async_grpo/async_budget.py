@@ -22,6 +22,7 @@ PINNED to trl 1.16.0 (trainer/core/trl_privates.py): `_AsyncRolloutLoop._generat
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import contextvars
 import json
@@ -132,6 +133,7 @@ class BudgetedRollouts:
             messages.extend(tool_messages)
             last_results = len(tool_messages)
             iteration_num += 1
+        await self._submit_final(completion, tool_dict)  # an answer in plain text, to an env scoring it by a tool
         sequences, tally = _chain_to_sequences(turns, rollout_id, self._fork_threshold_tokens)
         self._push_rollout_metrics(
             turns=len(turns),
@@ -142,6 +144,16 @@ class BudgetedRollouts:
             duration_s=time.monotonic() - t_dispatch,
         )
         return completion, completion_ids, sequences, tool_call_count, tool_failure_count, None
+
+    async def _submit_final(self, completion: list, tool_dict: dict) -> None:
+        """As the sync loop does (trainer.rollouts.rollout_loop.submit_final): an episode that ended in plain text has
+        its text submitted through the env's answer tool, before the env's reward is read."""
+        from trainer.rollouts.rollout_loop import ended_in_text, submit_final
+
+        last = ended_in_text(completion)
+        env = next((m.__self__ for m in tool_dict.values() if hasattr(m, "__self__")), None)
+        if last is not None and env is not None:
+            await asyncio.get_running_loop().run_in_executor(self._tool_pool, submit_final, env, last)
 
     async def _budgeted_turn(self, prompt_ids: list[int], budget: EpisodeBudget):
         """TRL's `_generate_one_turn` asking for at most what the budget leaves; None where nothing is left, or vLLM

@@ -65,6 +65,13 @@ class AfterRun:
         if transfer is not None and not getattr(transfer.init_weight_transfer, "_stage_timed", False):
             transfer.init_weight_transfer = _timed_init(transfer)
 
+    def configure_weights(self, passed: list[str], judge_weight: float, env_weight: float) -> None:
+        """A judge is on (trainer.judge): the rollout worker weighs the reward columns and leaves failed judge calls
+        out (TracedRollouts._score_group)."""
+        worker = getattr(self, "rollout_worker", None)
+        if isinstance(worker, AsyncRolloutWorker):
+            use_traced_loop(worker, reward_weights=(tuple(passed), float(judge_weight), float(env_weight)))
+
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if self.accelerator.is_main_process and self.model.training:
             # One value per trained sample, until TRL reduces them to a mean and a max below.
@@ -129,8 +136,9 @@ class TracedRollouts:
 
     def __init__(self, *, trace_dir: str | None = None, trace_every: int = 0, trace_samples: int = 0,
                  zero_std_groups: str = "keep", zero_std_resample_max: float = 1.0, step_samples: int = 0,
-                 **kwargs: Any) -> None:
+                 reward_weights: tuple | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self._reward_weights = reward_weights  # (passed names, JUDGE_WEIGHT, ENV_REWARD_WEIGHT): a judge is on
         # #63: this spawned process starts with none of the tokenizer's own tokens registered (`<eos>` passed)
         untrusted.register_tokenizer(self.tokenizer)
         self.zero_std_groups = zero_std_groups  # ZERO_STD_GROUPS (trainer.rollouts.zero_variance)
@@ -162,17 +170,28 @@ class TracedRollouts:
     async def _score_group(self, group):
         episodes = [self._episode_of.pop(id(c), None) for c in group.completions]
         ended = infra_failures.ended_by_env(episodes)
-        if any(ended):  # the stack's reward functions say None for them, as in sync mode (they read `environments`)
+        # the stack's reward functions say None for them, as in sync mode (they read `environments`); the judge reads
+        # every episode's env, task and trace
+        if any(ended) or self._reward_weights is not None:
             group.reward_kwargs["environments"] = episodes
         start = time.perf_counter()
         samples = async_metrics.with_tool_metrics(await super()._score_group(group))
+        if self._reward_weights is not None:  # weighed, failed judge calls out of the baseline (trainer.judge.leave_out)
+            from trainer.judge import leave_out
+
+            judge_failed = leave_out.failed_rows(episodes)
+            passed, judge_weight, env_weight = self._reward_weights
+            leave_out.reweigh(samples, group.completions, self.reward_func_names,
+                              leave_out.weights_for(self.reward_func_names, passed, judge_weight, env_weight),
+                              judge_failed)
+            ended = [e or j for e, j in zip(ended, judge_failed)]
         async_metrics.with_episode_figures(samples, group.completions, [episode_figures(e) for e in episodes])
         scoring_s = time.perf_counter() - start
         rewards = zero_variance.group_rewards(group.completions, samples)
         if hasattr(self, "scored_rewards"):  # AdmittedRollouts' generated figures (trainer.async_grpo.admission)
             self.scored_rewards[group.group_id] = rewards
         flat = zero_variance.is_flat(rewards)
-        self._push_episode_counts(sum(ended), flat, scoring_s)
+        self._push_episode_counts(sum(infra_failures.ended_by_env(episodes)), flat, scoring_s)
         try:
             self._trace(group, samples, episodes)
         except OSError as exc:  # a full disk must not stop generation; the trainer's checkpoints will say so
@@ -210,6 +229,9 @@ class TracedRollouts:
         rates[zero_variance.METRIC] = (float(flat), 1.0)  # a rate: the share of the groups scored in the window
         rates.update({f"env/{env}{async_metrics.INFRA_SUFFIX}": float(n)
                       for env, n in sorted(STATS.drain_infra_failures().items())})
+        from trainer.judge import costs
+
+        rates.update(costs.as_counters(costs.COSTS.drain()))  # judge/<figure>_total: the step record's judge/<figure>
         self._push_metrics(rates)
 
     def _trace(self, group, samples, episodes) -> None:
@@ -374,6 +396,10 @@ def stop_on_env_or_vllm_down(worker: AsyncRolloutWorker, vllm_url: str | None = 
                 info = None
             if info is not None and info[0] == infra_failures.EnvDown.__name__:
                 raise infra_failures.EnvDown(info[1])
+            from trainer.judge.costs import JudgeDown
+
+            if info is not None and info[0] == JudgeDown.__name__:  # the judge's down watch (trainer.judge.costs)
+                raise JudgeDown(info[1])
             if info is not None:
                 worker._exception_info_queue.put_nowait(info)  # TRL's check below reads and chains it
         else:

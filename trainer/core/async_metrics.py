@@ -162,6 +162,8 @@ def record(logs: dict[str, Any]) -> dict[str, Any]:
             out[key[: -len(EPISODES_SUFFIX)] + "/episodes"] = value
         elif key.endswith(INFRA_SUFFIX):  # rollout/ and env/<env>/: the sync trainer's names
             out[key[: -len(INFRA_SUFFIX)] + "/infra_failures"] = value
+        elif key.startswith("judge/") and key.endswith("_total"):  # the judge's figures (trainer.judge.costs)
+            out[key[: -len("_total")]] = value
         else:
             out[key] = value
     for key in [k for k in out if k.startswith("env/") and k.endswith(FAILURES_SUFFIX)]:

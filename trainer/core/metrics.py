@@ -21,7 +21,7 @@ import time
 from collections import defaultdict
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from transformers import TrainerCallback
 
@@ -174,8 +174,10 @@ class MetricsCallback(TrainerCallback):
 
     def __init__(self, run_dir: str, stats: RolloutStats = STATS, resume_step: int = 0,
                  mode: TrainModeVariant = CpuMode(), print_fn=print, trackers: Trackers | None = None,
-                 rollouts=SyncRollouts()) -> None:
+                 rollouts=SyncRollouts(), figures: Callable[[], dict[str, float]] | None = None) -> None:
         self.run_dir = Path(run_dir)
+        # more figures a step record takes from this process (the judge's costs: trainer.judge.costs.COSTS.drain)
+        self.figures = figures
         self.stats = stats
         self.resume_step = resume_step
         self.mode = mode
@@ -233,6 +235,7 @@ class MetricsCallback(TrainerCallback):
         record.update(summarize_episodes(episodes))
         record.update({f"env/{env}/infra_failures": n for env, n in sorted(infra.items())})  # trainer.rollouts.infra_failures
         record.update(self.stats.drain_figures())  # eval/<env>/... at an EVAL_EVERY step (trainer.run.evaluation)
+        record.update(self.figures() if self.figures else {})  # judge/* (trainer.judge.costs)
         if step_s is not None:
             record["time/step_s"] = step_s
             record["time/generation_s"] = gen
@@ -250,6 +253,7 @@ class MetricsCallback(TrainerCallback):
                                   "rollouts": "async"}
         record.update({k: _clean(v) for k, v in async_metrics.record(logs).items()})
         record.update(summarize_episodes(episodes))  # none here unless the env binding ran in this process
+        record.update(self.stats.drain_figures())  # eval/<env>/... at an EVAL_EVERY step (trainer.async_grpo.async_eval)
         record.update(async_metrics.time_split(logs, step_s, steps))
         stages.mark("first_generation", record.get("time/generation_s"),
                     "first scored rollouts reached the trainer (async rollout worker)")
@@ -291,4 +295,8 @@ class MetricsCallback(TrainerCallback):
                    f" queue {f('async/queue_depth', '{:.0f}')}" if r.get("rollouts") == "async" else "")
                 # vLLM modes: how far vLLM's sampling is from the trainer's policy (contract.sampling_health)
                 + (f" is_ratio {f(sampling_health.RATIO_MEAN)} masked {f(sampling_health.MASKED_FRACTION, '{:.0%}')}"
-                   if sampling_health.has_figures(r) else ""))
+                   if sampling_health.has_figures(r) else "")
+                # a judge on: what it cost this step (trainer.judge.costs), beside the step's other timings
+                + (f" judge {f('judge/seconds', '{:.2f}')}s {f('judge/calls', '{:.0f}')} calls "
+                   f"{f('judge/tokens', '{:.0f}')} tok {f('judge/cache_hits', '{:.0f}')} cached "
+                   f"{f('judge/failures', '{:.0f}')} failed" if "judge/calls" in r else ""))

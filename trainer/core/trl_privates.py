@@ -185,8 +185,8 @@ PINS: tuple[Pin, ...] = (
         "max_tokens) StackRolloutLoop edits in _post; its vLLM call goes through _retry(_post), which lets "
         "ContextFull through",
         "self, prompt_ids", "cc52b73f459a70923cbc305102f559d33f1b67204e2c24924a7124c173b31d8b"),
-    Pin(ASYNC_LOOP, "_generate_one", "coroutine",
-        "trainer/async_grpo/async_run.py, trainer/async_grpo/async_budget.py, trainer/async_grpo/admission.py",
+    Pin(ASYNC_LOOP, "_generate_one", "coroutine", "trainer/async_grpo/async_run.py, trainer/async_grpo/async_budget.py, "
+        "trainer/async_grpo/async_eval.py, trainer/async_grpo/admission.py",
         "copied by BudgetedRollouts with the episode budget (port any change); wrapped by TracedRollouts: returns "
         "the completion list first, the env is the tools' __self__",
         "self, prompt, tool_dict, tools, group_id=",
@@ -245,8 +245,18 @@ PINS: tuple[Pin, ...] = (
     Pin(ASYNC_LOOP, "model_version", "attribute", "trainer/async_grpo/admission.py",
         "read: the trainer's policy version (the shared mp.Value); RolloutGroup.model_version is set again by "
         "AdmittedRollouts before TRL's _score_group stamps it on the samples"),
-    Pin(ASYNC_LOOP, "_tool_pool", "attribute", "trainer/async_grpo/async_trainer.py",
-        "replaced: the thread pool for env calls, sized by TOOL_CONCURRENCY"),
+    Pin(ASYNC_LOOP, "_tool_pool", "attribute", "trainer/async_grpo/async_trainer.py, trainer/async_grpo/async_eval.py",
+        "replaced: the thread pool for env calls, sized by TOOL_CONCURRENCY; the evaluation's resets and rewards run in it"),
+    # EVAL_EVERY with ROLLOUTS=async (trainer/async_grpo/async_eval.py): a greedy copy of the worker's loop in the
+    # trainer's process plays each held-out row as _generate_loop plays a rollout
+    Pin(ASYNC_LOOP, "_loop", "attribute", "trainer/async_grpo/async_eval.py",
+        "run: the loop's own asyncio event loop (made in __init__), which the evaluation runs its episodes on"),
+    Pin(ASYNC_LOOP, "_env_tools", "attribute", "trainer/async_grpo/async_eval.py",
+        "read: {env name (None for one env): the tools shown with that env's rows}, as _generate_loop passes them"),
+    Pin(ASYNC_LOOP, "_standalone_tools", "attribute", "trainer/async_grpo/async_eval.py",
+        "read: tools outside any env, added to each rollout's tool dict as _generate_loop adds them"),
+    Pin(ASYNC_WORKER, "_model_version_value", "attribute", "trainer/run/evaluation.py",
+        "shared with the evaluation's loop: the policy version its requests name (a LoRA adapter's -v<N>)"),
     Pin(ASYNC_WORKER, "start", "method", "trainer/async_grpo/async_trainer.py, trainer/async_grpo/async_run.py",
         "spawns `self._loop_cls(**self._loop_kwargs)`: the per-instance loop class and kwargs the stack sets", "self",
         "e18c56d86e4e0bf4ed77c7a551a731b5a70406421be38991c1ab203a9e414f10"),
@@ -267,10 +277,11 @@ PINS: tuple[Pin, ...] = (
         "read and put back: (type name, message, traceback) of the child's failure, which TRL's check chains"),
     Pin(ASYNC_WORKER, "_process", "attribute", "trainer/async_grpo/async_run.py",
         "read: the spawned worker process, whose silent death is noticed without TRL's heartbeat"),
-    Pin(ASYNC_WORKER, "_loop_cls", "attribute", "trainer/async_grpo/async_trainer.py, trainer/async_grpo/async_run.py",
-        "set: the loop class the spawned worker runs"),
-    Pin(ASYNC_WORKER, "_loop_kwargs", "attribute", "trainer/async_grpo/async_trainer.py, trainer/async_grpo/async_run.py",
-        "updated: TOOL_TIMEOUT_S, TOOL_CONCURRENCY, request seeds, the served model id, max_model_len, trace settings"),
+    Pin(ASYNC_WORKER, "_loop_cls", "attribute", "trainer/async_grpo/async_trainer.py, trainer/async_grpo/async_run.py, "
+        "trainer/run/evaluation.py", "set: the loop class the spawned worker runs (read: the evaluation's copy)"),
+    Pin(ASYNC_WORKER, "_loop_kwargs", "attribute", "trainer/async_grpo/async_trainer.py, trainer/async_grpo/async_run.py, "
+        "trainer/run/evaluation.py", "updated: TOOL_TIMEOUT_S, TOOL_CONCURRENCY, request seeds, the served model id, "
+        "max_model_len, trace settings (read: the evaluation's copy of the loop is made from them)"),
     Pin(f"{ASYNC}.async_grpo_trainer", "get_peak_flops_per_device", "function", "trainer/async_grpo/async_trainer.py",
         "replaced while AsyncGRPOTrainer.__init__ runs: None on a CPU trainer", "accelerator, dtype"),
     Pin(ASYNC_TRAINER, "__init__", "method", "trainer/async_grpo/async_trainer.py",
@@ -354,7 +365,7 @@ def environment_pool(trainer: Any) -> dict[Any, list]:
 
 
 # ---------------------------------------------------------------------------------------------- the checks
-def resolve(dotted: str) -> Any:
+def import_dotted(dotted: str) -> Any:
     """The object a dotted path names: the longest importable module, then attributes (class, then member)."""
     parts = dotted.split(".")
     for split in range(len(parts) - 1, 0, -1):
@@ -384,7 +395,7 @@ def parameters(func: Any) -> str:
 def _assigned(owner: str) -> frozenset[str]:
     """Instance attributes TRL's code assigns in the owner class or its TRL bases (`self.x = ...`)."""
     names: set[str] = set()
-    for cls in inspect.getmro(resolve(owner)):
+    for cls in inspect.getmro(import_dotted(owner)):
         if cls.__module__.split(".")[0] == "trl":
             names |= set(re.findall(r"self\.(\w+)\s*(?::[^=\n]+)?=(?!=)", inspect.getsource(cls)))
     return frozenset(names)
@@ -399,7 +410,7 @@ def kind_of(pin: Pin, obj: Any) -> str:
     if inspect.iscoroutinefunction(obj):
         return "coroutine"
     if inspect.isfunction(obj):
-        return "method" if inspect.isclass(resolve(pin.owner)) else "function"
+        return "method" if inspect.isclass(import_dotted(pin.owner)) else "function"
     return type(obj).__name__
 
 
@@ -407,9 +418,9 @@ def problem(pin: Pin) -> str | None:
     """What no longer holds for `pin` on the installed TRL (None: it holds)."""
     try:
         if pin.kind == "attribute":  # an instance attribute TRL's code assigns, or a class attribute
-            held = pin.name in _assigned(pin.owner) or hasattr(resolve(pin.owner), pin.name)
+            held = pin.name in _assigned(pin.owner) or hasattr(import_dotted(pin.owner), pin.name)
             return None if held else "no longer assigned by TRL"
-        obj = resolve(pin.dotted)
+        obj = import_dotted(pin.dotted)
     except (ImportError, AttributeError):
         return "gone"
     kind = kind_of(pin, obj)
@@ -437,7 +448,7 @@ def digest_changes() -> list[str]:
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     out = []
     for pin in PINS:
-        if pin.digest and problem(pin) is None and source_digest(resolve(pin.dotted)) != pin.digest:
+        if pin.digest and problem(pin) is None and source_digest(import_dotted(pin.dotted)) != pin.digest:
             out.append(f"{pin.dotted} changed (re-check {pin.where}: {pin.why})")
     return out
 

@@ -180,7 +180,10 @@ def bind(env_name: str, tool_class: type, url: str, stats: RolloutStats = STATS,
             if not self._call_failure_counted:  # it may have failed by itself as the loop gave up on it
                 self._call_failure_counted = True
                 self._episode_failures += 1
-        where = getattr(session_of(self), "shown_url", url)
+        session = session_of(self)
+        where = getattr(session, "shown_url", url)
+        conn = getattr(session, "connection", None)  # which of the replica's sessions (envs.core.client.stalled)
+        where += f" (from {conn})" if conn else ""
         _log_infra(env_name, f"{self._infra_failure} ({where})")  # the stall's one-line diagnosis
         close_session(self)
 
@@ -398,7 +401,8 @@ def tool_class_source(spec: Any) -> Any:
     from envs.generic.tool import make_tool_class
 
     if isinstance(spec, GenericSpec):
-        return functools.partial(make_tool_class, spec.name, spec.interface, spec.reward, spec.observation_chars)
+        return functools.partial(make_tool_class, spec.name, spec.interface, spec.reward, spec.observation_chars,
+                                 spec.answer)
     return spec.tool_class
 
 

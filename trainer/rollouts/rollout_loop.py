@@ -23,6 +23,10 @@
    result back from its env's `reset`, so observations land in the same prompts in the same order. A reset that
    raises raises there, the first in batch order, as in TRL (the later resets have run too: they are not undone).
    Resets are local to a process (no collective), so processes stay in step as before.
+5. **A final answer in plain text reaches an env that scores answers through a tool.** An env that publishes its
+   tasks and takes the answer through a tool (`openenv import`'s ORS wrapper: `answer`) scores an episode only
+   when that tool is called; one that ended in plain text has its text submitted through it before TRL reads the
+   env's reward (envs.core.tool.submit_final_answer; nothing happens for any other env).
 
 Everything else is TRL's: the messages and their order, tool masks, logprobs, call and failure
 counts, the overlong rollback and the iteration limit. tests/trainer/test_rollout_loop.py checks the
@@ -33,14 +37,16 @@ Text only: a vision-language model (tool images) keeps TRL's loop.
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from envs.core.tool import abandon_session
+from envs.core.tool import abandon_session, submit_final_answer, trace_of
 from trainer.core.trl_privates import TRL_VERSION, environment_pool  # noqa: F401  (the release this loop was copied from)
 
+THINK = re.compile(r"^\s*<think>.*?</think>", re.S)
 TIMEOUT_ERROR = ("Tool {name} timed out after {seconds:g} s and the env session was closed. "
                  "Stop calling tools and give your final answer.")
 NOT_RUN_ERROR = "Not run: an earlier call in this turn timed out and the env session was closed."
@@ -275,8 +281,22 @@ def make_rollout_loop_class(base: type) -> type:
                 tool_calls = {i: turns[i].get("tool_calls") for i in calling if turns[i].get("tool_calls")}
                 calling = list(tool_calls)
                 iteration += 1
+            self._submit_final_answers(completions)
             self.last_tool_counts = [(calls, failures) for calls, failures in per_rollout]
             return tool_mask, completions, completion_ids, logprobs, tool_call_count, tool_failure_count, tool_images
+
+        def _submit_final_answers(self, completions) -> None:
+            """Episodes that ended in plain text, on an env that scores final answers through a tool: the text is
+            submitted through it (envs.core.tool.submit_final_answer), before TRL reads the env's reward; the trace
+            shows the call as the stack's, not the model's (it is no tool call of the model's and not counted)."""
+            if not self.environments:
+                return
+            start = time.perf_counter()
+            for i, turns in enumerate(completions):
+                last = ended_in_text(turns)
+                if last is not None:
+                    submit_final(self.environments[i], last)
+            STATS.add_time("env", time.perf_counter() - start)
 
         def _generate_and_score_completions(self, inputs):
             """TRL's, with the batch's env resets run at once beforehand (change 4 above)."""
@@ -346,6 +366,31 @@ def server_fits(prompt_tokens: int, max_tokens: int, max_model_len: int) -> bool
     """vLLM 0.31's check on a request: it refuses (HTTP 400) a prompt longer than max_model_len - max_tokens.
     TRL asks for max_tokens = max_completion_length on every turn, tool rounds included."""
     return prompt_tokens + max_tokens <= max_model_len
+
+
+def ended_in_text(completion: list) -> dict | None:
+    """The episode's last assistant turn when it ended in plain text (no tool call), else None."""
+    last = completion[-1] if completion else None
+    if isinstance(last, dict) and last.get("role") == "assistant" and not last.get("tool_calls"):
+        return last
+    return None
+
+
+def submit_final(env: Any, turn: dict) -> None:
+    """`turn`'s text submitted through the env's answer tool where it has one (envs.core.tool.submit_final_answer),
+    traced as the stack's call, not the model's. Both ROLLOUTS modes (trainer.async_grpo.async_budget)."""
+    submitted = submit_final_answer(env, final_text(turn.get("content")))
+    trace = trace_of(env)
+    if submitted is not None and trace is not None:
+        name, arguments, result, failed = submitted
+        trace.call(f"{name} (final answer, submitted by the stack)", arguments, result, failed)
+
+
+def final_text(content) -> str:
+    """An assistant turn's answer as text, a leading <think> block left out."""
+    text = content if isinstance(content, str) else "".join(
+        part.get("text", "") for part in content or [] if isinstance(part, dict))
+    return THINK.sub("", text).strip()
 
 
 def trailing_tool_messages(messages: list[dict]) -> list[dict]:

@@ -9,7 +9,8 @@ line:
     arguments, result, failed}] in order), step_rewards (the env's per-step rewards where it reports them, else null),
     env_reward (the episode's reward from the env), reward (what GRPO used: the sum of every reward function; null for
     an episode left out), rewards ({function: value}), infra_failure (why the env side ended the episode, which
-    training then left out: trainer.rollouts.infra_failures; else null)
+    training then left out: trainer.rollouts.infra_failures; else null), judge (a judge on: {score, verdict,
+    rationale, failure, flagged, cached} of trainer.judge.reward, a failed call's row left out; else null)
 
 ROLLOUTS=async: the rollout worker writes them (trainer.async_grpo.async_run), TRACE_SAMPLES rollouts (groups as they
 are scored) of the first and each TRACE_EVERY-th policy version, with `policy_version` (how many weight updates the generating policy
@@ -51,6 +52,7 @@ class Trace:
         self.env_reward: float | None = None
         self.infra_failure: str | None = None  # set by the binding: why the env side ended the episode
         self.call_count = self.failure_count = 0  # the binding's counts at the reward (`scored`)
+        self.judge: dict[str, Any] | None = None  # the judge's record of the episode (trainer.judge.reward)
 
     def scored(self, env_reward: float, call_count: int, failure_count: int) -> None:
         """The episode's env reward and its tool calls and failed calls as the binding counted them (calls made after
@@ -88,11 +90,17 @@ def rows(step: int, prompts: list, completions: list, environments: list, reward
             "tool_calls": trace.calls if trace else [],
             "step_rewards": step_rewards,
             "env_reward": trace.env_reward if trace else None,
-            "reward": None if trace and trace.infra_failure else total[i],
+            "reward": None if trace and (trace.infra_failure or _judge_failed(trace)) else total[i],
             "rewards": {k: (None if v != v else v) for k, v in rewards[i].items()},  # NaN (not scored): null
             "infra_failure": trace.infra_failure if trace else None,
+            "judge": getattr(trace, "judge", None) if trace else None,
         }))
     return out
+
+
+def _judge_failed(trace: Trace) -> bool:
+    judged = getattr(trace, "judge", None)
+    return isinstance(judged, dict) and bool(judged.get("failure"))
 
 
 def append(run_dir: Path, new_rows: list[dict[str, Any]]) -> None:
@@ -130,12 +138,30 @@ def seed_of(reset: Any) -> Any:
     return reset.get("seed", inner.get("seed") if isinstance(inner, dict) else None)
 
 
+def task_of(reset: Any) -> tuple[str, int] | None:
+    """(split, index) of the task an episode played, for an env that serves its own tasks (envs.generic.tasks), else
+    None."""
+    inner = reset.get("reset_kwargs") if isinstance(reset, dict) else None
+    if isinstance(inner, dict) and "split" in inner and "index" in inner:
+        return inner["split"], inner["index"]
+    return None
+
+
+def episode_key(reset: Any) -> str:
+    """What a GRPO group shares: `task test[3]` for an env's own task, else `seed 7`, else `no seed`."""
+    task = task_of(reset)
+    if task is not None:
+        return f"task {task[0]}[{task[1]}]"
+    seed = seed_of(reset)
+    return f"seed {json.dumps(seed)}" if seed is not None else "no seed"
+
+
 def seed_groups(rows: list[dict[str, Any]]) -> str:
-    """"seed 7 ×4, seed 9 ×4": the seed each traced group played, first seen first (a GRPO group shares its row's seed)."""
+    """"seed 7 ×4, seed 9 ×4" (or "task train[3] ×4"): the seed or task each traced group played, first seen first
+    (a GRPO group shares its row's seed or task)."""
     counts: dict[str, int] = {}
     for row in rows:
-        seed = seed_of(row.get("reset"))
-        key = f"seed {json.dumps(seed)}" if seed is not None else "no seed"
+        key = episode_key(row.get("reset"))
         counts[key] = counts.get(key, 0) + 1
     return ", ".join(f"{key} ×{n}" for key, n in counts.items())
 
@@ -144,9 +170,12 @@ def render(row: dict[str, Any]) -> str:
     """One rollout as a terminal reader wants it: the prompt's last user turn, each turn, each call and result."""
     reward = f"{row['reward']:+.3f}" if row["reward"] is not None else "none"
     seed = seed_of(row["reset"])
+    task = task_of(row["reset"])
+    played = (f"split {task[0]} · index {task[1]}" if task is not None
+              else f"seed {json.dumps(seed) if seed is not None else '-'}")
     lines = [f"── step {row['step']} · env {row['env']} · reward {reward} "
              f"(env {row['env_reward'] if row['env_reward'] is not None else '-'}) · "
-             f"seed {json.dumps(seed) if seed is not None else '-'} · reset {json.dumps(row['reset'])}"]
+             f"{played} · reset {json.dumps(row['reset'])}"]
     if row.get("infra_failure"):
         lines.append(f"  LEFT OUT (the env side ended it): {_one_line(row['infra_failure'])}")
     user = [m for m in row["prompt"] if isinstance(m, dict) and m.get("role") == "user"]
@@ -165,7 +194,25 @@ def render(row: dict[str, Any]) -> str:
         lines.append(f"  [{i}] {call['tool']}({json.dumps(call['arguments'])}) -> {mark}{_one_line(call['result'])}")
     if row.get("step_rewards"):
         lines.append(f"  step rewards: {row['step_rewards']}")
+    judged = row.get("judge")
+    if isinstance(judged, dict):
+        lines.append(f"  judge: {_judge_line(judged)}")
     return "\n".join(lines)
+
+
+def _judge_line(judged: dict[str, Any]) -> str:
+    """The judge's record of a rollout: score, verdict, rationale; a failed call says why (the row was left out)."""
+    if judged.get("failure"):
+        text = f"FAILED, left out: {judged['failure']}"
+    else:
+        score = judged.get("score")
+        text = f"score {score:.3f}" if isinstance(score, (int, float)) else "score -"
+        text += f" · verdict {judged.get('verdict')}"
+        if judged.get("rationale"):
+            text += f" · {judged['rationale']}"
+    marks = [m for m, on in (("cached", judged.get("cached")), ("FLAGGED: its text addresses the judge",
+                                                                 judged.get("flagged"))) if on]
+    return _one_line(text + (f" ({'; '.join(marks)})" if marks else ""), 400)
 
 
 def _one_line(text: Any, limit: int = 300) -> str:

@@ -1,5 +1,6 @@
-"""Evaluation during training (EVAL_EVERY, EVAL_EPISODES; ROLLOUTS=sync): held-out episodes, played greedily, beside
-the training curve, and the best checkpoint by their reward kept as `checkpoint-best`.
+"""Evaluation during training (EVAL_EVERY, EVAL_EPISODES): held-out episodes, played greedily, beside the training
+curve, and the best checkpoint by their reward kept as `checkpoint-best`. ROLLOUTS=sync: `EvalCallback`, below;
+ROLLOUTS=async: `AsyncEvalCallback` (at the end), which plays them with the async rollout loop instead.
 
 A TrainerCallback (`EvalCallback`) on TRL's loop: at the end of every EVAL_EVERY-th optimizer step it plays
 EVAL_EPISODES held-out tasks per env (trainer.run.held_out: seeds training never uses, as `make eval`'s), one greedy
@@ -35,7 +36,7 @@ from transformers import TrainerCallback
 from contract.config import RunConfig
 from trainer.core.dist import log
 from trainer.run import checkpoints
-from trainer.run.held_out import DEFAULT_THRESHOLD, Episode, play
+from trainer.run.held_out import DEFAULT_THRESHOLD, Episode, encoded, play
 
 PREFIX = "eval/"
 OVERALL = "eval/reward"  # the envs' mean eval reward: what checkpoint-best is chosen by
@@ -183,12 +184,15 @@ class EvalCallback(TrainerCallback):
         trainer = self.trainer
         rank, world = trainer.accelerator.process_index, trainer.accelerator.num_processes
         record: dict[str, float] = {}
-        with greedy(trainer), self.stats.set_apart():
+        from trainer.judge.costs import COSTS
+
+        with greedy(trainer), self.stats.set_apart(), COSTS.set_apart() as judged:
             for name, (_, rows) in self.tasks.items():
                 share, own = my_share(rows, rank, world)
                 episodes = play(trainer, self.cfg, name, share, generations=1)[:own]
                 everyone = gather_object(episodes) if world > 1 else episodes
                 record.update(figures(name, everyone))
+        record.update({f"eval/{key}": value for key, value in judged.items()})  # a judge on: eval/judge/calls, ...
         return record
 
     @staticmethod
@@ -202,3 +206,63 @@ class EvalCallback(TrainerCallback):
                          if reward is not None else f"{env}: every episode ended by the env side")
             parts[-1] += f" ({record[f'{PREFIX}{env}/episodes']:.0f} episodes)"
         return f"eval at step {step}: {'; '.join(parts)}, greedy, held out; {seconds:.1f} s"
+
+
+class AsyncEvalCallback(EvalCallback):
+    """EVAL_EVERY for ROLLOUTS=async: the same callback (figures, checkpoint-best, the share of the time), the episodes
+    played by trainer.async_grpo.async_eval.EpisodePlayer on rank 0 (where TRL's rollout worker and its settings live),
+    greedily against the vLLM server, on env sessions of the evaluation's own; the record goes to every process.
+
+    TRL pushes the new weights in a callback of its own at the end of a step (weight_sync_steps, 1 here); `bind` puts
+    it before this one, so an evaluation plays the weights of the step it is recorded at, the ones checkpoint-best
+    saves."""
+
+    def __init__(self, cfg: RunConfig, tasks: dict[str, tuple[list[int], list[dict]]], stats, print_fn=log) -> None:
+        super().__init__(cfg, tasks, stats, print_fn)
+        self.player = None
+
+    def bind(self, trainer, player=None) -> "AsyncEvalCallback":
+        """`player`: an EpisodePlayer made elsewhere (tests); else one from the rank-0 rollout worker's settings."""
+        from trl.experimental.async_grpo import async_grpo_trainer as trl_async
+        from trl.experimental.async_grpo.async_rollout_worker import AsyncRolloutWorker
+
+        from trainer.async_grpo.async_eval import EpisodePlayer
+
+        self.trainer = trainer
+        worker = getattr(trainer, "rollout_worker", None)
+        if player is None and isinstance(worker, AsyncRolloutWorker):
+            player = EpisodePlayer(worker._loop_cls, worker._loop_kwargs, worker._model_version_value,
+                                   self.cfg.rollouts.eval_sessions(self.cfg))
+        self.player = player
+        handler = getattr(trainer, "callback_handler", None)
+        sync = next((cb for cb in getattr(handler, "callbacks", []) if isinstance(cb, trl_async.StepIntervalCallback)),
+                    None)
+        if sync is not None and self in handler.callbacks:  # the step's weights pushed before they are evaluated
+            handler.callbacks.remove(sync)
+            handler.callbacks.insert(handler.callbacks.index(self), sync)
+        return self
+
+    def evaluate(self) -> dict[str, float]:
+        record: dict[str, float] = {}
+        if self.player is not None:
+            multi = len(self.cfg.env_names) > 1
+            with self.stats.set_apart():
+                for name, (_, rows) in self.tasks.items():
+                    played = self.player.play(name if multi else None, [encoded(self.cfg, name, r) for r in rows])
+                    record.update(figures(name, [Episode(*episode) for episode in played]))
+        accelerator = getattr(self.trainer, "accelerator", None)
+        if accelerator is not None and accelerator.num_processes > 1:  # every process decides the same (best, save)
+            from accelerate.utils import broadcast_object_list
+
+            record = broadcast_object_list([record], from_process=0)[0]
+        return record
+
+    def on_train_end(self, args, state, control, **kwargs):
+        super().on_train_end(args, state, control, **kwargs)
+        if self.player is not None:
+            self.player.close()
+            self.player = None
+
+    @staticmethod
+    def line(step: int, record: dict[str, Any], seconds: float) -> str:
+        return EvalCallback.line(step, record, seconds) + " (ROLLOUTS=async: the vLLM server's policy, sessions of its own)"

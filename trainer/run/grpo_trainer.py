@@ -59,6 +59,10 @@ def make_trainer_class():
             rewards_per_func = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
             # episodes the env side ended: no reward, out of the baseline (trainer.rollouts.infra_failures)
             rewards_per_func = infra_failures.leave_out_rewards(self, rewards_per_func)
+            if getattr(self, "judge_on", False):  # failed judge calls likewise (trainer.judge.leave_out)
+                from trainer.judge.leave_out import leave_out_failed
+
+                rewards_per_func = leave_out_failed(self, rewards_per_func)
             zero_variance.leave_out_of_normaliser(self, rewards_per_func)  # ZERO_STD_GROUPS=drop: flat groups too
             every = getattr(self, "_trace_every", 0)
             step = self.state.global_step + 1  # the optimizer step this batch trains

@@ -7,8 +7,10 @@ A task is row 0 of the env's make_dataset(1, seed), for seeds 1,000,000,000 upwa
 built-in env's training rows come from make_dataset(DATASET_SIZE, SEED + i) (i: the env's place in ENV_NAME), an env
 learned from its server resets with seeds SEED + i .. SEED + i + DATASET_SIZE - 1; those are skipped. An env whose rows
 come from ENV_PROMPTS_FILE trains on every row of it: it is scored on the rows of another file of the same format
-(`make eval --prompts-file`), and has no held-out rows during training. A small task space repeats across seeds (echo
-has six words): held out means a seed, not necessarily a task, training never saw.
+(`make eval --prompts-file`), and has no held-out rows during training. An env that serves its own tasks (OpenEnv's
+Task API, envs.generic.tasks) trains on one split and is evaluated on the first tasks of its test split (else its
+validation split): their indices stand for the seeds. A small task space repeats across seeds (echo has six words):
+held out means a seed, not necessarily a task, training never saw.
 """
 
 from __future__ import annotations
@@ -51,6 +53,16 @@ def held_out(cfg: RunConfig, specs: dict[str, Any], tasks: int,
 
             rows = prompts_file_rows(prompts_file, name)[:tasks]
             out[name] = (list(range(len(rows))), rows)
+            continue
+        if getattr(spec, "tasks", None) is not None:  # an env serving its own tasks: its test (or validation) split
+            found = spec.held_out_rows(tasks)
+            if found is None:
+                raise NoHeldOutRows(
+                    f"env {name}: it serves its own tasks ({spec.tasks.line()}) and trains on "
+                    f"{spec.tasks.train_split(spec.split).name!r}; no test or validation split is left to evaluate on: "
+                    "leave EVAL_EVERY empty (edit .env), or train on another split (ENV_<NAME>_SPLIT)")
+            _, rows = found
+            out[name] = ([row["reset_kwargs"]["index"] for row in rows], rows)
             continue
         used = training_seeds(cfg, index, registry.is_builtin(name))
         seeds, seed = [], EVAL_SEED_BASE

@@ -45,6 +45,7 @@ class PreflightReport:
     server_max_model_len: int | None = None  # server mode: what the vLLM server reports (it refuses beyond it)
     served_dtype: str | None = None  # server mode: vLLM's weights dtype (/server_info); weight pushes cast to it
     served_model: str | None = None  # server mode: the model id vLLM serves (/v1/models); async requests name it
+    judge_model: str | None = None  # JUDGE_*: the id the judge serves (/v1/models; trainer.judge.preflight)
 
 
 def log(msg: str) -> None:
@@ -103,7 +104,7 @@ def resolve_envs(cfg: RunConfig) -> PreflightReport:
     for name in cfg.env_names:
         replicas = resolve_replicas(cfg.env_url(name))
         report.replicas[name] = replicas
-        report.specs[name] = registry.resolve(name, replicas[0], **cfg.generic_env_options())
+        report.specs[name] = registry.resolve(name, replicas[0], **cfg.generic_env_options(name))
     return report
 
 
@@ -162,7 +163,7 @@ def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 2
                           f"the trainer needs every replica of it")
             continue
         try:
-            spec = registry.resolve(name, replicas[0], **cfg.generic_env_options())
+            spec = registry.resolve(name, replicas[0], **cfg.generic_env_options(name))
         except Exception as exc:  # noqa: BLE001 - InterfaceError / UnsupportedSchema / PromptsFileError: one line each
             errors.append(f"env {name}{image_hint(name)}: {exc}")
             continue
@@ -221,6 +222,8 @@ def check_env_servers(cfg: RunConfig, report: PreflightReport, wait_s: float = 2
             if getattr(spec, "interface", None) is not None:
                 tools = ", ".join(f"{t.name}({', '.join(p.name for p in t.params)})" for t in spec.interface.tools)
                 report.ok.append(f"env {name}: learned from the server ({spec.interface.kind} env): tools {tools}")
+            if getattr(spec, "tasks", None) is not None:  # OpenEnv's Task API (envs.generic.tasks)
+                report.ok.append(task_line(name, spec))
         if transport == http_mcp.TRANSPORT:
             report.warnings.append(
                 f"env {name}: over MCP sessions on HTTP a tool call reports a reward only where the env's step() "
@@ -477,9 +480,19 @@ def check_trl(cfg: RunConfig, report: PreflightReport) -> list[str]:
     return []
 
 
+def task_line(name: str, spec: Any) -> str:
+    """What preflight says of an env that serves its own tasks: its splits and sizes, what trains and what evaluates."""
+    train = spec.tasks.train_split(spec.split)
+    held = spec.tasks.eval_split(train.name)
+    answer = f"; a final answer in plain text is submitted through its {spec.answer[0]!r} tool" if spec.answer else ""
+    return (f"env {name}: serves its own tasks (OpenEnv's Task API): {spec.tasks.line()}; trains on {train.name!r} "
+            f"(one row per task, each group resetting with its split and index), held-out evaluation on "
+            + (f"{held.name!r}" if held else "none (no test or validation split)") + answer)
+
+
 def check_eval(cfg: RunConfig, report: PreflightReport) -> list[str]:
     """EVAL_EVERY: every env has held-out rows (trainer.run.held_out), played on the sessions training opens."""
-    if cfg.rollouts.is_async or not cfg.rollouts.eval_every or set(cfg.env_names) - set(report.specs):
+    if not cfg.rollouts.eval_every or set(cfg.env_names) - set(report.specs):
         return []  # off, or an env not resolved (its error is listed already)
     from trainer.run.held_out import NoHeldOutRows, batch_rows, held_out
 
@@ -488,9 +501,13 @@ def check_eval(cfg: RunConfig, report: PreflightReport) -> list[str]:
     except NoHeldOutRows as exc:
         return [str(exc)]
     batches = ", ".join(f"{name} {batch_rows(cfg, name, len(rows), 1)} at once" for name, (_, rows) in tasks.items())
+    sources = ", ".join(f"{name} {rows[0]['reset_kwargs']['split']!r} split" for name, (_, rows) in tasks.items()
+                        if rows and "split" in rows[0].get("reset_kwargs", {}))
     report.ok.append(f"eval every {cfg.rollouts.eval_every} steps: {cfg.rollouts.eval_episodes} held-out episodes per "
-                     f"env (seeds training never uses), greedy; {batches}, on the training sessions (no env capacity "
-                     "beyond training's)")
+                     f"env (seeds training never uses{'; tasks of ' + sources if sources else ''}), greedy; "
+                     + (f"{cfg.rollouts.eval_sessions(cfg)} at once in the trainer's process beside the rollout worker, "
+                        "on env sessions of their own (counted in the capacity above)" if cfg.rollouts.is_async else
+                        f"{batches}, on the training sessions (no env capacity beyond training's)"))
     return []
 
 
@@ -528,6 +545,13 @@ def run_all(cfg: RunConfig, wait_s: float = 20.0, tokenizer=None, num_processes:
             length_errors, fits = check_lengths(cfg, tokenizer, report.specs, report.server_max_model_len)
             errors += length_errors
             report.ok += [fits] if fits else []
+    if cfg.judge_on:  # the rubric parses, the judge answers, its context fits (trainer.judge.preflight)
+        from trainer.judge import preflight as judge_preflight
+
+        judged = judge_preflight.check(cfg, _prompt_tokens(cfg, tokenizer, report.specs))
+        errors += judged.errors
+        report.ok += judged.ok
+        report.judge_model = judged.model
     if chosen.uses_vllm:
         try:  # the activations scale with the real prompt; a template error is reported above
             prompt = longest_prompt(cfg, tokenizer, report.specs)[0] if tokenizer is not None and report.specs else None
@@ -544,6 +568,13 @@ def run_all(cfg: RunConfig, wait_s: float = 20.0, tokenizer=None, num_processes:
     if errors:
         raise PreflightError(log_text("\n".join(f"- {e}" for e in errors)))  # errors quote env text and URLs
     return report
+
+
+def _prompt_tokens(cfg: RunConfig, tokenizer, specs: dict) -> int | None:
+    try:
+        return longest_prompt(cfg, tokenizer, specs)[0] if tokenizer is not None and specs else None
+    except Exception:  # noqa: BLE001 - a template error is reported by its own check
+        return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,7 @@ Writes OUTPUT_DIR/RUN_NAME/{checkpoint-N/, metrics.jsonl, rollouts.jsonl, tensor
 EVAL_EVERY checkpoint-best/ and eval/<env>/... in metrics.jsonl: trainer.run.evaluation).
 Exit codes: 0 done, 2 bad config, 3 preflight failed, 4 another trainer holds the run folder (trainer.run.run_lock),
 5 too little disk for a checkpoint (stopped before saving), 6 an env is down (trainer.rollouts.infra_failures),
+78 the judge is down (trainer.judge.costs: EXIT_JUDGE_DOWN),
 143 stopped by SIGTERM/Ctrl-C (checkpoint saved).
 """
 
@@ -137,33 +138,57 @@ def main(argv: list[str] | None = None) -> int:
 
     stop_ids = stop_token_ids(model if model is not None else generation_config_of(cfg), tokenizer)
     reward_funcs = ([unfinished_penalty(cfg.unfinished_penalty, stop_ids)]
-                    if cfg.unfinished_penalty else None)  # the env's own reward comes from its tool class
-    evaluation = None  # EVAL_EVERY (ROLLOUTS=sync's knob): held-out episodes every N steps, checkpoint-best
-    if not cfg.rollouts.is_async and cfg.rollouts.eval_every:
-        from trainer.run.evaluation import EvalCallback
+                    if cfg.unfinished_penalty else [])  # the env's own reward comes from its tool class
+    judge_setup = None
+    if cfg.judge_on:  # the judge's score beside the env's (trainer.judge): its own column, weighed (leave_out)
+        from trainer.judge.reward import judge_reward
+        from trainer.judge.setup import from_config
+
+        judge_setup = from_config(cfg, dist.from_main(report.judge_model if dist.is_main() else None))
+        reward_funcs.append(judge_reward(judge_setup))
+        log(judge_setup.describe(cfg.judge_weight, cfg.env_reward_weight))
+    from trl.trainer.utils import get_callable_name
+
+    passed_names = [get_callable_name(f) for f in reward_funcs]  # TRL's column names of the functions passed in
+    evaluation = None  # EVAL_EVERY: held-out episodes every N steps, checkpoint-best
+    if cfg.rollouts.eval_every:
+        from trainer.run.evaluation import AsyncEvalCallback, EvalCallback
         from trainer.run.held_out import held_out
 
-        evaluation = EvalCallback(cfg, held_out(cfg, report.specs, cfg.rollouts.eval_episodes), STATS)
+        kind = AsyncEvalCallback if cfg.rollouts.is_async else EvalCallback
+        evaluation = kind(cfg, held_out(cfg, report.specs, cfg.rollouts.eval_episodes), STATS)
     # the evaluation after the step's timer (MetricsCallback) and before the control's disk check of the save it asks
+    from trainer.judge.costs import COSTS
+
     callbacks = [MetricsCallback(cfg.run_dir, STATS, resume_step=resume_step, mode=chosen, trackers=trackers,
-                                 rollouts=cfg.rollouts), *([evaluation] if evaluation else []), control]
+                                 rollouts=cfg.rollouts, figures=COSTS.drain if cfg.judge_on else None),
+                 *([evaluation] if evaluation else []), control]
     if cfg.rollouts.is_async:
         from trainer.async_grpo import async_trainer
 
         trainer = async_trainer.build_trainer(cfg, tokenizer=tokenizer, dataset=dataset, factories=factories,
-                                              reward_funcs=reward_funcs, callbacks=callbacks,
+                                              reward_funcs=reward_funcs or None, callbacks=callbacks,
                                               served_dtype=served_dtype, served_model=served_model,
                                               server_max_model_len=server_max_model_len)
         trainer.configure_traces(cfg.run_dir, cfg.trace_every, cfg.trace_samples or cfg.num_generations, trackers)
+        if judge_setup is not None:  # TRL's worker sums its columns unweighted: the stack's loop weighs them again
+            trainer.configure_weights(passed_names, cfg.judge_weight, cfg.env_reward_weight)
+        if evaluation is not None:
+            evaluation.bind(trainer)
     else:
-        trainer = build_sync_trainer(cfg, model, tokenizer, dataset, factories, reward_funcs, callbacks,
+        trainer = build_sync_trainer(cfg, model, tokenizer, dataset, factories, reward_funcs or None, callbacks,
                                      training_args, server_max_model_len, served_dtype, trackers)
+        if judge_setup is not None:
+            from trainer.judge.leave_out import apply_weights
+
+            apply_weights(trainer, passed_names, cfg.judge_weight, cfg.env_reward_weight)
         if evaluation is not None:
             evaluation.bind(trainer)
     trainer.remove_callback(PrinterCallback)  # MetricsCallback prints one readable line per step instead
 
     from trainer.rollouts.envs_binding import sessions_closed
     from trainer.rollouts.infra_failures import EnvDown
+    from trainer.judge.costs import JudgeDown
 
     try:
         with sessions_closed("trainer"):  # every way out frees the env slots (the async worker closes its own)
@@ -172,6 +197,11 @@ def main(argv: list[str] | None = None) -> int:
     except EnvDown as exc:  # a dead env, not a blip (trainer.rollouts.infra_failures): one line, resume once it is back
         print(f"[train] stopped: {exc}", file=sys.stderr, flush=True)
         return 6
+    except JudgeDown as exc:  # the judge failed every call for JUDGE_DOWN_AFTER_S (trainer.judge.costs)
+        from contract.defaults import EXIT_JUDGE_DOWN
+
+        print(f"[train] stopped: {exc}", file=sys.stderr, flush=True)
+        return EXIT_JUDGE_DOWN
     except Exception as exc:
         if not chosen.server:
             raise
