@@ -33,7 +33,7 @@ $(foreach v,RUN CHECKPOINT PUSH STEP TASKS THRESHOLD ARGS SUITE FULL EXPORT_ADAP
 $(if $(strip $(foreach c,$(SHELL_OPERATORS),$(findstring $(c),$(value ARGS)))),$(error $(UNSAFE_ARGS)))
 
 .PHONY: help up train down logs ps config build test clean doctor report rollouts eval export baseline dashboard nccl-check gpu-smoke gpu-selfcheck rehearse soak bench test-host \
-	fleet-up fleet-ps fleet-logs fleet-down bench-fleet bench-learning bench-async bench-upstream chaos config-docs check-python
+	fleet-up fleet-ps fleet-logs fleet-down bench-fleet bench-learning bench-async bench-async-stress bench-upstream chaos config-docs check-python
 
 help: ## List every target with one line each
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -130,6 +130,9 @@ bench-learning: $(VENV)/.test-ok ## The CPU profile's learning curve on echo (se
 
 bench-async: $(VENV)/.test-ok ## Which learns sooner, sync or async rollouts, on make rehearse (twin and trainer on CPU sets of their own), slow env (250 ms tool calls) and instant, 2 seeds: time to learn, samples/min, busy shares, staleness, reward plots (ARGS="--seeds 42 --max-steps 20")
 	@$(VENV)/bin/python bench/async_figures.py $(ARGS)
+
+bench-async-stress: $(VENV)/.test-ok ## Async under stress on make rehearse (slow env, MAX_STALENESS=8, higher learning rate) beside sync, 2 seeds: each OFF_POLICY_CORRECTION's ratio max, clipped share, KL, reward curve; ASYNC_ADMISSION free vs bounded: trained-vs-generated reward and length (ARGS="--seeds 42 --max-steps 8")
+	@$(VENV)/bin/python bench/async_stress.py $(ARGS)
 
 bench-upstream: $(VENV)/.test-ok ## Upstream OpenEnv images you built (openenv build) trained 3 CPU steps each through .env alone: one table (docs/upstream-envs.json; ARGS="--envs connect4_env")
 	@$(VENV)/bin/python bench/upstream_envs.py $(ARGS)

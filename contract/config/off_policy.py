@@ -17,7 +17,8 @@ new policy likes far more than the sampler did, in a bad episode, pushes with we
 
 Empty: DEFAULTS per ROLLOUTS. Sync keeps TRL's own default (sequence_mask, IS max 3), plus δ (a no-op unless
 STEPS_PER_GENERATION > GRADIENT_ACCUMULATION_STEPS; the CPU profile's loss is unchanged). Async: two_sided, TRL's
-async loss with only its unbounded tail cut (not yet chosen from a measurement on the vLLM CPU twin: issue 65 item 5).
+async loss with only its unbounded tail cut, chosen from `make bench-async-stress` on the vLLM CPU twin (every choice
+held its cap, their rewards within the bench's noise: docs/async.md "Stale samples and the loss").
 
 ROLLOUTS=sync maps the choice onto TRL 1.16's GRPOConfig fields (`OffPolicy.sync_grpo_kwargs`); the vLLM
 importance-sampling fields act only where vLLM generates (TRAIN_MODE=gpu or colocate): the CPU profile generates with

@@ -11,6 +11,7 @@ from contract.config.placement import CpuMode, TrainModeVariant
 from contract.config.variants import Variant, build, foreign_knob
 
 DEFAULT_MAX_STALENESS = 4  # TRL's AsyncGRPOConfig default
+DEFAULT_ADMISSION = "bounded"  # ASYNC_ADMISSION, chosen from make bench-async-stress (docs/async.md "Stale samples: drop or hold")
 DEFAULT_EVAL_EPISODES = 32  # held-out episodes per env at each evaluation during training (EVAL_EVERY)
 
 
@@ -51,6 +52,7 @@ class AsyncRollouts(Variant):
     max_staleness: int = DEFAULT_MAX_STALENESS
     async_step_samples: Literal["packed", "batch"] = "packed"  # packed (TRL's token budget) or batch
     max_inflight_rollouts: int | None = None  # None: TRL's default (inflight below)
+    async_admission: Literal["free", "bounded"] = DEFAULT_ADMISSION  # trainer.async_grpo.admission
     # EVAL_EVERY and EVAL_EPISODES: evaluation during training, played in the trainer's process beside the rollout
     # worker's (trainer.async_grpo.async_eval), on env sessions of its own (eval_sessions)
     eval_every: int = 0
@@ -155,6 +157,13 @@ class RolloutSettings(BaseModel):
     max_inflight_rollouts: int | None = Field(None, ge=1, le=4096, description="ROLLOUTS=async: rollouts in flight "
         "at once, an env session each (TRL's max_inflight_tasks); empty: max(MAX_STALENESS, 1) x the samples of one "
         "step (TRL's default). Another value with ROLLOUTS=sync is refused.")
+    async_admission: Literal["free", "bounded"] = Field(
+        DEFAULT_ADMISSION, description="ROLLOUTS=async: which episodes the rollout worker starts. free: TRL's, one "
+        "whenever a rollout slot is free; a sample that comes back more than MAX_STALENESS updates behind is dropped, "
+        "and the slow (long) episodes are the ones that go stale. bounded: a new episode waits while it could push the "
+        "oldest unfinished one past MAX_STALENESS before the trainer reaches it (docs/async.md \"Stale samples: drop or "
+        "hold\": measured, it cut the samples dropped and the trained-vs-generated gap; the default). Another value with "
+        "ROLLOUTS=sync is refused.")
     # evaluation during training (#66): both variants' knobs (trainer/run/evaluation.py, trainer/async_grpo/async_eval.py)
     eval_every: int = Field(0, ge=0, description="Score the policy greedily on held-out episodes every this many steps "
                             "(eval/<env>/... in metrics.jsonl, every tracker and `make report`; the best by eval reward "

@@ -46,12 +46,18 @@ class TrainingSettings(BaseModel):
         "did not fit or came after MAX_TOOL_CALLING_ITERATIONS. Logged as rewards/unfinished/mean; 0 turns it off. "
         "Without it, turns after the env has decided the reward can ramble to the cap unpunished."
     )
-    zero_std_groups: Literal["keep", "drop"] = Field(
+    zero_std_groups: Literal["keep", "drop", "resample"] = Field(
         "keep", description="Groups whose completions all scored the same (advantage 0; their share is logged as "
         "frac_reward_zero_std). keep: TRL's behaviour, their tokens count in the loss's normaliser. drop: out of it "
         "(as episodes the env side ended), so they do not shrink the other tokens' weight; a larger step when many "
-        "groups are flat (trainer/rollouts/zero_variance.py)."
+        "groups are flat. resample: DAPO's dynamic sampling, more groups generated until the step holds its number of "
+        "informative ones, within ZERO_STD_RESAMPLE_MAX (trainer/rollouts/zero_variance.py)."
     )
+    zero_std_resample_max: float = Field(
+        1.0, gt=0, le=16, description="ZERO_STD_GROUPS=resample: the most extra generation to replace flat groups, as "
+        "a share of the groups a step trains (1: up to as many again; sync generates whole extra batches, so it rounds "
+        "up to one). Past it, flat groups are trained as with keep. The share spent is logged as "
+        "zero_std/extra_generation.")
     seed: int = Field(42, ge=0, description="Random seed (dataset, sampling, init).")
     resume: Literal["auto", "fresh"] = Field(
         "auto", description="auto: continue from the run's last checkpoint; fresh: delete the run folder, start over."

@@ -79,3 +79,26 @@ def test_cpu_sets_halve_the_cores_or_take_what_is_given(monkeypatch):
     assert cpusets("none") == {} and cpusets("0-1:2") == {"REHEARSE_VLLM_CPUSET": "0-1", "REHEARSE_TRAINER_CPUSET": "2"}
     with pytest.raises(SystemExit, match="VLLM:TRAINER"):
         cpusets("0")
+
+
+def test_the_stress_bench_weighs_generated_and_trained_figures_by_their_counts_and_judges_the_cap():
+    import math
+
+    from bench.async_stress import stress_figures, verdicts
+
+    rows = [{"time": 10.0, "time/step_s": 2.0, "reward": 1.0, "async/generated_reward": 0.5, "env/echo/episodes": 4,
+             "async/samples_at_lag/0": 2, "async/samples_at_lag/1": 0, "async/generated_tokens": 40.0,
+             "async/trained_tokens": 20.0, "off_policy/ratio_max": 5.0, "off_policy/weight_max": 4.0,
+             "off_policy/weight_cap": 4.0, "off_policy/clipped_share": 0.1, "async/dropped_stale": 3,
+             "async/staleness_max": 2},
+            {"time": 12.0, "reward": 0.0, "async/generated_reward": 0.0, "env/echo/episodes": 12,
+             "async/samples_at_lag/0": 6, "async/samples_at_lag/1": 0, "async/generated_tokens": 80.0,
+             "async/trained_tokens": 60.0, "off_policy/ratio_max": 9.0, "off_policy/weight_max": 4.5,
+             "off_policy/weight_cap": 4.0, "off_policy/clipped_share": 0.3, "async/dropped_stale": 1}]
+    f = stress_figures(rows)
+    assert f["generated_reward"] == 0.125 and f["trained_reward"] == 0.25  # (0.5*4 + 0*12)/16, (1*2 + 0*6)/8
+    assert f["generated_tokens"] == 70.0 and f["trained_tokens"] == 50.0
+    assert f["ratio_max"] == 9.0 and f["dropped"] == 4 and f["trained"] == 8 and f["generated"] == 16
+    assert math.isclose(f["clipped_share"], 0.25) and f["wall_s"] == 4.0
+    [line, _] = verdicts({"async two_sided free 42": f}, "x")
+    assert "max weight 4.50 ABOVE cap 4.00" in line and "trained-generated reward +0.125, tokens -20.0" in line

@@ -54,6 +54,8 @@ class EpisodePlayer:
                  session: Any = None) -> None:
         kwargs = {**loop_kwargs, "temperature": 0.0, "max_inflight_tasks": max(1, concurrency), "num_generations": 1,
                   "trace_dir": None, "trace_every": 0}
+        if "admission" in kwargs:  # ASYNC_ADMISSION gates training rollouts only (trainer.async_grpo.admission)
+            kwargs["admission"] = "free"
         self.concurrency = max(1, concurrency)
         self.metrics: queue.Queue = queue.Queue(maxsize=64)  # the loop's own counters: not the run's, dropped
         self.loop = loop_cls(**kwargs, rollout_buffer=queue.Queue(), model_version_value=model_version_value,

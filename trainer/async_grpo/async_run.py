@@ -135,12 +135,16 @@ class TracedRollouts:
     of TRL's loop inherits this first, at module level: `class StackRolloutLoop(TracedRollouts, _AsyncRolloutLoop)`."""
 
     def __init__(self, *, trace_dir: str | None = None, trace_every: int = 0, trace_samples: int = 0,
-                 zero_std_groups: str = "keep", reward_weights: tuple | None = None, **kwargs: Any) -> None:
+                 zero_std_groups: str = "keep", zero_std_resample_max: float = 1.0, step_samples: int = 0,
+                 reward_weights: tuple | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._reward_weights = reward_weights  # (passed names, JUDGE_WEIGHT, ENV_REWARD_WEIGHT): a judge is on
         # #63: this spawned process starts with none of the tokenizer's own tokens registered (`<eos>` passed)
         untrusted.register_tokenizer(self.tokenizer)
         self.zero_std_groups = zero_std_groups  # ZERO_STD_GROUPS (trainer.rollouts.zero_variance)
+        self.step_samples = step_samples or self.num_generations  # samples one optimizer step trains (all ranks)
+        self._zero_std = zero_variance.WorkerResample(zero_std_groups, zero_std_resample_max,
+                                                      max(1, self.step_samples // self.num_generations))
         self._trace_dir = Path(trace_dir) if trace_dir else None
         self._trace_every, self._trace_samples = trace_every, trace_samples
         self._traced_rows: dict[int, int] = {}  # step -> rollouts traced of its policy version
@@ -183,15 +187,24 @@ class TracedRollouts:
             ended = [e or j for e, j in zip(ended, judge_failed)]
         async_metrics.with_episode_figures(samples, group.completions, [episode_figures(e) for e in episodes])
         scoring_s = time.perf_counter() - start
-        flat = zero_variance.is_flat(zero_variance.group_rewards(group.completions, samples))
+        rewards = zero_variance.group_rewards(group.completions, samples)
+        if hasattr(self, "scored_rewards"):  # AdmittedRollouts' generated figures (trainer.async_grpo.admission)
+            self.scored_rewards[group.group_id] = rewards
+        flat = zero_variance.is_flat(rewards)
         self._push_episode_counts(sum(infra_failures.ended_by_env(episodes)), flat, scoring_s)
         try:
             self._trace(group, samples, episodes)
         except OSError as exc:  # a full disk must not stop generation; the trainer's checkpoints will say so
             print(f"[train] rollout traces not written: {exc}", flush=True)
-        if flat and self.zero_std_groups == "drop":  # never trained: out of the normaliser, as an env-ended episode
+        left_out = self._zero_std.leave_out(flat)
+        if left_out:  # never trained: out of the normaliser, as an env-ended episode
             ended = [True] * len(group.completions)
-        return infra_failures.leave_out_samples(group.completions, samples, ended)
+        kept = infra_failures.leave_out_samples(group.completions, samples, ended)
+        if self.zero_std_groups != "keep":  # extra groups generated per group trained (a rate over the window)
+            self._rates[zero_variance.EXTRA_GENERATION][0] += float(left_out)
+            self._rates[zero_variance.EXTRA_GENERATION][1] += float(bool(kept))
+            self._zero_std.trained += bool(kept)
+        return kept
 
     async def _execute_tool_calls(self, tool_calls, tool_dict):
         """A rollout's round of tool calls, its wall time added to the env seconds (as the sync loop adds a round's)."""

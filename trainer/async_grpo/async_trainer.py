@@ -36,6 +36,7 @@ from typing import Any
 
 from envs.core.tool import abandon_session
 from trainer.gpu import trl_hooks
+from trainer.async_grpo.admission import AdmittedRollouts
 from trainer.async_grpo.async_budget import BudgetedRollouts, turn_cap
 from trainer.async_grpo.async_run import AfterRun, TracedRollouts, drain_on_stop, stop_on_env_or_vllm_down
 from trainer.async_grpo.off_policy_loss import OffPolicyLoss
@@ -143,7 +144,7 @@ def _rollout_loop_base():
     return _AsyncRolloutLoop
 
 
-class StackRolloutLoop(TracedRollouts, BudgetedRollouts, _rollout_loop_base()):  # traces wrap the budgeted episode
+class StackRolloutLoop(AdmittedRollouts, TracedRollouts, BudgetedRollouts, _rollout_loop_base()):  # admission outermost
     """TRL's rollout loop (it runs in the spawned child) with the sync trainer's meanings:
 
     - TOOL_TIMEOUT_S: a tool call that runs longer fails; the model reads the rollout loop's message
@@ -155,6 +156,7 @@ class StackRolloutLoop(TracedRollouts, BudgetedRollouts, _rollout_loop_base()): 
     - MAX_COMPLETION_LENGTH: a budget for the whole episode, tool results included, as in sync mode; a round that
       does not fit ends the episode (scored), and so does vLLM's 400 for the context length, never retried
       (trainer.async_grpo.async_budget.BudgetedRollouts).
+    - ASYNC_ADMISSION: which episodes start, and the generated-vs-trained figures (trainer.async_grpo.admission).
     - `request_seeds=False` (the CPU rehearsal): no per-request `seed`. TRL seeds every request (so data-parallel
       engines do not draw alike); vLLM 0.31's CPU runner kills its engine on a seeded request
       (gpu_model_runner._bookkeeping_sync: "CPU Generator does not use offset"). The sync trainer sends none.
@@ -251,6 +253,7 @@ def make_async_trainer_class():
 
         def __init__(self, *args, tool_timeout_s: float | None = None, tool_concurrency: int | None = None,
                      served_model: str | None = None, request_seeds: bool = True, zero_std_groups: str = "keep",
+                     zero_std_resample_max: float = 1.0, admission: str = "free",
                      served_dtype: str | None = None, max_model_len: int | None = None, off_policy=None, **kwargs):
             original = trl_async.get_peak_flops_per_device
             trl_async.get_peak_flops_per_device = _peak_flops_or_none(original)
@@ -270,8 +273,12 @@ def make_async_trainer_class():
                 # a dead env (exit 6) or vLLM (77): one line; no sample in GENERATION_TIMEOUT_S: never a silent wait
                 stop_on_env_or_vllm_down(worker, self.args.vllm_server_base_url, float(self.args.request_timeout))
                 drain_on_stop(worker)  # the worker exits at the run's end, not 15 s later
+                step_samples = (self.args.per_device_train_batch_size * self.args.gradient_accumulation_steps
+                                * self.accelerator.num_processes)  # one optimizer step's (as TRL counts it)
                 worker._loop_kwargs.update(tool_timeout_s=tool_timeout_s, tool_concurrency=tool_concurrency,
                                            request_seeds=request_seeds, zero_std_groups=zero_std_groups,
+                                           zero_std_resample_max=zero_std_resample_max, admission=admission,
+                                           max_staleness=self.args.max_staleness, step_samples=step_samples,
                                            max_model_len=max_model_len)
                 if served_model:  # TRL names the trainer's model path; vLLM answers 404 to any id it does not serve
                     worker._loop_kwargs["model_name"] = served_model
@@ -347,6 +354,8 @@ def build_trainer(cfg: RunConfig, *, tokenizer, dataset, factories, reward_funcs
         served_dtype=served_dtype,
         request_seeds=not cfg.placement.trainer_on_cpu,  # the rehearsal's vLLM runs on CPU (StackRolloutLoop says why)
         zero_std_groups=cfg.zero_std_groups,
+        zero_std_resample_max=cfg.zero_std_resample_max,
+        admission=cfg.rollouts.async_admission,
         max_model_len=server_max_model_len,  # each turn's max_tokens stays within it (StackRolloutLoop)
         off_policy=cfg.off_policy(),
     )

@@ -70,8 +70,11 @@ PINS: tuple[Pin, ...] = (
         "self, prompts, prompt_ids, completion_ids, completions, logprobs, images, multimodal_fields",
         "45b10ad512c52ceaa8f3a009ed4c2ded4ed03febb289889d529fafecb23363dd"),
     Pin(GRPO, "_generate_and_score_completions", "method",
-        "trainer/rollouts/rollout_loop.py, trainer/run/grpo_trainer.py, trainer/run/held_out.py, bench/env_resets.py",
-        "overridden (the batch's resets at once, timers, infra-ended rows out of the loss) and called by make eval: "
+        "trainer/rollouts/rollout_loop.py, trainer/run/grpo_trainer.py, trainer/run/held_out.py, bench/env_resets.py, "
+        "trainer/rollouts/resample.py",
+        "overridden (the batch's resets at once, timers, infra-ended rows out of the loss; ZERO_STD_GROUPS=resample "
+        "calls it again on fresh prompts and swaps rows of its output: per-row tensors, prompts left-padded, the rest "
+        "right-padded, num_items_in_batch) and called by make eval: "
         "the env pool drawing _reset_batch_at_once repeats (pool cursor per environment, factory call when a pool "
         "runs short) and the reset loop it feeds (reset(**row) on each env in batch order, `environment` dropped in "
         "multi-environment mode)",
@@ -183,7 +186,7 @@ PINS: tuple[Pin, ...] = (
         "ContextFull through",
         "self, prompt_ids", "cc52b73f459a70923cbc305102f559d33f1b67204e2c24924a7124c173b31d8b"),
     Pin(ASYNC_LOOP, "_generate_one", "coroutine", "trainer/async_grpo/async_run.py, trainer/async_grpo/async_budget.py, "
-        "trainer/async_grpo/async_eval.py",
+        "trainer/async_grpo/async_eval.py, trainer/async_grpo/admission.py",
         "copied by BudgetedRollouts with the episode budget (port any change); wrapped by TracedRollouts: returns "
         "the completion list first, the env is the tools' __self__",
         "self, prompt, tool_dict, tools, group_id=",
@@ -208,7 +211,7 @@ PINS: tuple[Pin, ...] = (
         "read: the vLLM base URL _post_completion posts to"),
     Pin(ASYNC_LOOP, "max_tokens", "attribute", "trainer/async_grpo/async_budget.py",
         "read: max_completion_length, TRL's per-turn cap, which BudgetedRollouts applies to the whole episode"),
-    Pin(ASYNC_LOOP, "_score_group", "coroutine", "trainer/async_grpo/async_run.py",
+    Pin(ASYNC_LOOP, "_score_group", "coroutine", "trainer/async_grpo/async_run.py, trainer/async_grpo/admission.py",
         "overridden: RolloutSamples whose `completion` is the group's list object; reward funcs get "
         "`**group.reward_kwargs` (TracedRollouts adds `environments`) and `completions`, each episode's messages "
         "(trainer/rollouts/rewards.py reads the last one), samples' `completion` is the group's list "
@@ -234,6 +237,14 @@ PINS: tuple[Pin, ...] = (
         "c199044c82c73dce8cdc1b7294599dcd616cf2f632042dbc1280151a0c41a7e4"),
     Pin(ASYNC_LOOP, "_push_metrics", "method", "trainer/async_grpo/async_run.py",
         "called: floats and (numerator, denominator) rates to the trainer's log()", "self, values"),
+    Pin(ASYNC_LOOP, "_rates", "attribute", "trainer/async_grpo/admission.py, trainer/async_grpo/async_run.py",
+        "added to: (numerator, denominator) rates, sent with the next _push_metrics (async/generated_*, "
+        "async/admission_wait_s, zero_std/extra_generation)"),
+    Pin(ASYNC_LOOP, "rollout_buffer", "attribute", "trainer/async_grpo/admission.py",
+        "its qsize() read: rows queued and not yet taken by the trainer (ASYNC_ADMISSION=bounded's ledger)"),
+    Pin(ASYNC_LOOP, "model_version", "attribute", "trainer/async_grpo/admission.py",
+        "read: the trainer's policy version (the shared mp.Value); RolloutGroup.model_version is set again by "
+        "AdmittedRollouts before TRL's _score_group stamps it on the samples"),
     Pin(ASYNC_LOOP, "_tool_pool", "attribute", "trainer/async_grpo/async_trainer.py, trainer/async_grpo/async_eval.py",
         "replaced: the thread pool for env calls, sized by TOOL_CONCURRENCY; the evaluation's resets and rewards run in it"),
     # EVAL_EVERY with ROLLOUTS=async (trainer/async_grpo/async_eval.py): a greedy copy of the worker's loop in the

@@ -17,6 +17,12 @@ other token: with half the groups flat, the rest learn at about half the rate.
     on echo 0.57-0.78 of groups are flat and drop's reward curve and final check match keep's). Async runs log their reward figures over trained
     samples only (env/<env>/reward_mean included), so with `drop` those figures leave the flat groups out.
 
+  * ZERO_STD_GROUPS=resample (issue 65 item 4, DAPO's dynamic sampling): flat groups are replaced by informative ones
+    from extra generation, at most ZERO_STD_RESAMPLE_MAX x the groups a step trains; past the bound they are trained as
+    with keep. Sync: trainer.rollouts.resample (whole extra batches, informative groups swapped into the flat ones'
+    rows). Async: `WorkerResample`, in the rollout worker, which never stops generating: a flat group left out of the
+    queue is replaced by the next to finish (with `drop` as well, without a bound). Both log EXTRA_GENERATION.
+
 A group is flat when at least two of its completions were scored (an episode the env side ended is not) and the
 sample standard deviation of their rewards is at most TOLERANCE: the test TRL applies to its own metric
 (`torch.isclose(std, 0)`, Bessel-corrected `nanstd`). Light at import: torch only inside the sync hook.
@@ -28,8 +34,9 @@ import math
 from typing import Sequence
 
 METRIC = "frac_reward_zero_std"  # TRL 1.16's sync key; the async worker logs the same share under it
+EXTRA_GENERATION = "zero_std/extra_generation"  # groups generated to replace flat ones, per group trained
 TOLERANCE = 1e-8  # torch.isclose's atol: TRL's test for frac_reward_zero_std
-MODES = ("keep", "drop")
+MODES = ("keep", "drop", "resample")
 
 
 def is_flat(rewards: Sequence[float]) -> bool:
@@ -71,6 +78,7 @@ def leave_out_of_normaliser(trainer, rewards_per_func) -> None:
         return  # no groups to judge (one completion per prompt in eval): TRL's own value stands
     rows = flat_rows(rewards.double().tolist(), group)
     trainer._flat_share = sum(rows) / len(rows)
+    trainer._flat_rows = rows  # every process's rows: ZERO_STD_GROUPS=resample refills them (trainer.rollouts.resample)
     if getattr(trainer, "zero_std_groups", "keep") != "drop" or not trainer.model.training or not any(rows):
         return
     if getattr(trainer, "multi_objective_aggregation", "sum_then_normalize") != "sum_then_normalize":
@@ -99,3 +107,26 @@ def group_rewards(completions: list, samples: list) -> list[float]:
     for sample in samples:
         reward.setdefault(id(sample.completion), sample.metrics.get("reward", math.nan))
     return [reward.get(id(completion), math.nan) for completion in completions]
+
+
+class WorkerResample:
+    """Async: which flat groups the worker leaves out of the queue. The worker never stops generating, so a group left
+    out is replaced by the next one to finish: `drop` leaves every flat group out (no bound on the extra generation);
+    `resample` leaves one out only while the groups left out stay within ZERO_STD_RESAMPLE_MAX x (the groups sent to
+    train + one step's groups), and past it sends it to train as `keep` does (advantage 0), so a run whose groups are
+    nearly all flat still trains."""
+
+    def __init__(self, mode: str, bound: float, step_groups: int) -> None:
+        if mode not in MODES:
+            raise ValueError(f"ZERO_STD_GROUPS={mode!r}: choose from {', '.join(MODES)}")
+        self.mode, self.bound, self.step_groups = mode, bound, step_groups
+        self.left_out = 0  # flat groups left out so far
+        self.trained = 0  # groups sent to train so far (the worker counts them)
+
+    def leave_out(self, flat: bool) -> bool:
+        if not flat or self.mode == "keep":
+            return False
+        if self.mode == "resample" and self.left_out + 1 > self.bound * (self.trained + self.step_groups):
+            return False
+        self.left_out += 1
+        return True

@@ -12,7 +12,7 @@ from trainer.core.dist import log
 def make_trainer_class():
     from trl import GRPOTrainer
 
-    from trainer.rollouts import infra_failures, traces, zero_variance
+    from trainer.rollouts import infra_failures, resample, traces, zero_variance
     from contract import stages
     from trainer.gpu.trl_hooks import check_served_weights
     from trainer.core.metrics import STATS
@@ -132,12 +132,17 @@ def make_trainer_class():
                 logs.update(self._off_policy_window.drain())
             super().log(logs, start_time)
 
-        def _generate_and_score_completions(self, *args, **kwargs):
-            with STATS.timer("generate_and_score"):
-                output = super()._generate_and_score_completions(*args, **kwargs)
-            check_served_weights()  # server mode: these came from the weights pushed last, not a restarted vLLM's
-            output = infra_failures.leave_out_of_loss(self, output)  # and out of the loss
-            zero_variance.log_share(self)  # frac_reward_zero_std as the async worker counts it (float64)
+        def _generate_and_score_completions(self, inputs, *args, **kwargs):
+            def one_round(batch):
+                with STATS.timer("generate_and_score"):
+                    output = super(InstrumentedGRPOTrainer, self)._generate_and_score_completions(batch, *args,
+                                                                                                   **kwargs)
+                check_served_weights()  # server mode: these came from the weights pushed last, not a restarted vLLM's
+                output = infra_failures.leave_out_of_loss(self, output)  # and out of the loss
+                zero_variance.log_share(self)  # frac_reward_zero_std as the async worker counts it (float64)
+                return output
+
+            output = resample.refill(self, inputs, one_round)  # ZERO_STD_GROUPS=resample: more rounds; else one
             self._log_masked_fraction(output)
             return output
 
@@ -185,6 +190,7 @@ def build_sync_trainer(cfg: RunConfig, model, tokenizer, dataset, factories, rew
     trainer.configure_rollouts(cfg.tool_timeout_s, cfg.tool_concurrency, server_max_model_len)
     trainer.configure_traces(cfg.run_dir, cfg.trace_every, cfg.trace_samples or cfg.num_generations, trackers)
     trainer.zero_std_groups = cfg.zero_std_groups  # trainer.rollouts.zero_variance
+    trainer.zero_std_resample_max = cfg.zero_std_resample_max  # trainer.rollouts.resample
     trainer._off_policy_window.cap = cfg.off_policy().weight_cap(False, trainer.epsilon_high)  # off_policy/weight_cap
     if cfg.placement.uses_vllm:
         from trainer import gpu
