@@ -82,9 +82,10 @@ def test_hf_token_never_in_trainer_environment_or_logs(docker, tmp_path):
         assert not [e for e in state["Config"]["Env"] if e.split("=")[0] in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")]
         assert token not in logs.stdout + logs.stderr, "the token was printed to the container log"
         assert image in state["Config"]["Image"]
-        # the trainer's one secret is W&B's key (REPORT_TO=wandb online); the HF token is never mounted there
+        # the trainer's secrets are W&B's key (REPORT_TO=wandb online) and JUDGE_URL's (JUDGE_API_KEY_FILE); the HF
+        # token is never mounted there
         secrets = {m["Destination"] for m in state["Mounts"] if m["Destination"].startswith("/run/secrets")}
-        assert secrets <= {"/run/secrets/wandb_api_key"}, state["Mounts"]
+        assert secrets <= {"/run/secrets/wandb_api_key", "/run/secrets/judge_api_key"}, state["Mounts"]
         check = read_secret_in_container(base, tmp_path)
         assert token not in check.stdout + check.stderr
         assert check.returncode == 0 and f"len {len(token)}" in check.stdout, check.stderr[-600:]
