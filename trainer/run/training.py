@@ -160,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     # the evaluation after the step's timer (MetricsCallback) and before the control's disk check of the save it asks
     from trainer.judge.costs import COSTS
 
+    COSTS.drain()  # the steps' judge figures are this run's: not preflight's test call, nor an earlier run in this process
     callbacks = [MetricsCallback(cfg.run_dir, STATS, resume_step=resume_step, mode=chosen, trackers=trackers,
                                  rollouts=cfg.rollouts, figures=COSTS.drain if cfg.judge_on else None),
                  *([evaluation] if evaluation else []), control]
