@@ -324,6 +324,9 @@ class Rehearsal:
             # packed fills a step up to max_model_len tokens: ~120 samples at 512, ~500 at 4096 on the CPU twin); 512
             # holds the longest echo episode (~410 tokens)
             "ASYNC_STEP_SAMPLES": "batch", "VLLM_MAX_MODEL_LEN": "512",
+            # the worker one step ahead, not MAX_STALENESS's 4: with a lead of 4 it could finish every episode of a short
+            # run before the step its link faults wait for is logged (CI: drop, half_open, hostile_frames found no link)
+            "MAX_STALENESS": "1",
             # a run with a judge: make rehearse serves it on the twin (tools/judge.py), killed once (judge_restart)
             **({"JUDGE_MODEL": judge} if judge else {})},
             name=f"{project}-rehearse")
