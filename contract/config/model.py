@@ -37,7 +37,7 @@ class LoraSettings(BaseModel):
     r: int
     alpha: float  # LORA_ALPHA, else 2 x r
     dropout: float
-    target_modules: str
+    target_modules: tuple[str, ...]  # LORA_TARGET_MODULES as checked at load: ("all-linear",) or layer names
     qlora: bool  # the base in 4-bit NF4
 
     @property
@@ -48,7 +48,7 @@ class LoraSettings(BaseModel):
     def description(self) -> str:
         base = "4-bit NF4 base (QLoRA)" if self.qlora else "frozen base"
         return (f"LoRA r={self.r}, alpha={self.alpha:g}, dropout={self.dropout:g}, "
-                f"target modules {self.target_modules}, on a {base}")
+                f"target modules {','.join(self.target_modules)}, on a {base}")
 
 
 class ModelSettings(BaseModel):
@@ -91,7 +91,7 @@ class ModelSettings(BaseModel):
     @field_validator("lora_target_modules")
     @classmethod
     def _check_lora_target_modules(cls, value: str) -> str:
-        return ",".join(parse_target_modules(value))
+        return ",".join(parse_target_modules(value))  # one form, which `lora` splits
 
     @property
     def lora(self) -> LoraSettings | None:
@@ -100,7 +100,7 @@ class ModelSettings(BaseModel):
             return None
         alpha = self.lora_alpha if self.lora_alpha is not None else 2.0 * self.lora_r
         return LoraSettings(r=self.lora_r, alpha=alpha, dropout=self.lora_dropout,
-                            target_modules=self.lora_target_modules, qlora=self.qlora)
+                            target_modules=tuple(self.lora_target_modules.split(",")), qlora=self.qlora)
 
     @property
     def model_id(self) -> str:

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from contract.lora_rules import ALL_LINEAR, parse_target_modules
+from contract.lora_rules import ALL_LINEAR
 
 if TYPE_CHECKING:
     from contract.config import RunConfig
@@ -38,9 +38,9 @@ def peft_config(cfg: "RunConfig"):
         return None
     from peft import LoraConfig
 
-    modules = parse_target_modules(lora.target_modules)
+    modules = lora.target_modules  # checked once, when the config loaded (contract/config/model.py)
     return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                      target_modules=ALL_LINEAR if modules == [ALL_LINEAR] else modules, bias="none",
+                      target_modules=ALL_LINEAR if modules == (ALL_LINEAR,) else list(modules), bias="none",
                       task_type="CAUSAL_LM")
 
 
