@@ -11,12 +11,10 @@ from __future__ import annotations
 import asyncio
 import math
 import queue
-import threading
-from types import SimpleNamespace
 
 import pytest
 
-from tests.trainer.test_async_rollout_traces import drained
+from tests.trainer.worker_loops import ANSWER, CALL, drained, echo_worker_loop
 from trainer.async_grpo.admission import GENERATED_REWARD, GENERATED_TOKENS, TRAINED_TOKENS, Ledger
 
 
@@ -106,14 +104,7 @@ class Trainer:
 def stack_loop(tmp_path, tiny_model_dir, url, admission: str, slow_every: int = 0):
     """StackRolloutLoop, vLLM scripted: one echo_message call, then an answer; every `slow_every`-th group's episodes
     take a long first turn (a slow episode, as a long one is on vLLM)."""
-    from accelerate.state import PartialState
-    from datasets import Dataset
-    from transformers import AutoTokenizer
-
-    from envs import registry
     from trainer.async_grpo.async_trainer import StackRolloutLoop
-    from trainer.core.metrics import STATS
-    from trainer.rollouts.envs_binding import EnvFactory, encode_row
 
     class Scripted(StackRolloutLoop):
         slow_groups: set = set()
@@ -125,25 +116,13 @@ def stack_loop(tmp_path, tiny_model_dir, url, admission: str, slow_every: int = 
 
         async def _generate_one_turn(self, prompt_ids):
             seen = self.tokenizer.decode(prompt_ids)
-            text = "done<|im_end|>" if "<tool_response>" in seen else \
-                '<tool_call>\n{"name": "echo_message", "arguments": {"message": "hello"}}\n</tool_call><|im_end|>'
+            text = ANSWER if "<tool_response>" in seen else CALL
             ids = self.tokenizer.encode(text, add_special_tokens=False)
             return ids, [-0.5] * len(ids)
 
-    PartialState()
-    STATS.drain()
-    spec = registry.get("echo")
-    loop = Scripted(
-        model_name="tiny", dataset=Dataset.from_list([encode_row(dict(r)) for r in spec.make_dataset(8, 0)]),
-        reward_funcs=[], processing_class=AutoTokenizer.from_pretrained(tiny_model_dir), eos_token_ids=[],
-        rollout_buffer=queue.Queue(), model_version_value=SimpleNamespace(value=0),
-        heartbeat_value=SimpleNamespace(value=0.0), failed_event=threading.Event(),
-        exception_info_queue=queue.Queue(), metrics_queue=queue.Queue(),
-        environment_factory=EnvFactory("echo", spec.tool_class, url), num_generations=2, max_inflight_tasks=8,
-        max_tokens=64, trace_dir=str(tmp_path), trace_every=0, admission=admission, max_staleness=1,
-        step_samples=2, request_seeds=False)
-    loop.eos_token_ids = [loop.tokenizer.convert_tokens_to_ids("<|im_end|>")]
-    return loop
+    return echo_worker_loop(Scripted, tmp_path, tiny_model_dir, url, tasks=8, max_inflight_tasks=8, trace_every=0,
+                            trace_samples=0, admission=admission, max_staleness=1, step_samples=2,
+                            request_seeds=False)
 
 
 def drive(loop, trainer: Trainer, steps: int) -> None:

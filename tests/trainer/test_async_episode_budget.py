@@ -18,7 +18,7 @@ from datasets import Dataset
 from transformers import AutoTokenizer
 from trl.experimental.async_grpo import async_rollout_worker as trl_worker
 
-from tests.trainer.test_async_rollout_traces import run_loop
+from tests.trainer.worker_loops import run_loop
 from trainer.rollouts.rewards import unfinished_penalty
 from trainer.async_grpo.async_trainer import StackRolloutLoop
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
-from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
@@ -19,85 +18,23 @@ from transformers import AutoTokenizer
 from trl.experimental.async_grpo.async_grpo_trainer import _reduce_metric
 
 from envs import registry
+from tests.trainer.worker_loops import ScriptedTurnsLoop, close, drained, echo_worker_loop, run_loop
 from trainer.core import async_metrics
 from trainer.rollouts import traces
 from trainer.async_grpo.async_run import TracedRolloutLoop
-from trainer.rollouts.envs_binding import EnvFactory, encode_row
 from trainer.core.metrics import STATS
-
-CALL = '<tool_call>\n{"name": "echo_message", "arguments": {"message": "hello"}}\n</tool_call><|im_end|>'
-ANSWER = "done<|im_end|>"
-
-
-class ScriptedTurnsLoop(TracedRolloutLoop):
-    """vLLM replaced by a script: call echo_message once, then answer."""
-
-    async def _generate_one_turn(self, prompt_ids):
-        seen = self.tokenizer.decode(prompt_ids)
-        text = ANSWER if "<tool_response>" in seen else CALL
-        ids = self.tokenizer.encode(text, add_special_tokens=False)
-        return ids, [-0.5] * len(ids)
-
-
-def drained(loop) -> tuple[list, dict[str, list]]:
-    """What a finished rollout loop left: the samples it queued for the trainer, and every metric value it sent."""
-    samples = []
-    while not loop.rollout_buffer.empty():
-        samples.append(loop.rollout_buffer.get_nowait())
-    sink = defaultdict(list)
-    while not loop._metrics_queue.empty():
-        for key, value in loop._metrics_queue.get_nowait().items():
-            sink[key].append(value)
-    return samples, sink
-
-
-def run_loop(loop: TracedRolloutLoop, samples_wanted: int) -> None:
-    async def drive():
-        stop = asyncio.Event()
-        tasks = [asyncio.create_task(loop._generate_loop(stop_event=stop)),
-                 asyncio.create_task(loop._score_loop(stop_event=stop))]
-        async with asyncio.timeout(120):
-            while loop.rollout_buffer.qsize() < samples_wanted:
-                for task in tasks:
-                    if task.done():
-                        task.result()  # a loop that died says why, now
-                await asyncio.sleep(0.05)  # polling the queue the trainer reads, bounded by the timeout above
-        stop.set()
-        await asyncio.gather(*tasks)
-
-    loop._loop.run_until_complete(drive())
 
 
 @pytest.fixture
 def traced_loop(tmp_path, tiny_model_dir, echo_server):
-    PartialState()  # as TRL's worker child does first (its logger needs it)
-    STATS.drain()
-    spec = registry.get("echo")
-    rows = [encode_row(dict(r)) for r in spec.make_dataset(4, 0)]
-    loop = ScriptedTurnsLoop(
-        model_name="tiny", dataset=Dataset.from_list(rows), reward_funcs=[],
-        processing_class=AutoTokenizer.from_pretrained(tiny_model_dir), eos_token_ids=[],
-        rollout_buffer=queue.Queue(), model_version_value=SimpleNamespace(value=0),
-        heartbeat_value=SimpleNamespace(value=0.0), failed_event=threading.Event(),
-        exception_info_queue=queue.Queue(), metrics_queue=queue.Queue(),
-        environment_factory=EnvFactory("echo", spec.tool_class, echo_server.url), num_generations=2,
-        max_inflight_tasks=2,
-        max_tokens=64, trace_dir=str(tmp_path), trace_every=1, trace_samples=2)
-    loop.eos_token_ids = [loop.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    loop = echo_worker_loop(ScriptedTurnsLoop, tmp_path, tiny_model_dir, echo_server.url)
     yield loop
-    loop._tool_pool.shutdown(wait=True)
-    loop._loop.close()
+    close(loop)
 
 
 def test_the_worker_sends_the_sync_per_env_figures_and_traces_one_group_per_policy_version(traced_loop, tmp_path):
     run_loop(traced_loop, samples_wanted=4)  # two groups of two, both of policy version 0
-    samples = []
-    while not traced_loop.rollout_buffer.empty():
-        samples.append(traced_loop.rollout_buffer.get_nowait())
-    sink = defaultdict(list)  # TRL's AsyncGRPOTrainer.log: the worker's pushes into the sink, reduced per key
-    while not traced_loop._metrics_queue.empty():
-        for key, value in traced_loop._metrics_queue.get_nowait().items():
-            sink[key].append(value)
+    samples, sink = drained(traced_loop)  # TRL's AsyncGRPOTrainer.log: the worker's pushes into the sink, reduced per key
     for key in ("env/echo/reward_mean", "env/echo/episode_length", "env/echo/tool_failures_per_episode"):
         sink[key].append(sum(s.metrics[key] for s in samples) / len(samples))  # TRL's collator: the trained samples'
     record = async_metrics.record({k: _reduce_metric(k, v) for k, v in sink.items()})
@@ -175,21 +112,9 @@ class EveryOtherResetDown(registry.get("echo").tool_class):
 
 
 def infra_loop(tmp_path, tiny_model_dir, url, tool_class, reward_funcs):
-    PartialState()
-    STATS.drain()
     STATS.drain_infra_failures()
-    spec = registry.get("echo")
-    rows = [encode_row(dict(r)) for r in spec.make_dataset(4, 0)]
-    loop = ScriptedTurnsLoop(
-        model_name="tiny", dataset=Dataset.from_list(rows), reward_funcs=reward_funcs,
-        processing_class=AutoTokenizer.from_pretrained(tiny_model_dir), eos_token_ids=[],
-        rollout_buffer=queue.Queue(), model_version_value=SimpleNamespace(value=0),
-        heartbeat_value=SimpleNamespace(value=0.0), failed_event=threading.Event(),
-        exception_info_queue=queue.Queue(), metrics_queue=queue.Queue(),
-        environment_factory=EnvFactory("echo", tool_class, url), num_generations=2,
-        max_inflight_tasks=2, max_tokens=64, trace_dir=str(tmp_path), trace_every=1, trace_samples=2)
-    loop.eos_token_ids = [loop.tokenizer.convert_tokens_to_ids("<|im_end|>")]
-    return loop
+    return echo_worker_loop(ScriptedTurnsLoop, tmp_path, tiny_model_dir, url, tool_class=tool_class,
+                            reward_funcs=reward_funcs)
 
 
 def test_an_episode_the_env_side_ended_is_counted_and_never_reaches_the_trainer(tmp_path, tiny_model_dir,
@@ -209,8 +134,7 @@ def test_an_episode_the_env_side_ended_is_counted_and_never_reaches_the_trainer(
     try:
         run_loop(loop, samples_wanted=2)
     finally:
-        loop._tool_pool.shutdown(wait=True)
-        loop._loop.close()
+        close(loop)
     samples, sink = drained(loop)
     groups = len(sink[async_metrics.INFRA_TOTAL])
     assert groups >= 2 and sink[async_metrics.INFRA_TOTAL] == [1.0] * groups  # one env-ended episode per group

@@ -143,44 +143,25 @@ def test_async_worker_weighs_the_judge_and_drops_a_failed_call_from_the_group(tm
     """Groups of two, scored one after another: one call of each fails (the judge double fails every other one). The
     failed episode never reaches the trainer and is out of its group's baseline (the other's advantage is 0); the
     kept one's reward is JUDGE_WEIGHT x judge + ENV_REWARD_WEIGHT x the env's."""
-    from accelerate.state import PartialState
-    from datasets import Dataset
-    from transformers import AutoTokenizer
     from trl.experimental.async_grpo.async_grpo_trainer import _reduce_metric
 
-    from envs import registry
-    from tests.trainer.test_async_rollout_traces import ScriptedTurnsLoop, drained, run_loop
+    from tests.trainer.worker_loops import ScriptedTurnsLoop, close, drained, echo_worker_loop, run_loop
     from trainer.core import async_metrics
-    from trainer.core.metrics import STATS
+    from trainer.judge.costs import COSTS
     from trainer.judge.reward import judge_reward
     from trainer.judge.setup import JudgeSetup
-    from trainer.rollouts.envs_binding import EnvFactory, encode_row
 
     judge = fake_judge(every_other_call_fails())
     setup = JudgeSetup(base_url=judge.url, method="rubric", score="choice", template="{transcript}",
                        judged_envs=frozenset({"echo"}), concurrency=2, timeout_s=60.0, down_after_s=3600.0,
                        max_tokens=4, cache_size=0, num_generations=2, model="m")
-    from trainer.judge.costs import COSTS
-
-    PartialState()
-    STATS.drain()
     COSTS.drain()  # a run earlier in this process counted its own (the worker's spawned process starts with none)
-    spec = registry.get("echo")
-    loop = ScriptedTurnsLoop(
-        model_name="tiny", dataset=Dataset.from_list([encode_row(dict(r)) for r in spec.make_dataset(4, 0)]),
-        reward_funcs=[judge_reward(setup)], processing_class=AutoTokenizer.from_pretrained(tiny_model_dir),
-        eos_token_ids=[], rollout_buffer=queue.Queue(), model_version_value=SimpleNamespace(value=0),
-        heartbeat_value=SimpleNamespace(value=0.0), failed_event=threading.Event(),
-        exception_info_queue=queue.Queue(), metrics_queue=queue.Queue(),
-        environment_factory=EnvFactory("echo", spec.tool_class, echo_server.url), num_generations=2,
-        max_inflight_tasks=2, max_tokens=64, trace_dir=str(tmp_path), trace_every=1, trace_samples=2,
-        reward_weights=(("judge",), 2.0, 0.5))
-    loop.eos_token_ids = [loop.tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    loop = echo_worker_loop(ScriptedTurnsLoop, tmp_path, tiny_model_dir, echo_server.url,
+                            reward_funcs=[judge_reward(setup)], reward_weights=(("judge",), 2.0, 0.5))
     try:
         run_loop(loop, samples_wanted=2)
     finally:
-        loop._tool_pool.shutdown(wait=True)
-        loop._loop.close()
+        close(loop)
     samples, sink = drained(loop)
     groups = len(sink["judge/failures_total"])
     assert groups >= 2 and sink["judge/failures_total"] == [1.0] * groups and len(samples) == groups

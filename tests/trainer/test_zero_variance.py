@@ -8,18 +8,15 @@ the env side ended are taken out (trainer.rollouts.infra_failures).
 
 from __future__ import annotations
 
-import asyncio
 import math
-import queue
 import random
-import threading
 from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from tests.trainer.test_async_rollout_traces import drained
+from tests.trainer.worker_loops import close, drained, echo_worker_loop, run_until
 from trainer.rollouts import infra_failures, zero_variance
 from trainer.rollouts.zero_variance import flat_rows, is_flat
 
@@ -147,14 +144,7 @@ def async_loop(tmp_path, tiny_model_dir, url, zero_std_groups: str, mixed: bool)
     """TRL 1.16's rollout loop with the stack's mixins against a real echo server; vLLM replaced by a script that calls
     echo_message once (with the prompt's target word on every other rollout when `mixed`: one FULL, one PARTIAL per
     group of two; else "hello" always: every group flat), then answers."""
-    from accelerate.state import PartialState
-    from datasets import Dataset
-    from transformers import AutoTokenizer
-
-    from envs import registry
-    from trainer.rollouts.envs_binding import EnvFactory, encode_row
     from trainer.async_grpo.async_run import TracedRolloutLoop
-    from trainer.core.metrics import STATS
 
     class Scripted(TracedRolloutLoop):
         calls = 0
@@ -170,44 +160,19 @@ def async_loop(tmp_path, tiny_model_dir, url, zero_std_groups: str, mixed: bool)
             ids = self.tokenizer.encode(text, add_special_tokens=False)
             return ids, [-0.5] * len(ids)
 
-    PartialState()
-    STATS.drain()
-    spec = registry.get("echo")
-    loop = Scripted(
-        model_name="tiny", dataset=Dataset.from_list([encode_row(dict(r)) for r in spec.make_dataset(4, 0)]),
-        reward_funcs=[], processing_class=AutoTokenizer.from_pretrained(tiny_model_dir), eos_token_ids=[],
-        rollout_buffer=queue.Queue(), model_version_value=SimpleNamespace(value=0),
-        heartbeat_value=SimpleNamespace(value=0.0), failed_event=threading.Event(),
-        exception_info_queue=queue.Queue(), metrics_queue=queue.Queue(),
-        environment_factory=EnvFactory("echo", spec.tool_class, url), num_generations=2,
-        max_inflight_tasks=1,  # one rollout at a time: the script's alternation is per group
-        max_tokens=64, trace_dir=str(tmp_path), trace_every=0, zero_std_groups=zero_std_groups)
-    loop.eos_token_ids = [loop.tokenizer.convert_tokens_to_ids("<|im_end|>")]
-    return loop
+    # one rollout at a time: the script's alternation is per group
+    return echo_worker_loop(Scripted, tmp_path, tiny_model_dir, url, max_inflight_tasks=1, trace_every=0,
+                            trace_samples=0, zero_std_groups=zero_std_groups)
 
 
 def run_groups(loop, groups: int) -> tuple[list, dict]:
     """Drive the loop until `groups` groups are scored; return the queued samples and the reduced metrics."""
     from trl.experimental.async_grpo.async_grpo_trainer import _reduce_metric
 
-    async def drive():
-        stop = asyncio.Event()
-        tasks = [asyncio.create_task(loop._generate_loop(stop_event=stop)),
-                 asyncio.create_task(loop._score_loop(stop_event=stop))]
-        async with asyncio.timeout(120):
-            while loop._total_groups_scored < groups:
-                for task in tasks:
-                    if task.done():
-                        task.result()
-                await asyncio.sleep(0.05)  # polling the loop's own counter, bounded by the timeout above
-        stop.set()
-        await asyncio.gather(*tasks)
-
     try:
-        loop._loop.run_until_complete(drive())
+        run_until(loop, lambda: loop._total_groups_scored >= groups)
     finally:
-        loop._tool_pool.shutdown(wait=True)
-        loop._loop.close()
+        close(loop)
     samples, sink = drained(loop)
     return samples, {k: _reduce_metric(k, v) for k, v in sink.items()}
 
