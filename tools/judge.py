@@ -10,7 +10,10 @@ under the name JUDGE_MODEL (the `model` of the trainer's calls) at JUDGE_MODEL_R
                    other's allocations as their own.
   cpu / rehearse   the vLLM CPU twin's image on CPU: JUDGE_MODEL a path under /models (the tiny model model-init makes,
                    /models/tiny-qwen3: no Hub), or a Hub id model-download fetches (run on the CPU trainer image).
-  reward_model     vLLM's pooling runner: --runner=pooling --convert=classify (vLLM 0.31; /classify, /score routes).
+  reward_model     vLLM's pooling runner: --runner=pooling (vLLM 0.31; /classify). No --convert: vLLM converts by the
+                   model's config.json architectures itself (*ForSequenceClassification: classify, reading the
+                   checkpoint's `score` head), and a forced --convert=classify would serve a causal LM with an
+                   uninitialised head (garbage logits, one constant score) instead of failing preflight.
 JUDGE_URL set: no judge container; the trainers read its key from the Compose secret judge_api_key (JUDGE_API_KEY_FILE).
 """
 
@@ -30,7 +33,7 @@ PROFILE = SERVICE = "judge"
 SHARED_SHARE = 0.3   # the judge's share of a GPU it shares (JUDGE_GPU_MEMORY_SHARE empty)
 OWN_SHARE = 0.9      # ... of a GPU of its own
 VLLM_ALONE_SHARE = 0.9  # the vllm service's default (GpuMode.vllm_memory_share): lowered by the judge's when shared
-POOLING_FLAGS = ("--runner=pooling", "--convert=classify")  # JUDGE_METHOD=reward_model: a sequence classifier
+POOLING_FLAGS = ("--runner=pooling",)  # JUDGE_METHOD=reward_model: a sequence classifier (module docstring)
 LOCAL_MODELS = "/models/"  # the models volume: model-init's tiny model (the CPU profile's judge)
 HEALTHY = {"condition": "service_healthy"}
 DONE = {"condition": "service_completed_successfully"}
