@@ -8,7 +8,7 @@ is set. Three ways to judge (JUDGE_METHOD):
                   the score is a constrained reply (JUDGE_SCORE=choice) or the probabilities of the answer tokens
                   (JUDGE_SCORE=probabilities), mapped to [0, 1]
     ranking       one call per GRPO group (RULER-style): all NUM_GENERATIONS episodes, scored relative to each other
-    reward_model  a sequence classifier served by vLLM's pooling runner (`/classify`, `/score`): no rubric
+    reward_model  a sequence classifier (a reward model: one label) on vLLM's pooling runner (`/classify`): no rubric
 
 Its reward function is `judge` (TRL logs `rewards/judge/mean`), weighed by JUDGE_WEIGHT beside the env's own reward
 (ENV_REWARD_WEIGHT); ENV_<NAME>_JUDGE=0 leaves an env's episodes unjudged. A failed judge call (timeout, 5xx, refusal,
