@@ -27,6 +27,9 @@ JudgeScore = Literal["choice", "probabilities"]
 DEFAULT_RUBRIC = "prompts/judge/rubric.md"
 # The CPU profile's tiny judge: JUDGE_MODEL naming it makes model-init build it (trainer.tiny_judge, docs/judge.md).
 TINY_JUDGE = "/models/tiny-judge"
+# ... and its tiny reward model (JUDGE_METHOD=reward_model): a sequence classifier on the tiny policy's trunk
+# (trainer.tiny_reward_model), made by model-init after the policy when JUDGE_MODEL names it.
+TINY_REWARD_MODEL = "/models/tiny-reward-model"
 SERVED_URL = "http://judge:8000/v1"  # the stack's judge service (agentnet only): compose.yaml `judge`
 # JUDGE_URL's key: the host's JUDGE_API_KEY_FILE, mounted as a Compose secret (never an env var, a log or a trace).
 API_KEY_SECRET = "/run/secrets/judge_api_key"
