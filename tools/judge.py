@@ -143,9 +143,27 @@ def problems(values: dict[str, str], on_cpu: bool) -> list[str]:
     if served(values) and local(name) and on_cpu and not name.startswith(LOCAL_MODELS):
         out.append(f"JUDGE_MODEL={name}: a local judge lives on the models volume, under {LOCAL_MODELS} (e.g. "
                    "/models/tiny-qwen3, the tiny model model-init makes); or name a Hub id (edit .env)")
+    if served(values) and (line := method_problem(values)):
+        out.append(line)
     if where:
         out.extend(url_problems(where))
     return out
+
+
+def method_problem(values: dict[str, str]) -> str | None:
+    """The CPU profile's own models against JUDGE_METHOD: vLLM serves a causal LM with the pooling runner as an
+    embedder (no /classify) and refuses to start a classifier with the generate runner."""
+    from contract.config.judge import TINY_JUDGE, TINY_REWARD_MODEL
+    from contract.config.model import CPU_DEFAULT_MODEL
+
+    name, method = model(values).rstrip("/"), (values.get("JUDGE_METHOD") or "").strip() or "rubric"
+    if method == "reward_model" and name in (TINY_JUDGE, CPU_DEFAULT_MODEL):
+        return (f"JUDGE_MODEL={name} is a causal LM, and JUDGE_METHOD=reward_model needs a sequence classifier: set "
+                f"JUDGE_MODEL={TINY_REWARD_MODEL} (model-init makes it) or a Hub reward model (edit .env)")
+    if method != "reward_model" and name == TINY_REWARD_MODEL:
+        return (f"JUDGE_MODEL={name} is a sequence classifier (a reward model), which JUDGE_METHOD={method} cannot "
+                f"serve: set JUDGE_METHOD=reward_model, or JUDGE_MODEL={TINY_JUDGE} for a rubric judge (edit .env)")
+    return None
 
 
 def url_problems(where: str) -> list[str]:

@@ -107,6 +107,21 @@ def test_a_reward_model_is_served_by_vllms_pooling_runner(tmp_path, monkeypatch)
     assert f["--served-model-name"] == "Qwen/Qwen3-1.7B"
 
 
+@pytest.mark.parametrize("lines,says", [
+    ("\nJUDGE_METHOD=reward_model\nJUDGE_MODEL=/models/tiny-judge\n", "is a causal LM"),
+    ("\nJUDGE_METHOD=reward_model\nJUDGE_MODEL=/models/tiny-qwen3\n", "JUDGE_MODEL=/models/tiny-reward-model"),
+    ("\nJUDGE_MODEL=/models/tiny-reward-model\n", "set JUDGE_METHOD=reward_model"),
+    ("\nJUDGE_METHOD=ranking\nJUDGE_MODEL=/models/tiny-reward-model/\n", "JUDGE_METHOD=ranking cannot serve"),
+])
+def test_the_cpu_profiles_own_judges_must_match_judge_method(lines, says):
+    from tools import judge
+
+    values = dict(line.split("=", 1) for line in lines.strip().splitlines())
+    problems = judge.problems(values, on_cpu=True)
+    assert len(problems) == 1 and says in problems[0] and "edit .env" in problems[0], problems
+    assert judge.problems({"JUDGE_METHOD": "reward_model", "JUDGE_MODEL": "/models/tiny-reward-model"}, True) == []
+
+
 def test_judge_url_starts_no_container_and_its_key_is_a_secret_never_in_the_config(tmp_path, monkeypatch):
     from contract.config.judge import API_KEY_SECRET
 
