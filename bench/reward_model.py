@@ -10,7 +10,10 @@
      and the trainer's reward function (trainer.judge.reward.judge, the sync path) over held-out echo episodes of three
      kinds (the right first call, a call with another word, no call): mean score per kind, seconds per call, and each
      score beside transformers' own forward of the same checkpoint (the largest difference);
-  4. --converted: the tiny causal LM served the same way and scored the same way: what the pooling runner makes of a
+  4. --train-steps N: then N steps of the real trainer (trainer.train, CPU, echo) with JUDGE_METHOD=reward_model at
+     that twin and ENV_REWARD_WEIGHT=0 (the reward model alone): per step its reward, the env's (unweighted), failures
+     and the judge's cost;
+  5. --converted: the tiny causal LM served the same way and scored the same way: what the pooling runner makes of a
      model that is not a classifier.
 A benchmark, not a test: it prints figures and never fails on them. Each twin start costs a cold start (~30 s idle on
 2 cores, minutes under load): why this is a bench script and not a test on the suite's shared twin (that twin serves
@@ -77,7 +80,8 @@ def by_kind(values, items) -> dict[str, float]:
     return {k: round(sum(v) / len(v), 3) for k, v in out.items()}
 
 
-def case(title: str, model_dir: Path, items, reference: list[float] | None, image: str | None) -> None:
+def case(title: str, model_dir: Path, items, reference: list[float] | None, image: str | None,
+         train_steps: int = 0, policy: Path | None = None) -> None:
     from bench.judge_learning import serve_judge, stop_judge
     from tools.judge import POOLING_FLAGS
 
@@ -103,8 +107,32 @@ def case(title: str, model_dir: Path, items, reference: list[float] | None, imag
         if reference is not None and not failed:
             worst = max(abs(a - b) for a, b in zip(scores, reference))
             print(f"  largest difference from transformers' forward of the same checkpoint: {worst:.2e}")
+        if train_steps and policy is not None:
+            train_with(policy, url, train_steps)
     finally:
         stop_judge(name)
+
+
+def train_with(policy: Path, judge_url: str, steps: int) -> None:
+    """`steps` steps of trainer.train on echo with the reward model alone (ENV_REWARD_WEIGHT=0), as a CPU run would."""
+    from bench.adapter_overhead import start_echo_server
+    from bench.learning_curve import train
+
+    proc, env_url = start_echo_server(64)
+    try:
+        with tempfile.TemporaryDirectory(prefix="bench-reward-model-run-") as out:
+            t0 = time.monotonic()
+            records = train(policy, env_url, Path(out), "reward-model", steps, 42, extra=(
+                "--judge-url", judge_url, "--judge-method", "reward_model", "--env-reward-weight", "0"))
+            print(f"  {steps} steps of trainer.train with the reward model alone in {time.monotonic() - t0:.0f} s:")
+            for r in records:
+                print(f"    step {r['step']}: rewards/judge/mean {r.get('rewards/judge/mean', float('nan')):.3f}, "
+                      f"env reward (weight 0) {r.get('env/echo/reward_mean', float('nan')):.3f}, judge "
+                      f"{r.get('judge/seconds', 0):.2f}s {r.get('judge/calls', 0):.0f} calls "
+                      f"{r.get('judge/tokens', 0):.0f} tok {r.get('judge/cache_hits', 0):.0f} cached "
+                      f"{r.get('judge/failures', 0):.0f} failed")
+    finally:
+        proc.terminate()
 
 
 def main() -> None:
@@ -114,6 +142,7 @@ def main() -> None:
     p.add_argument("--reward-model", default=None, help="a tiny reward model made earlier (default: make one)")
     p.add_argument("--episodes", type=int, default=24)
     p.add_argument("--converted", action="store_true", help="also serve the causal LM the same way")
+    p.add_argument("--train-steps", type=int, default=0, help="then train this many steps from the reward model")
     p.add_argument("--image", default=None, help="the twin's image (default: this stack's, tools.images)")
     args = p.parse_args()
 
@@ -128,7 +157,8 @@ def main() -> None:
         items = trm.episodes(args.episodes, seed=2_000_003)  # held out: the head was fitted on other seeds
         reference = hf_scores(rm_dir, items)
         print(f"transformers' forward, mean score by kind: {by_kind(reference, items)}")
-        case("reward model (Qwen3ForSequenceClassification, num_labels 1)", rm_dir, items, reference, args.image)
+        case("reward model (Qwen3ForSequenceClassification, num_labels 1)", rm_dir, items, reference, args.image,
+             args.train_steps, Path(args.base))
         if args.converted:
             case("the causal LM (Qwen3ForCausalLM) under the same flags", Path(args.base), items, None, args.image)
 
