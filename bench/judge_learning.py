@@ -35,9 +35,11 @@ SERVED_AS = "/models/tiny-judge"  # trainer.tiny_judge.TINY_JUDGE_DIR: the name 
 ENV_GRADES = {1.0: "9", 0.2: "3", 0.0: "0"}  # echo's reward -> the digit the tiny judge was taught for it
 
 
-def serve_judge(model_dir: Path, image: str | None = None, timeout_s: float = 600) -> tuple[str, str, float]:
-    """The twin's image serving `model_dir` as the judge service does on the CPU profile; (container, URL, seconds
-    to healthy). Published on 127.0.0.1 only."""
+def serve_judge(model_dir: Path, image: str | None = None, timeout_s: float = 600, served_as: str = SERVED_AS,
+                extra_flags: tuple[str, ...] = ()) -> tuple[str, str, float]:
+    """The twin's image serving `model_dir` as the judge service does on the CPU profile (as `served_as`, with
+    `extra_flags` after the service's: tools.judge.POOLING_FLAGS for a reward model); (container, URL, seconds to
+    healthy). Published on 127.0.0.1 only."""
     import requests
 
     from tools.images import TWIN_BUILD, image_of
@@ -47,7 +49,8 @@ def serve_judge(model_dir: Path, image: str | None = None, timeout_s: float = 60
     t0 = time.monotonic()
     subprocess.run(["docker", "run", "-d", "--name", name, "--label", "grpo-test=1", "-p", "127.0.0.1::8000",
                     "--shm-size", "1g", "-e", "VLLM_CPU_KVCACHE_SPACE=1", "-e", "HF_HUB_OFFLINE=1",
-                    "-v", f"{Path(model_dir).resolve()}:{SERVED_AS}:ro", image, SERVED_AS, *judge_flags()],
+                    "-v", f"{Path(model_dir).resolve()}:{served_as}:ro", image, served_as, *judge_flags(served_as),
+                    *extra_flags],
                    check=True, capture_output=True)
     port = subprocess.run(["docker", "port", name, "8000/tcp"], capture_output=True, text=True,
                           check=True).stdout.split("\n")[0].rsplit(":", 1)[1]
@@ -67,14 +70,15 @@ def serve_judge(model_dir: Path, image: str | None = None, timeout_s: float = 60
         time.sleep(1)
 
 
-def judge_flags() -> list[str]:
-    """compose.yaml's judge command (x-judge-serve-flags) as the CPU profile resolves it for JUDGE_MODEL=SERVED_AS and
-    every other setting at its default (--revision=main included: vLLM takes it for a local folder)."""
+def judge_flags(served_as: str = SERVED_AS) -> list[str]:
+    """compose.yaml's judge command (x-judge-serve-flags) as the CPU profile resolves it for JUDGE_MODEL=`served_as`
+    and every other setting at its default (--revision=main included: vLLM takes it for a local folder)."""
     import re
 
     from tools.images import compose_yaml_services
 
-    flags = [re.sub(r"\$\{JUDGE_MODEL:-[^}]*\}", SERVED_AS, flag) for flag in compose_yaml_services()["judge"]["command"]]
+    flags = [re.sub(r"\$\{JUDGE_MODEL:-[^}]*\}", served_as, flag)
+             for flag in compose_yaml_services()["judge"]["command"]]
     return [re.sub(r"\$\{[A-Z_]+:-([^}]*)\}", r"\1", flag) for flag in flags]
 
 

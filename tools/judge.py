@@ -10,7 +10,10 @@ under the name JUDGE_MODEL (the `model` of the trainer's calls) at JUDGE_MODEL_R
                    other's allocations as their own.
   cpu / rehearse   the vLLM CPU twin's image on CPU: JUDGE_MODEL a path under /models (the tiny model model-init makes,
                    /models/tiny-qwen3: no Hub), or a Hub id model-download fetches (run on the CPU trainer image).
-  reward_model     vLLM's pooling runner: --runner=pooling --convert=classify (vLLM 0.31; /classify, /score routes).
+  reward_model     vLLM's pooling runner: --runner=pooling (vLLM 0.31; /classify). No --convert: vLLM converts by the
+                   model's config.json architectures itself (*ForSequenceClassification: classify, reading the
+                   checkpoint's `score` head), and a forced --convert=classify would serve a causal LM with an
+                   uninitialised head (garbage logits, one constant score) instead of failing preflight.
 JUDGE_URL set: no judge container; the trainers read its key from the Compose secret judge_api_key (JUDGE_API_KEY_FILE).
 """
 
@@ -30,7 +33,7 @@ PROFILE = SERVICE = "judge"
 SHARED_SHARE = 0.3   # the judge's share of a GPU it shares (JUDGE_GPU_MEMORY_SHARE empty)
 OWN_SHARE = 0.9      # ... of a GPU of its own
 VLLM_ALONE_SHARE = 0.9  # the vllm service's default (GpuMode.vllm_memory_share): lowered by the judge's when shared
-POOLING_FLAGS = ("--runner=pooling", "--convert=classify")  # JUDGE_METHOD=reward_model: a sequence classifier
+POOLING_FLAGS = ("--runner=pooling",)  # JUDGE_METHOD=reward_model: a sequence classifier (module docstring)
 LOCAL_MODELS = "/models/"  # the models volume: model-init's tiny model (the CPU profile's judge)
 HEALTHY = {"condition": "service_healthy"}
 DONE = {"condition": "service_completed_successfully"}
@@ -140,9 +143,27 @@ def problems(values: dict[str, str], on_cpu: bool) -> list[str]:
     if served(values) and local(name) and on_cpu and not name.startswith(LOCAL_MODELS):
         out.append(f"JUDGE_MODEL={name}: a local judge lives on the models volume, under {LOCAL_MODELS} (e.g. "
                    "/models/tiny-qwen3, the tiny model model-init makes); or name a Hub id (edit .env)")
+    if served(values) and (line := method_problem(values)):
+        out.append(line)
     if where:
         out.extend(url_problems(where))
     return out
+
+
+def method_problem(values: dict[str, str]) -> str | None:
+    """The CPU profile's own models against JUDGE_METHOD: vLLM serves a causal LM with the pooling runner as an
+    embedder (no /classify) and refuses to start a classifier with the generate runner."""
+    from contract.config.judge import TINY_JUDGE, TINY_REWARD_MODEL
+    from contract.config.model import CPU_DEFAULT_MODEL
+
+    name, method = model(values).rstrip("/"), (values.get("JUDGE_METHOD") or "").strip() or "rubric"
+    if method == "reward_model" and name in (TINY_JUDGE, CPU_DEFAULT_MODEL):
+        return (f"JUDGE_MODEL={name} is a causal LM, and JUDGE_METHOD=reward_model needs a sequence classifier: set "
+                f"JUDGE_MODEL={TINY_REWARD_MODEL} (model-init makes it) or a Hub reward model (edit .env)")
+    if method != "reward_model" and name == TINY_REWARD_MODEL:
+        return (f"JUDGE_MODEL={name} is a sequence classifier (a reward model), which JUDGE_METHOD={method} cannot "
+                f"serve: set JUDGE_METHOD=reward_model, or JUDGE_MODEL={TINY_JUDGE} for a rubric judge (edit .env)")
+    return None
 
 
 def url_problems(where: str) -> list[str]:

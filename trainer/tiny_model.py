@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     judge_rc = tiny_judge_if_named(cfg)
     if is_complete(out, tools_fingerprint(specs)) and not args.force:
         log(f"{out} is already complete; nothing to do (--force rebuilds)")
-        return judge_rc
+        return max(judge_rc, tiny_reward_model_if_named(cfg, out))
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         probe = out.parent / f".write-test-{os.getpid()}"
@@ -452,7 +452,7 @@ def main(argv: list[str] | None = None) -> int:
         log(f"cannot write to {out.parent} ({exc.strerror}): mount a writable volume there (compose: models:/models)")
         return 1
     build(out, specs, cfg, args.examples, args.epochs, args.lr, args.seed, args.vocab_size, args.tool_share)
-    return judge_rc
+    return max(judge_rc, tiny_reward_model_if_named(cfg, out))
 
 
 def tiny_judge_if_named(cfg) -> int:
@@ -466,6 +466,19 @@ def tiny_judge_if_named(cfg) -> int:
         return 0
     return subprocess.run([sys.executable, "-m", "trainer.tiny_judge", "--out", TINY_JUDGE, "--rubric",
                            cfg.judge_rubric]).returncode
+
+
+def tiny_reward_model_if_named(cfg, policy: Path) -> int:
+    """JUDGE_MODEL=/models/tiny-reward-model: the reward model on this policy's trunk (`python -m
+    trainer.tiny_reward_model`), so after the policy. Its exit code (0: made or there)."""
+    import subprocess
+
+    from contract.config.judge import TINY_REWARD_MODEL
+
+    if (cfg.judge_model or "").rstrip("/") != TINY_REWARD_MODEL:
+        return 0
+    return subprocess.run([sys.executable, "-m", "trainer.tiny_reward_model", "--base", str(policy), "--out",
+                           TINY_REWARD_MODEL]).returncode
 
 
 if __name__ == "__main__":

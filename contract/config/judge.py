@@ -8,7 +8,7 @@ is set. Three ways to judge (JUDGE_METHOD):
                   the score is a constrained reply (JUDGE_SCORE=choice) or the probabilities of the answer tokens
                   (JUDGE_SCORE=probabilities), mapped to [0, 1]
     ranking       one call per GRPO group (RULER-style): all NUM_GENERATIONS episodes, scored relative to each other
-    reward_model  a sequence classifier served by vLLM's pooling runner (`/classify`, `/score`): no rubric
+    reward_model  a sequence classifier (a reward model: one label) on vLLM's pooling runner (`/classify`): no rubric
 
 Its reward function is `judge` (TRL logs `rewards/judge/mean`), weighed by JUDGE_WEIGHT beside the env's own reward
 (ENV_REWARD_WEIGHT); ENV_<NAME>_JUDGE=0 leaves an env's episodes unjudged. A failed judge call (timeout, 5xx, refusal,
@@ -27,6 +27,9 @@ JudgeScore = Literal["choice", "probabilities"]
 DEFAULT_RUBRIC = "prompts/judge/rubric.md"
 # The CPU profile's tiny judge: JUDGE_MODEL naming it makes model-init build it (trainer.tiny_judge, docs/judge.md).
 TINY_JUDGE = "/models/tiny-judge"
+# ... and its tiny reward model (JUDGE_METHOD=reward_model): a sequence classifier on the tiny policy's trunk
+# (trainer.tiny_reward_model), made by model-init after the policy when JUDGE_MODEL names it.
+TINY_REWARD_MODEL = "/models/tiny-reward-model"
 SERVED_URL = "http://judge:8000/v1"  # the stack's judge service (agentnet only): compose.yaml `judge`
 # JUDGE_URL's key: the host's JUDGE_API_KEY_FILE, mounted as a Compose secret (never an env var, a log or a trace).
 API_KEY_SECRET = "/run/secrets/judge_api_key"

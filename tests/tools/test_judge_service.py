@@ -101,8 +101,25 @@ def test_a_judge_on_a_gpu_of_its_own_takes_most_of_it_and_leaves_vllms_share_alo
 def test_a_reward_model_is_served_by_vllms_pooling_runner(tmp_path, monkeypatch):
     config, _, _ = stack(tmp_path, monkeypatch, PINNED + "JUDGE_METHOD=reward_model\n")
     f = flags(config["services"]["judge"])
-    assert (f["--runner"], f["--convert"]) == ("pooling", "classify")  # vLLM 0.31's flags (its ModelConfig)
+    # vLLM 0.31 picks the conversion from the model's architectures (*ForSequenceClassification: classify); a forced
+    # --convert=classify would turn a causal LM into a classifier with an uninitialised head (bench/reward_model.py)
+    assert f["--runner"] == "pooling" and "--convert" not in f
     assert f["--served-model-name"] == "Qwen/Qwen3-1.7B"
+
+
+@pytest.mark.parametrize("lines,says", [
+    ("\nJUDGE_METHOD=reward_model\nJUDGE_MODEL=/models/tiny-judge\n", "is a causal LM"),
+    ("\nJUDGE_METHOD=reward_model\nJUDGE_MODEL=/models/tiny-qwen3\n", "JUDGE_MODEL=/models/tiny-reward-model"),
+    ("\nJUDGE_MODEL=/models/tiny-reward-model\n", "set JUDGE_METHOD=reward_model"),
+    ("\nJUDGE_METHOD=ranking\nJUDGE_MODEL=/models/tiny-reward-model/\n", "JUDGE_METHOD=ranking cannot serve"),
+])
+def test_the_cpu_profiles_own_judges_must_match_judge_method(lines, says):
+    from tools import judge
+
+    values = dict(line.split("=", 1) for line in lines.strip().splitlines())
+    problems = judge.problems(values, on_cpu=True)
+    assert len(problems) == 1 and says in problems[0] and "edit .env" in problems[0], problems
+    assert judge.problems({"JUDGE_METHOD": "reward_model", "JUDGE_MODEL": "/models/tiny-reward-model"}, True) == []
 
 
 def test_judge_url_starts_no_container_and_its_key_is_a_secret_never_in_the_config(tmp_path, monkeypatch):

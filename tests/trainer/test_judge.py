@@ -128,10 +128,17 @@ def test_a_ranking_reply_is_one_digit_per_episode_in_order_else_a_failure():
             methods.ranking_verdicts(chat_reply(bad), 3)
 
 
-def test_a_reward_model_scores_by_its_last_class_probability():
-    assert methods.reward_model_verdict({"data": [{"probs": [0.25]}]}).score == 0.25
-    assert methods.reward_model_verdict({"data": [{"probs": [0.1, 0.9]}]}).score == 0.9
-    for bad in ({"data": []}, {"data": [{"probs": [1.5]}]}, {"data": [{"probs": ["x"]}]}):
+def test_a_reward_model_is_asked_for_raw_logits_and_scored_by_sigmoid_or_the_last_class():
+    assert methods.reward_model_request(SimpleNamespace(model="rm"), "t", "x")["use_activation"] is False
+    one = methods.reward_model_verdict({"data": [{"probs": [0.0]}]})
+    assert one.score == 0.5 and one.verdict == "0" and "sigmoid" in one.rationale
+    # a regression-config model's logit (vLLM's own activation would pass it through): still a score in [0, 1]
+    assert methods.reward_model_verdict({"data": [{"probs": [6.0]}]}).score == pytest.approx(0.99753, abs=1e-5)
+    assert methods.reward_model_verdict({"data": [{"probs": [-800.0]}]}).score == pytest.approx(0.0)  # no overflow
+    assert methods.reward_model_verdict({"data": [{"probs": [0.0, math.log(3)]}]}).score == pytest.approx(0.75)
+    for bad in ({"data": []}, {"data": [{"probs": []}]}, {"data": [{"probs": ["x"]}]},
+                {"data": [{"probs": [float("nan")]}]}, {"data": [{"probs": [True]}]},
+                {"data": [{"probs": [5.56e33, -4.70e35]}]}):  # the tiny causal LM under --convert=classify, measured
         with pytest.raises(JudgeFailure):
             methods.reward_model_verdict(bad)
 
@@ -276,12 +283,23 @@ def test_ranking_makes_one_call_per_group(fake):
 
 
 def test_a_reward_model_is_asked_on_the_pooling_route_with_the_key(fake, tmp_path):
-    server = fake(lambda path, body: (200, {"data": [{"probs": [0.8]}]}))
+    server = fake(lambda path, body: (200, {"data": [{"probs": [0.0]}]}))
     key = tmp_path / "judge_api_key"
     key.write_text("sk-secret\n")
     setup = setup_for(server.url, model="rm", method="reward_model", template="", api_key_file=str(key))
-    assert run_judge(setup, [episode()]) == [0.8]
+    assert run_judge(setup, [episode()]) == [0.5]
     assert server.requests[-1][0] == "/classify" and server.requests[-1][2] == "Bearer sk-secret"
+
+
+def test_preflight_says_a_judge_without_classify_is_no_sequence_classifier(fake):
+    """The 404 is what vLLM 0.31 answered for the tiny causal LM under --runner=pooling (served as an embedder)."""
+    from contract.config import RunConfig
+    from trainer.judge import preflight
+
+    server = fake(lambda path, body: (404, {"detail": "Not Found"}))
+    result = preflight.check(RunConfig.load([], judge_url=server.url, judge_method="reward_model"), prompt_tokens=10)
+    assert len(result.errors) == 1 and "answered 404" in result.errors[0]
+    assert "must end in ForSequenceClassification" in result.errors[0]
 
 
 # ------------------------------------------------------------------------------------------ weights and leave-out

@@ -1,10 +1,12 @@
-"""trainer.tiny_judge's data (the judge calls it learns from are the trainer's own renders) and model-init's hook; the
-judge's learning on the twin is tests/trainer/test_judge_learning.py (docker)."""
+"""trainer.tiny_judge's and trainer.tiny_reward_model's data (the judge calls they learn from are the trainer's own
+renders) and model-init's hooks; the judge's learning on the twin is tests/trainer/test_judge_learning.py (docker), the
+reward model on the twin bench/reward_model.py."""
 
 from __future__ import annotations
 
 import random
 import subprocess
+from pathlib import Path
 from types import SimpleNamespace
 
 from contract.config.judge import DEFAULT_RUBRIC, TINY_JUDGE
@@ -41,3 +43,28 @@ def test_model_init_makes_the_tiny_judge_only_when_judge_model_names_it(monkeypa
     assert calls == []
     assert tiny_model.tiny_judge_if_named(SimpleNamespace(judge_model=TINY_JUDGE, judge_rubric="prompts/x.md")) == 0
     assert calls[0][1:] == ["-m", "trainer.tiny_judge", "--out", TINY_JUDGE, "--rubric", "prompts/x.md"]
+
+
+def test_model_init_makes_the_tiny_reward_model_on_the_policys_trunk_only_when_judge_model_names_it(monkeypatch):
+    from contract.config.judge import TINY_REWARD_MODEL
+
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda argv, **kw: calls.append(argv) or SimpleNamespace(returncode=0))
+    policy = Path("/models/tiny-qwen3")
+    assert tiny_model.tiny_reward_model_if_named(SimpleNamespace(judge_model=TINY_JUDGE), policy) == 0
+    assert calls == []
+    assert tiny_model.tiny_reward_model_if_named(SimpleNamespace(judge_model=TINY_REWARD_MODEL + "/"), policy) == 0
+    assert calls[0][1:] == ["-m", "trainer.tiny_reward_model", "--base", str(policy), "--out", TINY_REWARD_MODEL]
+
+
+def test_the_tiny_reward_model_learns_from_the_requests_the_trainer_sends_to_classify():
+    from trainer import tiny_reward_model
+
+    items = tiny_reward_model.episodes(9, seed=5)
+    assert [kind for _, _, kind in items] == list(tiny_judge.KINDS) * 3
+    prompt, completion, _ = items[0]
+    setup = SimpleNamespace(model="rm")
+    sent = methods.reward_model_request(setup, transcript.task_of(prompt), transcript.render(completion))
+    assert tiny_reward_model.request_messages(prompt, completion) == sent["messages"]
+    assert "[assistant calls] echo_message" in sent["messages"][1]["content"]  # a right first call, rendered
+

@@ -8,8 +8,11 @@
   ranking       one call per GRPO group: the reply constrained (`structured_outputs: {"regex": ...}`) to a JSON list
                 of one digit per episode, in order; each episode's score digit / 9 (relative: the group's baseline
                 takes the rest)
-  reward_model  vLLM's pooling runner (`POST /classify` with chat messages): a sequence classifier's probability,
-                the single label's (sigmoid) or the last class's
+  reward_model  vLLM's pooling runner (`POST /classify` with chat messages, `use_activation: false`): a sequence
+                classifier's raw logits, mapped here: one label (a reward model) sigmoid(logit), several the last
+                class's softmax probability. Raw logits because vLLM's own activation follows the model's config
+                (`problem_type: regression`, which transformers' Trainer writes for one float label, is the identity:
+                scores outside [0, 1]); the logit itself is the verdict in the trace
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from trainer.judge import rubric
 from trainer.judge.client import JudgeFailure
 
 TOP_LOGPROBS = 20
+MAX_LOGIT = 1e4  # a trained head's logits are tens at most; an uninitialised one's ran to 1e35 here
 
 
 @dataclass(frozen=True)
@@ -128,19 +132,34 @@ def ranking_verdicts(reply: dict[str, Any], count: int) -> list[Verdict]:
 # ---------------------------------------------------------------------------------------------------- reward_model
 def reward_model_request(setup, task: str, transcript: str) -> dict[str, Any]:
     return {"model": setup.model, "messages": [{"role": "user", "content": task},
-                                               {"role": "assistant", "content": transcript}]}
+                                               {"role": "assistant", "content": transcript}],
+            "use_activation": False}  # raw logits, whatever activation the model's config asks (module docstring)
 
 
 def reward_model_verdict(reply: dict[str, Any]) -> Verdict:
     try:
-        probs = reply["data"][0]["probs"]
+        logits = reply["data"][0]["probs"]  # vLLM's field name, raw logits with use_activation false
     except (KeyError, IndexError, TypeError):
         raise JudgeFailure(f"reward model reply has no data[0].probs: {str(reply)[:200]}") from None
-    if not isinstance(probs, list) or not probs or not all(isinstance(p, (int, float)) for p in probs):
-        raise JudgeFailure(f"reward model reply unparseable: probs {str(probs)[:120]}")
-    score = float(probs[-1])
-    if not math.isfinite(score) or not 0.0 <= score <= 1.0:
-        raise JudgeFailure(f"reward model probability {score!r} is not in [0, 1]")
+    if not (isinstance(logits, list) and logits and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                        and math.isfinite(v) for v in logits)):
+        raise JudgeFailure(f"reward model reply unparseable: logits {str(logits)[:120]}")
+    if max(abs(v) for v in logits) > MAX_LOGIT:
+        raise JudgeFailure(f"reward model logits {str(logits)[:80]} are no trained head's (beyond +-{MAX_LOGIT:g}): "
+                           "an uninitialised `score` head, as vLLM's --convert=classify gives a causal LM; serve a "
+                           "sequence classifier")
+    if len(logits) == 1:
+        score = _sigmoid(logits[0])
+        why = f"reward model logit {logits[0]:.4g}: sigmoid {score:.4f}"
+    else:
+        top = max(logits)
+        weights = [math.exp(v - top) for v in logits]
+        score = weights[-1] / sum(weights)
+        why = f"classifier logits {[round(v, 3) for v in logits[:8]]}: last class's probability {score:.4f}"
     usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else {}
     tokens = usage.get("total_tokens") if isinstance(usage.get("total_tokens"), int) else 0
-    return Verdict(score, f"{score:.4f}", None, tokens)
+    return Verdict(score, f"{logits[0]:.4g}" if len(logits) == 1 else f"{score:.4f}", why, tokens)
+
+
+def _sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x)) if x >= 0 else math.exp(x) / (1.0 + math.exp(x))

@@ -13,6 +13,10 @@ from trainer.judge.client import JudgeFailure, client_for
 from trainer.judge.setup import JudgeSetup, from_config, rubric_path
 
 TEMPLATE_OVERHEAD_TOKENS = 32  # the chat template's turn markers around the judge's one message
+NOT_A_CLASSIFIER = ("needs a sequence classifier served by vLLM's pooling runner (/classify): JUDGE_MODEL's "
+                    "config.json `architectures` must end in ForSequenceClassification (a reward model: num_labels "
+                    "1); a causal LM is served as an embedding model, without /classify (docs/judge.md \"A reward "
+                    "model\")")
 FIX_REACH = ("start the judge (`make up`; `make logs` for the judge service shows why it is not ready) or fix "
              "JUDGE_URL and its key file (edit .env)")
 
@@ -49,9 +53,9 @@ def check(cfg: RunConfig, prompt_tokens: int | None) -> JudgeCheck:
     try:
         verdict = _one_call(client, setup)
     except JudgeFailure as exc:
+        needs = NOT_A_CLASSIFIER if setup.method == "reward_model" else "needs vLLM's structured outputs"
         out.errors.append(f"judge {out.model} at {setup.base_url} answers /v1/models but scored no test episode: "
-                          f"{exc}; JUDGE_METHOD={setup.method} needs vLLM's "
-                          f"{'/classify (a pooling model)' if setup.method == 'reward_model' else 'structured outputs'}")
+                          f"{exc}; JUDGE_METHOD={setup.method} {needs}")
         return out
     out.ok.append(f"judge {out.model} at {setup.base_url}: answers ({setup.method}, test episode scored "
                   f"{verdict.score:.2f})")
