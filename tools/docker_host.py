@@ -259,10 +259,11 @@ def build_marks(compose_vars: dict[str, str], services: tuple[str, ...], extra_p
     if env_file is not None:
         cmd = ["docker", "compose", "--env-file", str(env_file), *cmd[cmd.index("config"):]]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-    if out.returncode != 0:
+    try:
+        resolved = json.loads(out.stdout)["services"] if out.returncode == 0 else {}
+        built = [{"image": resolved[s]["image"], "build": resolved[s]["build"]} for s in services]
+    except (ValueError, KeyError):  # not one of compose.yaml's build services: built as always
         return None
-    resolved = json.loads(out.stdout)["services"]
-    built = [{"image": resolved[s]["image"], "build": resolved[s]["build"]} for s in services]
     ids = run(["docker", "image", "inspect", "--format", "{{.Id}}", "--", *(b["image"] for b in built)])
     if ids.returncode != 0 or len(ids.stdout.split()) != len(built):
         return None
