@@ -17,6 +17,26 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.docker)
 
 
+# Session fixtures holding containers, torn down after the last test of the session that uses them rather than at its
+# end: idle, a container still takes CPU (Docker's health checks every 2-10 s, the servers' timers; an idle twin and
+# env server took ~6 CPU-s a minute, 2026-12-07) from the 10-15 minutes of tests after them on a 2-core machine.
+RELEASED_AFTER_LAST_USE = ("rehearsal_stack", "env_stack")  # tests/gpu_path/conftest.py, tests/reliability/conftest.py
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    result = yield
+    for name in RELEASED_AFTER_LAST_USE:
+        if name in item.fixturenames:
+            items = item.session.items
+            later = items[items.index(item) + 1:] if item in items else [nextitem]
+            if not any(other is not None and name in other.fixturenames for other in later):
+                fixturedef = item._request._fixture_defs.get(name)  # pytest's own teardown of it, run now
+                if fixturedef is not None:
+                    fixturedef.finish(item._request)  # at the session's end it has nothing left to do
+    return result
+
+
 @pytest.fixture(scope="session")
 def docker() -> None:
     """Fail loudly (not skip) when the engine is missing: CI must run these tests."""

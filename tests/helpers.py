@@ -112,7 +112,18 @@ def build_images(*images: str) -> None:
         env.pop("TORCH_INDEX_URL")
     subprocess.run(["docker", "compose", "--env-file", str(ROOT / ".env.example"), "build", *todo],
                    cwd=ROOT, env=env, check=True)
+    vouch_fresh(env, *todo)
     _built.update(images)
+
+
+def vouch_fresh(env: dict[str, str], *services: str) -> None:
+    """Tell the stack commands this session runs (docker_host.FRESH_IMAGES_VAR) that these build services' images were
+    just built from this checkout (with .env.example and `env`, as built here): each command's build of them, a no-op
+    then, is skipped while the image under the tag and its build settings are the ones vouched for."""
+    from tools.docker_host import FRESH_IMAGES_VAR, build_marks
+
+    marks = build_marks(env, services, env_file=ROOT / ".env.example") or []
+    os.environ[FRESH_IMAGES_VAR] = ",".join(filter(None, [*os.environ.get(FRESH_IMAGES_VAR, "").split(","), *marks]))
 
 
 @contextlib.contextmanager

@@ -344,7 +344,7 @@ def cmd_up(dotenv: dict[str, str], mode: TrainModeVariant | None = None, process
     checks = not allows_new_privileges(dotenv)  # the no-new-privileges check runs our image
     if checks or any(envs.images.get(n, local) == local for n in envs.served_here):
         compose_vars = compose_vars_for(env_servers_plan(dotenv), FLEET_ENVS_FILE)
-        if docker_host.compose(compose_vars, "--progress", "quiet", "build", "env-server-image", extra_profiles=("build",)) != 0:
+        if docker_host.build(compose_vars, "env-server-image", extra_profiles=("build",), quiet=True) != 0:
             raise StackError("building the env-server image failed (see above)")
     require_no_new_privileges(dotenv)  # before anything of the env images runs
     ports, lines = env_ports.resolve(envs, dotenv, docker_host.exposed_ports(envs))

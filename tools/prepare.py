@@ -27,6 +27,12 @@ class Prepared:
     def compose(self, *args: str, extra_profiles: tuple[str, ...] = ()) -> int:
         return docker_host.compose(self.compose_vars, *args, extra_profiles=extra_profiles)
 
+    def build(self, *services: str, extra_profiles: tuple[str, ...] = (), quiet: bool = False) -> int:
+        """`docker compose build` of these build services, unless each is vouched fresh (docker_host.built_fresh)."""
+        if docker_host.built_fresh(self.compose_vars, services, extra_profiles):
+            return 0
+        return self.compose(*(("--progress", "quiet") if quiet else ()), "build", *services, extra_profiles=extra_profiles)
+
     def read_ports_again(self) -> None:
         """The env servers' ports once images the plan did not find are here (`make up` pulled them, or deployed the
         fleet): what their EXPOSE says, into the plan and the environment Compose runs with (the generated file
@@ -72,5 +78,5 @@ def run_in_cpu_trainer(prepared: Prepared, *args: str, run_options: tuple[str, .
     """A one-off `python3 -m ...` in the CPU trainer image with the outputs volume mounted (reading runs: rollouts,
     eval on the CPU profile, report, baseline); the image is built quietly first, as GPU hosts do not build it
     otherwise. `run_options`: more `docker compose run` options (a user, a mount)."""
-    prepared.compose("--progress", "quiet", "build", TRAINER_CPU_BUILD, extra_profiles=("build",))
+    prepared.build(TRAINER_CPU_BUILD, extra_profiles=("build",), quiet=True)
     return prepared.compose("run", "--rm", "--no-deps", *run_options, "trainer-cpu", *docker_host.TRAINER_PYTHON, *args)

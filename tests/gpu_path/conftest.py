@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT, build_images, compose_config
+from tests.helpers import ROOT, build_images, compose_config, vouch_fresh
 from tools.images import TRAINER_REHEARSE_BUILD, TWIN_BUILD, image_of, local_env_image
 
 VLLM_CPU_IMAGE = image_of(TWIN_BUILD)
@@ -40,6 +40,7 @@ def ensure_vllm_cpu_image() -> None:
         env["TORCH_INDEX_URL"] = ""
     subprocess.run(["docker", "compose", "--env-file", str(ROOT / ".env.example"), "build", "vllm-cpu"],
                    cwd=ROOT, env=env, check=True)
+    vouch_fresh(env, TWIN_BUILD)
 
 
 TRAINER_STANDIN_IMAGE = image_of(TRAINER_REHEARSE_BUILD)  # make rehearse's trainer image
@@ -54,8 +55,11 @@ def ensure_trainer_standin_image() -> subprocess.CompletedProcess:
     env = dict(os.environ, COMPOSE_PROFILES="build-rehearse")
     if list((ROOT / ".wheels").glob("torch-*.whl")):
         env["TORCH_INDEX_URL"] = ""
-    return subprocess.run(["docker", "compose", "--env-file", str(ROOT / ".env.example"), "build",
-                           "trainer-rehearse-image"], cwd=ROOT, env=env, capture_output=True, text=True)
+    build = subprocess.run(["docker", "compose", "--env-file", str(ROOT / ".env.example"), "build",
+                            TRAINER_REHEARSE_BUILD], cwd=ROOT, env=env, capture_output=True, text=True)
+    if build.returncode == 0:
+        vouch_fresh(env, TRAINER_REHEARSE_BUILD)
+    return build
 
 
 @pytest.fixture(scope="session")

@@ -15,15 +15,20 @@ def first_builds(services: list[str]) -> list[str]:
 
 def build(prepared: Prepared) -> None:
     plan = prepared.plan
-    say("building images: " + ", ".join(plan.images) + " (cached after the first time)")
-    first = first_builds(plan.images)
-    if first:  # Docker shows each step and its time as it goes; only the first build is long
-        say(f"first build of {', '.join(first)}: a few minutes (base image, then pip installs; the CPU trainer "
-                  "image is the longest, about 5 min on 2 cores); later builds take seconds")
-    if plan.rehearsal:  # the twin first: the rehearsal's trainer image is built on it
-        build_twin(prepared)
-    if prepared.compose("build", *plan.images, extra_profiles=plan.build_profiles) != 0:
-        raise StackError("image build failed (see the output above); `make doctor` checks the usual causes")
+    twin = (TWIN_BUILD,) if plan.rehearsal else ()
+    if docker_host.built_fresh(prepared.compose_vars, (*twin, *plan.images), plan.build_profiles):
+        say("images " + ", ".join((*twin, *plan.images)) + f": built moments ago from this checkout "
+            f"({docker_host.FRESH_IMAGES_VAR}), not built again")
+    else:
+        say("building images: " + ", ".join(plan.images) + " (cached after the first time)")
+        first = first_builds(plan.images)
+        if first:  # Docker shows each step and its time as it goes; only the first build is long
+            say(f"first build of {', '.join(first)}: a few minutes (base image, then pip installs; the CPU trainer "
+                "image is the longest, about 5 min on 2 cores); later builds take seconds")
+        if plan.rehearsal:  # the twin first: the rehearsal's trainer image is built on it
+            build_twin(prepared)
+        if prepared.compose("build", *plan.images, extra_profiles=plan.build_profiles) != 0:
+            raise StackError("image build failed (see the output above); `make doctor` checks the usual causes")
     if plan.layout is not None:  # VLLM_IMAGE is here now: its own CUDA_VERSION against the driver
         docker_host.check_gpu_driver(plan.values, docker_host.detect_gpus())
 

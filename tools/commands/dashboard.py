@@ -15,7 +15,7 @@ def start(prepared: Prepared) -> None:
     if problem:
         raise StackError(problem)
     # The dashboard runs on the CPU trainer image, which holds the trackers REPORT_TO names once built with them.
-    prepared.compose("--progress", "quiet", "build", "trainer-cpu-image", extra_profiles=("build",))
+    prepared.build("trainer-cpu-image", extra_profiles=("build",), quiet=True)
     if prepared.compose("up", "-d", "dashboard", extra_profiles=("dashboard",)) != 0:
         raise StackError("the dashboard did not start: `make logs` shows why")
     url = f"http://127.0.0.1:{prepared.plan.settings.DASHBOARD_PORT}"

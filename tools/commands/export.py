@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from tools import settings
+from tools.images import TRAINER_CPU_BUILD
 from tools.prepare import prepare
 
 
@@ -12,7 +13,7 @@ def run(rest: list[str]) -> int:
     prepared = prepare()
     # made here, as this user: Docker would create a missing bind-mount source owned by root
     (settings.ROOT / "exports").mkdir(exist_ok=True)
-    prepared.compose("--progress", "quiet", "build", "trainer-cpu-image", extra_profiles=("build",))
+    prepared.build(TRAINER_CPU_BUILD, extra_profiles=("build",), quiet=True)
     # as the host user, like `make report`: the folder is theirs; the compose service adds the volume and the secret
     user = f"{os.getuid()}:{os.getgid()}"
     return prepared.compose("run", "--rm", "--no-deps", "--user", user, "export", *rest)
