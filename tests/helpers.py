@@ -199,6 +199,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# `python -m uvicorn` without Gradio: upstream's openenv.core.env_server imports it (its web UI, off unless
+# ENABLE_WEB_INTERFACE) whenever it is installed, two thirds of a fixture's start-up; envs/serve.py leaves it out alike.
+UVICORN_WITHOUT_GRADIO = "import sys; sys.modules['gradio'] = None; from uvicorn.main import main; main()"
+
+
 def start_fixture(name: str, port: int, **env: str) -> subprocess.Popen:
     """Serve tests/fixtures/envs/<name> with uvicorn on 127.0.0.1:port; return once /health answers. A server that
     exits fails at once; the deadline is only a hang guard: under a CPU burner the host part, at its low priority,
@@ -206,8 +211,8 @@ def start_fixture(name: str, port: int, **env: str) -> subprocess.Popen:
     import requests
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app:app", "--host", "127.0.0.1", "--port", str(port), "--log-level",
-         "warning"], cwd=FIXTURE_ENVS / name, env=dict(os.environ, **env), stdout=subprocess.DEVNULL,
+        [sys.executable, "-c", UVICORN_WITHOUT_GRADIO, "app:app", "--host", "127.0.0.1", "--port", str(port),
+         "--log-level", "warning"], cwd=FIXTURE_ENVS / name, env=dict(os.environ, **env), stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 900
     while True:
