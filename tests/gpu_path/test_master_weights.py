@@ -40,13 +40,15 @@ def test_fsdp2_through_accelerates_own_prepare_upcasts_trains_and_pushes_bf16_on
     so the test sets the distributed type before `prepare`; the preparation is accelerate's own. A bf16-loaded model
     comes out of it in fp32 (accelerate's upcast: why fsdp trained before the fix), a step moves every norm weight,
     and TRL's sync (client recorded: test double for the NCCL broadcast) sends full-size tensors in bf16."""
-    results = {}
-    for dtype in ("bf16", "fp32"):
-        out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                              str(free_port()), str(ROOT / "tests" / "gpu_path" / "master_weights.py"),
-                              str(bf16_checkpoint), dtype], cwd=ROOT, capture_output=True, text=True, timeout=600)
-        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-        results[dtype] = result = json.loads(out.stdout.strip().splitlines()[-1])
+    dtypes = ("bf16", "fp32")  # one launch, each dtype's model and Accelerator made afresh in it
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                          str(free_port()), str(ROOT / "tests" / "gpu_path" / "master_weights.py"),
+                          str(bf16_checkpoint), ",".join(dtypes)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == len(dtypes), out.stdout[-2000:]
+    results = dict(zip(dtypes, lines))
+    for result in results.values():
         assert result["is_fsdp2_at_prepare"] and result["fsdp_module"] and result["sharded"] > 0
         assert result["prepared"] == ["torch.float32"]
         assert result["changed"]["norm"] == 1.0 and result["changed"]["matrix"] > 0.9
