@@ -6,15 +6,23 @@ One uvicorn worker on purpose: workers would split the session table (scale with
 from __future__ import annotations
 
 import logging
+import sys
 
 
 def main() -> None:
     import uvicorn
 
+    # Upstream's openenv.core.env_server imports Gradio (its web UI) whenever it is installed: two thirds of this
+    # server's start-up (~6 CPU-s to /health with it, ~2 without), for a UI that is off unless ENABLE_WEB_INTERFACE.
+    # Left out, the import fails as upstream's own `try` allows; turned on, the UI's import loads it
+    # (server.with_web_interface).
+    blocked = sys.modules.setdefault("gradio", None) is None
     from envs.core.server import build_app
     from envs.core.settings import ServerSettings
 
     settings = ServerSettings.load()
+    if settings.enable_web_interface and blocked:
+        del sys.modules["gradio"]
     level = settings.log_level.lower()
     logging.basicConfig(level=level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app, server = build_app(settings)

@@ -210,6 +210,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def without_gradio(module: str) -> list[str]:
+    """`python -m module` with Gradio left out: upstream's openenv.core.env_server imports it (its web UI, off unless
+    ENABLE_WEB_INTERFACE) whenever it is installed, two thirds of a fixture server's start-up, half of the openenv
+    CLI's run; envs/serve.py leaves it out alike."""
+    return [sys.executable, "-c", f"import sys, runpy; sys.modules['gradio'] = None; "
+            f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"]
+
+
 def start_fixture(name: str, port: int, **env: str) -> subprocess.Popen:
     """Serve tests/fixtures/envs/<name> with uvicorn on 127.0.0.1:port; return once /health answers. A server that
     exits fails at once; the deadline is only a hang guard: under a CPU burner the host part, at its low priority,
@@ -217,9 +225,8 @@ def start_fixture(name: str, port: int, **env: str) -> subprocess.Popen:
     import requests
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app:app", "--host", "127.0.0.1", "--port", str(port), "--log-level",
-         "warning"], cwd=FIXTURE_ENVS / name, env=dict(os.environ, **env), stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL)
+        [*without_gradio("uvicorn"), "app:app", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"],
+        cwd=FIXTURE_ENVS / name, env=dict(os.environ, **env), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 900
     while True:
         try:

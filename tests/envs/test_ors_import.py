@@ -22,6 +22,7 @@ import pytest
 from envs.core.tool import submit_final_answer
 from envs.generic import GenericSpec
 from tests.envs.inprocess import ThreadServer
+from tests.helpers import without_gradio
 
 SOURCE = Path(__file__).resolve().parents[1] / "fixtures" / "envs" / "ors_arith" / "source"
 NAME = "ors_arith"
@@ -34,7 +35,7 @@ BATCH = 4  # PER_DEVICE_TRAIN_BATCH_SIZE = NUM_GENERATIONS: one group, one task,
 def imported(tmp_path_factory):
     """The package `openenv import --type ors` writes, imported and served (uvicorn in a thread)."""
     out = tmp_path_factory.mktemp("ors-import")
-    done = subprocess.run([sys.executable, "-m", "openenv.cli", "import", str(SOURCE), "--name", NAME,
+    done = subprocess.run([*without_gradio("openenv.cli"), "import", str(SOURCE), "--name", NAME,
                            "--output-dir", str(out), "--type", "ors"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     package = out / NAME

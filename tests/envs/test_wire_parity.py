@@ -190,6 +190,39 @@ def test_enable_web_interface_adds_upstreams_ui_and_keeps_ours(monkeypatch):
     assert got == upstream and got["/web/metadata"] == 200 and got["/"] in (302, 307)
 
 
+def test_the_server_process_with_enable_web_interface_loads_gradio_and_serves_the_ui():
+    """`python -m envs.serve` leaves Gradio out of its start-up unless ENABLE_WEB_INTERFACE (envs/serve.py); turned
+    on, the UI is there. (Without it, every env-server process the suite starts shows the server works.)"""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import requests
+
+    from tests.helpers import ROOT, free_port
+
+    port = free_port()
+    env = dict(os.environ, ENV_NAME="echo", PORT=str(port), HOST="127.0.0.1", LOG_LEVEL="warning",
+               ENABLE_WEB_INTERFACE="true")
+    proc = subprocess.Popen([sys.executable, "-m", "envs.serve"], cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 900  # a hang guard only: a starved host part starts servers slowly
+        while True:
+            try:
+                health = requests.get(f"http://127.0.0.1:{port}/health", timeout=2)
+                break
+            except requests.RequestException:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1].decode()[-2000:]
+                time.sleep(0.2)
+        assert "available_slots" in health.json()
+        assert requests.get(f"http://127.0.0.1:{port}/web/metadata", timeout=10).status_code == 200
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_our_client_replays_an_episode_reaped_before_its_first_step_and_reports_one_reaped_later():
     """The socket of a reaped session stays open until its next frame: our client (envs/core/client.py) still
     replays the reset of an episode whose session expired before its first step (as when the socket was closed at

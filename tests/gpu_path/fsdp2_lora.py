@@ -1,5 +1,5 @@
 """LORA_R under TRAINER_SHARDING=fsdp (FSDP2), 2 CPU processes (gloo): both of TRL's LoRA syncs on sharded adapters;
-used by test_master_weights.py.
+used by test_master_weights.py (in master_weights.py's launch, after its runs: one start-up for both).
 
     python -m torch.distributed.run --nproc_per_node 2 tests/gpu_path/fsdp2_lora.py MODEL_DIR OUT_DIR
 

@@ -1,12 +1,14 @@
 """One training step at lr 1e-5 on the model the GPU path builds, in one process or in several under accelerate's
 FSDP2 preparation; used by test_master_weights.py.
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/gpu_path/master_weights.py MODEL_DIR fp32|bf16
+    python -m torch.distributed.run --nproc_per_node 2 tests/gpu_path/master_weights.py MODEL_DIR bf16,fp32 [LORA_OUT]
 
 The FSDP2 run (2 CPU processes, gloo) prepares the model with accelerate's own `Accelerator.prepare` under
 `FullyShardedDataParallelPlugin(fsdp_version=2)` and bf16 mixed precision; accelerate only selects FSDP on GPU-type
 backends, so on CPU its distributed type is set to FSDP by hand before `prepare` (the preparation itself is
-accelerate's `fsdp2_prepare_model`, unchanged). Rank 0 prints one JSON line.
+accelerate's `fsdp2_prepare_model`, unchanged). Rank 0 prints one JSON line per dtype named, each from a model loaded
+and an Accelerator made afresh; with LORA_OUT, then fsdp2_lora.py's run (its line last). One launch for all: the
+processes' start-up is most of the cost.
 """
 
 from __future__ import annotations
@@ -193,8 +195,19 @@ def fsdp2(model_dir: Path, dtype: str) -> None:
             "sharded": sum(p.to_local().numel() != p.numel() for p in model.parameters()), "pushed": pushed,
             "sent": gen.vllm_client.sent, "metadata": gen._weight_metadata,
             "full": {n: list(t.shape) for n, t in before.items()}}), flush=True)
-    dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    fsdp2(Path(sys.argv[1]), sys.argv[2])
+    import torch.distributed as dist
+
+    for dtype in sys.argv[2].split(","):
+        fsdp2(Path(sys.argv[1]), dtype)
+    if len(sys.argv) > 3:
+        from accelerate.state import AcceleratorState
+
+        from tests.gpu_path import fsdp2_lora
+
+        AcceleratorState._reset_state(reset_partial_state=True)  # as a fresh process: no bf16 FSDP state left over
+        fsdp2_lora.main(Path(sys.argv[1]), Path(sys.argv[3]))  # ends the process group
+    else:
+        dist.destroy_process_group()

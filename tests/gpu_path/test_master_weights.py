@@ -21,6 +21,24 @@ def bf16_checkpoint(tmp_path_factory) -> Path:
     return master_weights.make_model_dir(tmp_path_factory.mktemp("master-weights") / "tiny-qwen3-bf16")
 
 
+FSDP2_DTYPES = ("bf16", "fp32")
+
+
+@pytest.fixture(scope="module")
+def fsdp2_runs(bf16_checkpoint, tmp_path_factory) -> dict[str, dict]:
+    """master_weights.py's FSDP2 runs (bf16, fp32) and fsdp2_lora.py's, in one 2-process launch (gloo): each makes
+    its model and Accelerator afresh; the processes' start-up, most of the cost, is paid once."""
+    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                          str(free_port()), str(ROOT / "tests" / "gpu_path" / "master_weights.py"),
+                          str(bf16_checkpoint), ",".join(FSDP2_DTYPES), str(tmp_path_factory.mktemp("fsdp2-lora"))],
+                         cwd=ROOT, capture_output=True, text=True, timeout=900,
+                         env={**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"})
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
+    lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == len(FSDP2_DTYPES) + 1, out.stdout[-2000:]
+    return {**dict(zip(FSDP2_DTYPES, lines)), "lora": lines[-1]}
+
+
 def test_one_adamw_step_at_lr_1e_5_moves_fp32_master_weights_but_not_bf16_weights(bf16_checkpoint):
     """The model as trainer.train's load_model_and_tokenizer builds it for TRAIN_MODE=gpu (a bf16 checkpoint on
     disk), the optimizer HF's Trainer builds from the project's GRPOConfig, one step under bf16 autocast."""
@@ -34,19 +52,14 @@ def test_one_adamw_step_at_lr_1e_5_moves_fp32_master_weights_but_not_bf16_weight
     assert bf16["changed"]["norm"] == 0.0 and bf16["changed"]["matrix"] < 0.5
 
 
-def test_fsdp2_through_accelerates_own_prepare_upcasts_trains_and_pushes_bf16_on_cpu_with_fsdp_forced(bf16_checkpoint):
+def test_fsdp2_through_accelerates_own_prepare_upcasts_trains_and_pushes_bf16_on_cpu_with_fsdp_forced(fsdp2_runs):
     """TRAINER_SHARDING=fsdp on 2 CPU processes (gloo): accelerate's `prepare(model, optimizer)` with its FSDP2 plugin
     and bf16 mixed precision. On CPU accelerate does not pick FSDP by itself (it keeps FSDP for GPU-type backends),
     so the test sets the distributed type before `prepare`; the preparation is accelerate's own. A bf16-loaded model
     comes out of it in fp32 (accelerate's upcast: why fsdp trained before the fix), a step moves every norm weight,
     and TRL's sync (client recorded: test double for the NCCL broadcast) sends full-size tensors in bf16."""
-    results = {}
-    for dtype in ("bf16", "fp32"):
-        out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                              str(free_port()), str(ROOT / "tests" / "gpu_path" / "master_weights.py"),
-                              str(bf16_checkpoint), dtype], cwd=ROOT, capture_output=True, text=True, timeout=600)
-        assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-        results[dtype] = result = json.loads(out.stdout.strip().splitlines()[-1])
+    results = {dtype: fsdp2_runs[dtype] for dtype in FSDP2_DTYPES}
+    for result in results.values():
         assert result["is_fsdp2_at_prepare"] and result["fsdp_module"] and result["sharded"] > 0
         assert result["prepared"] == ["torch.float32"]
         assert result["changed"]["norm"] == 1.0 and result["changed"]["matrix"] > 0.9
@@ -158,18 +171,13 @@ def test_served_dtype_comes_from_server_info_and_a_missing_one_leaves_the_push_a
 
 
 def test_lora_under_fsdp2_trl_merges_the_sharded_adapter_into_the_push_and_gathers_it_for_the_adapter_sync(
-        bf16_checkpoint, tmp_path):
+        fsdp2_runs):
     """#32, LORA_R with TRAINER_SHARDING=fsdp (2 CPU processes, FSDP2 forced as above; TRL 1.16's merge path carries
     a `TODO: does this work with FSDP?`). ROLLOUTS=sync: TRL's sync_weights merges the sharded adapter and pushes
     exactly base + alpha/r * B @ A for every targeted layer under the served model's names (no lora_A/B), then
     unmerges (the trained weights back to float rounding). ROLLOUTS=async: TRL's save_lora_adapter, on every rank,
     writes the gathered adapter, equal to the trained one."""
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                          str(free_port()), str(ROOT / "tests" / "gpu_path" / "fsdp2_lora.py"), str(bf16_checkpoint),
-                          str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=600,
-                         env={**os.environ, "TRL_EXPERIMENTAL_SILENCE": "1"})
-    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
-    r = json.loads(out.stdout.strip().splitlines()[-1])
+    r = fsdp2_runs["lora"]
     assert r["fsdp_module"] and r["sharded"] > 0
     assert r["lora_b_moved"] > 0 and r["delta_max"] > 1e-3  # the step moved the adapter: a merge that changes weights
     assert r["sent"] == r["base_names"] and r["targets"] == 14  # every linear layer of the 2 decoder layers
