@@ -38,7 +38,8 @@ adds a judge to that run (JUDGE_MODEL: make rehearse starts the judge service on
 for it healthy; here the tiny model the run trains) and one more fault, judge_restart: the judge container SIGKILLed at
 a drawn point of the step after --judge-restart-after (default: between the twin's restart and the first trainer kill),
 the moment its vLLM has a judge call running or waiting (its /metrics, polled in the container: the kill lands on live
-traffic), started again JUDGE_DOWN_S later. Extra figures: the calls in flight at the kill, the rows its death failed
+traffic) while the trainer is training (a step logged since the last restart: not a start's preflight call), started
+again JUDGE_DOWN_S later; every episode is a judge call (JUDGE_CACHE_SIZE=0: chaos_stack.JUDGE_SETTINGS). Extra figures: the calls in flight at the kill, the rows its death failed
 (the trainer's judge/failures: left out of the loss, never a 0 reward), the traced rollouts whose judge call failed by
 what their reason says (cut by the kill, made while the judge was down) and how many of them have a reward (goal 0),
 the judge back healthy.

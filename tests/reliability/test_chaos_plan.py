@@ -143,11 +143,11 @@ def test_a_judge_needs_the_async_run_and_a_step_after_its_kill(argv, capsys):
 
 
 STAND_IN_DOCKER = """#!/bin/bash
-# a test double for the docker CLI: each call's verb logged; `exec C python3 -c SCRIPT WAIT` runs SCRIPT here against
+# a test double for the docker CLI: each call's verb logged; `exec -i C python3 -c SCRIPT WAIT` runs SCRIPT here against
 # the stand-in judge's /metrics port; `kill` ends that poller (as the container's death would); `inspect`: healthy
 echo "$1" >> "$DIR/calls"
 case "$1" in
-  exec) shift 3; "$PY" "$@" "$PORT" & echo $! > "$DIR/poller"; wait ;;
+  exec) shift 4; "$PY" "$@" "$PORT" <&0 & echo $! > "$DIR/poller"; wait ;;
   kill) kill -9 "$(cat "$DIR/poller")" 2>/dev/null; true ;;
   inspect) echo healthy ;;
 esac
@@ -193,20 +193,26 @@ def stand_in_judge(tmp_path, monkeypatch):
 
 
 def test_the_judge_fault_kills_the_judge_only_with_calls_in_flight_and_starts_it_again(tmp_path, stand_in_judge):
-    """A test double for Docker (a stand-in CLI) and for the judge's /metrics: no judge container yet, or none of its
-    calls in flight, is tried again later (the kill must land on live judge traffic); then the kill the moment a call
-    is running, docker start JUDGE_DOWN_S later, followed to healthy; counted once."""
+    """A test double for Docker (a stand-in CLI) and for the judge's /metrics: no judge container yet, none of its
+    calls in flight, or a trainer restarted since the last step (its calls are a start's preflight), is tried again
+    later (the kill must land on a training run's judge traffic); then the kill the moment a call is running, docker
+    start JUDGE_DOWN_S later, followed to healthy; counted once."""
     metrics, calls = stand_in_judge
     container = [""]
     fault = Planned(2, "judge_restart", 0.5)
     inj = Injector(None, ProxyDouble(), 0, [fault], tmp_path / "chaos-log.jsonl", judge=lambda: container[0])
+    assert inj.due([{"step": 2, "time": 100.0}], 1e9) == [fault]
     assert inj.fire(fault) is False and calls() == [] and "no judge container" in inj.events[0]["error"]
     container[0] = "d00dfeed" * 8
-    assert inj.fire(fault) is False and calls() == ["exec"] and "no judge call in flight" in inj.events[1]["error"]
+    assert inj.fire(fault) is False and calls() == ["exec"] and "no judge call" in inj.events[1]["error"]
     metrics["running"] = 2.0
+    inj.record("trainer_kill", when=101.0, after_step=2)  # restarting: no step logged since
+    assert inj.due([{"step": 2, "time": 100.0}], 2e9) == [] and not inj.training()
+    assert inj.fire(fault) is False and calls() == ["exec", "exec"]  # a call in flight, but not a training run's
+    assert inj.due([{"step": 2, "time": 100.0}, {"step": 3, "time": 102.0}], 2e9) == [fault]
     assert inj.fire(fault) is True
     inj.end()
-    assert calls() == ["exec", "exec", "kill", "start", "inspect"]
+    assert calls() == ["exec", "exec", "exec", "kill", "start", "inspect"]
     event = inj.events[-1]
     assert event["container"] == "d00dfeed" * 1 + "d00d" and event["healthy"] >= event["started"] >= event["time"]
     assert event["in_flight"] == {"running": 2.0, "waiting": 0.0}
