@@ -37,8 +37,12 @@ both per step as in sync. Extra figure: the twin's restart, recovered, resumed f
 adds a judge to that run (JUDGE_MODEL: make rehearse starts the judge service on the vLLM CPU twin, the trainers wait
 for it healthy; here the tiny model the run trains) and one more fault, judge_restart: the judge container SIGKILLed at
 a drawn point of the step after --judge-restart-after (default: between the twin's restart and the first trainer kill),
-started again JUDGE_DOWN_S later. Extra figure: the judge back healthy, and the rows its death failed (the trainer's
-judge/failures: left out of the loss, never a 0 reward).
+the moment its vLLM has a judge call running or waiting (its /metrics, polled in the container: the kill lands on live
+traffic) while the trainer is training (a step logged since the last restart: not a start's preflight call), started
+again JUDGE_DOWN_S later; every episode is a judge call (JUDGE_CACHE_SIZE=0: chaos_stack.JUDGE_SETTINGS). Extra figures: the calls in flight at the kill, the rows its death failed
+(the trainer's judge/failures: left out of the loss, never a 0 reward), the traced rollouts whose judge call failed by
+what their reason says (cut by the kill, made while the judge was down) and how many of them have a reward (goal 0),
+the judge back healthy.
 
 Figures, each beside its goal, after the count of each fault kind injected (goal: --per-kind each, the trainer kills and
 the twin's restart as asked) (a benchmark: it prints, it never fails on a figure; tests/reliability/test_chaos.py runs a

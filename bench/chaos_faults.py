@@ -13,10 +13,12 @@ import os
 import random
 import signal
 import statistics
+import subprocess
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from bench.chaos_proxy import ChaosProxy
 from bench.chaos_stack import TOOL_TIMEOUT_S, Rehearsal, log, pid_of, sh
@@ -27,6 +29,29 @@ JUDGE_KINDS = ("judge_restart",)  # a run with a judge (--judge): its container 
 KINDS = ENV_KINDS + RESTARTS + JUDGE_KINDS
 JUDGE_DOWN_S = 5.0  # the judge stays dead this long before it is started again: calls made meanwhile fail
 JUDGE_BACK_BOUND_S = 600.0  # how long the injector follows the started judge to healthy (the twin: ~40 s idle)
+JUDGE_BUSY_WAIT_S = 10.0  # one try of judge_restart waits this long for a judge call in flight, else it is tried again
+# In the judge's container: its vLLM's /metrics polled until a request is running or waiting there, then one JSON line
+# (the counts), then it waits for its stdin to close (the driver's `docker exec -i`: the kill, or no kill after all);
+# "{}" when none came within argv[1] seconds. argv[2]: the port (a test's stand-in server; the judge's is 8000).
+JUDGE_BUSY = """
+import json, re, sys, time, urllib.request
+deadline = time.monotonic() + float(sys.argv[1])
+url = "http://127.0.0.1:%s/metrics" % (sys.argv[2] if len(sys.argv) > 2 else "8000")
+while time.monotonic() < deadline:
+    try:
+        text = urllib.request.urlopen(url, timeout=5).read().decode()
+    except Exception:
+        time.sleep(0.2)
+        continue
+    n = {k: sum(float(v) for v in re.findall(r"^vllm:num_requests_" + k + r"(?:{[^}]*})? ([0-9.eE+-]+)$", text, re.M))
+         for k in ("running", "waiting")}
+    if n["running"] + n["waiting"] > 0:
+        print(json.dumps(n), flush=True)
+        sys.stdin.read()
+        sys.exit(0)
+    time.sleep(0.02)
+print("{}", flush=True)
+"""
 PER_KIND = 2
 RETRY_S = 1.0  # a fault that found nothing to break (no live link, a container mid-restart) is tried again this late
 STEP_S_UNKNOWN = 2.0  # a step's time before two consecutive steps were seen
@@ -80,6 +105,7 @@ class Injector:
         self.pending = list(planned)
         self.retry_at: dict[int, float] = {}  # id(Planned) -> wall clock
         self.seen: dict[int, float] = {}  # step -> its record's wall time, first seen (a resume rewrites later ones)
+        self.latest = 0.0  # the wall time of the latest step record (a resumed run's included)
         self.log_path = log_path
         self.events: list[dict] = []
         self.stopped: set[str] = set()  # containers SIGSTOPped now (a second stop picks another)
@@ -104,9 +130,18 @@ class Injector:
         """The planned faults due at `now` (wall clock), given the step records logged so far."""
         for row in rows:
             self.seen.setdefault(row["step"], row["time"])
+            self.latest = max(self.latest, row["time"])
         step_s = self.step_s()
         return [p for p in self.pending if p.after_step in self.seen and now >= self.retry_at.get(id(p), 0.0)
-                and now >= self.seen[p.after_step] + p.into * step_s]
+                and now >= self.seen[p.after_step] + p.into * step_s
+                and (p.kind not in JUDGE_KINDS or self.training())]
+
+    def training(self) -> bool:
+        """A step logged since the last restart (a trainer kill, the twin's): the trainer is training, not starting.
+        The judge is killed only then: a trainer starting calls it too (preflight's test episode), and a kill there
+        stops that start (exit 3), not what this fault is about (calls made by a run that must go on)."""
+        restarts = [e["time"] for e in self.events if e["kind"] in RESTARTS and not e.get("error")]
+        return self.latest > max(restarts, default=0.0)
 
     def done(self, planned: Planned) -> None:
         self.pending.remove(planned)
@@ -188,14 +223,20 @@ class Injector:
         return True
 
     def fault_judge_restart(self, planned: Planned) -> bool:
-        """SIGKILL the judge container (a crash: the calls in flight and those made while it is down fail), start it
-        again JUDGE_DOWN_S later and follow it back to healthy (the event's `started` and `healthy` times)."""
+        """SIGKILL the judge container (a crash) while a judge call is in flight there (its vLLM's /metrics: a
+        request running or waiting; none within JUDGE_BUSY_WAIT_S: tried again later), so the kill lands on live
+        traffic: the calls in flight fail, and those made while it is down. Started again JUDGE_DOWN_S later and
+        followed back to healthy (the event's `in_flight`, `started` and `healthy`)."""
         container = self.judge() if self.judge else ""
         if not container:
             raise RuntimeError("no judge container (starting)")
-        sh("docker", "kill", container)
+        in_flight = judge_in_flight(container, JUDGE_BUSY_WAIT_S, kill=self.training)
+        if not in_flight:
+            self.record("judge_restart", error=f"no judge call of a training run in flight within "
+                        f"{JUDGE_BUSY_WAIT_S:.0f} s", after_step=planned.after_step)
+            return False
         event = self.record("judge_restart", container=container[:12], down_s=JUDGE_DOWN_S,
-                            after_step=planned.after_step)
+                            in_flight=in_flight, after_step=planned.after_step)
         timer = threading.Timer(JUDGE_DOWN_S, self._judge_back, args=(container, event))
         timer.daemon = True
         timer.start()
@@ -217,3 +258,28 @@ class Injector:
         container = trainer.container("vllm")
         sh("docker", "kill", container)
         self.record("vllm_restart", container=container[:12], after_step=after_step)
+
+
+def judge_in_flight(container: str, wait_s: float, kill: Callable[[], bool]) -> dict[str, float]:
+    """The judge's requests running and waiting once some are (JUDGE_BUSY in its container), {} when none came within
+    `wait_s`; the container SIGKILLed the moment the poller says so (before `docker exec` has returned: the calls it
+    saw are then still in flight) when `kill()` says so then, else {}."""
+    poller = subprocess.Popen(["docker", "exec", "-i", container, "python3", "-c", JUDGE_BUSY, str(wait_s)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = poller.stdout.readline()
+        try:
+            seen = json.loads(line) if line.strip() else {}
+        except ValueError:
+            seen = {}
+        if not seen or not kill():
+            return {}
+        sh("docker", "kill", container)
+        return seen
+    finally:
+        poller.stdin.close()  # the poller's end, if the kill has not ended it with the container
+        try:
+            poller.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            poller.kill()
+            poller.wait()

@@ -136,7 +136,7 @@ def figures(args, trainer: Trainer, injector: Injector, killed_at: list[dict], s
         "replayed": sum(replay_in_time(text) for _, text in trainer.lines),
         "replay_failed": sum(REPLAY_FAILED in text for _, text in trainer.lines),
         "rollouts": args.rollouts, "vllm_restart": vllm_restart_figure(injector.events, trainer.lines),
-        "judge_restart": judge_restart_figure(injector.events, rows),
+        "judge_restart": judge_restart_figure(injector.events, rows, traces),
     }
 
 
@@ -195,17 +195,39 @@ def vllm_restart_figure(events: list[dict], lines: list[tuple[float, str]]) -> d
             "resumed_from": int(resumed.group(1)) if resumed else None}
 
 
-def judge_restart_figure(events: list[dict], rows: list[dict]) -> dict | None:
-    """The judge killed once (--judge): when it was started again and back healthy, and the rows the trainer left out
-    for failed judge calls over the run (its judge/failures; None: the trainer logs no such figure). None: no judge
+# what a failed judge call's reason (trainer.judge.client) says of when it failed: a call the kill cut (its connection
+# closed or reset mid-request) or one made while the judge was down (no connection: refused, no such host, none within
+# the timeout)
+JUDGE_CUT = ("RemoteProtocolError", "ReadError", "WriteError")
+JUDGE_ABSENT = ("ConnectError", "ConnectTimeout", "judge timeout")
+
+
+def judge_restart_figure(events: list[dict], rows: list[dict], traces: list[dict] = ()) -> dict | None:
+    """The judge killed once (--judge): the calls in flight at the kill (its vLLM's requests running and waiting),
+    when it was started again and back healthy, the rows the trainer left out for failed judge calls over the run
+    (its judge/failures; None: the trainer logs no such figure) and the steps they were in, and of the traced
+    rollouts (rollouts.jsonl) those whose judge call failed, by what their reason says (cut by the kill, made while
+    the judge was absent), and how many of them have a reward (a failed call scored: must be 0). None: no judge
     restart was injected."""
     kill = next((e for e in events if e["kind"] == "judge_restart" and not e.get("error")), None)
     if kill is None:
         return None
-    failures = [r["judge/failures"] for r in rows if r.get("judge/failures") is not None]
-    return {"after_step": kill["after_step"], "down_s": kill.get("down_s"),
+    failures = [(r["step"], int(r["judge/failures"])) for r in rows if r.get("judge/failures") is not None]
+    judged = [t for t in traces if isinstance(t.get("judge"), dict)]
+    failed = [t for t in judged if t["judge"].get("failure")]
+    reasons = [t["judge"]["failure"] for t in failed]
+    return {"after_step": kill["after_step"], "down_s": kill.get("down_s"), "in_flight": kill.get("in_flight"),
             "healthy_after_s": kill["healthy"] - kill["time"] if kill.get("healthy") else None,
-            "judge_failures": sum(int(f) for f in failures) if failures else None}
+            "judge_failures": sum(n for _, n in failures) if failures else None,
+            "failure_steps": [s for s, n in failures if n],
+            "traced_judged": len(judged), "traced_failed": len(failed),
+            "traced_cut": sum(any(k in r for k in JUDGE_CUT) for r in reasons),
+            "traced_absent": sum(any(k in r for k in JUDGE_ABSENT) for r in reasons),
+            # scored: a total reward, a judge score, or the judge column's value (the worker's sample metrics: NaN,
+            # written null, when the judge gave nothing)
+            "traced_failed_scored": sum(t.get("reward") is not None or t["judge"].get("score") is not None
+                                        or (t.get("rewards") or {}).get("judge") is not None for t in failed),
+            "reason_examples": sorted(set(reasons))[:4]}
 
 
 def replay_in_time(line: str) -> bool:
@@ -294,7 +316,17 @@ def print_figures(f: dict) -> None:
              bool(v) and v["restarted"] and v["resumed_from"] is not None and f["final_global_step"] == f["steps"])
     j = f.get("judge_restart")
     if j is not None:
-        back = "never" if j["healthy_after_s"] is None else f"healthy {j['healthy_after_s']:.0f} s after the kill"
-        failed = "not logged" if j["judge_failures"] is None else f"{j['judge_failures']} rows left out (judge/failures)"
-        line("judge killed mid-run, started again", f"after step {j['after_step']}: {back}; {failed}", "back",
+        flight = j.get("in_flight") or {}
+        line("judge killed with calls in flight", f"after step {j['after_step']}: {flight.get('running', 0):.0f} "
+             f"running, {flight.get('waiting', 0):.0f} waiting", ">0", bool(flight))
+        failed = "not logged" if j["judge_failures"] is None else \
+            f"{j['judge_failures']} (steps {j['failure_steps']})"
+        line("judge calls failed, rows left out (judge/failures)", failed, ">0", bool(j["judge_failures"]))
+        line("failed judge calls scored (traced rows)", f"{j['traced_failed_scored']} of {j['traced_failed']} failed "
+             f"({j['traced_cut']} cut by the kill, {j['traced_absent']} made while down; {j['traced_judged']} judged)",
+             "0", j["traced_failed_scored"] == 0)
+        back = "never" if j["healthy_after_s"] is None else f"{j['healthy_after_s']:.0f} s after the kill"
+        line("judge back healthy, run finished", f"{back}; final step {f['final_global_step']}", "back",
              j["healthy_after_s"] is not None and f["final_global_step"] == f["steps"])
+        for reason in j.get("reason_examples") or []:
+            print(f"    judge failure: {reason[:200]}")

@@ -24,6 +24,10 @@ from tools.images import local_env_image  # noqa: E402
 TOOL_TIMEOUT_S = 6.0
 RESET_TIMEOUT_S = 10.0
 SESSION_TIMEOUT_S = 30  # the env servers reap a session idle this long (a half-open one included)
+# A run with a judge (--judge): every episode a judge call. The tiny model repeats itself, so with the cache most rows
+# were answered from it (run of 2026-12-07: 16 calls, 32 cache hits a step), scored while the judge was dead without a
+# call, and the kill found no call in flight for minutes: the fault is about calls, not the cache (tests/trainer cover it)
+JUDGE_SETTINGS = {"JUDGE_CACHE_SIZE": "0"}
 
 
 def log(msg: str) -> None:
@@ -330,6 +334,9 @@ class Rehearsal:
             # a run with a judge: make rehearse serves it on the twin (tools/judge.py), killed once (judge_restart)
             **({"JUDGE_MODEL": judge} if judge else {})},
             name=f"{project}-rehearse")
+        if judge:  # beside the settings above, appended to the same env file
+            with open(self.project.env_file, "a") as fh:
+                fh.writelines(f"{k}={v}\n" for k, v in JUDGE_SETTINGS.items())
         # the trainer reaches the proxy on its envnet: made here, labelled as Compose makes it, so the proxy can join
         # it before the run starts (Compose then takes it as its own)
         self.envnet = f"{self.project.name}_envnet"

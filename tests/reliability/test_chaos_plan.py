@@ -142,32 +142,96 @@ def test_a_judge_needs_the_async_run_and_a_step_after_its_kill(argv, capsys):
     assert "--judge" in capsys.readouterr().err
 
 
-def test_the_judge_fault_kills_the_judge_and_starts_it_again_with_a_stand_in_docker(tmp_path, monkeypatch):
-    """A test double for Docker (the injector's calls, no container): no judge container yet is tried again later; then
-    docker kill, docker start JUDGE_DOWN_S later, followed to healthy; counted once."""
-    calls = []
+STAND_IN_DOCKER = """#!/bin/bash
+# a test double for the docker CLI: each call's verb logged; `exec -i C python3 -c SCRIPT WAIT` runs SCRIPT here against
+# the stand-in judge's /metrics port; `kill` ends that poller (as the container's death would); `inspect`: healthy
+echo "$1" >> "$DIR/calls"
+case "$1" in
+  exec) shift 4; "$PY" "$@" "$PORT" <&0 & echo $! > "$DIR/poller"; wait ;;
+  kill) kill -9 "$(cat "$DIR/poller")" 2>/dev/null; true ;;
+  inspect) echo healthy ;;
+esac
+"""
 
-    def docker(*args, **kw):
-        calls.append(args[1])
-        return "healthy" if args[1] == "inspect" else ""
 
-    monkeypatch.setattr(chaos_faults, "sh", docker)
+@pytest.fixture
+def stand_in_judge(tmp_path, monkeypatch):
+    """A stand-in docker CLI on PATH and a stand-in for the judge's vLLM /metrics (its running count settable)."""
+    import http.server
+    import os
+    import sys
+
+    metrics = {"running": 0.0}
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = ('# HELP vllm:num_requests_running\n'
+                    f'vllm:num_requests_running{{engine="0",model_name="judge"}} {metrics["running"]}\n'
+                    'vllm:num_requests_waiting{engine="0",model_name="judge"} 0.0\n').encode()
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text(STAND_IN_DOCKER)
+    (bin_dir / "docker").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("DIR", str(tmp_path))
+    monkeypatch.setenv("PY", sys.executable)
+    monkeypatch.setenv("PORT", str(server.server_address[1]))
     monkeypatch.setattr(chaos_faults, "JUDGE_DOWN_S", 0.0)
+    monkeypatch.setattr(chaos_faults, "JUDGE_BUSY_WAIT_S", 0.5)
+    yield metrics, lambda: (tmp_path / "calls").read_text().split() if (tmp_path / "calls").exists() else []
+    server.shutdown()
+
+
+def test_the_judge_fault_kills_the_judge_only_with_calls_in_flight_and_starts_it_again(tmp_path, stand_in_judge):
+    """A test double for Docker (a stand-in CLI) and for the judge's /metrics: no judge container yet, none of its
+    calls in flight, or a trainer restarted since the last step (its calls are a start's preflight), is tried again
+    later (the kill must land on a training run's judge traffic); then the kill the moment a call is running, docker
+    start JUDGE_DOWN_S later, followed to healthy; counted once."""
+    metrics, calls = stand_in_judge
     container = [""]
     fault = Planned(2, "judge_restart", 0.5)
     inj = Injector(None, ProxyDouble(), 0, [fault], tmp_path / "chaos-log.jsonl", judge=lambda: container[0])
-    assert inj.fire(fault) is False and calls == [] and "no judge container" in inj.events[0]["error"]
+    assert inj.due([{"step": 2, "time": 100.0}], 1e9) == [fault]
+    assert inj.fire(fault) is False and calls() == [] and "no judge container" in inj.events[0]["error"]
     container[0] = "d00dfeed" * 8
+    assert inj.fire(fault) is False and calls() == ["exec"] and "no judge call" in inj.events[1]["error"]
+    metrics["running"] = 2.0
+    inj.record("trainer_kill", when=101.0, after_step=2)  # restarting: no step logged since
+    assert inj.due([{"step": 2, "time": 100.0}], 2e9) == [] and not inj.training()
+    assert inj.fire(fault) is False and calls() == ["exec", "exec"]  # a call in flight, but not a training run's
+    assert inj.due([{"step": 2, "time": 100.0}, {"step": 3, "time": 102.0}], 2e9) == [fault]
     assert inj.fire(fault) is True
     inj.end()
-    assert calls == ["kill", "start", "inspect"]
+    assert calls() == ["exec", "exec", "exec", "kill", "start", "inspect"]
     event = inj.events[-1]
     assert event["container"] == "d00dfeed" * 1 + "d00d" and event["healthy"] >= event["started"] >= event["time"]
+    assert event["in_flight"] == {"running": 2.0, "waiting": 0.0}
     assert inj.counts()["judge_restart"] == 1 and inj.pending == []
     from bench.chaos_figures import judge_restart_figure
 
-    figure = judge_restart_figure(inj.events, [{"step": 3, "judge/failures": 2}, {"step": 4, "judge/failures": 0}])
+    traces = [{"reward": 0.5, "rewards": {"judge": 0.5}, "judge": {"score": 0.5, "failure": None}},
+              {"reward": None, "rewards": {"judge": None}, "judge": {"score": None, "failure": "judge unreachable: "
+               "RemoteProtocolError at http://judge:8000/v1/chat/completions: Server disconnected"}},
+              {"reward": None, "rewards": {"judge": None}, "judge": {"score": None, "failure": "judge unreachable: "
+               "ConnectError at http://judge:8000/v1/chat/completions: [Errno -2] Name or service not known"}},
+              {"reward": 0.0, "rewards": {"judge": None}, "judge": {"score": None, "failure": "judge timeout: ..."}}]
+    figure = judge_restart_figure(inj.events, [{"step": 3, "judge/failures": 2}, {"step": 4, "judge/failures": 0}],
+                                  traces)
     assert figure["after_step"] == 2 and figure["judge_failures"] == 2 and figure["healthy_after_s"] >= 0
+    assert figure["failure_steps"] == [3] and figure["in_flight"]["running"] == 2.0
+    assert (figure["traced_judged"], figure["traced_failed"], figure["traced_cut"], figure["traced_absent"]) == \
+        (4, 3, 1, 2)
+    assert figure["traced_failed_scored"] == 1  # the timed-out row given a reward: a failed call scored
     assert judge_restart_figure(inj.events, [{"step": 3}])["judge_failures"] is None  # the trainer logs none
 
 

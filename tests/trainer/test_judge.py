@@ -354,3 +354,20 @@ def test_the_evaluations_judge_costs_are_set_apart_from_the_steps():
     with costs.COSTS.set_apart() as apart:
         pass
     assert apart == {}
+
+
+@pytest.mark.parametrize("answer, fix", [
+    (lambda path, body: 1 / 0, "start the judge"),  # the judge went away mid-call (no reply at all): not a feature
+    (lambda path, body: (200, chat_reply("nine")), "structured outputs"),  # it answers, unconstrained: the feature
+])
+def test_preflight_says_why_the_judge_scored_no_test_episode(fake, answer, fix):
+    """A judge killed between preflight's /v1/models and its test episode (make chaos's judge fault landed there) is
+    told to be started again, not that it lacks structured outputs."""
+    from contract.config import RunConfig
+    from trainer.judge import preflight
+
+    server = fake(answer)
+    cfg = RunConfig.load([], env_name="echo", judge_url=server.url, judge_timeout_s=5)
+    errors = preflight.check(cfg, None).errors
+    assert len(errors) == 1 and "scored no test episode" in errors[0] and fix in errors[0], errors
+    assert ("needs vLLM's structured outputs" in errors[0]) == (fix == "structured outputs"), errors

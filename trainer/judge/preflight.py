@@ -53,9 +53,12 @@ def check(cfg: RunConfig, prompt_tokens: int | None) -> JudgeCheck:
     try:
         verdict = _one_call(client, setup)
     except JudgeFailure as exc:
+        # a judge that stopped answering between the two calls (killed, restarting) is not missing a feature
         needs = NOT_A_CLASSIFIER if setup.method == "reward_model" else "needs vLLM's structured outputs"
+        fix = FIX_REACH if exc.reason.startswith(("judge unreachable", "judge timeout")) else \
+            f"JUDGE_METHOD={setup.method} {needs}"
         out.errors.append(f"judge {out.model} at {setup.base_url} answers /v1/models but scored no test episode: "
-                          f"{exc}; JUDGE_METHOD={setup.method} {needs}")
+                          f"{exc}; {fix}")
         return out
     out.ok.append(f"judge {out.model} at {setup.base_url}: answers ({setup.method}, test episode scored "
                   f"{verdict.score:.2f})")
