@@ -113,10 +113,10 @@ def report(out: str, rollouts: list[dict], steps: list[dict], tasks: dict[str, l
         user = [m for m in row["prompt"] if m["role"] == "user"][-1]["content"]
         shown += user.strip().endswith(task["problem"])
         leaked += "solution" in user
-    calls = [sum(1 for c in r["tool_calls"] if "submitted by the stack" not in c.get("tool", "")) for r in rollouts]
+    calls = [len(r["tool_calls"]) for r in rollouts]  # the stack's submissions of a plain-text answer included
     print(f"[bench-ors] traced episodes {len(rollouts)}: tasks {sorted({json.dumps(r['reset']['reset_kwargs']) for r in rollouts})}; "
-          f"user message = the task's problem {shown}/{len(rollouts)}, with 'solution' in it {leaked}; tool calls of "
-          f"the model per episode {sum(calls) / max(len(calls), 1):.2f}; env rewards {[r['env_reward'] for r in rollouts]}")
+          f"user message = the task's problem {shown}/{len(rollouts)}, with 'solution' in it {leaked}; traced tool "
+          f"calls per episode (the stack's submissions included) {sum(calls) / max(len(calls), 1):.2f}; env rewards {[r['env_reward'] for r in rollouts]}")
     print("[bench-ors] steps: " + "; ".join(
         f"{r['step']}: tool calls/episode {r.get('tools/call_frequency', 0):.2f}, reward {r.get('reward', 0):.3f}"
         for r in steps))
