@@ -33,7 +33,7 @@ $(foreach v,RUN CHECKPOINT PUSH STEP TASKS THRESHOLD ARGS SUITE FULL EXPORT_ADAP
 $(if $(strip $(foreach c,$(SHELL_OPERATORS),$(findstring $(c),$(value ARGS)))),$(error $(UNSAFE_ARGS)))
 
 .PHONY: help up train down logs ps config build test clean doctor report rollouts eval export baseline dashboard nccl-check gpu-smoke gpu-selfcheck rehearse soak bench test-host \
-	fleet-up fleet-ps fleet-logs fleet-down bench-fleet bench-learning bench-async bench-async-stress bench-upstream chaos config-docs check-python
+	fleet-up fleet-ps fleet-logs fleet-down bench-fleet bench-learning bench-async bench-async-stress bench-upstream bench-ors chaos config-docs check-python
 
 help: ## List every target with one line each
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  \033[36m%-12s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -136,6 +136,9 @@ bench-async-stress: $(VENV)/.test-ok ## Async under stress on make rehearse (slo
 
 bench-upstream: $(VENV)/.test-ok ## Upstream OpenEnv images you built (openenv build) trained 3 CPU steps each through .env alone: one table (docs/upstream-envs.json; ARGS="--envs connect4_env")
 	@$(VENV)/bin/python bench/upstream_envs.py $(ARGS)
+
+bench-ors: $(VENV)/.test-ok ## An ORS env imported (openenv import --type ors), built as the import lays it out, trained 3 CPU steps through .env alone (ARGS="--source DIR --name N")
+	@$(VENV)/bin/python bench/ors_image.py $(ARGS)
 
 bench-fleet: $(VENV)/.test-ok ## Fleet figures on this machine's swarm: 4,096 sessions on 16 tasks; steps/s on 1, 2, 4 tasks
 	@$(BUILD_IMAGE) env-server-image

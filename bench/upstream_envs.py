@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 from envs import naming  # noqa: E402
 
 TABLE = ROOT / "docs" / "upstream-envs.json"
+RUN_NAME = "upstream"  # the run's folder in the outputs volume: /outputs/upstream
 ACCEPTANCE_GOAL = 0.9
 DEMO_EPISODES = 20
 ERROR_WORDS = re.compile(r"\b(?:error|failed|cannot|stalled|unhealthy|refused|not an openenv|traceback)\b", re.I)
@@ -70,10 +71,10 @@ def env_name(upstream: str) -> str:
     return upstream.lower()
 
 
-def env_file(path: Path, name: str, image: str, project: str, steps: int) -> Path:
+def env_file(path: Path, name: str, image: str, project: str, steps: int, **more: str) -> Path:
     """.env.example as a user copies it, with the lines a user edits appended (a later line wins)."""
     lines = {"COMPOSE_PROJECT_NAME": project, "TRAIN_MODE": "cpu", "ENV_NAME": name, naming.image_var(name): image,
-             "MAX_STEPS": str(steps), "RUN_NAME": "upstream"}
+             "MAX_STEPS": str(steps), "RUN_NAME": RUN_NAME, **more}
     path.write_text((ROOT / ".env.example").read_text() + "\n" + "".join(f"{k}={v}\n" for k, v in lines.items()))
     return path
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import re
 import subprocess
 import sys
 from importlib.metadata import version
@@ -62,6 +63,40 @@ def test_what_the_import_needs_and_lays_out(imported):
     # one session per container (create_app's max_concurrent_envs=1, SUPPORTS_CONCURRENT_SESSIONS False): the stack's
     # capacity probe and ENV_<NAME>_REPLICAS=auto size it; the task routes answer under the import's name
     assert app_module.app is not None and "max_concurrent_envs=1" in (package / "server" / "app.py").read_text()
+
+
+def test_what_building_the_imports_image_depends_on(imported):
+    """`make bench-ors` (bench/ors_image.py) builds the import's server/Dockerfile unchanged, FROM a locally built
+    stand-in for openenv-base under the name its FROM line uses (bench/openenv_base/Dockerfile), with one line of its
+    pyproject.toml changed. Every fact of the import and of the stand-in that build depends on."""
+    from importlib.metadata import metadata
+
+    from bench import ors_image
+
+    package = imported[0]
+    dockerfile = (package / "server" / "Dockerfile").read_text()
+    stand_in = (ors_image.STAND_IN / "Dockerfile").read_text()
+    # both stages start FROM the name the stand-in is tagged with
+    assert f"ARG BASE_IMAGE={ors_image.BASE_IMAGE}\n" in dockerfile and dockerfile.count("FROM ${BASE_IMAGE}") == 2
+    # a Debian base with Python 3.11 (apt-get installs git; the venv `uv sync` makes links to the base's python3, which
+    # the runtime stage, FROM the same base, has at the same path)
+    assert "apt-get install -y --no-install-recommends git" in dockerfile
+    assert re.search(r"^FROM python:3\.11-slim-bookworm$", stand_in, re.M)
+    # uv on PATH, else it fetches https://astral.sh/uv/install.sh, which no registry-less machine reaches
+    assert "if ! command -v uv" in dockerfile and "astral.sh/uv/install.sh" in dockerfile
+    assert "uv==0.5.27" in stand_in and "command -v uv && command -v uvx" in stand_in  # upstream's base: uv 0.5.27
+    # RUN --mount=type=cache: BuildKit, which the engine's Compose build has and this docker CLI (no buildx) has not
+    assert "RUN --mount=type=cache,target=/root/.cache/uv" in dockerfile and "RUN --mount" not in stand_in
+    # no uv.lock (the import writes one only where uv is on the host's PATH): `uv sync` resolves for every Python the
+    # project allows, the template's >=3.10, while openreward needs 3.11: unsatisfiable, so the bench raises the floor
+    assert not (package / "uv.lock").exists() and "uv sync --no-install-project --no-editable" in dockerfile
+    assert ors_image.TEMPLATE_PYTHON in (package / "pyproject.toml").read_text().splitlines()
+    assert metadata("openreward")["Requires-Python"] == ">=3.11" and ors_image.SDK_PYTHON.endswith('">=3.11"')
+    # the server's port comes from the base: the import EXPOSEs nothing, the stack reads the image's EXPOSE
+    # (tools/env_ports.py) and the server listens on 8000; its HEALTHCHECK calls curl, the stack's (compose.yaml) bash
+    assert "EXPOSE" not in dockerfile and re.search(r"^EXPOSE 8000$", stand_in, re.M)
+    assert "uvicorn server.app:app --host 0.0.0.0 --port 8000" in dockerfile and "curl -f http://localhost:8000" in \
+        dockerfile and "command -v curl && command -v bash" in stand_in
 
 
 def test_the_wrappers_reset_carries_the_task_spec_and_its_prompt(imported):
