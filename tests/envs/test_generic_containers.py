@@ -146,7 +146,7 @@ def test_a_judge_added_by_two_env_lines_scores_the_learned_envs_and_its_failed_c
     prompts = [c["prompt"] for c in training]
     assert any("task: Write the word " in p for p in prompts), prompts[:2]
     assert any("hint: I picked a number from 0 to 9." in p for p in prompts), prompts[:2]
-    assert any("[assistant calls] " in p for p in prompts) and any("[tool result: " in p for p in prompts)
+    assert any("[assistant calls] " in p for p in prompts) and any("[tool result" in p for p in prompts)
     traced = [json.loads(line) for line in stack.read(f"/outputs/{RUN}/rollouts.jsonl").splitlines() if line.strip()]
     judged = [r for r in traced if r.get("judge")]
     assert len(judged) == len(training), (len(judged), len(training))  # TRACE_SAMPLES=4: every rollout traced
