@@ -1,13 +1,9 @@
-"""A stand-in judge server for the judge tests (a test double: the real one is vLLM, which the docker test in
-test_judge_twin.py calls). A real HTTP server in a thread; each test says how it answers. Host tests run it on
-127.0.0.1; run as a script (`python3 judge_double.py PORT`, stdlib only) it serves in a container beside a stack's
-trainer (tests/envs/test_generic_containers.py), failing every other chat call and printing each one as a JSON line."""
+"""A stand-in judge server for the host-only judge tests (a test double: the real one is vLLM, which the docker test
+in test_judge_twin.py calls). A real HTTP server on 127.0.0.1 in a thread; each test says how it answers."""
 
 from __future__ import annotations
 
-import itertools
 import json
-import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable
@@ -21,8 +17,7 @@ def chat_reply(content: str, tokens: int = 10, **choice: Any) -> dict[str, Any]:
 
 
 class FakeJudge:
-    def __init__(self, answer: Answer, model: str = "judge-double", max_model_len: int = 4096,
-                 host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, answer: Answer, model: str = "judge-double", max_model_len: int = 4096) -> None:
         self.answer, self.requests = answer, []
         self.lock = threading.Lock()
         self.in_flight = self.max_in_flight = 0
@@ -62,7 +57,7 @@ class FakeJudge:
                 except OSError:  # the client gave up (a timeout test)
                     pass
 
-        self.server = ThreadingHTTPServer((host, port), Handler)
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
         self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
@@ -76,24 +71,3 @@ class FakeJudge:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
-
-
-def every_other_chat_call_fails() -> Answer:
-    """The first chat call (preflight's test episode) answers 9, the next fails (HTTP 500), and so on; each call is
-    printed as one JSON line (its number, status and prompt) for the test to read from the container's log."""
-    count, lock = itertools.count(), threading.Lock()
-
-    def answer(path: str, body: dict[str, Any]) -> tuple[int, Any]:
-        if path != "/v1/chat/completions":
-            return 404, {"error": "no route"}  # /tokenize: preflight counts the rubric itself
-        with lock:
-            n = next(count)
-            status = 500 if n % 2 else 200
-            print(json.dumps({"call": n, "status": status, "prompt": body["messages"][-1]["content"]}), flush=True)
-        return (status, {"error": "judge engine died"}) if status == 500 else (status, chat_reply("9"))
-
-    return answer
-
-
-if __name__ == "__main__":  # in a container: python3 judge_double.py PORT
-    FakeJudge(every_other_chat_call_fails(), host="0.0.0.0", port=int(sys.argv[1])).thread.join()
