@@ -191,3 +191,37 @@ def test_a_judge_down_in_the_rollout_worker_stops_the_trainer_with_its_line():
     stop_on_env_or_vllm_down(worker)
     with pytest.raises(JudgeDown, match="the judge failed all of its last 9 calls"):
         worker.check_health(300.0)
+
+
+def test_sync_run_on_an_env_learned_from_its_server_is_judged_and_failed_calls_are_left_out_stand_in_judge(
+        tmp_path, tiny_model_dir, fake_judge, capsys):
+    """An env the stack learns from its server (envs.generic): the `notebook` fixture, the app its image serves
+    (tests/fixtures/envs, tests/envs/test_generic_containers.py), here as a local process. The judge is a stand-in
+    that answers 9 and fails every other call: its task reaches it as the reset gave it (appended to the prompt), a
+    failed call leaves its row out (a 0 would pull rewards/judge/mean to ~0.5; it stays 1.0)."""
+    from tests.helpers import free_port, start_fixture
+
+    port = free_port()
+    server = start_fixture("notebook", port)
+    judge = fake_judge(every_other_call_fails())
+    try:
+        argv = base_argv(tiny_model_dir, tmp_path, {"notebook": f"http://127.0.0.1:{port}"}, "--max-steps", "1",
+                         "--per-device-train-batch-size", "4", "--num-generations", "2", "--dataset-size", "4",
+                         "--judge-url", judge.url, "--judge-cache-size", "0", "--trace-every", "1",
+                         "--trace-samples", "4")
+        from trainer import train
+
+        assert train.main(argv) == 0
+    finally:
+        server.kill()
+        server.wait()
+    [row] = read_metrics(tmp_path / "notebook")
+    assert row["judge/calls"] == 4 and row["judge/failures"] == 2 and row["rewards/judge/mean"] == 1.0, row
+    assert " 4 calls 20 tok 0 cached 2 failed" in capsys.readouterr().out
+    prompts = [body["messages"][0]["content"] for body in judge.posts()[1:]]  # after the preflight's test episode
+    assert len(prompts) == 4 and all("task: Write the word " in p for p in prompts), prompts[:1]
+    traced = traces.read(tmp_path / "notebook" / traces.ROLLOUTS_FILE)
+    failed = [r for r in traced if r["judge"]["failure"]]
+    assert len(traced) == 4 and len(failed) == 2
+    assert all(r["reward"] is None and r["judge"]["score"] is None for r in failed)  # left out, not 0
+    assert all(r["judge"]["score"] == 1.0 and r["rewards"]["judge"] == 1.0 for r in traced if r not in failed)
