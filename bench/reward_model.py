@@ -51,6 +51,7 @@ def episodes_for_judge(items):
 
 
 def score_through_the_trainer(url: str, items) -> tuple[list[float | None], list[dict], float]:
+    from envs.core.tool import trace_of
     from trainer.judge.reward import judge
     from trainer.judge.setup import JudgeSetup
 
@@ -60,7 +61,7 @@ def score_through_the_trainer(url: str, items) -> tuple[list[float | None], list
     prompts, completions, envs = episodes_for_judge(items)
     t0 = time.monotonic()
     scores = asyncio.run(judge(prompts, completions, environments=envs, setup=setup))
-    return scores, [env._trace.judge for env in envs], time.monotonic() - t0
+    return scores, [trace_of(env).judge for env in envs], time.monotonic() - t0
 
 
 def preflight_lines(url: str) -> list[str]:
