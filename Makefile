@@ -6,6 +6,8 @@ PYTHON ?= python3
 VENV := .venv
 # A small host venv: pydantic-settings for validating .env with the trainer's own config class.
 HOST_PY := $(VENV)/bin/python
+# pip install into the venv, by uv with pip's settings when uv can be had (several times faster), else pip
+VENV_INSTALL := $(HOST_PY) tools/venv_install.py
 STACK := $(HOST_PY) -m tools
 PYTEST_ARGS ?=
 # pytest with PYTEST_ARGS as one single-quoted word that pytest splits itself (PYTEST_ADDOPTS, shell-like): `-k 'a or
@@ -43,8 +45,7 @@ help: ## List every target with one line each
 $(VENV)/.host-ok: pyproject.toml
 	@$(PYTHON) tools/host_python.py
 	@$(PYTHON) -m venv $(VENV)
-	@$(HOST_PY) -m pip install -q --upgrade pip >/dev/null
-	@$(HOST_PY) -m pip install -q -e . >/dev/null
+	@$(VENV_INSTALL) -q -e . >/dev/null
 	@touch $@
 
 up: $(VENV)/.host-ok ## Build what is missing and start env servers (and vLLM on GPU hosts), health-gated
@@ -156,7 +157,7 @@ $(VENV)/.test-ok: $(VENV)/.host-ok pyproject.toml $(ENV_REQS)
 	@$(STACK) setup
 	@# torch's CPU build: the local wheel `setup` copied if it is this Python's (cp311...), else PyTorch's CPU index
 	@# (PyPI's torch is CUDA)
-	@$(HOST_PY) -m pip install -q --find-links .wheels \
+	@$(VENV_INSTALL) -q --find-links .wheels \
 		$$(ls .wheels/torch-*-$$($(HOST_PY) -c 'import sys; print("cp%d%d" % sys.version_info[:2])')-*.whl >/dev/null 2>&1 || echo --extra-index-url "$${TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}") \
 		-e '.[test,trainer,env-server]' $(addprefix -r ,$(ENV_REQS))
 	@touch $@
