@@ -22,7 +22,7 @@ TRAINER_FLOORS = [("gpu_selfcheck",), ("*.py",), ("after",), ("run",), ("async_g
 TOOLS_FLOORS = [("__main__",), ("cli",), ("commands",), ("fleet",), ("prepare",), ("plan",), ("docker_host", "rehearsal", "judge"),
                 ("compose_file", "derive", "nccl_check"), ("env_replicas", "gpu_doctor"),
                 ("env_ports", "gpu_layout", "images", "env_keys"), ("env_kinds", "settings"),
-                ("errors", "host_python", "proxies")]
+                ("errors", "host_python", "venv_install", "proxies")]
 FLOORS = {"trainer": TRAINER_FLOORS, "tools": TOOLS_FLOORS}
 ML_LIBRARIES = ("torch", "transformers", "trl", "peft", "accelerate", "vllm", "datasets", "bitsandbytes", "deepspeed")
 

@@ -28,7 +28,7 @@ AS_ENV = {"cert": "SSL_CERT_FILE", "client-cert": "SSL_CLIENT_CERT", "default-ti
 # pip settings about pip's own output and checks: nothing for uv to do
 PIP_ONLY = {"disable-pip-version-check", "no-input", "quiet", "verbose", "progress-bar", "root-user-action",
             "no-warn-script-location", "retries", "cache-dir", "require-virtualenv", "no-color", "use-feature",
-            "break-system-packages"}
+            "break-system-packages", "config-file"}
 # the precedence pip applies: PIP_* variables over an [install] section over [global]
 SCOPES = (":env:", "install", "global")
 
@@ -74,9 +74,12 @@ def with_uv(args: list[str]) -> bool:
         return False
     flags, env = translated
     uv = Path(python).parent / "uv"
-    if not uv.exists() and run(python, "-m", "pip", "install", "-q", UV) != 0:
-        print("[venv] uv could not be installed (pip's message above): pip installs", file=sys.stderr)
-        return False
+    if not uv.exists():  # pip's output only when it fails (a mirror's warnings about what it lacks are noise here)
+        got = subprocess.run([python, "-m", "pip", "install", "-q", UV], capture_output=True, text=True)
+        if got.returncode != 0:
+            sys.stderr.write(got.stdout[-2000:] + got.stderr[-2000:])
+            print("[venv] uv could not be installed (pip's message above): pip installs", file=sys.stderr)
+            return False
     if run(str(uv), "pip", "install", "--python", python, *flags, *args, env=env) != 0:
         print("[venv] uv could not install these (its message above): pip tries", file=sys.stderr)
         return False
