@@ -173,14 +173,14 @@ PYTEST_SOME = { $(2) $(PYTEST_RUN) $(1) || [ $$? = 5 ]; }
 test: $(VENV)/.test-ok ## Run every test: the host-only part (no engine reachable) beside the real containers (needs Docker)
 	@# Both parts at once: the two together finish ~8 minutes sooner than one after the other on 2 cores (the container
 	@# part itself runs no faster); the host part's output follows the container part's. Either red fails the target.
-	@# The tiny model both parts use is made once, first (TINY_MODEL_DIR: one made earlier, or where to make it); the
+	@# The tiny model both parts use is made once, by the first test to need it (TINY_MODEL_DIR: one made earlier, or
+	@# where to make it; tests/helpers.py make_tiny_model: the other part waits for it), not first before both; the
 	@# tiny judge (one container test's, ~2 CPU-minutes) is made beside them on idle CPU, and that test waits for it
 	@# (TINY_JUDGE_DONE: tests/helpers.py make_tiny_judge).
 	@# The host part runs at low priority (LOW_PRIORITY): the container part is the longer, and CPU-bound, so it gets
 	@# the cores first.
 	@tmp=$$(mktemp -d -t grpo-tests.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; host_log=$$tmp/host-tests.log; \
 	export TINY_MODEL_DIR=$${TINY_MODEL_DIR:-$$tmp/tiny-qwen3}; \
-	$(VENV)/bin/python -c 'import sys; from pathlib import Path; from tests.helpers import make_tiny_model; make_tiny_model(Path(sys.argv[1]))' "$$TINY_MODEL_DIR" || exit 1; \
 	export TINY_JUDGE_DIR=$${TINY_JUDGE_DIR:-$$tmp/tiny-judge}; judge_done=$$tmp/tiny-judge.done; \
 	{ $(LOW_PRIORITY) $(VENV)/bin/python -c 'import sys; from pathlib import Path; from tests.helpers import make_tiny_judge; make_tiny_judge(Path(sys.argv[1]))' "$$TINY_JUDGE_DIR" >$$tmp/tiny-judge.log 2>&1; echo $$? >$$judge_done.part; mv $$judge_done.part $$judge_done; } & judge=$$!; \
 	export TINY_JUDGE_DONE=$$judge_done; \

@@ -8,6 +8,7 @@ touch a user's `.env`, stack or images, and `.ci/run` can tear down whatever a c
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -26,6 +27,12 @@ sys.path.insert(0, str(ROOT))
 # The learning checks' training seeds: LEARN_SEEDS=1,2,3,4,5 runs each check once per seed (how the spreads in their
 # docstrings were measured); CI runs the one seed the bars were set for.
 LEARN_SEEDS = [int(s) for s in os.environ.get("LEARN_SEEDS", "42").split(",")]
+
+# torch's idle OpenMP threads sleep rather than spin, in the tests' own processes and what they start on the host, as
+# in our CPU images (services/trainer/Dockerfile.cpu): the suite runs two parts and containers on shared cores, where
+# spinning threads burned them (two CPU training tests side by side: 58.6 s each with libgomp's default, 28.7 s so).
+# Set before any test imports torch (libgomp reads it when loaded).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # The tests' stack name (tools/settings.py STACK_NAME): their images are grpo-test/*, whatever the checkout's folder,
 # for every `docker compose` and `python -m tools` they run (process variables win over an env file, as in Compose);
@@ -243,11 +250,15 @@ def make_tiny_model(out: Path) -> Path:
     """The CPU profile's own tiny model (`python -m trainer.tiny_model`, what its model-init job runs) at `out`, reused
     when already there; world-readable, since the vllm-cpu container (uid 10001) mounts it read-only."""
     out = Path(out)
-    if not ((out / "config.json").exists() and (out / "tokenizer.json").exists()):
-        subprocess.run([sys.executable, "-m", "trainer.tiny_model", "--out", str(out)], cwd=ROOT, check=True)
-    out.chmod(0o755)
-    for p in out.rglob("*"):
-        p.chmod(0o755 if p.is_dir() else 0o644)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # `make test`'s two parts share one (TINY_MODEL_DIR) and may ask for it at once: one makes it, the other waits
+    with open(out.parent / f".{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not ((out / "config.json").exists() and (out / "tokenizer.json").exists()):
+            subprocess.run([sys.executable, "-m", "trainer.tiny_model", "--out", str(out)], cwd=ROOT, check=True)
+        out.chmod(0o755)
+        for p in out.rglob("*"):
+            p.chmod(0o755 if p.is_dir() else 0o644)
     return out
 
 
