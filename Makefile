@@ -170,23 +170,31 @@ LOW_PRIORITY := tests/low-priority env
 # ($(2): variables for that pytest alone)
 PYTEST_SOME = { $(2) $(PYTEST_RUN) $(1) || [ $$? = 5 ]; }
 
+# The tiny models the tests make (tests/helpers.py), kept between runs under a key of their recipe: one made by the same
+# code is reused, as Docker's build cache reuses layers (TINY_MODEL_DIR, TINY_JUDGE_DIR: folders of your own instead)
+TEST_MODELS_CACHE := $${XDG_CACHE_HOME:-$$HOME/.cache}/grpo-stack-tests
+
 test: $(VENV)/.test-ok ## Run every test: the host-only part (no engine reachable) beside the real containers (needs Docker)
-	@# Both parts at once: the two together finish ~8 minutes sooner than one after the other on 2 cores (the container
-	@# part itself runs no faster); the host part's output follows the container part's. Either red fails the target.
-	@# The tiny model both parts use is made once, by the first test to need it (TINY_MODEL_DIR: one made earlier, or
-	@# where to make it; tests/helpers.py make_tiny_model: the other part waits for it), not first before both; the
-	@# tiny judge (one container test's, ~2 CPU-minutes) is made beside them on idle CPU, and that test waits for it
-	@# (TINY_JUDGE_DONE: tests/helpers.py make_tiny_judge).
-	@# The host part runs at low priority (LOW_PRIORITY): the container part is the longer, and CPU-bound, so it gets
-	@# the cores first.
-	@tmp=$$(mktemp -d -t grpo-tests.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; host_log=$$tmp/host-tests.log; \
-	export TINY_MODEL_DIR=$${TINY_MODEL_DIR:-$$tmp/tiny-qwen3}; \
-	export TINY_JUDGE_DIR=$${TINY_JUDGE_DIR:-$$tmp/tiny-judge}; judge_done=$$tmp/tiny-judge.done; \
+	@# Three at once on 2 cores: the container tests in two streams, those that start the vLLM CPU twin (the `twin`
+	@# marker: tests/gpu_path and those marked) beside the others, since one stream alone left ~40% of the CPU idle
+	@# (it waits on containers), and the host-only part at low priority (LOW_PRIORITY) on the CPU time they leave.
+	@# The other streams' output follows the twin stream's. Any red fails the target.
+	@# The tiny model is made once, by the first test to need it (tests/helpers.py make_tiny_model: another waits); the
+	@# tiny judge (the twin stream's, ~2 CPU-minutes) beside the tests on idle CPU, and its test waits for it
+	@# (TINY_JUDGE_DONE: make_tiny_judge). Both kept in TEST_MODELS_CACHE under a hash of their recipe.
+	@tmp=$$(mktemp -d -t grpo-tests.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; host_log=$$tmp/host-tests.log; side_log=$$tmp/containers.log; \
+	recipe=$$(cat trainer/tiny_model.py trainer/tiny_judge.py pyproject.toml | sha256sum | cut -c1-16); \
+	cache=$(TEST_MODELS_CACHE); mkdir -p "$$cache/$$recipe"; find "$$cache" -mindepth 1 -maxdepth 1 ! -name "$$recipe" -exec rm -rf {} +; \
+	export TINY_MODEL_DIR=$${TINY_MODEL_DIR:-$$cache/$$recipe/tiny-qwen3}; \
+	export TINY_JUDGE_DIR=$${TINY_JUDGE_DIR:-$$cache/$$recipe/tiny-judge}; judge_done=$$tmp/tiny-judge.done; \
 	{ $(LOW_PRIORITY) $(VENV)/bin/python -c 'import sys; from pathlib import Path; from tests.helpers import make_tiny_judge; make_tiny_judge(Path(sys.argv[1]))' "$$TINY_JUDGE_DIR" >$$tmp/tiny-judge.log 2>&1; echo $$? >$$judge_done.part; mv $$judge_done.part $$judge_done; } & judge=$$!; \
 	export TINY_JUDGE_DONE=$$judge_done; \
 	{ $(call PYTEST_SOME,-m "not docker",$(LOW_PRIORITY) $(NO_ENGINE)) >$$host_log 2>&1; echo $$? >$$host_log.rc; } & host=$$!; \
-	trap 'kill $$host $$judge 2>/dev/null; rm -rf "$$tmp"' INT TERM; \
-	rc=0; $(call PYTEST_SOME,-m docker) || rc=1; wait $$host; \
+	{ $(call PYTEST_SOME,-m "docker and not twin") >$$side_log 2>&1; echo $$? >$$side_log.rc; } & side=$$!; \
+	trap 'kill $$host $$side $$judge 2>/dev/null; rm -rf "$$tmp"' INT TERM; \
+	rc=0; $(call PYTEST_SOME,-m "docker and twin") || rc=1; wait $$side; \
+	echo "[test] the other container tests (-m 'docker and not twin'), run beside those:"; cat $$side_log; \
+	[ "$$(cat $$side_log.rc)" = 0 ] || rc=1; wait $$host; \
 	echo "[test] the host-only part (-m 'not docker'), run beside the container part:"; cat $$host_log; \
 	[ "$$(cat $$host_log.rc)" = 0 ] || rc=1; wait $$judge 2>/dev/null; exit $$rc
 

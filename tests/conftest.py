@@ -5,16 +5,22 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import docker_ready, make_tiny_model
+from tests.helpers import ROOT, docker_ready, make_tiny_model
+
+GPU_PATH = ROOT / "tests" / "gpu_path"
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config, items):
     """A test that asks for the engine (the `docker` fixture, itself or through another fixture) carries the `docker`
-    marker, so `-m "not docker"` (make test-host, run with no engine reachable) never needs one."""
+    marker, so `-m "not docker"` (make test-host, run with no engine reachable) never needs one; a docker test in
+    tests/gpu_path carries `twin` too."""
     for item in items:
         if "docker" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("docker"):
             item.add_marker(pytest.mark.docker)
+        # `make test` runs the container tests that start the vLLM CPU twin beside the others (the Makefile says why)
+        if item.get_closest_marker("docker") and GPU_PATH in item.path.parents:
+            item.add_marker(pytest.mark.twin)
 
 
 # Session fixtures holding containers, torn down after the last test of the session that uses them rather than at its

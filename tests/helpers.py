@@ -284,10 +284,13 @@ def make_tiny_judge(out: Path) -> Path:
     done = os.environ.pop("TINY_JUDGE_DONE", "")  # `make test` makes it beside the tests: wait for that, once
     if done:
         wait_for_file(Path(done), JUDGE_BUILD_BOUND_S, f"the tiny judge `make test` makes beside the tests ({out})")
-    if not is_complete(out):
-        subprocess.run([sys.executable, "-m", "trainer.tiny_judge", "--out", str(out)], cwd=ROOT, check=True)
-    for p in [out, *out.rglob("*")]:
-        p.chmod(0o755 if p.is_dir() else 0o644)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f".{out.name}.lock", "w") as lock:  # one maker at a time (make_tiny_model says why)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not is_complete(out):
+            subprocess.run([sys.executable, "-m", "trainer.tiny_judge", "--out", str(out)], cwd=ROOT, check=True)
+        for p in [out, *out.rglob("*")]:
+            p.chmod(0o755 if p.is_dir() else 0o644)
     return out
 
 

@@ -4,7 +4,9 @@ The fixture envs (tests/fixtures/envs) are built as images, as a user's OpenEnv 
 driven only through an env file and `python -m tools train` (what `make train` runs):
   * notebook (MCP tools) + guess (typed action, ONE session per container) in one CPU run: the trainer
     learns both interfaces from the servers, the tiny model is warm-started on their tools, tool
-    calls and per-env rewards land in metrics.jsonl;
+    calls and per-env rewards land in metrics.jsonl; a judge added by two more lines (JUDGE_URL: a stand-in judge
+    on the stack's agentnet, tests/trainer/judge_double.py, that answers 9 and fails every other call) scores
+    both envs' episodes, its failed calls left out of the reward;
   * guess (one session per container) needs no replica count: ENV_GUESS_REPLICAS=auto, the default, measures
     one container and runs as many as the run opens sessions;
   * guess with too few replicas set by hand: preflight probes its capacity and says which variable to raise;
@@ -15,10 +17,11 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 
 import pytest
 
-from tests.helpers import ROOT, EnvFileStack, build_images
+from tests.helpers import ROOT, TRAINER_CPU_IMAGE, EnvFileStack, build_images
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -39,19 +42,46 @@ def images(docker):
     return {name: fixture_image(name) for name in ("notebook", "guess", "not_openenv")}
 
 
+JUDGE = "judge-standin"  # the stand-in judge's name on the project's agentnet, where the trainers reach a judge
+
+
+def start_stand_in_judge(project: str) -> str:
+    """tests/trainer/judge_double.py served in a container on `project`'s agentnet (made here with Compose's labels, so
+    the stack takes it as its own), as a JUDGE_URL endpoint elsewhere would be; returns once it answers."""
+    network, name = f"{project}_agentnet", f"{project}-{JUDGE}"
+    subprocess.run(["docker", "network", "create", "--label", f"com.docker.compose.project={project}",
+                    "--label", "com.docker.compose.network=agentnet", network], check=True, capture_output=True)
+    subprocess.run(["docker", "run", "-d", "--name", name, "--network", network, "--network-alias", JUDGE,
+                    "-v", f"{ROOT / 'tests' / 'trainer' / 'judge_double.py'}:/judge/judge_double.py:ro",
+                    "--entrypoint", "python3", TRAINER_CPU_IMAGE, "/judge/judge_double.py", "--port", "8000"],
+                   check=True, capture_output=True)
+    while "stand-in judge ready" not in (logs := subprocess.run(["docker", "logs", name], capture_output=True,
+                                                                  text=True)).stdout:
+        state = subprocess.run(["docker", "inspect", "-f", "{{.State.Running}}", name], capture_output=True, text=True)
+        assert state.stdout.strip() == "true", logs.stdout + logs.stderr  # exited: say why, do not wait
+        time.sleep(0.2)
+    return name
+
+
 @pytest.fixture(scope="module")
 def trained(images, tmp_path_factory):
-    """One CPU run on notebook + guess, named only in the env file."""
+    """One CPU run on notebook + guess, named only in the env file, judged by a stand-in judge at JUDGE_URL."""
     stack = EnvFileStack(tmp_path_factory.mktemp("zero-code"), {
         "TRAIN_MODE": "cpu", "ENV_NAME": "notebook,guess", "RUN_NAME": RUN, "MAX_STEPS": "3",
         "ENV_NOTEBOOK_IMAGE": images["notebook"], "ENV_GUESS_IMAGE": images["guess"],  # no ENV_*_REPLICAS: auto
         # 4 rollouts per generation batch: at worst all 4 on guess, 1 per replica
         "PER_DEVICE_TRAIN_BATCH_SIZE": "4", "NUM_GENERATIONS": "2",
+        # the judge, two lines (the cache off: the tiny policy repeats itself, and a repeat would be no call)
+        "JUDGE_URL": f"http://{JUDGE}:8000/v1", "JUDGE_CACHE_SIZE": "0",
     })
+    judge = None
     try:
+        judge = start_stand_in_judge(stack.project)
         res = stack.stack("train")
         yield stack, res
     finally:
+        if judge:  # off the network first, or the project's `down` cannot remove it
+            subprocess.run(["docker", "rm", "-f", judge], capture_output=True)
         stack.down()
 
 
@@ -75,8 +105,13 @@ def test_two_envs_named_only_in_the_env_file_train_with_tool_calls_and_rewards(t
     keys = set().union(*steps)
     assert {"env/notebook/reward_mean", "env/guess/reward_mean", "rewards/NotebookTool/mean",
             "rewards/GuessTool/mean"} <= keys, sorted(keys)
+    # the judge scored both envs' episodes; its failed calls (every other one) are left out, not scored 0
+    assert "judge at JUDGE_URL http://judge-standin:8000/v1" in out, out[-8000:]
+    assert all(r["judge/calls"] > 0 and r["judge/failures"] > 0 and r["rewards/judge/mean"] == 1.0 for r in steps), \
+        [{k: v for k, v in r.items() if k.startswith(("judge/", "rewards/judge"))} for r in steps]
     print(f"zero-code run: tool calls/episode {[round(r['tools/call_frequency'], 2) for r in steps]}, "
-          f"reward {[round(r['reward'], 3) for r in steps]}")
+          f"reward {[round(r['reward'], 3) for r in steps]}, judge calls {[r['judge/calls'] for r in steps]} "
+          f"({[r['judge/failures'] for r in steps]} failed, left out)")
 
 
 def test_too_few_replicas_of_a_one_session_image_stop_preflight_with_the_variable_to_raise(trained):

@@ -63,6 +63,7 @@ def test_short_chaos_run_keeps_its_figures(docker, tmp_path, tiny_model_dir):
            f"waited on with a diagnosis line); {f['replayed']} episodes saved by a replayed reset")
 
 
+@pytest.mark.twin  # make rehearse: the vLLM CPU twin
 def test_short_async_chaos_run_rides_out_a_vllm_restart(docker, tmp_path, tiny_model_dir):
     """The same injector and figures on `make rehearse` with ROLLOUTS=async (TRL's AsyncGRPOTrainer on the vLLM CPU
     twin, the proxy in a container on the trainer's envnet), plus the twin killed once mid-run: make rehearse stops the

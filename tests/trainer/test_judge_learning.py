@@ -25,7 +25,7 @@ from trainer import train
 from trainer.after import first_turn
 from trainer.core.metrics import read_metrics
 
-pytestmark = [pytest.mark.docker, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.docker, pytest.mark.twin, pytest.mark.timeout(900)]  # the twin serves the judge
 
 STEPS = 10
 

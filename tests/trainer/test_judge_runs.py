@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.trainer.judge_double import FakeJudge, chat_reply
+from tests.trainer.judge_double import FakeJudge, chat_reply, every_other_call_fails
 from tests.trainer.test_train_local import base_argv
 from trainer.core.metrics import read_metrics
 from trainer.rollouts import traces
@@ -29,17 +29,6 @@ def fake_judge():
     yield start
     for server in made:
         server.close()
-
-
-def every_other_call_fails():
-    count, lock = itertools.count(), threading.Lock()
-
-    def answer(path, body):
-        with lock:
-            n = next(count)
-        return (500, {"error": "judge engine died"}) if n % 2 else (200, chat_reply("9"))
-
-    return answer
 
 
 def test_sync_run_learns_from_the_judge_with_failed_calls_left_out(tmp_path, tiny_model_dir, echo_server, fake_judge,
