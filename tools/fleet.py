@@ -65,7 +65,10 @@ def swarm_problem() -> str | None:
 
 @contextlib.contextmanager
 def local_swarm():
-    """A one-node swarm for tests and benchmarks: this engine's, or one initialised now and left on exit."""
+    """A one-node swarm for tests and benchmarks: this engine's, or one initialised now and left on exit. Leaving
+    breaks the name resolution of containers started afterwards on bridge networks made before (Docker 20.10: a new
+    container on a running stack's network no longer resolves its services), so nothing else should run meanwhile
+    (`make test` runs these tests first, alone: the `swarm` marker)."""
     state = json.loads(run(["docker", "info", "--format", "{{json .Swarm}}"]).stdout or "{}")
     created = state.get("LocalNodeState") != "active"
     if created and run(["docker", "swarm", "init"]).returncode != 0:  # several addresses: the default route's

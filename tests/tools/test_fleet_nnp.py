@@ -131,6 +131,7 @@ def test_fleet_up_refuses_before_any_env_image_runs_or_the_stack_is_deployed(mon
 
 @pytest.mark.docker
 @pytest.mark.slow
+@pytest.mark.swarm  # joins and leaves this engine's swarm
 def test_the_check_on_this_engines_swarm_reads_what_its_daemon_gives(docker):
     from tests.helpers import build_images
     from tools.images import local_env_image

@@ -22,7 +22,7 @@ import pytest
 from tests.helpers import TRAINER_CPU_IMAGE, EnvFileStack, build_images, seed_models_volume
 from tools.images import local_env_image
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.swarm]  # joins and leaves this engine's swarm
 
 TASKS = 3
 

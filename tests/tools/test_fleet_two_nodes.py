@@ -22,7 +22,7 @@ import pytest
 from tests.helpers import ROOT, EnvFileStack, build_images
 from tools.images import local_env_image
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow]
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.swarm]  # joins and leaves this engine's swarm
 
 NODE_IMAGE = "grpo-fixture/swarm-node:local"
 # Every capability this host's engine may hand out (all but CAP_SYS_RESOURCE), unconfined, cgroups writable.
