@@ -176,30 +176,22 @@ PYTEST_SOME = { $(2) $(PYTEST_RUN) $(1) || [ $$? = 5 ]; }
 TEST_MODELS_CACHE := $${XDG_CACHE_HOME:-$$HOME/.cache}/grpo-stack-tests
 
 test: $(VENV)/.test-ok ## Run every test: the host-only part (no engine reachable) beside the real containers (needs Docker)
-	@# Three at once on 2 cores: the container tests in two streams, those that start the vLLM CPU twin (the `twin`
-	@# marker: tests/gpu_path and those marked) beside the others, since one stream alone left ~40% of the CPU idle
-	@# (it waits on containers), and the host-only part at low priority (LOW_PRIORITY) on the CPU time they leave.
-	@# The tests that join and leave this engine's swarm (marker `swarm`) run first, alone: leaving a swarm breaks the name
-	@# resolution of containers started afterwards on networks made before (a rehearsal's trainer then cannot resolve
-	@# `vllm`). The other streams' output follows the twin stream's. Any red fails the target.
+	@# Both parts at once: the container tests in one stream (a second stream beside the twin's was tried, 2026-12-08:
+	@# 1,615 s, but a rehearsal's twin was once recreated under it mid-test), the host-only part beside them at low
+	@# priority (LOW_PRIORITY) on the CPU time they leave. The host part's output follows. Either red fails the target.
 	@# The tiny model is made once, by the first test to need it (tests/helpers.py make_tiny_model: another waits); the
-	@# tiny judge (the twin stream's, ~2 CPU-minutes) beside the tests on idle CPU, and its test waits for it
+	@# tiny judge (one container test's, ~2 CPU-minutes) beside the tests on idle CPU, and its test waits for it
 	@# (TINY_JUDGE_DONE: make_tiny_judge). Both kept in TEST_MODELS_CACHE under a hash of their recipe.
-	@tmp=$$(mktemp -d -t grpo-tests.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; host_log=$$tmp/host-tests.log; side_log=$$tmp/containers.log; \
+	@tmp=$$(mktemp -d -t grpo-tests.XXXXXX); trap 'rm -rf "$$tmp"' EXIT; host_log=$$tmp/host-tests.log; \
 	recipe=$$({ cat trainer/tiny_model.py trainer/tiny_judge.py; $(HOST_PY) -c 'from importlib.metadata import version as v; print(v("torch"), v("transformers"), v("tokenizers"))'; } | sha256sum | cut -c1-16); \
 	cache=$(TEST_MODELS_CACHE); mkdir -p "$$cache/$$recipe"; find "$$cache" -mindepth 1 -maxdepth 1 ! -name "$$recipe" -exec rm -rf {} +; \
 	export TINY_MODEL_DIR=$${TINY_MODEL_DIR:-$$cache/$$recipe/tiny-qwen3}; \
 	export TINY_JUDGE_DIR=$${TINY_JUDGE_DIR:-$$cache/$$recipe/tiny-judge}; judge_done=$$tmp/tiny-judge.done; \
 	{ $(LOW_PRIORITY) $(VENV)/bin/python -c 'import sys; from pathlib import Path; from tests.helpers import make_tiny_judge; make_tiny_judge(Path(sys.argv[1]))' "$$TINY_JUDGE_DIR" >$$tmp/tiny-judge.log 2>&1; echo $$? >$$judge_done.part; mv $$judge_done.part $$judge_done; } & judge=$$!; \
 	export TINY_JUDGE_DONE=$$judge_done; \
-	{ $(call PYTEST_SOME,-m "not docker" -n $${HOST_TEST_WORKERS:-2},$(LOW_PRIORITY) $(NO_ENGINE)) >$$host_log 2>&1; echo $$? >$$host_log.rc; } & host=$$!; \
+	{ $(call PYTEST_SOME,-m "not docker",$(LOW_PRIORITY) $(NO_ENGINE)) >$$host_log 2>&1; echo $$? >$$host_log.rc; } & host=$$!; \
 	trap 'kill $$host $$judge 2>/dev/null; rm -rf "$$tmp"' INT TERM; \
-	rc=0; $(call PYTEST_SOME,-m "docker and swarm") || rc=1; \
-	{ $(call PYTEST_SOME,-m "docker and not twin and not swarm") >$$side_log 2>&1; echo $$? >$$side_log.rc; } & side=$$!; \
-	trap 'kill $$host $$side $$judge 2>/dev/null; rm -rf "$$tmp"' INT TERM; \
-	$(call PYTEST_SOME,-m "docker and twin") || rc=1; wait $$side; \
-	echo "[test] the other container tests (-m 'docker and not twin and not swarm'), run beside those:"; cat $$side_log; \
-	[ "$$(cat $$side_log.rc)" = 0 ] || rc=1; wait $$host; \
+	rc=0; $(call PYTEST_SOME,-m docker) || rc=1; wait $$host; \
 	echo "[test] the host-only part (-m 'not docker'), run beside the container part:"; cat $$host_log; \
 	[ "$$(cat $$host_log.rc)" = 0 ] || rc=1; wait $$judge 2>/dev/null; exit $$rc
 
