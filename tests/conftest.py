@@ -18,7 +18,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "docker" in getattr(item, "fixturenames", ()) and not item.get_closest_marker("docker"):
             item.add_marker(pytest.mark.docker)
-        # `make test` runs the container tests that start the vLLM CPU twin beside the others (the Makefile says why)
+        # the container tests that start the vLLM CPU twin, as one selection (-m twin; docs/tests.md: streams tried)
         if item.get_closest_marker("docker") and GPU_PATH in item.path.parents:
             item.add_marker(pytest.mark.twin)
 

@@ -249,12 +249,14 @@ def start_fixture(name: str, port: int, **env: str) -> subprocess.Popen:
 def make_tiny_model(out: Path) -> Path:
     """The CPU profile's own tiny model (`python -m trainer.tiny_model`, what its model-init job runs) at `out`, reused
     when already there; world-readable, since the vllm-cpu container (uid 10001) mounts it read-only."""
+    from trainer import tiny_model
+
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     # `make test`'s two parts share one (TINY_MODEL_DIR) and may ask for it at once: one makes it, the other waits
     with open(out.parent / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not ((out / "config.json").exists() and (out / "tokenizer.json").exists()):
+        if not tiny_model.is_complete(out):  # its marker, written last: a folder cut short is made again
             subprocess.run([sys.executable, "-m", "trainer.tiny_model", "--out", str(out)], cwd=ROOT, check=True)
         out.chmod(0o755)
         for p in out.rglob("*"):
